@@ -1,0 +1,102 @@
+//! The crate's error type.
+//!
+//! Operating errors — IO failures, corrupt or foreign files, bad input — are values of
+//! [`Error`]. Bugs are assertions. Internal restart signals of optimistic concurrency
+//! never appear here.
+
+use std::fmt;
+use std::io;
+
+use crate::storage::{CorruptPage, IncompatibleFile};
+
+/// Shorthand for `std::result::Result<T, bfdb::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a call to bfdb that is not a bug.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The operating system reported an IO error.
+    Io(io::Error),
+    /// A page read from storage failed its checksum or its layout validation.
+    Corrupted {
+        /// The page number at which the corruption was found.
+        page: u64,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The file is not a bfdb file, or was written by an incompatible format version.
+    Incompatible {
+        /// What was found instead of what this build understands.
+        reason: String,
+    },
+    /// An empty key was given where a key is required.
+    EmptyKey,
+    /// A key is longer than the configured limit.
+    KeyTooLarge {
+        /// Length of the key that was given.
+        len: usize,
+        /// The largest accepted key length.
+        max: usize,
+    },
+    /// A value is longer than the configured limit.
+    ValueTooLarge {
+        /// Length of the value that was given.
+        len: usize,
+        /// The largest accepted value length.
+        max: usize,
+    },
+    /// A configuration value is out of range.
+    InvalidConfig(String),
+    /// The store refused the operation because an earlier write failed; reopen it.
+    Poisoned,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io(e) => write!(f, "io error: {e}"),
+            Error::Corrupted { page, reason } => write!(f, "page {page} is corrupted: {reason}"),
+            Error::Incompatible { reason } => write!(f, "incompatible file: {reason}"),
+            Error::EmptyKey => write!(f, "empty keys are not allowed"),
+            Error::KeyTooLarge { len, max } => {
+                write!(f, "key of {len} bytes exceeds the limit of {max} bytes")
+            }
+            Error::ValueTooLarge { len, max } => {
+                write!(f, "value of {len} bytes exceeds the limit of {max} bytes")
+            }
+            Error::InvalidConfig(what) => write!(f, "invalid configuration: {what}"),
+            Error::Poisoned => write!(f, "store refuses writes after an earlier write failed"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<io::Error> for Error {
+    /// Lifts the storage layer's typed errors, which travel inside `io::Error`, back into
+    /// their own variants so callers can match on them.
+    fn from(e: io::Error) -> Self {
+        if let Some(inner) = e.get_ref() {
+            if let Some(c) = inner.downcast_ref::<CorruptPage>() {
+                return Error::Corrupted {
+                    page: c.page,
+                    reason: c.reason.clone(),
+                };
+            }
+            if let Some(c) = inner.downcast_ref::<IncompatibleFile>() {
+                return Error::Incompatible {
+                    reason: c.reason.clone(),
+                };
+            }
+        }
+        Error::Io(e)
+    }
+}
