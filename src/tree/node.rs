@@ -19,7 +19,9 @@
 //! # Invariants this module owns
 //!
 //! - `16 + 8 * count <= data_start <= node_size`, and every record's bytes lie in
-//!   `data_start..node_size`; no two records share a byte.
+//!   `data_start..node_size`; no two records share a byte. (A record with an empty
+//!   stored key and an empty value owns no bytes; its offset only has to be at most
+//!   `node_size`.)
 //! - `dead_bytes == (node_size - data_start) - (bytes referenced by the metas)`.
 //! - Fence records come first (the low then the high fence key, or one prefix record);
 //!   the node's prefix is stored once, inside them, and stripped from every other key.

@@ -108,7 +108,9 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
     for m in 0..count {
         let meta = get_meta(buf, m);
         let (off, end) = (meta.offset(), meta.offset() + meta.data_len());
-        if off < data_start || end > size {
+        // A record without bytes owns none, so only its end matters: removing the record
+        // below it may have moved data_start past its offset.
+        if (off < data_start && end > off) || end > size {
             return err(format!(
                 "KV meta {m}: bytes {off}..{end} outside the data region {data_start}..{size}"
             ));
