@@ -136,6 +136,10 @@ fn check(node: &NodeRef<'_>, m: &Model) {
         m.size - m.used_bytes(),
         "free + dead bytes disagree with the model"
     );
+    assert_eq!(
+        node.records_size_bytes(),
+        m.used_bytes() - m.fences.fixed_bytes()
+    );
     let reparsed = NodeRef::parse(node.as_bytes()).expect("node bytes must parse");
     assert_eq!(contents(&reparsed), m.recs);
 }
@@ -589,9 +593,17 @@ fn value_mut_and_set_kind() {
         .unwrap();
     node.value_mut(0).copy_from_slice(&9u64.to_le_bytes());
     node.set_kind(NodeKind::Leaf);
+    node.insert(b"j", &[1; 8], RecordType::Insert).unwrap();
+    node.remove(0);
+    assert_eq!(node.len(), 1);
     let r = NodeRef::parse(&buf).unwrap();
     assert_eq!(r.value(0), 9u64.to_le_bytes());
     assert_eq!(r.kind(), NodeKind::Leaf);
+    let mut node = NodeMut::trusted(&mut buf);
+    node.clear();
+    assert!(node.is_empty());
+    assert_eq!(node.as_ref().free_space_bytes(), 128 - 16);
+    assert_eq!(node.as_ref().dead_bytes(), 0);
 }
 
 #[test]

@@ -30,6 +30,26 @@
 //! - Every meta's look-ahead field equals the first two bytes of its stored key,
 //!   zero-padded, read as a big-endian `u16`.
 //!
+//! # Example
+//!
+//! ```
+//! use bfdb::tree::node::{Fences, NodeKind, NodeMut, NodeRef, RecordType};
+//!
+//! let mut buf = [0u8; 256];
+//! let fences = Fences::Range { low: Some(b"user:a"), high: Some(b"user:m") };
+//! let mut node = NodeMut::init(&mut buf, NodeKind::Mini, fences)?;
+//! node.insert(b"user:bob", b"42", RecordType::Insert).unwrap();
+//! node.insert(b"user:alice", b"7", RecordType::Cache).unwrap();
+//! assert!(node.insert(b"user:zed", b"", RecordType::Insert).is_err()); // past the high fence
+//!
+//! let view = NodeRef::parse(&buf)?; // as if the bytes came from disk
+//! assert_eq!(view.prefix(), b"user:"); // stored once, not per key
+//! assert_eq!(view.search(b"user:bob"), Ok(1));
+//! assert_eq!(view.value(1), b"42");
+//! assert_eq!(view.search(b"user:carol"), Err(2));
+//! # Ok::<(), bfdb::tree::node::NodeError>(())
+//! ```
+//!
 //! [`NodeRef::parse`] checks all of them, so a node decoded from disk can afterwards be
 //! read without any access going out of bounds. Nodes built in memory by [`NodeMut`]
 //! keep them by construction and are re-entered through the `trusted` constructors,
