@@ -69,6 +69,7 @@ use super::{
     FORMAT_VERSION, PAGE_HEADER_SIZE, PAGE_PAYLOAD_SIZE, PAGE_SIZE, Page, PageKind, PageNo,
     PageStore, Poison, StoreStats, corrupt_page, incompatible_file, not_allocated,
 };
+use crate::sync::atomic::{AtomicU8, Ordering};
 use crate::sync::{Mutex, RwLock};
 
 /// The magic bytes that open every superblock payload.
@@ -390,6 +391,25 @@ struct SyncPlan {
     old_chain: Vec<u64>,
 }
 
+/// Where a test wants the next sync to stop, simulating a crash of the process there.
+///
+/// The sync returns an error at that point, which poisons the store; the test then
+/// drops it and reopens the file to check what the durable state is.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SyncCrashPoint {
+    /// Run syncs to completion.
+    None = 0,
+    /// Stop after writing the new free-list chain, before the first fsync.
+    AfterFreeList = 1,
+    /// Stop after the first fsync, before writing the superblock.
+    BeforeSuperblock = 2,
+    /// Write only the page header of the new superblock over the old copy, then stop:
+    /// a torn write.
+    TornSuperblock = 3,
+}
+
 /// A [`PageStore`] over one file.
 ///
 /// Reads and writes use positioned IO (`pread`/`pwrite`), so threads share the file
@@ -414,6 +434,8 @@ pub struct FileStore {
     /// Serializes syncs, so that one plan is committed before the next is made.
     sync_lock: Mutex<()>,
     poison: Poison,
+    /// A [`SyncCrashPoint`] set by tests.
+    crash_point: AtomicU8,
 }
 
 impl fmt::Debug for FileStore {
@@ -513,6 +535,23 @@ impl FileStore {
         self.poison.is_poisoned()
     }
 
+    /// Makes the next sync stop at `point`, as if the process crashed there, so tests
+    /// can check the crash argument of the sync protocol.
+    #[doc(hidden)]
+    pub fn set_sync_crash_point_for_test(&self, point: SyncCrashPoint) {
+        self.crash_point.store(point as u8, Ordering::Release);
+    }
+
+    /// Fails with a simulated crash if a test asked for one at `point`.
+    fn crash_here(&self, point: SyncCrashPoint) -> io::Result<()> {
+        if self.crash_point.load(Ordering::Acquire) == point as u8 {
+            self.crash_point
+                .store(SyncCrashPoint::None as u8, Ordering::Release);
+            return Err(io::Error::other(format!("simulated crash at {point:?}")));
+        }
+        Ok(())
+    }
+
     fn from_parts(
         file: File,
         path: Option<PathBuf>,
@@ -549,6 +588,7 @@ impl FileStore {
             state: RwLock::new(state),
             sync_lock: Mutex::new(()),
             poison: Poison::default(),
+            crash_point: AtomicU8::new(SyncCrashPoint::None as u8),
         })
     }
 
@@ -640,11 +680,28 @@ impl FileStore {
             self.file.write_all_at(page.as_bytes(), offset_of(no))?;
         }
         assert!(chunks.next().is_none(), "the chain holds every entry");
+        self.crash_here(SyncCrashPoint::AfterFreeList)?;
         // Data pages, the new chain and the file length become durable before the
         // superblock that points at them.
         self.file.sync_data()?;
+        self.crash_here(SyncCrashPoint::BeforeSuperblock)?;
         let sb_page = plan.superblock.to_page();
         let slot = plan.superblock.generation % 2;
+        if self.crash_here(SyncCrashPoint::TornSuperblock).is_err() {
+            // Only the new header lands on the old copy. (A tear at a later byte would
+            // mostly reproduce the new page, since both copies are zero past their
+            // fields.) A part-page write is not valid under O_DIRECT, so the tear goes
+            // through a read-modify-write of the whole page.
+            let mut torn = Page::boxed();
+            self.file
+                .read_exact_at(torn.as_bytes_mut(), offset_of(slot))?;
+            torn.as_bytes_mut()[..PAGE_HEADER_SIZE]
+                .copy_from_slice(&sb_page.as_bytes()[..PAGE_HEADER_SIZE]);
+            self.file.write_all_at(torn.as_bytes(), offset_of(slot))?;
+            return Err(io::Error::other(
+                "simulated crash in the middle of a superblock write",
+            ));
+        }
         self.file
             .write_all_at(sb_page.as_bytes(), offset_of(slot))?;
         self.file.sync_data()
@@ -849,9 +906,9 @@ impl PageStore for FileStore {
     fn allocate(&self) -> io::Result<PageNo> {
         self.poison.check()?;
         let mut st = self.state.write();
-        // Reusing the most recently freed slots first keeps the durably free ones
-        // available for the next free-list chain, so steady churn does not make each
-        // sync grow the file by a chain page.
+        // Reusing slots freed since the last sync first keeps the durably free ones
+        // available for the next free-list chain, which may only use those; the file
+        // then needs less slack before churn stops growing it.
         if let Some(no) = st.free_recent.pop_first() {
             st.dirty = true;
             return Ok(PageNo(no));

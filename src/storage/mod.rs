@@ -43,7 +43,7 @@ use std::io;
 mod file;
 mod memory;
 
-pub use file::{FileOptions, FileStore};
+pub use file::{FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, SyncCrashPoint};
 pub use memory::MemoryStore;
 
 /// Size of one page in bytes: the unit of every read and write.
