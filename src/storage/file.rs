@@ -232,7 +232,11 @@ impl Superblock {
                 self.free_count, self.free_list_pages
             ));
         }
-        if self.free_count > self.free_list_pages * FREE_LIST_ENTRIES_PER_PAGE as u64 {
+        if self.free_count
+            > self
+                .free_list_pages
+                .saturating_mul(FREE_LIST_ENTRIES_PER_PAGE as u64)
+        {
             return Err(format!(
                 "{} free slots cannot fit in {} free-list pages",
                 self.free_count, self.free_list_pages
@@ -769,7 +773,8 @@ fn load(file: &File, len: u64) -> io::Result<AllocState> {
     ];
     let sb = choose_superblock(copies)?;
 
-    let needed_bytes = offset_of(sb.high_water);
+    // The high-water mark comes from disk, so its byte size may not even fit in u64.
+    let needed_bytes = sb.high_water.saturating_mul(PAGE_SIZE_U64);
     if len < needed_bytes {
         return Err(corrupt_page(
             PageNo(len / PAGE_SIZE_U64),
