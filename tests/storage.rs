@@ -733,9 +733,24 @@ fn damaged_free_list_page_is_corrupted() {
         .unwrap();
     let head = u64::from_le_bytes(head);
     assert!(head >= 2);
+    let pristine = std::fs::read(&path).unwrap();
     flip_byte(&path, head * PAGE_SIZE as u64 + 16 + 40);
     match to_bfdb(open_existing(&path).unwrap_err()) {
         bfdb::Error::Corrupted { page, .. } => assert_eq!(page, head),
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+    // A checksum-valid free-list page of another generation (a reused slot) is
+    // refused too. The lsn of free-list pages is the superblock generation.
+    std::fs::write(&path, &pristine).unwrap();
+    open_existing(&path).expect("pristine file opens");
+    rewrite_with_crc(&path, head, |p| {
+        p[8..16].copy_from_slice(&7u64.to_le_bytes())
+    });
+    match to_bfdb(open_existing(&path).unwrap_err()) {
+        bfdb::Error::Corrupted { page, reason } => {
+            assert_eq!(page, head);
+            assert!(reason.contains("generation"), "{reason}");
+        }
         other => panic!("expected Corrupted, got {other:?}"),
     }
 }

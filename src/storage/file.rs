@@ -57,6 +57,12 @@
 //!
 //! On open, slots between the durable high-water mark and the end of the file were
 //! allocated after the last sync; they become free slots.
+//!
+//! Falling back to the older superblock copy is exact when the newer copy is a torn
+//! last write. If a committed superblock later rots on the medium, the fallback state
+//! is one sync old: its free-list chain is still checked (chain pages carry their
+//! generation in the lsn), but client pages freed and reused since then may hold newer
+//! bytes than that state expects.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -812,6 +818,19 @@ fn load(file: &File, len: u64) -> io::Result<AllocState> {
         chain.push(no);
         file.read_exact_at(page.as_bytes_mut(), offset_of(no))?;
         page.verify(here, PageKind::FreeList)?;
+        // Every chain page carries the generation of the superblock that points at it.
+        // A page of another generation is a slot that was reused after that superblock
+        // was replaced: trusting its entries would free live pages.
+        if page.lsn() != sb.generation {
+            return Err(corrupt_page(
+                here,
+                format!(
+                    "free-list page of generation {}, but the superblock is generation {}",
+                    page.lsn(),
+                    sb.generation
+                ),
+            ));
+        }
         let p = page.payload();
         next = le_u64(p, FL_NEXT);
         let count = le_u32(p, FL_COUNT) as usize;
