@@ -7,7 +7,7 @@
 use std::fmt;
 use std::io;
 
-use crate::storage::{CorruptPage, IncompatibleFile};
+use crate::storage::{CorruptPage, IncompatibleFile, StorePoisoned};
 
 /// Shorthand for `std::result::Result<T, bfdb::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -48,8 +48,11 @@ pub enum Error {
     },
     /// A configuration value is out of range.
     InvalidConfig(String),
-    /// The store refused the operation because an earlier write failed; reopen it.
-    Poisoned,
+    /// The store refused the operation because an earlier write or sync failed; reopen it.
+    Poisoned {
+        /// The failure that poisoned the store.
+        cause: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -66,7 +69,9 @@ impl fmt::Display for Error {
                 write!(f, "value of {len} bytes exceeds the limit of {max} bytes")
             }
             Error::InvalidConfig(what) => write!(f, "invalid configuration: {what}"),
-            Error::Poisoned => write!(f, "store refuses writes after an earlier write failed"),
+            Error::Poisoned { cause } => {
+                write!(f, "store refuses writes after an earlier failure: {cause}")
+            }
         }
     }
 }
@@ -96,7 +101,39 @@ impl From<io::Error> for Error {
                     reason: c.reason.clone(),
                 };
             }
+            if let Some(c) = inner.downcast_ref::<StorePoisoned>() {
+                return Error::Poisoned {
+                    cause: c.cause.clone(),
+                };
+            }
         }
         Error::Io(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{PageNo, corrupt_page, incompatible_file, store_poisoned};
+
+    #[test]
+    fn storage_errors_keep_their_meaning() {
+        match Error::from(corrupt_page(PageNo(7), "checksum mismatch")) {
+            Error::Corrupted { page, reason } => {
+                assert_eq!(page, 7);
+                assert!(reason.contains("checksum"));
+            }
+            other => panic!("expected Corrupted, got {other:?}"),
+        }
+        assert!(matches!(
+            Error::from(incompatible_file("format version 9")),
+            Error::Incompatible { reason } if reason.contains('9')
+        ));
+        assert!(matches!(
+            Error::from(store_poisoned("EIO on write")),
+            Error::Poisoned { cause } if cause.contains("EIO")
+        ));
+        let plain = io::Error::new(io::ErrorKind::NotFound, "gone");
+        assert!(matches!(Error::from(plain), Error::Io(e) if e.kind() == io::ErrorKind::NotFound));
     }
 }
