@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering as RegionOrdering;
 
 use super::header::{HEADER_SIZE_BYTES, Header, State};
-use super::{AllocError, Block, Counters, EvictDecision, Evictor, Pool};
+use super::{AllocError, Block, Counters, EvictDecision, Evictor, Pool, cas as cas_state};
 use crate::sync::atomic::Ordering;
 use crate::sync::spin_wait;
 
@@ -296,54 +296,53 @@ impl Pool {
         EvictResult::Busy
     }
 
-    /// Zeroes a block this thread owns (state `Evicting`, `Dead` or `Pad`), marks it
-    /// `Reclaimed`, and advances the head. `was_live`: the callback evicted it.
+    /// Reclaims a block this thread processes (state `Evicting`, `Dead` or `Pad`): makes
+    /// it `Dead` if it is not already, zeroes its payload, marks it `Reclaimed`, and
+    /// advances the head. `was_live`: the callback answered `Evicted` for it.
     fn reclaim(&self, addr: u64, was_live: bool) -> EvictResult {
         let offset = self.region.offset_of(addr);
         // SAFETY: claimed and unreclaimed (we are its processor), so the word is its
         // header, accessed atomically only.
         let word = unsafe { self.region.header(offset) };
-        let current = Header(word.load(RegionOrdering::Acquire));
-        // SAFETY: the payload lies in the region (checked at claim), and nobody else
-        // touches it: its client freed it, or the callback answered `Evicted`, or it is a
-        // pad or an unlinked free block. Zeroing keeps stale bytes from ever looking like
-        // a header of a later lap.
-        unsafe {
-            self.region.zero(
-                offset + HEADER_SIZE_BYTES,
-                u64::from(current.payload_size_bytes()),
-            )
-        };
-        // The client may turn `Evicting` into `Dead` concurrently (a late free), so CAS.
-        let evicted = loop {
+        // `Evicting → Dead` is the one point where a block leaves its client: whoever
+        // wins it (the client's late `free`, or this thread) accounts for its bytes, and
+        // does so before the bytes can be reused, so `bytes_in_use` never over-counts.
+        let (header, evicted) = loop {
             let now = Header(word.load(RegionOrdering::Acquire));
-            let state = now.state();
-            assert!(
-                matches!(state, Some(State::Evicting | State::Dead | State::Pad)),
-                "reclaiming block at {addr} in state {now:?}"
-            );
-            if word
-                .compare_exchange(
-                    now.0,
-                    now.with_state(State::Reclaimed).0,
-                    RegionOrdering::AcqRel,
-                    RegionOrdering::Acquire,
-                )
-                .is_ok()
-            {
-                // Still `Evicting` after a live eviction: the client never freed it, so
-                // its bytes leave use here rather than in `free`.
-                break was_live && state == Some(State::Evicting);
+            match now.state() {
+                Some(State::Evicting) => {
+                    if cas_state(word, now, State::Dead) {
+                        break (now, was_live);
+                    }
+                }
+                Some(State::Dead | State::Pad) => break (now, false),
+                _ => panic!("reclaiming block at {addr} in state {now:?}"),
             }
         };
-        let block_bytes = current.block_size_bytes();
-        Counters::bump(&self.counters.reclaimed_blocks);
+        let block_bytes = header.block_size_bytes();
         if evicted {
             Counters::bump(&self.counters.evictions);
             self.counters
                 .bytes_in_use
                 .fetch_sub(block_bytes, Ordering::Relaxed);
         }
+        // SAFETY: the payload lies in the region (checked at claim), and nobody else
+        // touches it: it is `Dead` or `Pad`, which only its processor (this thread)
+        // changes, and its client gave it up. Zeroing keeps stale bytes from ever looking
+        // like a header of a later lap.
+        unsafe {
+            self.region.zero(
+                offset + HEADER_SIZE_BYTES,
+                u64::from(header.payload_size_bytes()),
+            )
+        };
+        // Release: the zeroing happens-before whoever sees `Reclaimed` (the head advancer,
+        // and through the head every later allocator of this memory).
+        word.store(
+            header.with_state(State::Reclaimed).0,
+            RegionOrdering::Release,
+        );
+        Counters::bump(&self.counters.reclaimed_blocks);
         self.advance_head();
         EvictResult::Reclaimed {
             block_bytes,

@@ -480,6 +480,13 @@ impl Pool {
             .expect("a handed-out block has a class");
         // SAFETY: allocated and unreclaimed (caller): its header is accessed atomically only.
         let word = unsafe { self.region.header(block.offset) };
+        // Account first: once the header changes below, the bytes may be reused, and
+        // `bytes_in_use` must never count them twice.
+        self.counters.bytes_in_use.fetch_sub(
+            HEADER_SIZE_BYTES + u64::from(block.size_bytes),
+            Ordering::Relaxed,
+        );
+        Counters::bump(&self.counters.frees);
         loop {
             let current = Header(word.load(RegionOrdering::Acquire));
             assert!(
@@ -501,16 +508,12 @@ impl Pool {
                     }
                 }
                 // An evictor holds the block: leave it to that evictor, never to a list
-                // (its callback may still be reading the payload).
+                // (its callback may still be reading the payload). Winning this CAS also
+                // tells the evictor the bytes were already accounted for here.
                 Some(State::Evicting) => cas(word, current, State::Dead),
                 other => panic!("free of {block:?} in state {other:?} (double free?)"),
             };
             if freed {
-                Counters::bump(&self.counters.frees);
-                self.counters.bytes_in_use.fetch_sub(
-                    HEADER_SIZE_BYTES + u64::from(block.size_bytes),
-                    Ordering::Relaxed,
-                );
                 return;
             }
         }
