@@ -2,6 +2,8 @@
 //! tiny buffers, multi-threaded allocation/free/eviction with owner locks, eviction
 //! progress past a busy head, and the memory bound.
 
+#![cfg_attr(feature = "shuttle", allow(dead_code))]
+
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -364,6 +366,7 @@ fn geometry() -> impl Strategy<Value = (u64, u32)> {
         )
 }
 
+#[cfg(not(feature = "shuttle"))]
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 192,
@@ -405,6 +408,7 @@ impl Evictor for HoldOne {
 }
 
 #[test]
+#[cfg(not(feature = "shuttle"))]
 fn busy_block_at_head_yields_would_block_then_progress() {
     let cap = 64 * 1024;
     let pool = Pool::new(PoolConfig {
@@ -746,11 +750,126 @@ fn multi_threaded(threads: usize, slots_per_thread: usize, ops_per_thread: usize
 }
 
 #[test]
+#[cfg(not(feature = "shuttle"))]
 fn four_threads_allocate_free_and_evict() {
     multi_threaded(4, 64, 4000);
 }
 
 #[test]
+#[cfg(not(feature = "shuttle"))]
 fn sixteen_threads_allocate_free_and_evict() {
     multi_threaded(16, 32, 1500);
+}
+
+// ---- shuttle: explore interleavings of the real code ----------------------------
+
+/// Run with `cargo test --features shuttle --test pool shuttle`. Shuttle schedules
+/// around the pool's `tail`/`head`/`evict_cursor` atomics and its mutexes (the header
+/// words are std atomics overlaid on the region and invisible to it).
+#[cfg(feature = "shuttle")]
+mod under_shuttle {
+    use super::*;
+    use bfdb::sync::{Arc as SArc, Mutex as SMutex, thread};
+
+    /// Evictions over all explored executions.
+    static EVICTIONS: AtomicU64 = AtomicU64::new(0);
+
+    struct Slots(Vec<SMutex<Option<(Block, u8)>>>);
+
+    impl Evictor for Slots {
+        fn evict(&self, block: &Block) -> EvictDecision {
+            // SAFETY: Evicting blocks are not reused; the tag is never rewritten.
+            let tag = u64::from_le_bytes(unsafe { block.payload() }[..8].try_into().unwrap());
+            let Some(mut slot) = self.0[tag as usize].try_lock() else {
+                return EvictDecision::Busy;
+            };
+            if let Some((b, fill)) = *slot
+                && b == *block
+            {
+                // SAFETY: slot lock held.
+                unsafe { check_pattern(block, tag, fill) };
+                *slot = None;
+            }
+            EvictDecision::Evicted
+        }
+    }
+
+    #[test]
+    fn shuttle_alloc_free_evict() {
+        shuttle::check_random(
+            || {
+                let pool = SArc::new(
+                    Pool::new(PoolConfig {
+                        // Room for four blocks; the threads keep up to six.
+                        capacity_bytes: 288,
+                        copy_on_access_percent: 25,
+                        huge_pages: false,
+                        max_block_size_bytes: 64,
+                    })
+                    .unwrap(),
+                );
+                let slots = SArc::new(Slots((0..9).map(|_| SMutex::new(None)).collect()));
+                let handles: Vec<_> = (0..3u64)
+                    .map(|t| {
+                        let (pool, slots) = (pool.clone(), slots.clone());
+                        thread::spawn(move || {
+                            for i in 0..3u64 {
+                                let s = (t * 3 + i) as usize;
+                                let mut slot = slots.0[s].lock();
+                                let b = loop {
+                                    match pool.alloc(64, &*slots) {
+                                        Ok(b) => break b,
+                                        Err(AllocError::WouldBlock) => thread::yield_now(),
+                                        Err(e) => panic!("{e}"),
+                                    }
+                                };
+                                let fill = (s as u8).wrapping_mul(37);
+                                // SAFETY: Reserved and ours.
+                                unsafe { write_pattern(&b, s as u64, fill) };
+                                *slot = Some((b, fill));
+                                // SAFETY: allocated, published once.
+                                unsafe { pool.publish(&b) };
+                                drop(slot);
+                                if i == 1 {
+                                    let mut slot = slots.0[s].lock();
+                                    if let Some((b, fill)) = slot.take() {
+                                        // SAFETY: slot lock held; freed once.
+                                        unsafe {
+                                            check_pattern(&b, s as u64, fill);
+                                            pool.free(b);
+                                        }
+                                    }
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.join().unwrap();
+                }
+                let mut live = Vec::new();
+                for (s, slot) in slots.0.iter().enumerate() {
+                    if let Some((b, fill)) = *slot.lock() {
+                        // SAFETY: all threads joined.
+                        unsafe { check_pattern(&b, s as u64, fill) };
+                        live.push(b);
+                    }
+                }
+                check_layout(&pool, &live);
+                assert_eq!(
+                    pool.stats().bytes_in_use,
+                    live.iter().map(footprint).sum::<u64>()
+                );
+                EVICTIONS.fetch_add(pool.stats().evictions, Ordering::Relaxed);
+                assert_eq!(pool.drain(&*slots).busy_blocks, 0);
+                let a = pool.addresses();
+                assert_eq!((a.head, a.evict_cursor), (a.tail, a.tail));
+            },
+            2000,
+        );
+        assert!(
+            EVICTIONS.load(Ordering::Relaxed) > 0,
+            "no interleaving evicted anything"
+        );
+    }
 }

@@ -750,5 +750,7 @@ fn cas(word: &std::sync::atomic::AtomicU64, current: Header, to: State) -> bool 
     .is_ok()
 }
 
-#[cfg(test)]
+// The unit tests use the pool outside a shuttle scheduler, so they run without the
+// `shuttle` feature only; `tests/pool.rs` has the shuttle test.
+#[cfg(all(test, not(feature = "shuttle")))]
 mod tests;

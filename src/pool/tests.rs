@@ -351,3 +351,143 @@ fn reserved_block_is_never_evicted() {
     unsafe { pool.free(a) };
     assert_eq!(pool.drain(&evict_all).reclaimed_blocks, 1);
 }
+
+/// Asserts the zero invariant: every byte physically outside `[head, tail)` is zero.
+fn assert_zero_outside_window(pool: &Pool) {
+    let a = pool.addresses();
+    let cap = pool.capacity_bytes;
+    for logical in a.tail..a.head + cap {
+        let offset = logical % cap;
+        // SAFETY: single-threaded test; these bytes are outside every block.
+        let byte = unsafe { pool.region.ptr_at(offset).as_ptr().read() };
+        assert_eq!(
+            byte, 0,
+            "byte at offset {offset} outside [{}, {}) is not zero",
+            a.head, a.tail
+        );
+    }
+}
+
+#[test]
+fn in_flight_allocation_over_stale_bytes_reads_as_in_flight() {
+    let pool = tiny(1024, 256);
+    // Lap 0: three 256-byte blocks full of 0xff, then evicted.
+    for _ in 0..3 {
+        let b = pool.try_alloc(256).unwrap();
+        // SAFETY: Reserved and ours; published once.
+        unsafe {
+            b.payload_mut().fill(0xff);
+            pool.publish(&b);
+        }
+    }
+    assert_eq!(pool.drain(&evict_all).evicted_blocks, 3);
+    assert_zero_outside_window(&pool);
+    // 64-byte blocks up to the end of lap 0 (792, 864, 936), then a pad and one at 1024.
+    let mut last = None;
+    for _ in 0..4 {
+        let b = pool.try_alloc(64).unwrap();
+        // SAFETY: Reserved and ours; published once.
+        unsafe { pool.publish(&b) };
+        last = Some(b);
+    }
+    assert_eq!(last.unwrap().addr(), 1024);
+    // An allocator bumps the tail over offset 72 (inside lap 0's first payload, which
+    // held 0xff) and is preempted before writing the header.
+    let t = pool.tail.load(Ordering::Acquire);
+    assert_eq!(t, 1096);
+    assert!(
+        pool.tail
+            .compare_exchange(t, t + 72, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    );
+    // The evictor reclaims up to it, then must see "in flight", not a garbage header.
+    let mut results = Vec::new();
+    loop {
+        let r = pool.evict_one(&evict_all);
+        results.push(r);
+        if r != (EvictResult::Reclaimed {
+            block_bytes: 72,
+            evicted: true,
+        }) && !matches!(r, EvictResult::Reclaimed { evicted: false, .. })
+        {
+            break;
+        }
+    }
+    assert_eq!(results.last(), Some(&EvictResult::InFlight), "{results:?}");
+    assert_eq!(pool.addresses().head, 1096);
+    // The allocator wakes up and publishes its header; eviction proceeds.
+    let header = Header::new(64, State::Live, 1);
+    // SAFETY: single-threaded test standing in for the allocator; offset 72 is its header.
+    unsafe { pool.region.header(72) }.store(header.0, std::sync::atomic::Ordering::Release);
+    assert_eq!(
+        pool.evict_one(&evict_all),
+        EvictResult::Reclaimed {
+            block_bytes: 72,
+            evicted: true
+        }
+    );
+    assert_zero_outside_window(&pool);
+}
+
+#[test]
+fn random_operations_keep_memory_outside_the_window_zero() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("seed = {seed}");
+    let mut x = seed | 1;
+    let mut rand = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let pool = Pool::new(PoolConfig {
+        capacity_bytes: 2048,
+        copy_on_access_percent: 20,
+        huge_pages: false,
+        max_block_size_bytes: 512,
+    })
+    .unwrap();
+    // The test's blocks; its evictor refuses every third address and forgets the rest.
+    let held = std::cell::RefCell::new(std::collections::BTreeMap::<u64, Block>::new());
+    let sometimes_busy = |b: &Block| {
+        if b.addr() % 3 == 0 {
+            EvictDecision::Busy
+        } else {
+            assert!(
+                held.borrow_mut().remove(&b.addr()).is_some(),
+                "callback for unknown {b:?}"
+            );
+            EvictDecision::Evicted
+        }
+    };
+    for _ in 0..3000 {
+        match rand(4) {
+            0 | 1 => {
+                if let Ok(b) = pool.alloc(1 + rand(512) as usize, &sometimes_busy) {
+                    // SAFETY: Reserved and ours; published once.
+                    unsafe {
+                        b.payload_mut().fill(0xa5);
+                        pool.publish(&b);
+                    }
+                    held.borrow_mut().insert(b.addr(), b);
+                }
+            }
+            2 => {
+                let n = held.borrow().len() as u64;
+                if n > 0 {
+                    let addr = *held.borrow().keys().nth(rand(n) as usize).unwrap();
+                    let b = held.borrow_mut().remove(&addr).unwrap();
+                    // SAFETY: allocated, not evicted (the evictor forgets those), freed once.
+                    unsafe { pool.free(b) };
+                }
+            }
+            _ => {
+                let _ = pool.evict_one(&sometimes_busy);
+            }
+        }
+        assert_zero_outside_window(&pool);
+    }
+}
