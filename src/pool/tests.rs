@@ -453,7 +453,7 @@ fn random_operations_keep_memory_outside_the_window_zero() {
     // The test's blocks; its evictor refuses every third address and forgets the rest.
     let held = std::cell::RefCell::new(std::collections::BTreeMap::<u64, Block>::new());
     let sometimes_busy = |b: &Block| {
-        if b.addr() % 3 == 0 {
+        if b.addr().is_multiple_of(3) {
             EvictDecision::Busy
         } else {
             assert!(
