@@ -1,0 +1,435 @@
+//! Eviction from the head of the circular buffer.
+//!
+//! Three steps, each with its own owner:
+//!
+//! 1. **Claim** (under the `evict_state` mutex, a few loads and one store): read the
+//!    header at `evict_cursor` and move the cursor past that block. Claims are serial,
+//!    so each block is claimed exactly once, but they are short; the expensive part
+//!    runs outside the lock.
+//! 2. **Process** (no pool lock held): by state. `Live` → `Evicting`, then the callback;
+//!    `Free`/`Dead`/`Pad` → reclaim directly; `Reserved` or a `Busy` answer → the retry
+//!    list. Many threads process claimed blocks at once.
+//! 3. **Advance the head** (under the head mutex): past every `Reclaimed` block at the
+//!    head, in address order, so the head moves only past finished evictions.
+//!
+//! Every reclaimer runs step 3 after marking its block `Reclaimed`, with a blocking lock,
+//! so no reclaimed block is left behind the head unnoticed.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering as RegionOrdering;
+
+use super::header::{HEADER_SIZE_BYTES, Header, State};
+use super::{AllocError, Block, Counters, EvictDecision, Evictor, Pool, cas as cas_state};
+use crate::sync::atomic::Ordering;
+use crate::sync::spin_wait;
+
+/// At most this many busy blocks wait on the retry list; past it no new block is
+/// claimed until one of them is dealt with (bounded bookkeeping outside the region).
+const RETRY_LIST_MAX: usize = 256;
+
+/// Consecutive attempts without reclaiming anything before `alloc` gives up with
+/// `WouldBlock`.
+const MAX_STALLED_ATTEMPTS: u32 = 64;
+
+/// Attempts in total (reclaiming or not) before `alloc` gives up with `WouldBlock`; a
+/// backstop against starvation by other allocating threads.
+const MAX_ALLOC_ATTEMPTS: u32 = 4096;
+
+/// What one eviction step achieved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictResult {
+    /// A block was reclaimed: a `Live` block the callback evicted, or a freed or pad
+    /// block. Its bytes return to the tail once the head passes it.
+    Reclaimed {
+        /// The reclaimed block's footprint, header included.
+        block_bytes: u64,
+        /// True if it was a `Live` block the callback evicted.
+        evicted: bool,
+    },
+    /// The block tried was busy (or the eviction window is exhausted behind busy
+    /// blocks); it is on the retry list.
+    Busy,
+    /// The next block is being allocated right now; try again shortly.
+    InFlight,
+    /// Nothing is left to claim and nothing waits for a retry.
+    Empty,
+}
+
+/// Result of [`Pool::drain`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Blocks reclaimed.
+    pub reclaimed_blocks: u64,
+    /// Of those, `Live` blocks the callback evicted.
+    pub evicted_blocks: u64,
+    /// Blocks still busy (left on the retry list).
+    pub busy_blocks: usize,
+}
+
+/// State guarded by the claim mutex.
+#[derive(Debug, Default)]
+pub(crate) struct EvictState {
+    /// Claimed blocks whose eviction could not proceed yet, by address: the oldest is
+    /// the one holding the head back, so it is retried first.
+    retry: BTreeSet<u64>,
+}
+
+/// Outcome of a claim.
+enum Claim {
+    Block(u64),
+    InFlight,
+    Empty,
+    WindowFull,
+}
+
+impl Pool {
+    /// Runs one eviction step: retries the oldest busy block, and if that does not
+    /// reclaim anything, claims the next block at the evict cursor.
+    ///
+    /// The cursor runs at most a quarter of the capacity (and [`RETRY_LIST_MAX`] busy
+    /// blocks) ahead of the head, so a busy block at the head does not cause the whole
+    /// buffer to be evicted behind it.
+    pub fn evict_one(&self, evictor: &dyn Evictor) -> EvictResult {
+        let oldest = self.evict_state.lock().retry.pop_first();
+        let mut retried_busy = false;
+        if let Some(addr) = oldest {
+            match self.process(addr, evictor) {
+                r @ EvictResult::Reclaimed { .. } => return r,
+                _ => retried_busy = true,
+            }
+        }
+        match self.claim_next(true) {
+            Claim::Block(addr) => self.process(addr, evictor),
+            Claim::InFlight => EvictResult::InFlight,
+            Claim::Empty if !retried_busy && self.evict_state.lock().retry.is_empty() => {
+                EvictResult::Empty
+            }
+            Claim::Empty | Claim::WindowFull => EvictResult::Busy,
+        }
+    }
+
+    /// Evicts until the tail has at least `free_bytes` of room (`capacity - (tail -
+    /// head)`), or until eviction stalls on busy blocks. Returns whether the room was
+    /// reached.
+    pub fn evict_until(&self, free_bytes: u64, evictor: &dyn Evictor) -> bool {
+        let mut stalled = 0;
+        loop {
+            let a = self.addresses();
+            if self.capacity_bytes - (a.tail - a.head) >= free_bytes {
+                return true;
+            }
+            match self.evict_one(evictor) {
+                EvictResult::Reclaimed { .. } => stalled = 0,
+                _ => {
+                    stalled += 1;
+                    if stalled > MAX_STALLED_ATTEMPTS {
+                        return false;
+                    }
+                    spin_wait(stalled);
+                }
+            }
+        }
+    }
+
+    /// Evicts everything evictable: claims every block up to the tail (ignoring the
+    /// eviction window) and retries busy blocks until a whole round reclaims nothing.
+    /// For tests and shutdown.
+    pub fn drain(&self, evictor: &dyn Evictor) -> DrainReport {
+        let mut report = DrainReport::default();
+        let note = |r: EvictResult, report: &mut DrainReport| {
+            if let EvictResult::Reclaimed { evicted, .. } = r {
+                report.reclaimed_blocks += 1;
+                report.evicted_blocks += u64::from(evicted);
+                true
+            } else {
+                false
+            }
+        };
+        loop {
+            let mut progressed = false;
+            let mut in_flight_spins = 0;
+            loop {
+                match self.claim_next(false) {
+                    Claim::Block(addr) => {
+                        in_flight_spins = 0;
+                        progressed |= note(self.process(addr, evictor), &mut report);
+                    }
+                    Claim::InFlight if in_flight_spins < MAX_STALLED_ATTEMPTS => {
+                        in_flight_spins += 1;
+                        spin_wait(in_flight_spins);
+                    }
+                    Claim::InFlight | Claim::Empty | Claim::WindowFull => break,
+                }
+            }
+            let busy = std::mem::take(&mut self.evict_state.lock().retry);
+            for addr in busy {
+                progressed |= note(self.process(addr, evictor), &mut report);
+            }
+            if !progressed {
+                break;
+            }
+        }
+        report.busy_blocks = self.evict_state.lock().retry.len();
+        report
+    }
+
+    /// Claims the block at the evict cursor.
+    fn claim_next(&self, bounded: bool) -> Claim {
+        let state = self.evict_state.lock();
+        // Only claimers, under this mutex, write the cursor.
+        let cursor = self.evict_cursor.load(Ordering::Relaxed);
+        if bounded
+            && (state.retry.len() >= RETRY_LIST_MAX
+                || cursor - self.head.load(Ordering::Acquire) >= self.evict_window_bytes)
+        {
+            return Claim::WindowFull;
+        }
+        let tail = self.tail.load(Ordering::Acquire);
+        if cursor == tail {
+            return Claim::Empty;
+        }
+        let offset = self.region.offset_of(cursor);
+        // SAFETY: `cursor < tail`, and the tail CAS that passed `cursor` was made by an
+        // allocator whose Acquire load of the head ordered every earlier non-atomic
+        // access to this memory (payloads and zeroing of the previous lap) before it; our
+        // Acquire load of the tail orders it before this read. The word is a block start
+        // (the cursor moves by whole blocks), so in this lap only atomics touch it.
+        let header = unsafe { self.region.load_header(offset) };
+        if header.is_unpublished() {
+            return Claim::InFlight;
+        }
+        assert_eq!(
+            header.lap(),
+            self.lap(cursor),
+            "header {header:?} at the evict cursor {cursor} is from another lap"
+        );
+        assert!(
+            matches!(
+                header.state(),
+                Some(State::Reserved | State::Live | State::Free | State::Dead | State::Pad)
+            ),
+            "unclaimed block at {cursor} in state {header:?}"
+        );
+        let end = cursor + header.block_size_bytes();
+        assert!(end <= tail && offset + header.block_size_bytes() <= self.capacity_bytes);
+        self.evict_cursor.store(end, Ordering::Release);
+        Claim::Block(cursor)
+    }
+
+    /// Deals with a claimed block. This thread is its only processor.
+    fn process(&self, addr: u64, evictor: &dyn Evictor) -> EvictResult {
+        let offset = self.region.offset_of(addr);
+        // SAFETY: the block is claimed and not reclaimed (only its processor, this
+        // thread, reclaims it), so the head is at or below it and the word is its header,
+        // only accessed atomically.
+        let word = unsafe { self.region.header(offset) };
+        loop {
+            let current = Header(word.load(RegionOrdering::Acquire));
+            debug_assert_eq!(current.lap(), self.lap(addr));
+            match current.state() {
+                Some(State::Pad | State::Dead) => return self.reclaim(addr, false),
+                Some(State::Free) => {
+                    let class = self
+                        .class_of(current.payload_size_bytes() as usize)
+                        .expect("a free block has a class");
+                    // SAFETY: claimed and unreclaimed, as above.
+                    let taken = unsafe {
+                        self.free_lists
+                            .take(&self.region, class, addr, current, State::Evicting)
+                    };
+                    if taken {
+                        return self.reclaim(addr, false);
+                    }
+                    // A pop or a skip changed it first; look again.
+                }
+                // Its client is still initialising it (perhaps this very thread):
+                // never wait for it.
+                Some(State::Reserved) => return self.retry_later(addr),
+                Some(State::Live) => {
+                    let evicting = current.with_state(State::Evicting);
+                    if word
+                        .compare_exchange(
+                            current.0,
+                            evicting.0,
+                            RegionOrdering::AcqRel,
+                            RegionOrdering::Acquire,
+                        )
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    let block = self.handle(addr, current.payload_size_bytes());
+                    let decision = {
+                        let guard = RestoreOnUnwind { pool: self, addr };
+                        let d = evictor.evict(&block);
+                        std::mem::forget(guard);
+                        d
+                    };
+                    match decision {
+                        EvictDecision::Evicted => return self.reclaim(addr, true),
+                        EvictDecision::Busy => {
+                            if word
+                                .compare_exchange(
+                                    evicting.0,
+                                    current.0,
+                                    RegionOrdering::AcqRel,
+                                    RegionOrdering::Acquire,
+                                )
+                                .is_ok()
+                            {
+                                return self.retry_later(addr);
+                            }
+                            // Its client freed it meanwhile (now `Dead`): reclaim.
+                        }
+                    }
+                }
+                other => panic!("claimed block at {addr} in state {other:?}"),
+            }
+        }
+    }
+
+    /// Puts a claimed block on the retry list.
+    fn retry_later(&self, addr: u64) -> EvictResult {
+        Counters::bump(&self.counters.busy_retries);
+        let fresh = self.evict_state.lock().retry.insert(addr);
+        debug_assert!(fresh, "block {addr} was on the retry list twice");
+        EvictResult::Busy
+    }
+
+    /// Reclaims a block this thread processes (state `Evicting`, `Dead` or `Pad`): makes
+    /// it `Dead` if it is not already, zeroes its payload, marks it `Reclaimed`, and
+    /// advances the head. `was_live`: the callback answered `Evicted` for it.
+    fn reclaim(&self, addr: u64, was_live: bool) -> EvictResult {
+        let offset = self.region.offset_of(addr);
+        // SAFETY: claimed and unreclaimed (we are its processor), so the word is its
+        // header, accessed atomically only.
+        let word = unsafe { self.region.header(offset) };
+        // `Evicting → Dead` is the one point where a block leaves its client: whoever
+        // wins it (the client's late `free`, or this thread) accounts for its bytes, and
+        // does so before the bytes can be reused, so `bytes_in_use` never over-counts.
+        let (header, evicted) = loop {
+            let now = Header(word.load(RegionOrdering::Acquire));
+            match now.state() {
+                Some(State::Evicting) => {
+                    if cas_state(word, now, State::Dead) {
+                        break (now, was_live);
+                    }
+                }
+                Some(State::Dead | State::Pad) => break (now, false),
+                _ => panic!("reclaiming block at {addr} in state {now:?}"),
+            }
+        };
+        let block_bytes = header.block_size_bytes();
+        if evicted {
+            Counters::bump(&self.counters.evictions);
+            self.counters
+                .bytes_in_use
+                .fetch_sub(block_bytes, Ordering::Relaxed);
+        }
+        // SAFETY: the payload lies in the region (checked at claim), and nobody else
+        // touches it: it is `Dead` or `Pad`, which only its processor (this thread)
+        // changes, and its client gave it up. Zeroing keeps stale bytes from ever looking
+        // like a header of a later lap.
+        unsafe {
+            self.region.zero(
+                offset + HEADER_SIZE_BYTES,
+                u64::from(header.payload_size_bytes()),
+            )
+        };
+        // Release: the zeroing happens-before whoever sees `Reclaimed` (the head advancer,
+        // and through the head every later allocator of this memory).
+        word.store(
+            header.with_state(State::Reclaimed).0,
+            RegionOrdering::Release,
+        );
+        Counters::bump(&self.counters.reclaimed_blocks);
+        self.advance_head();
+        EvictResult::Reclaimed {
+            block_bytes,
+            evicted,
+        }
+    }
+
+    /// Moves the head past every `Reclaimed` block at it.
+    fn advance_head(&self) {
+        let _serial = self.head_lock.lock();
+        // Only this mutex's holders write the head.
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            if head >= self.evict_cursor.load(Ordering::Acquire) {
+                break;
+            }
+            let offset = self.region.offset_of(head);
+            // SAFETY: `head < evict_cursor`: the block at the head is claimed, so its
+            // header was published; it is not reused because the tail stays within
+            // `head + capacity` and only we move the head.
+            let word = unsafe { self.region.header(offset) };
+            let header = Header(word.load(RegionOrdering::Acquire));
+            if header.state() != Some(State::Reclaimed) {
+                break;
+            }
+            debug_assert_eq!(header.lap(), self.lap(head));
+            // Zero the header too, so the whole block is zero again before the head
+            // (Release) lets the tail reuse it.
+            word.store(0, RegionOrdering::Relaxed);
+            head += header.block_size_bytes();
+            self.head.store(head, Ordering::Release);
+        }
+    }
+}
+
+/// Puts a block back to `Live` and on the retry list if the callback panics, so the
+/// head is not stuck behind a block left `Evicting` forever.
+struct RestoreOnUnwind<'a> {
+    pool: &'a Pool,
+    addr: u64,
+}
+
+impl Drop for RestoreOnUnwind<'_> {
+    fn drop(&mut self) {
+        let pool = self.pool;
+        let offset = pool.region.offset_of(self.addr);
+        // SAFETY: the block is ours (being processed), not reclaimed.
+        let word = unsafe { pool.region.header(offset) };
+        let now = Header(word.load(RegionOrdering::Acquire));
+        // If the client freed it during the callback it is `Dead` instead; either way the
+        // retry list picks it up again (a `Dead` block is then reclaimed there).
+        if now.state() == Some(State::Evicting) {
+            let _ = word.compare_exchange(
+                now.0,
+                now.with_state(State::Live).0,
+                RegionOrdering::AcqRel,
+                RegionOrdering::Acquire,
+            );
+        }
+        pool.evict_state.lock().retry.insert(self.addr);
+    }
+}
+
+/// `alloc`: free list or tail, evicting and retrying while full.
+pub(super) fn alloc_evicting(
+    pool: &Pool,
+    class: usize,
+    evictor: &dyn Evictor,
+) -> Result<Block, AllocError> {
+    let mut stalled = 0;
+    for _ in 0..MAX_ALLOC_ATTEMPTS {
+        if let Some(block) = pool.alloc_in_class(class) {
+            return Ok(block);
+        }
+        match pool.evict_one(evictor) {
+            // Reclaiming behind a busy head does not free tail room, but the eviction
+            // window bounds how long that can go on before the steps stall.
+            EvictResult::Reclaimed { .. } => stalled = 0,
+            EvictResult::Busy | EvictResult::InFlight | EvictResult::Empty => {
+                stalled += 1;
+                if stalled > MAX_STALLED_ATTEMPTS {
+                    break;
+                }
+                spin_wait(stalled);
+            }
+        }
+    }
+    Counters::bump(&pool.counters.would_blocks);
+    Err(AllocError::WouldBlock)
+}

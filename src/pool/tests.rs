@@ -1,0 +1,493 @@
+//! Unit tests of the pool's internals: size classes, wrap-around with pads, states.
+
+use super::*;
+
+fn tiny(capacity_bytes: u64, max_block_size_bytes: u32) -> Pool {
+    Pool::new(PoolConfig {
+        capacity_bytes,
+        copy_on_access_percent: 0,
+        huge_pages: false,
+        max_block_size_bytes,
+    })
+    .unwrap()
+}
+
+fn header_of(pool: &Pool, block: &Block) -> Header {
+    // SAFETY: single-threaded test; the block is allocated, so the word is its header.
+    unsafe { pool.region.load_header(block.offset()) }
+}
+
+fn evict_all(_: &Block) -> EvictDecision {
+    EvictDecision::Evicted
+}
+
+#[test]
+fn size_classes_round_up_to_powers_of_two() {
+    let pool = tiny(1 << 16, 4096);
+    for (asked, class) in [
+        (0, 64),
+        (1, 64),
+        (64, 64),
+        (65, 128),
+        (2048, 2048),
+        (2049, 4096),
+        (4096, 4096),
+    ] {
+        assert_eq!(
+            pool.class_size_bytes(asked),
+            Ok(class),
+            "request of {asked} bytes"
+        );
+        assert_eq!(pool.try_alloc(asked).unwrap().size_bytes(), class);
+    }
+    assert_eq!(
+        pool.class_size_bytes(4097),
+        Err(AllocError::TooLarge {
+            size_bytes: 4097,
+            max_bytes: 4096
+        })
+    );
+    assert_eq!(
+        pool.try_alloc(4097),
+        Err(AllocError::TooLarge {
+            size_bytes: 4097,
+            max_bytes: 4096
+        })
+    );
+}
+
+#[test]
+fn config_validation_rejects_nonsense() {
+    let ok = PoolConfig::with_capacity(1 << 20);
+    assert!(ok.validate().is_ok());
+    let bad = [
+        PoolConfig {
+            capacity_bytes: (1 << 20) + 4,
+            ..ok.clone()
+        },
+        PoolConfig {
+            capacity_bytes: 8200,
+            ..ok.clone()
+        }, // < 2 * (4096 + 8)
+        PoolConfig {
+            capacity_bytes: MAX_CAPACITY_BYTES + 8,
+            ..ok.clone()
+        },
+        PoolConfig {
+            copy_on_access_percent: 101,
+            ..ok.clone()
+        },
+        PoolConfig {
+            max_block_size_bytes: 3000,
+            ..ok.clone()
+        },
+        PoolConfig {
+            max_block_size_bytes: 32,
+            ..ok.clone()
+        },
+        PoolConfig {
+            max_block_size_bytes: 1 << 24,
+            capacity_bytes: 1 << 26,
+            ..ok.clone()
+        },
+    ];
+    for config in bad {
+        assert!(
+            matches!(config.validate(), Err(Error::InvalidConfig(_))),
+            "{config:?} was accepted"
+        );
+        assert!(Pool::new(config).is_err());
+    }
+    assert!(
+        PoolConfig {
+            capacity_bytes: 8208,
+            ..ok
+        }
+        .validate()
+        .is_ok()
+    );
+}
+
+#[test]
+fn blocks_are_contiguous_with_header_before_payload() {
+    let pool = tiny(4096, 256);
+    let a = pool.try_alloc(64).unwrap();
+    let b = pool.try_alloc(200).unwrap();
+    assert_eq!(a.addr(), 0);
+    assert_eq!(a.payload_ptr() as usize % 8, 0);
+    assert_eq!(b.addr(), 8 + 64);
+    assert_eq!(b.payload_ptr() as usize - a.payload_ptr() as usize, 64 + 8);
+    assert_eq!(header_of(&pool, &a), Header::new(64, State::Reserved, 0));
+    // SAFETY: `a` was just allocated and is published once.
+    unsafe { pool.publish(&a) };
+    assert_eq!(header_of(&pool, &a).state(), Some(State::Live));
+    assert_eq!(pool.stats().bytes_in_use, 72 + 264);
+    assert_eq!(pool.addresses().tail, 72 + 264);
+}
+
+#[test]
+fn wrap_around_writes_a_pad_block_and_uses_the_next_lap() {
+    // Capacity 1024: blocks of 264 bytes; three fit (792), the fourth would cross the end.
+    let pool = tiny(1024, 256);
+    let blocks: Vec<Block> = (0..3).map(|_| pool.try_alloc(256).unwrap()).collect();
+    for b in &blocks {
+        // SAFETY: freshly allocated blocks, published once.
+        unsafe { pool.publish(b) };
+    }
+    assert_eq!(
+        pool.try_alloc(256),
+        Err(AllocError::Full),
+        "pad 232 + 264 exceeds the room"
+    );
+    // Evict the first block: head moves to 264, room is 264 + 232 = 496 >= pad + block.
+    assert!(matches!(
+        pool.evict_one(&evict_all),
+        EvictResult::Reclaimed { evicted: true, .. }
+    ));
+    assert_eq!(pool.addresses().head, 264);
+    let wrapped = pool.try_alloc(256).unwrap();
+    assert_eq!(wrapped.addr(), 1024, "the block starts the next lap");
+    assert_eq!(wrapped.offset(), 0);
+    assert_eq!(
+        header_of(&pool, &wrapped),
+        Header::new(256, State::Reserved, 1)
+    );
+    // The pad fills [792, 1024).
+    // SAFETY: single-threaded; the pad's header word is at 792.
+    let pad = unsafe { pool.region.load_header(792) };
+    assert_eq!(pad, Header::new(1024 - 792 - 8, State::Pad, 0));
+    let a = pool.addresses();
+    assert_eq!(a.tail, 1024 + 264);
+    assert!(a.tail - a.head <= 1024);
+    // The reclaimed block's memory was zeroed before reuse.
+    // SAFETY: `wrapped` is allocated and only this thread touches it.
+    assert!(unsafe { wrapped.payload() }.iter().all(|&b| b == 0));
+    // Evicting the rest reclaims the two blocks and the pad, then the wrapped block.
+    let report = pool.drain(&evict_all);
+    assert_eq!(report.reclaimed_blocks, 3, "{report:?}"); // two blocks and the pad; `wrapped` is Reserved
+    assert_eq!(report.busy_blocks, 1);
+    assert_eq!(pool.addresses().head, 1024);
+    // SAFETY: `wrapped` is Reserved and ours.
+    unsafe { pool.publish(&wrapped) };
+    let report = pool.drain(&evict_all);
+    assert_eq!(report.evicted_blocks, 1);
+    let a = pool.addresses();
+    assert_eq!(
+        (a.head, a.evict_cursor, a.tail),
+        (1024 + 264, 1024 + 264, 1024 + 264)
+    );
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
+fn free_in_place_reuses_through_the_free_list_exactly() {
+    let pool = tiny(4096, 256);
+    let a = pool.try_alloc(100).unwrap();
+    let b = pool.try_alloc(100).unwrap();
+    // SAFETY: allocated by this pool, freed once, never touched again.
+    unsafe { pool.free(a) };
+    assert_eq!(header_of(&pool, &a).state(), Some(State::Free));
+    let c = pool.try_alloc(128).unwrap();
+    assert_eq!(c.addr(), a.addr(), "same class comes from the free list");
+    assert_eq!(header_of(&pool, &c).state(), Some(State::Reserved));
+    let d = pool.try_alloc(64).unwrap();
+    assert!(d.addr() > b.addr(), "another class comes from the tail");
+    let s = pool.stats();
+    assert_eq!(
+        (s.allocs_from_free_list, s.allocs_from_tail, s.frees),
+        (1, 3, 1)
+    );
+}
+
+#[test]
+fn evicting_a_free_block_unlinks_it_so_it_is_never_handed_out() {
+    let pool = tiny(1024, 256);
+    let a = pool.try_alloc(64).unwrap();
+    // SAFETY: allocated by this pool, freed once.
+    unsafe { pool.free(a) };
+    assert_eq!(pool.free_lists.len(0), 1);
+    assert!(matches!(
+        pool.evict_one(&evict_all),
+        EvictResult::Reclaimed { evicted: false, .. }
+    ));
+    assert_eq!(pool.free_lists.len(0), 0);
+    assert_eq!(pool.addresses().head, 72);
+    let b = pool.try_alloc(64).unwrap();
+    assert_ne!(b.addr(), a.addr());
+}
+
+#[test]
+fn free_of_claimed_or_copy_on_access_block_marks_it_dead() {
+    let pool = Pool::new(PoolConfig {
+        capacity_bytes: 1024,
+        copy_on_access_percent: 50,
+        huge_pages: false,
+        max_block_size_bytes: 256,
+    })
+    .unwrap();
+    let blocks: Vec<Block> = (0..3).map(|_| pool.try_alloc(256).unwrap()).collect();
+    // tail = 792, in-place bytes = 512, so second chance = 280: blocks 0 (at 0) and 1
+    // (at 264) are copy-on-access, block 2 (at 528) is in place.
+    assert_eq!(pool.addresses().second_chance, 280);
+    assert!(pool.in_copy_on_access_region(&blocks[0]));
+    assert!(pool.in_copy_on_access_region(&blocks[1]));
+    assert!(!pool.in_copy_on_access_region(&blocks[2]));
+    // SAFETY: allocated by this pool, freed once.
+    unsafe { pool.free(blocks[0]) };
+    assert_eq!(header_of(&pool, &blocks[0]).state(), Some(State::Dead));
+    // SAFETY: as above.
+    unsafe { pool.free(blocks[2]) };
+    assert_eq!(header_of(&pool, &blocks[2]).state(), Some(State::Free));
+    // Once the evictor has claimed block 1, its free marks it Dead whatever the region.
+    let none_evicted = |_: &Block| EvictDecision::Busy;
+    assert!(matches!(
+        pool.evict_one(&none_evicted),
+        EvictResult::Reclaimed { evicted: false, .. }
+    ));
+    assert_eq!(pool.evict_one(&none_evicted), EvictResult::Busy);
+    assert_eq!(header_of(&pool, &blocks[1]).state(), Some(State::Reserved));
+    // SAFETY: as above.
+    unsafe { pool.free(blocks[1]) };
+    assert_eq!(header_of(&pool, &blocks[1]).state(), Some(State::Dead));
+}
+
+#[test]
+fn busy_block_goes_back_to_live_and_is_retried_first() {
+    let pool = tiny(1024, 256);
+    let a = pool.try_alloc(64).unwrap();
+    let b = pool.try_alloc(64).unwrap();
+    // SAFETY: freshly allocated, published once each.
+    unsafe {
+        pool.publish(&a);
+        pool.publish(&b);
+    }
+    let busy_a = |blk: &Block| {
+        if blk.addr() == a.addr() {
+            EvictDecision::Busy
+        } else {
+            EvictDecision::Evicted
+        }
+    };
+    assert_eq!(pool.evict_one(&busy_a), EvictResult::Busy);
+    assert_eq!(header_of(&pool, &a).state(), Some(State::Live));
+    // The retry of `a` is busy again, then `b` is claimed and evicted; the head stays.
+    assert!(matches!(
+        pool.evict_one(&busy_a),
+        EvictResult::Reclaimed { evicted: true, .. }
+    ));
+    assert_eq!(pool.addresses().head, 0);
+    assert_eq!(pool.addresses().evict_cursor, 144);
+    // Once `a` is evictable, the head moves past both.
+    assert!(matches!(
+        pool.evict_one(&evict_all),
+        EvictResult::Reclaimed { evicted: true, .. }
+    ));
+    assert_eq!(pool.addresses().head, 144);
+    assert_eq!(pool.evict_one(&evict_all), EvictResult::Empty);
+    assert_eq!(pool.stats().busy_retries, 2);
+}
+
+#[test]
+fn free_during_eviction_is_not_lost() {
+    // The callback frees the block it is asked to evict (a late free by its client) and
+    // then answers Busy: the pool must reclaim it rather than put it back to Live.
+    let pool = tiny(1024, 256);
+    let a = pool.try_alloc(64).unwrap();
+    // SAFETY: freshly allocated, published once.
+    unsafe { pool.publish(&a) };
+    let freeing = |blk: &Block| {
+        // SAFETY: the test's client gives the block up here and never touches it again.
+        unsafe { pool.free(*blk) };
+        EvictDecision::Busy
+    };
+    assert!(matches!(
+        pool.evict_one(&freeing),
+        EvictResult::Reclaimed { evicted: false, .. }
+    ));
+    assert_eq!(pool.addresses().head, 72);
+    let s = pool.stats();
+    assert_eq!((s.frees, s.evictions, s.bytes_in_use), (1, 0, 0));
+}
+
+#[test]
+fn block_at_validates_against_the_header() {
+    let pool = tiny(1024, 256);
+    let a = pool.try_alloc(64).unwrap();
+    let b = pool.try_alloc(128).unwrap();
+    // SAFETY: offsets of allocated blocks, single-threaded.
+    unsafe {
+        assert_eq!(pool.block_at(a.offset()), Some(a));
+        assert_eq!(pool.block_at(b.offset()), Some(b));
+        // Misaligned or out of range offsets are rejected without reading.
+        assert_eq!(pool.block_at(3), None);
+        assert_eq!(pool.block_at(1024), None);
+    }
+    // SAFETY: freed once; afterwards its offset is looked up only while still unreclaimed.
+    unsafe {
+        pool.free(a);
+        assert_eq!(
+            pool.block_at(a.offset()),
+            None,
+            "a free block is not a live handle"
+        );
+    }
+}
+
+#[test]
+fn reserved_block_is_never_evicted() {
+    let pool = tiny(1024, 256);
+    let a = pool.try_alloc(256).unwrap();
+    let report = pool.drain(&evict_all);
+    assert_eq!(
+        report,
+        DrainReport {
+            reclaimed_blocks: 0,
+            evicted_blocks: 0,
+            busy_blocks: 1
+        }
+    );
+    assert_eq!(header_of(&pool, &a).state(), Some(State::Reserved));
+    // SAFETY: allocated, freed once.
+    unsafe { pool.free(a) };
+    assert_eq!(pool.drain(&evict_all).reclaimed_blocks, 1);
+}
+
+/// Asserts the zero invariant: every byte physically outside `[head, tail)` is zero.
+fn assert_zero_outside_window(pool: &Pool) {
+    let a = pool.addresses();
+    let cap = pool.capacity_bytes;
+    for logical in a.tail..a.head + cap {
+        let offset = logical % cap;
+        // SAFETY: single-threaded test; these bytes are outside every block.
+        let byte = unsafe { pool.region.ptr_at(offset).as_ptr().read() };
+        assert_eq!(
+            byte, 0,
+            "byte at offset {offset} outside [{}, {}) is not zero",
+            a.head, a.tail
+        );
+    }
+}
+
+#[test]
+fn in_flight_allocation_over_stale_bytes_reads_as_in_flight() {
+    let pool = tiny(1024, 256);
+    // Lap 0: three 256-byte blocks full of 0xff, then evicted.
+    for _ in 0..3 {
+        let b = pool.try_alloc(256).unwrap();
+        // SAFETY: Reserved and ours; published once.
+        unsafe {
+            b.payload_mut().fill(0xff);
+            pool.publish(&b);
+        }
+    }
+    assert_eq!(pool.drain(&evict_all).evicted_blocks, 3);
+    assert_zero_outside_window(&pool);
+    // 64-byte blocks up to the end of lap 0 (792, 864, 936), then a pad and one at 1024.
+    let mut last = None;
+    for _ in 0..4 {
+        let b = pool.try_alloc(64).unwrap();
+        // SAFETY: Reserved and ours; published once.
+        unsafe { pool.publish(&b) };
+        last = Some(b);
+    }
+    assert_eq!(last.unwrap().addr(), 1024);
+    // An allocator bumps the tail over offset 72 (inside lap 0's first payload, which
+    // held 0xff) and is preempted before writing the header.
+    let t = pool.tail.load(Ordering::Acquire);
+    assert_eq!(t, 1096);
+    assert!(
+        pool.tail
+            .compare_exchange(t, t + 72, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    );
+    // The evictor reclaims up to it, then must see "in flight", not a garbage header.
+    let mut results = Vec::new();
+    loop {
+        let r = pool.evict_one(&evict_all);
+        results.push(r);
+        if r != (EvictResult::Reclaimed {
+            block_bytes: 72,
+            evicted: true,
+        }) && !matches!(r, EvictResult::Reclaimed { evicted: false, .. })
+        {
+            break;
+        }
+    }
+    assert_eq!(results.last(), Some(&EvictResult::InFlight), "{results:?}");
+    assert_eq!(pool.addresses().head, 1096);
+    // The allocator wakes up and publishes its header; eviction proceeds.
+    let header = Header::new(64, State::Live, 1);
+    // SAFETY: single-threaded test standing in for the allocator; offset 72 is its header.
+    unsafe { pool.region.header(72) }.store(header.0, std::sync::atomic::Ordering::Release);
+    assert_eq!(
+        pool.evict_one(&evict_all),
+        EvictResult::Reclaimed {
+            block_bytes: 72,
+            evicted: true
+        }
+    );
+    assert_zero_outside_window(&pool);
+}
+
+#[test]
+fn random_operations_keep_memory_outside_the_window_zero() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("seed = {seed}");
+    let mut x = seed | 1;
+    let mut rand = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let pool = Pool::new(PoolConfig {
+        capacity_bytes: 2048,
+        copy_on_access_percent: 20,
+        huge_pages: false,
+        max_block_size_bytes: 512,
+    })
+    .unwrap();
+    // The test's blocks; its evictor refuses every third address and forgets the rest.
+    let held = std::cell::RefCell::new(std::collections::BTreeMap::<u64, Block>::new());
+    let sometimes_busy = |b: &Block| {
+        if b.addr().is_multiple_of(3) {
+            EvictDecision::Busy
+        } else {
+            assert!(
+                held.borrow_mut().remove(&b.addr()).is_some(),
+                "callback for unknown {b:?}"
+            );
+            EvictDecision::Evicted
+        }
+    };
+    for _ in 0..3000 {
+        match rand(4) {
+            0 | 1 => {
+                if let Ok(b) = pool.alloc(1 + rand(512) as usize, &sometimes_busy) {
+                    // SAFETY: Reserved and ours; published once.
+                    unsafe {
+                        b.payload_mut().fill(0xa5);
+                        pool.publish(&b);
+                    }
+                    held.borrow_mut().insert(b.addr(), b);
+                }
+            }
+            2 => {
+                let n = held.borrow().len() as u64;
+                if n > 0 {
+                    let addr = *held.borrow().keys().nth(rand(n) as usize).unwrap();
+                    let b = held.borrow_mut().remove(&addr).unwrap();
+                    // SAFETY: allocated, not evicted (the evictor forgets those), freed once.
+                    unsafe { pool.free(b) };
+                }
+            }
+            _ => {
+                let _ = pool.evict_one(&sometimes_busy);
+            }
+        }
+        assert_zero_outside_window(&pool);
+    }
+}
