@@ -70,11 +70,14 @@ fn mini_page_insert(c: &mut Criterion) {
         b.iter_batched_ref(
             || vec![0u8; 1024],
             |buf| {
-                let mut node = NodeMut::init(buf, NodeKind::Mini, Fences::Prefix(b"user0000"))
-                    .expect("node");
+                let mut node =
+                    NodeMut::init(buf, NodeKind::Mini, Fences::Prefix(b"user0000")).expect("node");
                 let mut inserted = 0;
                 for &i in &order {
-                    if node.insert(&key(i), &[1u8; 16], RecordType::Insert).is_err() {
+                    if node
+                        .insert(&key(i), &[1u8; 16], RecordType::Insert)
+                        .is_err()
+                    {
                         break;
                     }
                     inserted += 1;
@@ -102,17 +105,25 @@ fn pool_alloc_evict(c: &mut Criterion) {
     c.bench_function("pool/alloc+publish+free (free-list reuse)", |b| {
         b.iter(|| {
             n += 1;
-            let block = pool.alloc(sizes[n % sizes.len()], &EvictAll).expect("alloc");
-            pool.publish(&block);
-            pool.free(&block);
+            let block = pool
+                .alloc(sizes[n % sizes.len()], &EvictAll)
+                .expect("alloc");
+            // SAFETY: the block was just allocated and is reachable only through `block`.
+            unsafe {
+                pool.publish(&block);
+                pool.free(block);
+            }
         })
     });
     let pool = Pool::new(PoolConfig::with_capacity(4 << 20)).expect("pool");
     c.bench_function("pool/alloc+publish, evicting at the head when full", |b| {
         b.iter(|| {
             n += 1;
-            let block = pool.alloc(sizes[n % sizes.len()], &EvictAll).expect("alloc");
-            pool.publish(&block);
+            let block = pool
+                .alloc(sizes[n % sizes.len()], &EvictAll)
+                .expect("alloc");
+            // SAFETY: the block was just allocated; nothing else refers to it.
+            unsafe { pool.publish(&block) };
             black_box(block.offset())
         })
     });

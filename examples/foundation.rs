@@ -26,6 +26,8 @@ const VALUE_BYTES: usize = 16;
 const OWNER_BYTES: usize = 8;
 /// Buckets are sized so that a leaf page stays well below full (there is no split here).
 const TARGET_LEAF_FILL_BYTES: usize = 2400;
+/// The largest mini-page, the pool's largest block.
+const MAX_MINI_BYTES: u64 = 4096;
 
 struct Options {
     records: u64,
@@ -130,7 +132,11 @@ impl Engine {
         let Some(mut bucket) = self.buckets[owner as usize].try_lock() else {
             return EvictDecision::Busy;
         };
-        assert_eq!(bucket.mini, Some(*block), "a live mini-page belongs to its bucket");
+        assert_eq!(
+            bucket.mini,
+            Some(*block),
+            "a live mini-page belongs to its bucket"
+        );
         // SAFETY: we hold the owner's lock, the only way to reach this mini-page.
         let bytes = unsafe { block.payload() };
         let mini = NodeRef::trusted(&bytes[OWNER_BYTES..]);
@@ -149,9 +155,19 @@ impl Engine {
             let mut bucket = self.buckets[b].lock();
             match self.try_insert(&mut bucket, b, &k, &v)? {
                 true => return Ok(()),
-                // The pool could not make room without this bucket's own lock: release
-                // it and try again, as the tree's restart path will.
-                false => drop(bucket),
+                // The pool could not make room without this bucket's own lock, or while
+                // other buckets are busy merging: release it, let them finish, try again,
+                // as the tree's restart path will.
+                false => {
+                    drop(bucket);
+                    // Help eviction while holding no lock: the block stuck at the head may
+                    // be this bucket's own mini-page, which no one can evict while we
+                    // hold the bucket.
+                    let evictor = |block: &Block| self.evict(block);
+                    if !self.pool.evict_until(MAX_MINI_BYTES, &evictor) {
+                        std::thread::yield_now();
+                    }
+                }
             }
         }
     }
@@ -260,8 +276,9 @@ fn verify_all(records: u64, read: impl Fn(u64, &mut Page) -> std::io::Result<Opt
 }
 
 fn run(options: &Options, path: &Path) -> std::io::Result<()> {
-    let buckets =
-        ((options.records as usize * (KEY_BYTES + VALUE_BYTES + 8)) / TARGET_LEAF_FILL_BYTES).max(1);
+    let buckets = ((options.records as usize * (KEY_BYTES + VALUE_BYTES + 8))
+        / TARGET_LEAF_FILL_BYTES)
+        .max(1);
     let store = FileStore::open(path, FileOptions::default().direct_io(true))?;
     let mut leaves = Vec::with_capacity(buckets);
     let mut page = Page::boxed();
@@ -287,7 +304,11 @@ fn run(options: &Options, path: &Path) -> std::io::Result<()> {
         options.records,
         options.pool_bytes >> 10,
         engine.pool.backing(),
-        if engine.store.direct_io_active() { "on" } else { "off" },
+        if engine.store.direct_io_active() {
+            "on"
+        } else {
+            "off"
+        },
         options.threads,
     );
 
@@ -331,7 +352,7 @@ fn run(options: &Options, path: &Path) -> std::io::Result<()> {
     println!(
         "drained the pool ({drained:?}); file is {} KiB for {} KiB of raw records",
         engine.store.size_bytes() >> 10,
-        options.records * (KEY_BYTES + VALUE_BYTES) as u64 >> 10,
+        (options.records * (KEY_BYTES + VALUE_BYTES) as u64) >> 10,
     );
     drop(engine);
 
@@ -356,7 +377,9 @@ fn main() {
     let options = match parse_args() {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("{e}\nusage: foundation [--records N] [--pool-kib K] [--threads T] [--small]");
+            eprintln!(
+                "{e}\nusage: foundation [--records N] [--pool-kib K] [--threads T] [--small]"
+            );
             std::process::exit(2);
         }
     };

@@ -86,7 +86,7 @@ impl Pool {
     /// Runs one eviction step: retries the oldest busy block, and if that does not
     /// reclaim anything, claims the next block at the evict cursor.
     ///
-    /// The cursor runs at most a quarter of the capacity (and [`RETRY_LIST_MAX`] busy
+    /// The cursor runs at most a quarter of the capacity (and `RETRY_LIST_MAX` busy
     /// blocks) ahead of the head, so a busy block at the head does not cause the whole
     /// buffer to be evicted behind it.
     pub fn evict_one(&self, evictor: &dyn Evictor) -> EvictResult {

@@ -26,7 +26,7 @@ const STATE_SHIFT: u32 = 24;
 const STATE_MASK: u64 = 0xff;
 const LAP_SHIFT: u32 = 32;
 
-/// The life-cycle state of a block. See `docs/parts/pool.md` for who performs each
+/// The life-cycle state of a block. See `docs/design.md` (the pool section) for who performs each
 /// transition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]

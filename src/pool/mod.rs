@@ -26,12 +26,12 @@
 //! region's physical end. Payload sizes are power-of-two size classes from 64 bytes to
 //! [`PoolConfig::max_block_size_bytes`]. The header packs (payload size, state, lap);
 //! every transition of it is a CAS on the whole word, which makes it ABA-safe across
-//! laps. The full protocol and its correctness argument are in `docs/parts/pool.md`.
+//! laps. The full protocol and its correctness argument are in `docs/design.md` (the pool section).
 //!
 //! ## Invariants this module owns
 //!
 //! - Memory below `head` (physically: not between `head` and `tail`) is all zero bytes.
-//! - A block is in a free list iff its state is `Free` (see [`freelist`]).
+//! - A block is in a free list iff its state is `Free` (see the `freelist` module).
 //! - Every claimed, unreclaimed block is either being processed by exactly one evicting
 //!   thread or is on the retry list, exactly once; only that thread reclaims it.
 //! - `head` moves only under the head lock, and only past `Reclaimed` blocks.

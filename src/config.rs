@@ -1,0 +1,168 @@
+//! Configuration of a [`Tree`](crate::Tree).
+//!
+//! The defaults work without tuning; [`Config::validate`] (called by every constructor)
+//! rejects combinations that could not work, with an [`Error::InvalidConfig`] that says why.
+
+use crate::error::{Error, Result};
+use crate::storage::PAGE_PAYLOAD_SIZE;
+use crate::tree::node::{KV_META_SIZE_BYTES, NODE_META_SIZE_BYTES};
+
+/// Where a file-backed tree's pages go and how they are read and written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Backend {
+    /// `pread`/`pwrite` through the OS page cache.
+    Std,
+    /// `pread`/`pwrite` with `O_DIRECT`: the pool is the only cache of leaf pages, so the
+    /// memory budget is honest. Falls back to buffered IO where the filesystem refuses
+    /// `O_DIRECT` (for example tmpfs); [`TreeStats::direct_io`](crate::TreeStats) tells.
+    #[default]
+    StdDirect,
+}
+
+/// Tuning knobs of a [`Tree`](crate::Tree).
+///
+/// ```
+/// let config = bfdb::Config {
+///     memory_budget_bytes: 16 << 20,
+///     ..bfdb::Config::default()
+/// };
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Bytes of the circular-buffer pool that holds mini-pages: the memory budget for
+    /// cached and buffered records. Inner nodes and the mapping table are pinned outside
+    /// it (a few bytes per leaf page). Default 64 MiB.
+    pub memory_budget_bytes: u64,
+    /// Size of a leaf page on disk. Only 4096 is supported in this release.
+    pub leaf_page_size_bytes: usize,
+    /// Percent chance that a read served from a leaf page caches the record (or a phantom
+    /// for a miss) in the mini-page, and that a scan of a leaf page caches the whole page.
+    /// The paper's default is 1%; bfdb's is 20%. 0 disables caching reads.
+    pub promotion_rate_percent: u8,
+    /// Share of the pool, nearest its head, where an accessed mini-page is copied to the
+    /// tail (dropping its cold records) instead of being updated in place. Default 10.
+    pub copy_on_access_percent: u8,
+    /// A full mini-page at least this large merges its dirty records into the leaf page
+    /// instead of doubling again. Default 2048.
+    pub merge_threshold_bytes: usize,
+    /// Longest key accepted. Default 512.
+    pub max_key_bytes: usize,
+    /// Longest value accepted. Default 2048.
+    pub max_value_bytes: usize,
+    /// Storage backend of file-backed trees ([`Tree::open`](crate::Tree::open)).
+    pub backend: Backend,
+    /// Back the pool with huge pages where the system allows (silent fallback).
+    pub huge_pages: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            memory_budget_bytes: 64 << 20,
+            leaf_page_size_bytes: 4096,
+            promotion_rate_percent: 20,
+            copy_on_access_percent: 10,
+            merge_threshold_bytes: 2048,
+            max_key_bytes: 512,
+            max_value_bytes: 2048,
+            backend: Backend::default(),
+            huge_pages: true,
+        }
+    }
+}
+
+/// Bytes a mini-page block spends before its node: page id, leaf page and flags.
+pub(crate) const MINI_HEADER_BYTES: usize = 16;
+/// The largest mini-page block payload: a full mirror of a leaf page plus the header.
+pub(crate) const MAX_MINI_BLOCK_BYTES: usize = 4096;
+
+impl Config {
+    /// Checks that the values can work together.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::InvalidConfig(what));
+        if self.leaf_page_size_bytes != 4096 {
+            return bad(format!(
+                "leaf_page_size_bytes is {}, but only 4096 is supported",
+                self.leaf_page_size_bytes
+            ));
+        }
+        if self.promotion_rate_percent > 100 || self.copy_on_access_percent > 100 {
+            return bad("percentages must be at most 100".into());
+        }
+        if self.max_key_bytes == 0 {
+            return bad("max_key_bytes must be at least 1".into());
+        }
+        // A leaf page must hold its two fence keys and one record of the largest size.
+        let leaf_need = NODE_META_SIZE_BYTES
+            + 3 * KV_META_SIZE_BYTES
+            + 3 * self.max_key_bytes
+            + self.max_value_bytes;
+        if leaf_need > PAGE_PAYLOAD_SIZE {
+            return bad(format!(
+                "a leaf page of {PAGE_PAYLOAD_SIZE} payload bytes cannot hold two fence keys \
+                 and a record at max_key_bytes {} and max_value_bytes {} ({leaf_need} bytes)",
+                self.max_key_bytes, self.max_value_bytes
+            ));
+        }
+        let min_budget = 16 * MAX_MINI_BLOCK_BYTES as u64;
+        if self.memory_budget_bytes < min_budget {
+            return bad(format!(
+                "memory_budget_bytes must be at least {min_budget} (16 full mini-pages)"
+            ));
+        }
+        if !(64..=MAX_MINI_BLOCK_BYTES).contains(&self.merge_threshold_bytes) {
+            return bad(format!(
+                "merge_threshold_bytes must be between 64 and {MAX_MINI_BLOCK_BYTES}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes of one inner node: room for its two fences and at least eight separators
+    /// of the largest key, rounded up to a power of two, at least 4 KiB.
+    pub(crate) fn inner_node_size_bytes(&self) -> usize {
+        let separator = KV_META_SIZE_BYTES + self.max_key_bytes + 8;
+        let need = NODE_META_SIZE_BYTES + 2 * (KV_META_SIZE_BYTES + self.max_key_bytes)
+            + 8 * separator;
+        need.next_power_of_two().max(4096)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+        assert_eq!(Config::default().inner_node_size_bytes(), 8192);
+    }
+
+    #[test]
+    fn impossible_combinations_are_rejected() {
+        let too_big = Config {
+            max_key_bytes: 1024,
+            max_value_bytes: 2048,
+            ..Config::default()
+        };
+        assert!(matches!(too_big.validate(), Err(Error::InvalidConfig(_))));
+        let page = Config {
+            leaf_page_size_bytes: 8192,
+            ..Config::default()
+        };
+        assert!(page.validate().is_err());
+        let tiny = Config {
+            memory_budget_bytes: 4096,
+            ..Config::default()
+        };
+        assert!(tiny.validate().is_err());
+        let pct = Config {
+            promotion_rate_percent: 101,
+            ..Config::default()
+        };
+        assert!(pct.validate().is_err());
+    }
+}
