@@ -30,7 +30,6 @@ pub enum Backend {
 /// assert!(config.validate().is_ok());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Config {
     /// Bytes of the circular-buffer pool that holds mini-pages: the memory budget for
     /// cached and buffered records. Inner nodes and the mapping table are pinned outside
@@ -125,8 +124,8 @@ impl Config {
     /// of the largest key, rounded up to a power of two, at least 4 KiB.
     pub(crate) fn inner_node_size_bytes(&self) -> usize {
         let separator = KV_META_SIZE_BYTES + self.max_key_bytes + 8;
-        let need = NODE_META_SIZE_BYTES + 2 * (KV_META_SIZE_BYTES + self.max_key_bytes)
-            + 8 * separator;
+        let need =
+            NODE_META_SIZE_BYTES + 2 * (KV_META_SIZE_BYTES + self.max_key_bytes) + 8 * separator;
         need.next_power_of_two().max(4096)
     }
 }

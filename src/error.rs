@@ -48,6 +48,8 @@ pub enum Error {
     },
     /// A configuration value is out of range.
     InvalidConfig(String),
+    /// The operation is not supported by this release (the message says what).
+    Unsupported(String),
     /// The store refused the operation because an earlier write or sync failed; reopen it.
     Poisoned {
         /// The failure that poisoned the store.
@@ -69,6 +71,7 @@ impl fmt::Display for Error {
                 write!(f, "value of {len} bytes exceeds the limit of {max} bytes")
             }
             Error::InvalidConfig(what) => write!(f, "invalid configuration: {what}"),
+            Error::Unsupported(what) => write!(f, "unsupported: {what}"),
             Error::Poisoned { cause } => {
                 write!(f, "store refuses writes after an earlier failure: {cause}")
             }

@@ -47,10 +47,13 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(rust_2018_idioms)]
 
+pub mod config;
 pub mod error;
 pub mod pool;
 pub mod storage;
 pub mod sync;
 pub mod tree;
 
+pub use config::{Backend, Config};
 pub use error::{Error, Result};
+pub use tree::{Range, Tree, TreeStats};

@@ -26,8 +26,6 @@
 //! - A reader holding the read lock sees a location that stays valid until it unlocks.
 //! - Waiting threads spin briefly and then park on the word's address; every unlock that
 //!   finds the waiters bit set clears it and wakes all parked threads, which re-check.
-// The tree operations that use this land next; until then parts are unused.
-#![allow(dead_code)]
 
 use std::ptr::NonNull;
 
@@ -154,11 +152,13 @@ impl MappingTable {
         self.ids.lock().free.push(id.0);
     }
 
+    #[cfg(test)]
     /// Number of ids ever handed out (the high-water mark).
     pub(crate) fn high_water(&self) -> u64 {
         self.ids.lock().next
     }
 
+    #[cfg(test)]
     /// The location of `id` without taking its lock: only a hint, which may be stale by the
     /// time it is used (eviction uses it to decide whether a try-lock is worth it).
     pub(crate) fn peek(&self, id: PageId) -> Location {
@@ -169,13 +169,14 @@ impl MappingTable {
     pub(crate) fn read(&self, id: PageId) -> ReadGuard<'_> {
         let word = self.word(id);
         lock_with(word, try_read_word);
-        ReadGuard { word, id }
+        ReadGuard { word }
     }
 
+    #[cfg(test)]
     /// Takes `id`'s shared lock if no writer holds it right now.
     pub(crate) fn try_read(&self, id: PageId) -> Option<ReadGuard<'_>> {
         let word = self.word(id);
-        try_lock_once(word, try_read_word).then(|| ReadGuard { word, id })
+        try_lock_once(word, try_read_word).then(|| ReadGuard { word })
     }
 
     /// Takes `id`'s exclusive lock, waiting for readers and writers to finish.
@@ -366,15 +367,9 @@ fn unlock(word: &AtomicU64, release: impl Fn(u64) -> u64) {
 #[derive(Debug)]
 pub(crate) struct ReadGuard<'a> {
     word: &'a AtomicU64,
-    id: PageId,
 }
 
 impl ReadGuard<'_> {
-    /// The id this guard locks.
-    pub(crate) fn id(&self) -> PageId {
-        self.id
-    }
-
     /// Where the page lives while this guard is held.
     pub(crate) fn location(&self) -> Location {
         Location::decode(self.word.load(Ordering::Acquire))

@@ -1,7 +1,1545 @@
-//! The Bf-Tree. This release holds its shared page layout, [`node`], and the first
-//! building blocks of the tree operations: the optimistic version lock of inner nodes and
-//! the mapping table.
+//! The Bf-Tree: a concurrent, larger-than-memory range index on mini-pages.
+//!
+//! ```text
+//!  inner nodes (pinned, optimistic latch coupling)      inner.rs, olc.rs
+//!         │ last level stores PageIds
+//!         ▼
+//!  mapping table: PageId → 48-bit location | 16-bit RW lock   mapping.rs
+//!         ├──► mini-page in the circular-buffer pool          leaf.rs, crate::pool
+//!         └──► 4 KiB leaf page in the page store              crate::storage
+//! ```
+//!
+//! Invariants this module owns:
+//! - A key is in at most one of: the mini-page (newest) and the leaf page (older). A read
+//!   that finds the key in the mini-page never consults the leaf page.
+//! - Mini-pages and leaf pages are read or written only under their `PageId`'s lock. A
+//!   thread holding a page lock never *waits* for another page lock: eviction only
+//!   try-locks, and an allocation that cannot make room drops every lock and restarts.
+//! - After taking a page lock, an operation re-validates the version of the inner node
+//!   it came from; a split updates that parent before it releases the leaf's lock, so a
+//!   validated parent means the page still covers the key.
+//! - Inner-node locks are only taken by upgrading a version seen during a traversal (a
+//!   CAS that never waits), so no cycle of waiting can form.
 
+pub(crate) mod inner;
+mod leaf;
 mod mapping;
 pub mod node;
 mod olc;
+mod scan;
+
+use std::cell::Cell;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+
+use crossbeam_epoch::{self as epoch, Guard};
+
+use crate::config::{Backend, Config, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
+use crate::error::{Error, Result};
+use crate::pool::{AllocError, Block, EvictDecision, Evictor, Pool, PoolConfig, PoolStats};
+use crate::storage::{FileOptions, FileStore, MemoryStore, Page, PageNo, PageStore};
+use crate::sync::Mutex;
+use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+
+use inner::InnerNode;
+use leaf::MiniHeader;
+use mapping::{Location, MappingTable, PageId};
+use node::{Fences, NodeKind, NodeMut, NodeRef, RecordType, WriteError};
+use olc::Restart;
+
+pub use scan::Range;
+
+/// Why an operation on a locked page did not finish.
+enum Op {
+    /// State changed under us: drop every lock and start again from the root.
+    Restart,
+    /// The pool needs eviction the caller blocks: drop locks, help evict, restart.
+    WouldBlock,
+    /// An operating error to return to the caller.
+    Fail(Error),
+}
+
+impl From<Error> for Op {
+    fn from(e: Error) -> Op {
+        Op::Fail(e)
+    }
+}
+
+impl From<Restart> for Op {
+    fn from(_: Restart) -> Op {
+        Op::Restart
+    }
+}
+
+/// Which page a traversal looks for.
+#[derive(Clone, Copy)]
+enum Target<'k> {
+    /// The page whose range holds the key.
+    Holding(&'k [u8]),
+    /// The page holding the largest keys below the key.
+    Below(&'k [u8]),
+    /// The last page.
+    Last,
+}
+
+/// Where a traversal ended: the page and the inner node that routed to it.
+struct LeafPath<'g> {
+    parent: &'g InnerNode,
+    parent_version: u64,
+    pid: PageId,
+    /// Length of the key prefix every key of the page shares (from its fences).
+    prefix_len: usize,
+}
+
+/// Counters describing what the tree has done, from [`Tree::stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TreeStats {
+    /// Mini-pages created for a page that had none.
+    pub mini_pages_created: u64,
+    /// Mini-pages grown by doubling (read-copy-update in the pool).
+    pub mini_page_growths: u64,
+    /// Merges of a mini-page's dirty records into its leaf page.
+    pub merges: u64,
+    /// Mini-pages evicted from the pool's head.
+    pub evictions: u64,
+    /// Mini-pages copied from the copy-on-access region to the tail.
+    pub copy_on_access: u64,
+    /// Records cached in a mini-page after a read from the leaf page.
+    pub records_promoted: u64,
+    /// Phantom records cached for reads of absent keys.
+    pub phantoms_promoted: u64,
+    /// Mini-pages turned into full mirrors of their leaf page by scans.
+    pub mirrors_created: u64,
+    /// Leaf-page splits.
+    pub leaf_splits: u64,
+    /// Inner-node splits (including the root's).
+    pub inner_splits: u64,
+    /// Leaf pages read from the page store.
+    pub leaf_reads: u64,
+    /// Leaf pages written to the page store.
+    pub leaf_writes: u64,
+    /// Operations restarted from the root after a concurrent change.
+    pub restarts: u64,
+    /// Levels of inner nodes above the leaf pages.
+    pub height: u32,
+    /// Whether leaf pages bypass the OS page cache (`O_DIRECT` active).
+    pub direct_io: bool,
+    /// The circular-buffer pool's own counters.
+    pub pool: PoolStats,
+}
+
+#[derive(Default)]
+struct Counters {
+    mini_pages_created: AtomicU64,
+    mini_page_growths: AtomicU64,
+    merges: AtomicU64,
+    evictions: AtomicU64,
+    copy_on_access: AtomicU64,
+    records_promoted: AtomicU64,
+    phantoms_promoted: AtomicU64,
+    mirrors_created: AtomicU64,
+    leaf_splits: AtomicU64,
+    inner_splits: AtomicU64,
+    leaf_reads: AtomicU64,
+    leaf_writes: AtomicU64,
+    restarts: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A Bf-Tree: an ordered key-value index over a page store, with a fixed memory budget.
+///
+/// Every operation takes `&self`; share a `Tree` between threads with `Arc` or scoped
+/// threads. Keys are non-empty byte strings of at most [`Config::max_key_bytes`]; values
+/// are byte strings of at most [`Config::max_value_bytes`].
+///
+/// ```
+/// let tree = bfdb::Tree::in_memory(bfdb::Config::default())?;
+/// tree.insert(b"apple", b"red")?;
+/// tree.insert(b"banana", b"yellow")?;
+/// tree.insert(b"cherry", b"dark red")?;
+/// tree.delete(b"banana")?;
+/// assert_eq!(tree.get(b"apple")?.as_deref(), Some(&b"red"[..]));
+/// assert_eq!(tree.get(b"banana")?, None);
+///
+/// let keys: Vec<Vec<u8>> = tree
+///     .range(&b"a"[..]..)
+///     .map(|r| r.map(|(k, _)| k))
+///     .collect::<Result<_, _>>()?;
+/// assert_eq!(keys, vec![b"apple".to_vec(), b"cherry".to_vec()]);
+/// # Ok::<(), bfdb::Error>(())
+/// ```
+pub struct Tree {
+    core: Core,
+}
+
+struct Core {
+    config: Config,
+    inner_size_bytes: usize,
+    root: AtomicPtr<InnerNode>,
+    /// Every inner node ever created, freed when the tree drops.
+    inner_nodes: Mutex<Vec<usize>>,
+    mapping: MappingTable,
+    pool: Pool,
+    store: Box<dyn PageStore>,
+    direct_io: bool,
+    counters: Counters,
+    /// Set when a write to the page store failed; the tree then refuses writes.
+    failed: AtomicBool,
+    failure: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for Tree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tree")
+            .field("config", &self.core.config)
+            .field("store", &self.core.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tree {
+    /// Creates a tree whose leaf pages live in memory; the pool still bounds the memory
+    /// used by mini-pages.
+    pub fn in_memory(config: Config) -> Result<Tree> {
+        Tree::with_store(config, Box::new(MemoryStore::new()), false)
+    }
+
+    /// Creates a new file-backed tree at `path`.
+    ///
+    /// Reopening a file that already holds a tree needs recovery, which arrives with the
+    /// durability issue: until then it returns [`Error::Unsupported`] rather than data
+    /// that may be stale.
+    pub fn open(path: impl AsRef<Path>, config: Config) -> Result<Tree> {
+        config.validate()?;
+        let direct = matches!(config.backend, Backend::StdDirect);
+        let store = FileStore::open(path.as_ref(), FileOptions::default().direct_io(direct))?;
+        if store.stats().live_pages > 0 {
+            return Err(Error::Unsupported(format!(
+                "{} already holds a tree; reopening needs recovery, which this release \
+                 does not implement",
+                path.as_ref().display()
+            )));
+        }
+        let direct_io = store.direct_io_active();
+        Tree::with_store(config, Box::new(store), direct_io)
+    }
+
+    fn with_store(config: Config, store: Box<dyn PageStore>, direct_io: bool) -> Result<Tree> {
+        config.validate()?;
+        let pool = Pool::new(PoolConfig {
+            capacity_bytes: config.memory_budget_bytes,
+            copy_on_access_percent: config.copy_on_access_percent,
+            huge_pages: config.huge_pages,
+            max_block_size_bytes: MAX_MINI_BLOCK_BYTES as u32,
+        })?;
+        // One empty leaf page covering every key, under a root with one child.
+        let leaf_no = store.allocate()?;
+        let mut page = Page::boxed();
+        NodeMut::init(
+            page.payload_mut(),
+            NodeKind::Leaf,
+            Fences::Range {
+                low: None,
+                high: None,
+            },
+        )
+        .map_err(|e| Error::Corrupted {
+            page: leaf_no.0,
+            reason: e.to_string(),
+        })?;
+        store.write_page(leaf_no, &mut page)?;
+        let mapping = MappingTable::new();
+        let pid = mapping
+            .allocate(Location::Leaf(leaf_no.0))
+            .expect("an empty table has ids");
+        let inner_size_bytes = config.inner_node_size_bytes();
+        let root_bytes = inner::build(inner_size_bytes, None, None, &[(Vec::new(), pid.0)])
+            .expect("one separator fits an inner node");
+        let root = Box::into_raw(InnerNode::new(1, root_bytes));
+        Ok(Tree {
+            core: Core {
+                config,
+                inner_size_bytes,
+                root: AtomicPtr::new(root),
+                inner_nodes: Mutex::new(vec![root as usize]),
+                mapping,
+                pool,
+                store,
+                direct_io,
+                counters: Counters::default(),
+                failed: AtomicBool::new(false),
+                failure: Mutex::new(None),
+            },
+        })
+    }
+
+    /// The value stored under `key`, if any.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut out = Vec::new();
+        Ok(self.get_into(key, &mut out)?.then_some(out))
+    }
+
+    /// Reads the value under `key` into `out` (cleared first) and tells whether the key
+    /// exists. No allocation happens when `out` already has the capacity.
+    pub fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        self.core.check_key(key)?;
+        out.clear();
+        self.core.get(key, out)
+    }
+
+    /// Inserts `value` under `key`, replacing any previous value (upsert).
+    pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.core.check_key(key)?;
+        if value.len() > self.core.config.max_value_bytes {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: self.core.config.max_value_bytes,
+            });
+        }
+        self.core.write(key, Some(value))
+    }
+
+    /// Removes `key` if present. Deleting an absent key is not an error.
+    pub fn delete(&self, key: &[u8]) -> Result<()> {
+        self.core.check_key(key)?;
+        self.core.write(key, None)
+    }
+
+    /// Iterates over the records whose keys lie in `range`, in key order; `.rev()` walks
+    /// it backwards. The iterator holds no lock between calls to `next`; under concurrent
+    /// writes it yields strictly increasing keys (decreasing, reversed) with no
+    /// duplicates, each with a value that was current at some moment during the scan.
+    ///
+    /// ```
+    /// let tree = bfdb::Tree::in_memory(bfdb::Config::default())?;
+    /// for i in 0..10u8 {
+    ///     tree.insert(&[b'k', i], &[i])?;
+    /// }
+    /// let back: Vec<u8> = tree
+    ///     .range(&[b'k', 3][..]..=&[b'k', 6][..])
+    ///     .rev()
+    ///     .map(|r| r.map(|(_, v)| v[0]))
+    ///     .collect::<Result<_, _>>()?;
+    /// assert_eq!(back, vec![6, 5, 4, 3]);
+    /// # Ok::<(), bfdb::Error>(())
+    /// ```
+    pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Range<'_> {
+        let own = |b: Bound<&K>| match b {
+            Bound::Included(k) => Bound::Included(k.as_ref().to_vec()),
+            Bound::Excluded(k) => Bound::Excluded(k.as_ref().to_vec()),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        Range::new(&self.core, own(range.start_bound()), own(range.end_bound()))
+    }
+
+    /// Iterates over the records whose keys start with `prefix`, in key order.
+    pub fn prefix(&self, prefix: &[u8]) -> Range<'_> {
+        let end = match prefix_successor(prefix) {
+            Some(s) => Bound::Excluded(s),
+            None => Bound::Unbounded,
+        };
+        Range::new(&self.core, Bound::Included(prefix.to_vec()), end)
+    }
+
+    /// Writes every dirty mini-page to its leaf page and syncs the page store.
+    pub fn flush(&self) -> Result<()> {
+        self.core.flush()
+    }
+
+    /// Counters describing what the tree has done so far.
+    pub fn stats(&self) -> TreeStats {
+        let c = &self.core.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TreeStats {
+            mini_pages_created: load(&c.mini_pages_created),
+            mini_page_growths: load(&c.mini_page_growths),
+            merges: load(&c.merges),
+            evictions: load(&c.evictions),
+            copy_on_access: load(&c.copy_on_access),
+            records_promoted: load(&c.records_promoted),
+            phantoms_promoted: load(&c.phantoms_promoted),
+            mirrors_created: load(&c.mirrors_created),
+            leaf_splits: load(&c.leaf_splits),
+            inner_splits: load(&c.inner_splits),
+            leaf_reads: load(&c.leaf_reads),
+            leaf_writes: load(&c.leaf_writes),
+            restarts: load(&c.restarts),
+            height: self.core.root().level,
+            direct_io: self.core.direct_io,
+            pool: self.core.pool.stats(),
+        }
+    }
+
+    /// The configuration the tree runs with.
+    pub fn config(&self) -> &Config {
+        &self.core.config
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        // Best effort: a failure here has nowhere to go, and Drop must not panic.
+        let _ = self.core.flush();
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        for &node in self.inner_nodes.lock().iter() {
+            // SAFETY: every entry came from `Box::into_raw` of an `InnerNode`, is listed
+            // once, and `&mut self` means no traversal can still reach it.
+            drop(unsafe { Box::from_raw(node as *mut InnerNode) });
+        }
+    }
+}
+
+/// The smallest byte string greater than every string starting with `prefix`, or `None`
+/// if there is none (the prefix is empty or all 0xff).
+fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut s = prefix.to_vec();
+    while let Some(last) = s.pop() {
+        if last < 0xff {
+            s.push(last + 1);
+            return Some(s);
+        }
+    }
+    None
+}
+
+thread_local! {
+    static RNG: Cell<u64> = Cell::new({
+        let addr = &0u8 as *const u8 as u64;
+        let time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        (addr ^ time.rotate_left(17)) | 1
+    });
+}
+
+/// A cheap per-thread coin with `percent` chance of heads (xorshift64*).
+fn chance(percent: u8) -> bool {
+    if percent == 0 {
+        return false;
+    }
+    RNG.with(|r| {
+        let mut x = r.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        r.set(x);
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) % 100 < u64::from(percent)
+    })
+}
+
+/// A view of the mini-page in `block`.
+///
+/// # Safety
+///
+/// The caller holds the owning page's lock (shared or exclusive) for all of `'a`, so the
+/// block is live and no one writes it while the view exists.
+unsafe fn mini_ref<'a>(block: &Block) -> NodeRef<'a> {
+    // SAFETY: the payload is `size_bytes` bytes of live pool memory (the caller's lock
+    // keeps the block allocated for `'a`) and nobody writes it meanwhile.
+    let bytes = unsafe { std::slice::from_raw_parts(block.payload_ptr(), block.size_bytes()) };
+    NodeRef::trusted(&bytes[MINI_HEADER_BYTES..])
+}
+
+/// A mutable view of the mini-page in `block`.
+///
+/// # Safety
+///
+/// The caller holds the owning page's write lock for all of `'a`, and no other view of
+/// the block is alive meanwhile.
+unsafe fn mini_mut<'a>(block: &Block) -> NodeMut<'a> {
+    // SAFETY: guaranteed by the caller.
+    NodeMut::trusted(&mut unsafe { block_bytes(block) }[MINI_HEADER_BYTES..])
+}
+
+/// The mutable bytes of a block for the duration of one operation.
+///
+/// # Safety
+///
+/// The caller owns the block exclusively for all of `'a`: freshly allocated and
+/// unpublished, or under the owning page's write lock with no other view alive.
+unsafe fn block_bytes<'a>(block: &Block) -> &'a mut [u8] {
+    // SAFETY: guaranteed by the caller; the payload is `size_bytes` bytes of pool memory.
+    unsafe { std::slice::from_raw_parts_mut(block.payload_ptr(), block.size_bytes()) }
+}
+
+/// What the leaf level found for a key under a page lock.
+enum Found {
+    /// The key's record, from the mini-page or the leaf page.
+    Value,
+    /// The key is absent (tombstone, phantom, mirror miss or leaf miss).
+    Absent,
+}
+
+impl Core {
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        if key.len() > self.config.max_key_bytes {
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                max: self.config.max_key_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            let cause = self.failure.lock().clone().unwrap_or_default();
+            return Err(Error::Poisoned { cause });
+        }
+        Ok(())
+    }
+
+    fn record_failure(&self, e: &Error) {
+        let mut f = self.failure.lock();
+        if f.is_none() {
+            *f = Some(e.to_string());
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    fn root(&self) -> &InnerNode {
+        // SAFETY: the root pointer always holds a live inner node, and inner nodes are
+        // freed only when the tree drops.
+        unsafe { &*self.root.load(Ordering::Acquire) }
+    }
+
+    /// Follows a child reference of a level-2+ inner node.
+    fn inner_at(&self, child: u64) -> &InnerNode {
+        // SAFETY: child references above level 1 are addresses of `InnerNode`s created by
+        // this tree and freed only when it drops.
+        unsafe { &*(child as usize as *const InnerNode) }
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Traversal
+    // ----------------------------------------------------------------------------------
+
+    /// Traverses to the page chosen by `target`. `Ok(None)` means no page qualifies
+    /// (only for [`Target::Below`] when no key lies below the given one).
+    fn find_leaf<'g>(
+        &'g self,
+        target: Target<'_>,
+        guard: &'g Guard,
+    ) -> Result<Option<LeafPath<'g>>, Restart> {
+        let mut node = self.root();
+        let mut version = node.version.read_begin()?;
+        loop {
+            let bytes = node.bytes(guard);
+            let n = NodeRef::trusted(bytes);
+            // The root may have been split (it then no longer covers everything), and a
+            // reader may hold a stale root pointer: fences tell.
+            let index = match target {
+                Target::Holding(key) => {
+                    if !n.covers(key) {
+                        return Err(Restart);
+                    }
+                    Some(inner::child_for(&n, key))
+                }
+                Target::Below(key) => {
+                    if !covers_below(&n, key) {
+                        return Err(Restart);
+                    }
+                    inner::child_before(&n, key)
+                }
+                Target::Last => {
+                    if !matches!(n.high_fence(), Some(node::Fence::Unbounded) | None) {
+                        return Err(Restart);
+                    }
+                    n.len().checked_sub(1)
+                }
+            };
+            let Some(index) = index else {
+                node.version.validate(version)?;
+                return Ok(None);
+            };
+            let child = inner::child_ref(&n, index);
+            if node.level == 1 {
+                let prefix_len = child_prefix_len(&n, index);
+                node.version.validate(version)?;
+                return Ok(Some(LeafPath {
+                    parent: node,
+                    parent_version: version,
+                    pid: PageId(child),
+                    prefix_len,
+                }));
+            }
+            let next = self.inner_at(child);
+            let next_version = next.version.read_begin()?;
+            node.version.validate(version)?;
+            node = next;
+            version = next_version;
+        }
+    }
+
+    /// The inner nodes from the root down to the level-1 node routing `key`, with the
+    /// versions seen. Used by splits, which then upgrade what they change.
+    fn find_path<'g>(
+        &'g self,
+        key: &[u8],
+        guard: &'g Guard,
+    ) -> Result<Vec<(&'g InnerNode, u64)>, Restart> {
+        let mut path = Vec::with_capacity(8);
+        let mut node = self.root();
+        let mut version = node.version.read_begin()?;
+        loop {
+            let n = NodeRef::trusted(node.bytes(guard));
+            if !n.covers(key) {
+                return Err(Restart);
+            }
+            let child = inner::child_ref(&n, inner::child_for(&n, key));
+            path.push((node, version));
+            if node.level == 1 {
+                node.version.validate(version)?;
+                return Ok(path);
+            }
+            let next = self.inner_at(child);
+            let next_version = next.version.read_begin()?;
+            node.version.validate(version)?;
+            node = next;
+            version = next_version;
+        }
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Reads
+    // ----------------------------------------------------------------------------------
+
+    fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        // Promotion is decided up front: a read that may cache its result takes the
+        // page's write lock, so the leaf page cannot change between the read and the
+        // insertion of the cached record.
+        let promote = chance(self.config.promotion_rate_percent);
+        loop {
+            let guard = epoch::pin();
+            let path = match self.find_leaf(Target::Holding(key), &guard) {
+                Ok(Some(p)) => p,
+                Ok(None) | Err(Restart) => {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+            };
+            let result = if promote {
+                let page = self.mapping.write(path.pid);
+                if path.parent.version.validate(path.parent_version).is_err() {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+                self.get_promoting(&page, &path, key, out)
+            } else {
+                let page = self.mapping.read(path.pid);
+                if path.parent.version.validate(path.parent_version).is_err() {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+                self.get_locked(page.location(), key, out)
+            };
+            let (found, touched) = result?;
+            if let Some(block) = touched {
+                self.touch(path.pid, block, key);
+            }
+            return Ok(matches!(found, Found::Value));
+        }
+    }
+
+    /// Reads `key` under a shared page lock. Also returns the mini-page block when the
+    /// hit there needs maintenance (reference bit, copy-on-access) after unlocking.
+    fn get_locked(
+        &self,
+        location: Location,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(Found, Option<Block>)> {
+        let leaf_no = match location {
+            Location::Mini(offset) => {
+                let block = self.block(offset);
+                // SAFETY: we hold the page's lock, so the block is live and unchanged.
+                let header = unsafe { MiniHeader::of(&block) };
+                // SAFETY: as above.
+                let mini = unsafe { mini_ref(&block) };
+                match mini.search(key) {
+                    Ok(i) => {
+                        let r = mini.record(i);
+                        let found = if r.record_type().exists() {
+                            out.extend_from_slice(r.value());
+                            Found::Value
+                        } else {
+                            Found::Absent
+                        };
+                        let maintain = !r.ref_bit() || self.pool.in_copy_on_access_region(&block);
+                        return Ok((found, maintain.then_some(block)));
+                    }
+                    Err(_) if header.mirror => return Ok((Found::Absent, None)),
+                    Err(_) => header.leaf,
+                }
+            }
+            Location::Leaf(no) => PageNo(no),
+            Location::Empty => unreachable!("a routed page id is in use"),
+        };
+        let mut page = Page::zeroed();
+        let leaf = self.read_leaf(leaf_no, &mut page)?;
+        Ok((
+            match leaf.search(key) {
+                Ok(i) => {
+                    out.extend_from_slice(leaf.value(i));
+                    Found::Value
+                }
+                Err(_) => Found::Absent,
+            },
+            None,
+        ))
+    }
+
+    /// Reads `key` under the page's write lock and caches what the leaf page said (the
+    /// record, or a phantom for a miss) in the mini-page.
+    fn get_promoting(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        path: &LeafPath<'_>,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(Found, Option<Block>)> {
+        let location = page.location();
+        if let Location::Mini(offset) = location {
+            let block = self.block(offset);
+            // SAFETY: we hold the page's write lock.
+            let mini = unsafe { mini_ref(&block) };
+            // SAFETY: as above.
+            let header = unsafe { MiniHeader::of(&block) };
+            if mini.search(key).is_ok() || header.mirror {
+                return self.get_locked(location, key, out);
+            }
+        }
+        let (found, _) = self.get_locked(location, key, out)?;
+        let (value, record_type) = match found {
+            Found::Value => (out.as_slice(), RecordType::Cache),
+            Found::Absent => (&[][..], RecordType::Phantom),
+        };
+        // Caching is best effort: if the pool cannot make room without blocking, skip it.
+        if self.check_writable().is_ok() {
+            match self.put_in_mini(page, path, key, value, record_type) {
+                Ok(()) => bump(if matches!(found, Found::Value) {
+                    &self.counters.records_promoted
+                } else {
+                    &self.counters.phantoms_promoted
+                }),
+                Err(Op::Fail(e)) => return Err(e),
+                Err(Op::Restart | Op::WouldBlock) => {}
+            }
+        }
+        Ok((found, None))
+    }
+
+    /// After a mini-page hit: set the record's reference bit, and copy the mini-page to
+    /// the tail if it sits in the copy-on-access region. Best effort, never waits.
+    fn touch(&self, pid: PageId, block: Block, key: &[u8]) {
+        let Some(page) = self.mapping.try_write(pid) else {
+            return;
+        };
+        if page.location() != Location::Mini(block.offset()) {
+            return;
+        }
+        // SAFETY: we hold the page's write lock; no other view of the block is alive.
+        let mut mini = unsafe { mini_mut(&block) };
+        if let Ok(i) = mini.as_ref().search(key) {
+            mini.set_ref_bit(i, true);
+        }
+        if self.pool.in_copy_on_access_region(&block) {
+            let _ = self.copy_to_tail(&page, block);
+        }
+    }
+
+    fn read_leaf<'p>(&self, no: PageNo, page: &'p mut Page) -> Result<NodeRef<'p>> {
+        self.store.read_page(no, page)?;
+        bump(&self.counters.leaf_reads);
+        NodeRef::parse(page.payload()).map_err(|e| Error::Corrupted {
+            page: no.0,
+            reason: e.to_string(),
+        })
+    }
+
+    fn write_leaf(&self, no: PageNo, page: &mut Page) -> Result<()> {
+        debug_assert!(NodeRef::parse(page.payload()).is_ok());
+        if let Err(e) = self.store.write_page(no, page) {
+            let e = Error::from(e);
+            self.record_failure(&e);
+            return Err(e);
+        }
+        bump(&self.counters.leaf_writes);
+        Ok(())
+    }
+
+    /// The block at a mapping-table offset. The caller holds the page's lock.
+    fn block(&self, offset: u64) -> Block {
+        // SAFETY: the mapping table holds only offsets of published mini-page blocks,
+        // which stay allocated while their page lock (held by the caller) is held.
+        unsafe { self.pool.block_at(offset) }.expect("a mapped mini-page is a live block")
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Writes
+    // ----------------------------------------------------------------------------------
+
+    /// Upserts (`Some(value)`) or deletes (`None`) `key`.
+    fn write(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        let (value, record_type) = match value {
+            Some(v) => (v, RecordType::Insert),
+            None => (&[][..], RecordType::Tombstone),
+        };
+        loop {
+            self.check_writable()?;
+            let guard = epoch::pin();
+            let path = match self.find_leaf(Target::Holding(key), &guard) {
+                Ok(Some(p)) => p,
+                Ok(None) | Err(Restart) => {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+            };
+            let page = self.mapping.write(path.pid);
+            if path.parent.version.validate(path.parent_version).is_err() {
+                bump(&self.counters.restarts);
+                continue;
+            }
+            match self.put_in_mini(&page, &path, key, value, record_type) {
+                Ok(()) => return Ok(()),
+                Err(Op::Fail(e)) => return Err(e),
+                Err(Op::Restart) => {
+                    drop(page);
+                    bump(&self.counters.restarts);
+                }
+                Err(Op::WouldBlock) => {
+                    drop(page);
+                    drop(guard);
+                    bump(&self.counters.restarts);
+                    self.help_evict();
+                }
+            }
+        }
+    }
+
+    /// Evicts from the pool's head while holding no page lock: the block that blocked an
+    /// allocation may be the caller's own mini-page.
+    fn help_evict(&self) {
+        if !self.pool.evict_until(MAX_MINI_BLOCK_BYTES as u64 * 2, self) {
+            crate::sync::thread::yield_now();
+        }
+    }
+
+    /// Puts one record into the page's mini-page, creating, copying, growing or merging
+    /// it as needed (Bf-Tree §5.2). The caller holds the page's write lock.
+    fn put_in_mini(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        path: &LeafPath<'_>,
+        key: &[u8],
+        value: &[u8],
+        record_type: RecordType,
+    ) -> Result<(), Op> {
+        let block = match page.location() {
+            Location::Leaf(no) => {
+                return self.create_mini(page, path, PageNo(no), key, value, record_type);
+            }
+            Location::Mini(offset) => self.block(offset),
+            Location::Empty => unreachable!("a routed page id is in use"),
+        };
+        let block = if self.pool.in_copy_on_access_region(&block) {
+            match self.copy_to_tail(page, block)? {
+                Some(moved) => moved,
+                None => return self.put_in_mini(page, path, key, value, record_type),
+            }
+        } else {
+            block
+        };
+        // SAFETY: we hold the page's write lock; this is the only view of the block.
+        let header = unsafe { MiniHeader::of(&block) };
+        // SAFETY: as above.
+        let mut mini = unsafe { mini_mut(&block) };
+        if record_type == RecordType::Tombstone
+            && header.mirror
+            && mini.as_ref().search(key).is_err()
+        {
+            // A mirror holds every record of its leaf: the key is absent already.
+            return Ok(());
+        }
+        match mini.upsert(key, value, record_type) {
+            Ok(up) => {
+                mini.set_ref_bit(up.index(), true);
+                return Ok(());
+            }
+            Err(WriteError::Full) => {}
+            Err(e) => unreachable!("a checked key fits its mini-page: {e:?}"),
+        }
+        let node_size = block.size_bytes() - MINI_HEADER_BYTES;
+        let grow = !header.mirror
+            && block.size_bytes() < MAX_MINI_BLOCK_BYTES
+            && node_size < self.config.merge_threshold_bytes;
+        if grow {
+            self.grow_mini(page, block, header, key, value, record_type)
+        } else if !record_type.is_dirty() {
+            // Caching a read is not worth a merge: skip it.
+            Ok(())
+        } else {
+            self.merge_full(page, path, block, header, key, value, record_type)
+        }
+    }
+
+    /// Allocates a block of at least `size` payload bytes; `WouldBlock` passes up.
+    fn alloc(&self, size: usize) -> Result<Block, Op> {
+        match self.pool.alloc(size, self) {
+            Ok(b) => Ok(b),
+            Err(AllocError::WouldBlock) => Err(Op::WouldBlock),
+            Err(e) => Err(Op::Fail(Error::InvalidConfig(format!(
+                "mini-page allocation failed: {e}"
+            )))),
+        }
+    }
+
+    fn create_mini(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        path: &LeafPath<'_>,
+        leaf_no: PageNo,
+        key: &[u8],
+        value: &[u8],
+        record_type: RecordType,
+    ) -> Result<(), Op> {
+        let fences = mini_fences(key, path.prefix_len);
+        let need = MINI_HEADER_BYTES
+            + leaf::empty_node_bytes(&fences)
+            + leaf::record_cost(key.len() - path.prefix_len, value.len());
+        let block = self.alloc(need)?;
+        // SAFETY: the block is freshly allocated and not yet published: ours alone.
+        let bytes = unsafe { block_bytes(&block) };
+        MiniHeader {
+            pid: page.id(),
+            leaf: leaf_no,
+            mirror: false,
+        }
+        .write(bytes);
+        let mut mini = NodeMut::init(&mut bytes[MINI_HEADER_BYTES..], NodeKind::Mini, fences)
+            .expect("the block was sized for an empty node");
+        let i = mini
+            .insert(key, value, record_type)
+            .expect("the block was sized for the record");
+        mini.set_ref_bit(i, true);
+        self.publish(page, block);
+        bump(&self.counters.mini_pages_created);
+        Ok(())
+    }
+
+    /// Makes `block` the page's mini-page.
+    fn publish(&self, page: &mapping::WriteGuard<'_>, block: Block) {
+        // SAFETY: the block is initialised, and we hold the page's write lock, which
+        // the evictor must take before it can look at the block.
+        unsafe { self.pool.publish(&block) };
+        page.set_location(Location::Mini(block.offset()));
+    }
+
+    /// Frees a mini-page block that the mapping table no longer points to.
+    fn retire(&self, block: Block) {
+        // SAFETY: the caller holds the page's write lock and has pointed the mapping table
+        // elsewhere, so the block is unreachable; pool blocks are only ever read under the
+        // page lock, so no reader can still be copying from it.
+        unsafe { self.pool.free(block) };
+    }
+
+    fn grow_mini(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        block: Block,
+        header: MiniHeader,
+        key: &[u8],
+        value: &[u8],
+        record_type: RecordType,
+    ) -> Result<(), Op> {
+        let bigger = self.alloc(block.size_bytes() * 2)?;
+        // SAFETY: we hold the page's write lock (old block) and the new block is
+        // unpublished: both views are exclusive.
+        let (old, new) = unsafe { (mini_ref(&block), block_bytes(&bigger)) };
+        header.write(new);
+        let mut mini = node::copy_into(&old, &mut new[MINI_HEADER_BYTES..], old.fences(), |_| true)
+            .expect("a node fits a block twice its size");
+        if let Ok(up) = mini.upsert(key, value, record_type) {
+            mini.set_ref_bit(up.index(), true);
+            self.publish(page, bigger);
+            self.retire(block);
+            bump(&self.counters.mini_page_growths);
+            return Ok(());
+        }
+        // Still no room (a large record): keep growing from the bigger block.
+        self.publish(page, bigger);
+        self.retire(block);
+        bump(&self.counters.mini_page_growths);
+        let location = page.location();
+        debug_assert_eq!(location, Location::Mini(bigger.offset()));
+        if bigger.size_bytes() < MAX_MINI_BLOCK_BYTES {
+            self.grow_mini(page, bigger, header, key, value, record_type)
+        } else {
+            Err(Op::Restart)
+        }
+    }
+
+    /// The mini-page is full at the merge threshold (or is a full mirror): merge its
+    /// dirty records and the new record into the leaf page, then keep only its hot clean
+    /// records (§5.5).
+    #[allow(clippy::too_many_arguments)]
+    fn merge_full(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        _path: &LeafPath<'_>,
+        block: Block,
+        header: MiniHeader,
+        key: &[u8],
+        value: &[u8],
+        record_type: RecordType,
+    ) -> Result<(), Op> {
+        // SAFETY: we hold the page's write lock.
+        let mini = unsafe { mini_ref(&block) };
+        let split = self.merge(
+            page.id(),
+            header,
+            Some(mini),
+            Some((key, value, record_type)),
+        )?;
+        if split {
+            page.set_location(Location::Leaf(header.leaf.0));
+            self.retire(block);
+            return Ok(());
+        }
+        // Everything dirty is in the leaf page now. A mirror keeps every live record (it
+        // still mirrors the leaf); a regular mini-page keeps only records read since
+        // the last pass, as clean copies.
+        let mut scratch = vec![0u8; block.size_bytes() - MINI_HEADER_BYTES];
+        let mirror = header.mirror;
+        {
+            let kept = node::copy_into(&mini, &mut scratch, mini.fences(), |r| {
+                if mirror {
+                    r.record_type().exists()
+                } else {
+                    r.ref_bit() && r.cmp_key(key) != std::cmp::Ordering::Equal
+                }
+            })
+            .expect("a subset of a node fits the same size");
+            let _ = kept;
+        }
+        let mut rebuilt = NodeMut::trusted(&mut scratch);
+        for i in 0..rebuilt.len() {
+            let t = rebuilt.as_ref().record_type(i);
+            rebuilt.set_record_type(
+                i,
+                if t.exists() {
+                    RecordType::Cache
+                } else {
+                    RecordType::Phantom
+                },
+            );
+        }
+        rebuilt.clear_ref_bits();
+        if mirror && record_type.exists() {
+            // The new record is in the leaf page; the mirror must hold it too.
+            if rebuilt.upsert(key, value, RecordType::Cache).is_err() {
+                // The mirror cannot hold the leaf's records any more: drop it.
+                page.set_location(Location::Leaf(header.leaf.0));
+                self.retire(block);
+                return Ok(());
+            }
+        } else if mirror && let Ok(i) = rebuilt.as_ref().search(key) {
+            rebuilt.remove(i);
+        }
+        // SAFETY: we hold the page's write lock; `mini` is no longer used.
+        let bytes = unsafe { block_bytes(&block) };
+        bytes[MINI_HEADER_BYTES..].copy_from_slice(&scratch);
+        Ok(())
+    }
+
+    /// Copies a mini-page out of the copy-on-access region to the tail, dropping records
+    /// not referenced since the last copy (§5.5). Dirty records that would be dropped
+    /// are merged into the leaf page first. Returns the new block, or `None` when the
+    /// mini-page was dropped entirely (the page now maps to its leaf page), or
+    /// `Op::Restart` when that merge split the leaf (the page's range changed).
+    fn copy_to_tail(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        block: Block,
+    ) -> Result<Option<Block>, Op> {
+        // SAFETY: we hold the page's write lock.
+        let header = unsafe { MiniHeader::of(&block) };
+        // SAFETY: as above.
+        let mini = unsafe { mini_ref(&block) };
+        let cold_dirty = mini
+            .iter()
+            .any(|r| r.record_type().is_dirty() && !r.ref_bit());
+        let any_hot = mini.iter().any(|r| r.ref_bit());
+        if cold_dirty || !any_hot {
+            if mini.iter().any(|r| r.record_type().is_dirty())
+                && self.merge(page.id(), header, Some(mini), None)?
+            {
+                // The leaf split: the page's range shrank, so the caller's key may
+                // belong to another page now. Restart from the root.
+                page.set_location(Location::Leaf(header.leaf.0));
+                self.retire(block);
+                bump(&self.counters.copy_on_access);
+                return Err(Op::Restart);
+            }
+            if !any_hot {
+                page.set_location(Location::Leaf(header.leaf.0));
+                self.retire(block);
+                bump(&self.counters.copy_on_access);
+                return Ok(None);
+            }
+        }
+        // Keep hot records (and, for a mirror, everything: it must stay complete).
+        // Records that were dirty are clean now if a merge just happened.
+        let merged = cold_dirty;
+        let keep = |r: &node::RecordView<'_>| header.mirror || r.ref_bit();
+        let kept_bytes: usize = mini
+            .iter()
+            .filter(|r| keep(r))
+            .map(|r| leaf::record_cost(r.suffix().len(), r.value().len()))
+            .sum();
+        let need = MINI_HEADER_BYTES + leaf::empty_node_bytes(&mini.fences()) + kept_bytes;
+        let target = need.max(block.size_bytes().min(need.next_power_of_two()));
+        let moved = match self.pool.alloc(target, self) {
+            Ok(b) => b,
+            // Best effort: the block stays where it is.
+            Err(_) => return Ok(Some(block)),
+        };
+        // SAFETY: new block unpublished, old under our write lock.
+        let new = unsafe { block_bytes(&moved) };
+        header.write(new);
+        let mut node = node::copy_into(&mini, &mut new[MINI_HEADER_BYTES..], mini.fences(), |r| {
+            keep(r)
+        })
+        .expect("sized for the kept records");
+        if merged {
+            for i in 0..node.len() {
+                let t = node.as_ref().record_type(i);
+                node.set_record_type(
+                    i,
+                    if t.exists() {
+                        RecordType::Cache
+                    } else {
+                        RecordType::Phantom
+                    },
+                );
+            }
+        }
+        node.clear_ref_bits();
+        self.publish(page, moved);
+        self.retire(block);
+        bump(&self.counters.copy_on_access);
+        Ok(Some(moved))
+    }
+
+    /// Merges the dirty records of `mini` (and `extra`, a record not yet placed anywhere)
+    /// into the page's leaf page, splitting it when they do not fit. Returns whether the
+    /// leaf split (the caller must then drop the mini-page: its records may now belong to
+    /// other pages). The caller holds the page's write lock.
+    ///
+    /// A mirror's live records *are* the leaf's, so it is written without reading the leaf.
+    fn merge(
+        &self,
+        pid: PageId,
+        header: MiniHeader,
+        mini: Option<NodeRef<'_>>,
+        extra: Option<(&[u8], &[u8], RecordType)>,
+    ) -> Result<bool, Op> {
+        bump(&self.counters.merges);
+        let mut page = Page::boxed();
+        let mut merged: Vec<(Vec<u8>, Vec<u8>)>;
+        let (low, high): (Option<Vec<u8>>, Option<Vec<u8>>);
+        let mirror = header.mirror && mini.is_some();
+        if mirror {
+            let m = mini.expect("checked");
+            let fence = |f: Option<node::Fence<'_>>| f.and_then(|f| f.key().map(<[u8]>::to_vec));
+            low = fence(m.low_fence());
+            high = fence(m.high_fence());
+            merged = m
+                .iter()
+                .filter(|r| r.record_type().exists())
+                .map(|r| (r.key(), r.value().to_vec()))
+                .collect();
+        } else {
+            let leaf = self.read_leaf(header.leaf, &mut page)?;
+            let fence = |f: Option<node::Fence<'_>>| f.and_then(|f| f.key().map(<[u8]>::to_vec));
+            low = fence(leaf.low_fence());
+            high = fence(leaf.high_fence());
+            let mut all: Vec<(Vec<u8>, Vec<u8>, RecordType)> = mini
+                .iter()
+                .flat_map(|m| m.iter())
+                .filter(|r| r.record_type().is_dirty())
+                .map(|r| (r.key(), r.value().to_vec(), r.record_type()))
+                .collect();
+            // The new record replaces the mini-page's version of its key, in key order.
+            if let Some((k, v, t)) = extra {
+                let record = (k.to_vec(), v.to_vec(), t);
+                match all.binary_search_by(|(ak, _, _)| ak.as_slice().cmp(k)) {
+                    Ok(i) => all[i] = record,
+                    Err(i) => all.insert(i, record),
+                }
+            }
+            #[cfg(debug_assertions)]
+            for (k, _, _) in &all {
+                let leaf = NodeRef::trusted(page.payload());
+                assert!(
+                    leaf.covers(k),
+                    "pid {pid:?} leaf {:?}: key {:?} outside [{:?}, {:?}) extra={:?}",
+                    header.leaf,
+                    String::from_utf8_lossy(k),
+                    low.as_ref()
+                        .map(|l| String::from_utf8_lossy(l).into_owned()),
+                    high.as_ref()
+                        .map(|l| String::from_utf8_lossy(l).into_owned()),
+                    extra.map(|e| String::from_utf8_lossy(e.0).into_owned()),
+                );
+            }
+            // Fast path: apply in place on a copy when everything fits.
+            let mut work = page.clone();
+            let mut node = NodeMut::trusted(work.payload_mut());
+            if all.iter().all(|(k, v, t)| apply(&mut node, k, v, *t)) {
+                self.write_leaf(header.leaf, &mut work)?;
+                return Ok(false);
+            }
+            merged = merge_records(&NodeRef::trusted(page.payload()), &all);
+        }
+        if mirror && let Some((k, v, t)) = extra {
+            match merged.binary_search_by(|(rk, _)| rk.as_slice().cmp(k)) {
+                Ok(i) if t.exists() => merged[i].1 = v.to_vec(),
+                Ok(i) => {
+                    merged.remove(i);
+                }
+                Err(i) if t.exists() => merged.insert(i, (k.to_vec(), v.to_vec())),
+                Err(_) => {}
+            }
+        }
+        let chunks = leaf::pack_leaves(&merged, low.as_deref(), high.as_deref());
+        if chunks.len() == 1 {
+            leaf::build_leaf(page.payload_mut(), &chunks[0], &merged)
+                .expect("packing checked the size");
+            self.write_leaf(header.leaf, &mut page)?;
+            return Ok(false);
+        }
+        self.split_leaf(pid, header.leaf, &merged, &chunks)?;
+        Ok(true)
+    }
+
+    /// Writes the chunks of a split leaf (the first keeps `leaf_no` and `pid`) and inserts
+    /// the new pages' separators into the parent, splitting inner nodes up to the root
+    /// as needed.
+    ///
+    /// Order: (1) write the new right-hand leaf pages; (2) upgrade the version locks of
+    /// every inner node that must change — if any upgrade fails, free the new pages and
+    /// restart; (3) publish the new inner bytes, and unlock; (4) rewrite the left page in
+    /// place. Until (3) nobody can reach the new pages; from (3) on, keys of the right
+    /// ranges route to them. The caller holds the left page's write lock throughout, so
+    /// nobody reads the left page between (3) and (4).
+    fn split_leaf(
+        &self,
+        pid: PageId,
+        leaf_no: PageNo,
+        records: &[(Vec<u8>, Vec<u8>)],
+        chunks: &[leaf::LeafChunk],
+    ) -> Result<(), Op> {
+        let guard = epoch::pin();
+        // Any key of the page routes to it; the first chunk's low fence is one.
+        let probe = chunks[0].low.clone().unwrap_or_default();
+        let path = self.find_path(&probe, &guard)?;
+        {
+            let (parent, _) = path.last().expect("paths are never empty");
+            let n = NodeRef::trusted(parent.bytes(&guard));
+            if inner::child_ref(&n, inner::child_for(&n, &probe)) != pid.0 {
+                return Err(Op::Restart);
+            }
+        }
+
+        // (1) The new right-hand pages.
+        let mut page = Page::boxed();
+        let mut children: Vec<(Vec<u8>, u64)> = Vec::with_capacity(chunks.len() - 1);
+        let mut new_pages = Vec::with_capacity(chunks.len() - 1);
+        let undo = |new_pages: &[(PageNo, PageId)]| {
+            for &(no, new_pid) in new_pages {
+                let _ = self.store.free(no);
+                self.mapping.release(self.mapping.write(new_pid));
+            }
+        };
+        for chunk in &chunks[1..] {
+            let no = match self.store.allocate() {
+                Ok(no) => no,
+                Err(e) => {
+                    undo(&new_pages);
+                    let e = Error::from(e);
+                    self.record_failure(&e);
+                    return Err(Op::Fail(e));
+                }
+            };
+            leaf::build_leaf(page.payload_mut(), chunk, records).expect("packed to fit");
+            if let Err(e) = self.write_leaf(no, &mut page) {
+                let _ = self.store.free(no);
+                undo(&new_pages);
+                return Err(Op::Fail(e));
+            }
+            let Some(new_pid) = self.mapping.allocate(Location::Leaf(no.0)) else {
+                let _ = self.store.free(no);
+                undo(&new_pages);
+                return Err(Op::Fail(Error::Unsupported(
+                    "page id space exhausted".into(),
+                )));
+            };
+            new_pages.push((no, new_pid));
+            children.push((
+                chunk.low.clone().expect("split chunks have a low fence"),
+                new_pid.0,
+            ));
+        }
+
+        // (2) Lock bottom-up the inner nodes that must change. A node absorbs what comes
+        // up if the bytes it could reclaim cover the incoming separators (each costs at
+        // most its meta, its key and its 8-byte child); otherwise it splits and sends one
+        // separator of at most `max_key_bytes` further up.
+        let mut locks = Vec::with_capacity(path.len());
+        let mut plan: Vec<&InnerNode> = Vec::with_capacity(path.len());
+        let mut incoming_bytes: usize = children
+            .iter()
+            .map(|(k, _)| node::KV_META_SIZE_BYTES + k.len() + 8)
+            .sum();
+        let mut root_splits = true;
+        for &(node, version) in path.iter().rev() {
+            match node.version.upgrade(version) {
+                Ok(g) => locks.push(g),
+                Err(Restart) => {
+                    drop(locks);
+                    undo(&new_pages);
+                    return Err(Op::Restart);
+                }
+            }
+            plan.push(node);
+            let n = NodeRef::trusted(node.bytes(&guard));
+            if n.reclaimable_space_bytes() >= incoming_bytes {
+                root_splits = false;
+                break;
+            }
+            incoming_bytes = node::KV_META_SIZE_BYTES + self.config.max_key_bytes + 8;
+        }
+
+        // (3) Publish bottom-up through the locked nodes.
+        let mut pending = children;
+        for (depth, node) in plan.iter().enumerate() {
+            let n = NodeRef::trusted(node.bytes(&guard));
+            let mut entries = inner::records(&n);
+            for (k, child) in pending.drain(..) {
+                match entries.binary_search_by(|(rk, _)| rk.as_slice().cmp(&k)) {
+                    Ok(_) => unreachable!("separators are unique"),
+                    Err(i) => entries.insert(i, (k, child)),
+                }
+            }
+            let fence = |f: Option<node::Fence<'_>>| f.and_then(|f| f.key().map(<[u8]>::to_vec));
+            let low = fence(n.low_fence());
+            let high = fence(n.high_fence());
+            let last = depth + 1 == plan.len();
+            if !(last && root_splits) {
+                if let Some(bytes) = inner::build(
+                    self.inner_size_bytes,
+                    low.as_deref(),
+                    high.as_deref(),
+                    &entries,
+                ) {
+                    assert!(last, "only the topmost planned node absorbs");
+                    node.replace(bytes, &guard);
+                    break;
+                }
+                assert!(!last, "the room check guarantees the topmost node absorbs");
+            }
+            // Split this inner node in two at the middle record.
+            bump(&self.counters.inner_splits);
+            let mid = entries.len() / 2;
+            let sep = entries[mid].0.clone();
+            let right_entries = entries.split_off(mid);
+            let left = inner::build(self.inner_size_bytes, low.as_deref(), Some(&sep), &entries)
+                .expect("half a node fits");
+            let right = inner::build(
+                self.inner_size_bytes,
+                Some(&sep),
+                high.as_deref(),
+                &right_entries,
+            )
+            .expect("half a node fits");
+            let right_node = Box::into_raw(InnerNode::new(node.level, right));
+            self.inner_nodes.lock().push(right_node as usize);
+            node.replace(left, &guard);
+            if last {
+                // The root split: a new root above the two halves.
+                let root_entries = vec![
+                    (Vec::new(), *node as *const InnerNode as usize as u64),
+                    (sep, right_node as usize as u64),
+                ];
+                let bytes = inner::build(self.inner_size_bytes, None, None, &root_entries)
+                    .expect("two separators fit");
+                let new_root = Box::into_raw(InnerNode::new(node.level + 1, bytes));
+                self.inner_nodes.lock().push(new_root as usize);
+                self.root.store(new_root, Ordering::Release);
+            } else {
+                pending.push((sep, right_node as usize as u64));
+            }
+        }
+        drop(locks);
+        bump(&self.counters.leaf_splits);
+
+        // (4) The left page, in place.
+        leaf::build_leaf(page.payload_mut(), &chunks[0], records).expect("packed to fit");
+        self.write_leaf(leaf_no, &mut page)?;
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Eviction and flushing
+    // ----------------------------------------------------------------------------------
+
+    fn flush(&self) -> Result<()> {
+        let report = self.pool.drain(self);
+        if report.busy_blocks > 0 {
+            // Some pages were locked by concurrent operations; their mini-pages stay.
+        }
+        self.check_writable()?;
+        self.store.sync().map_err(|e| {
+            let e = Error::from(e);
+            self.record_failure(&e);
+            e
+        })
+    }
+}
+
+impl Evictor for Core {
+    /// Merges a mini-page at the pool's head into its leaf page and points the mapping
+    /// table back at the leaf. Only try-locks: the evicting thread may hold page locks.
+    fn evict(&self, block: &Block) -> EvictDecision {
+        // SAFETY: the block is `Evicting`: published and not freeable meanwhile.
+        let header = unsafe { MiniHeader::of(block) };
+        let Some(page) = self.mapping.try_write(header.pid) else {
+            return EvictDecision::Busy;
+        };
+        if page.location() != Location::Mini(block.offset()) {
+            debug_assert!(false, "a live mini-page is its page's mapping");
+            return EvictDecision::Busy;
+        }
+        // SAFETY: we hold the page's write lock.
+        let mini = unsafe { mini_ref(block) };
+        if mini.iter().any(|r| r.record_type().is_dirty()) {
+            if self.failed.load(Ordering::Acquire) {
+                return EvictDecision::Busy;
+            }
+            match self.merge(header.pid, header, Some(mini), None) {
+                Ok(_) => {}
+                Err(Op::Fail(_)) | Err(Op::Restart) | Err(Op::WouldBlock) => {
+                    return EvictDecision::Busy;
+                }
+            }
+        }
+        page.set_location(Location::Leaf(header.leaf.0));
+        bump(&self.counters.evictions);
+        EvictDecision::Evicted
+    }
+}
+
+/// Applies one dirty record to a leaf node in place; `false` if it does not fit.
+fn apply(node: &mut NodeMut<'_>, key: &[u8], value: &[u8], t: RecordType) -> bool {
+    if t.exists() {
+        match node.upsert(key, value, RecordType::Insert) {
+            Ok(_) => true,
+            Err(WriteError::Full) => false,
+            Err(e) => unreachable!("a routed key fits its leaf's range: {e:?}"),
+        }
+    } else {
+        if let Ok(i) = node.as_ref().search(key) {
+            node.remove(i);
+        }
+        true
+    }
+}
+
+/// The leaf's records with the dirty records applied, as an owned sorted list.
+fn merge_records(
+    leaf: &NodeRef<'_>,
+    dirty: &[(Vec<u8>, Vec<u8>, RecordType)],
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut out = Vec::with_capacity(leaf.len() + dirty.len());
+    let mut d = dirty.iter().peekable();
+    for r in leaf.iter() {
+        let k = r.key();
+        while let Some((dk, dv, dt)) = d.peek() {
+            if dk.as_slice() < k.as_slice() {
+                if dt.exists() {
+                    out.push((dk.clone(), dv.clone()));
+                }
+                d.next();
+            } else {
+                break;
+            }
+        }
+        match d.peek() {
+            Some((dk, dv, dt)) if *dk == k => {
+                if dt.exists() {
+                    out.push((k, dv.clone()));
+                }
+                d.next();
+            }
+            _ => out.push((k, r.value().to_vec())),
+        }
+    }
+    for (dk, dv, dt) in d {
+        if dt.exists() {
+            out.push((dk.clone(), dv.clone()));
+        }
+    }
+    out
+}
+
+/// Fences for a new regular mini-page: the leaf's key prefix, if it has one.
+fn mini_fences(key: &[u8], prefix_len: usize) -> Fences<'_> {
+    if prefix_len > 0 {
+        Fences::Prefix(&key[..prefix_len])
+    } else {
+        Fences::None
+    }
+}
+
+/// Whether an inner node's range holds keys just below `key`: low < key ≤ high.
+fn covers_below(n: &NodeRef<'_>, key: &[u8]) -> bool {
+    let above_low = match n.low_fence() {
+        Some(node::Fence::Key(low)) => low < key,
+        _ => true,
+    };
+    let below_high = match n.high_fence() {
+        Some(node::Fence::Key(high)) => key <= high,
+        _ => true,
+    };
+    above_low && below_high
+}
+
+/// Length of the prefix shared by every key of child `i`: the common prefix of its two
+/// fences (the separators around it), 0 when its high end is unbounded.
+fn child_prefix_len(n: &NodeRef<'_>, i: usize) -> usize {
+    let prefix = n.prefix().len();
+    let low = n.key_suffix(i);
+    if i + 1 < n.len() {
+        prefix + node::common_prefix_len(low, n.key_suffix(i + 1))
+    } else {
+        match n.high_fence() {
+            Some(node::Fence::Key(high)) => {
+                let high = &high[prefix.min(high.len())..];
+                prefix + node::common_prefix_len(low, high)
+            }
+            _ => 0,
+        }
+    }
+}

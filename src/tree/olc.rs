@@ -20,8 +20,6 @@
 //!   at any moment in between (every unlock adds 4 or more, so the counter never repeats
 //!   within 2^62 writes).
 //! - An obsolete node is never unlocked again: readers that find it restart from the parent.
-// The tree operations that use this land next; until then parts are unused.
-#![allow(dead_code)]
 
 use crate::sync::atomic::{AtomicU64, Ordering, fence};
 use crate::sync::spin_wait;
@@ -92,6 +90,7 @@ impl VersionLock {
             .map_err(|_| Restart)
     }
 
+    #[cfg(test)]
     /// Takes the exclusive lock, waiting for other writers. An obsolete node gives
     /// `Err(Restart)`.
     pub(crate) fn write_lock(&self) -> Result<WriteGuard<'_>, Restart> {
@@ -103,6 +102,7 @@ impl VersionLock {
         }
     }
 
+    #[cfg(test)]
     /// Whether the node has been replaced and must not be used any more.
     pub(crate) fn is_obsolete(&self) -> bool {
         self.word.load(Ordering::Acquire) & OBSOLETE != 0
@@ -116,6 +116,7 @@ pub(crate) struct WriteGuard<'a> {
 }
 
 impl WriteGuard<'_> {
+    #[cfg(test)]
     /// Releases the lock and marks the node obsolete: readers that still reach it restart.
     pub(crate) fn unlock_obsolete(self) {
         // Clearing LOCKED (+2 carries it into the counter) and setting OBSOLETE in one add.

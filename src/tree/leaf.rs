@@ -1,0 +1,236 @@
+//! Mini-page blocks and leaf-page building (Bf-Tree §3.1-3.3, §5.5).
+//!
+//! A mini-page lives in a pool block whose payload starts with a 16-byte header:
+//!
+//! ```text
+//! 0..8    PageId that owns the mini-page (u64 LE) — the eviction callback's way back
+//! 8..14   leaf page number (48 bits LE)
+//! 14..16  flags (u16 LE): bit 0 = MIRROR (the mini-page holds every record of its leaf)
+//! 16..    the mini-page node (shared node layout, kind Mini)
+//! ```
+//!
+//! The header is written before the block is published and never changes afterwards.
+//! A regular mini-page carries its leaf's key prefix (`Fences::Prefix`) or none; a mirror
+//! carries the leaf's two fence keys (`Fences::Range`), so it can answer misses and scans
+//! without the leaf page.
+
+use crate::config::MINI_HEADER_BYTES;
+use crate::pool::Block;
+use crate::storage::{PAGE_PAYLOAD_SIZE, PageNo};
+
+use super::mapping::PageId;
+use super::node::{self, Fences, KV_META_SIZE_BYTES, NODE_META_SIZE_BYTES, NodeKind, RecordType};
+
+const MIRROR: u16 = 1;
+
+/// The fixed header of a mini-page block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MiniHeader {
+    pub(crate) pid: PageId,
+    pub(crate) leaf: PageNo,
+    pub(crate) mirror: bool,
+}
+
+impl MiniHeader {
+    pub(crate) fn write(&self, payload: &mut [u8]) {
+        payload[0..8].copy_from_slice(&self.pid.0.to_le_bytes());
+        let leaf = self.leaf.0.to_le_bytes();
+        payload[8..14].copy_from_slice(&leaf[..6]);
+        let flags = if self.mirror { MIRROR } else { 0 };
+        payload[14..16].copy_from_slice(&flags.to_le_bytes());
+    }
+
+    pub(crate) fn read(payload: &[u8]) -> MiniHeader {
+        let pid = u64::from_le_bytes(payload[0..8].try_into().expect("8 bytes"));
+        let mut leaf = [0u8; 8];
+        leaf[..6].copy_from_slice(&payload[8..14]);
+        let flags = u16::from_le_bytes(payload[14..16].try_into().expect("2 bytes"));
+        MiniHeader {
+            pid: PageId(pid),
+            leaf: PageNo(u64::from_le_bytes(leaf)),
+            mirror: flags & MIRROR != 0,
+        }
+    }
+
+    /// Reads the header of a block.
+    ///
+    /// # Safety
+    ///
+    /// The block must be allocated and published (its header written), and must not be
+    /// freed while this runs. The header is never written after publication, so reading
+    /// it needs no page lock.
+    pub(crate) unsafe fn of(block: &Block) -> MiniHeader {
+        // SAFETY: the caller guarantees the block is live; the first 16 bytes are the
+        // immutable header, which no one writes after publication.
+        let header = unsafe { std::slice::from_raw_parts(block.payload_ptr(), MINI_HEADER_BYTES) };
+        MiniHeader::read(header)
+    }
+}
+
+/// Bytes an empty mini-page node with `fences` needs.
+pub(crate) fn empty_node_bytes(fences: &Fences<'_>) -> usize {
+    NODE_META_SIZE_BYTES + fences.size_bytes()
+}
+
+/// Upper bound of the bytes one record costs in a node, ignoring prefix compression.
+pub(crate) fn record_cost(key_len: usize, value_len: usize) -> usize {
+    KV_META_SIZE_BYTES + key_len + value_len
+}
+
+/// The shortest key `s` with `left < s <= right` (suffix truncation of separators).
+pub(crate) fn separator(left: &[u8], right: &[u8]) -> Vec<u8> {
+    debug_assert!(left < right);
+    let common = node::common_prefix_len(left, right);
+    right[..(common + 1).min(right.len())].to_vec()
+}
+
+/// One leaf page's worth of records and its fences, produced by [`pack_leaves`].
+pub(crate) struct LeafChunk {
+    pub(crate) low: Option<Vec<u8>>,
+    pub(crate) high: Option<Vec<u8>>,
+    pub(crate) records: std::ops::Range<usize>,
+}
+
+/// Splits sorted records into as few leaf pages as fit, balanced by bytes; the first
+/// chunk keeps `low`, the last `high`, and neighbours share a suffix-truncated separator.
+pub(crate) fn pack_leaves(
+    records: &[(Vec<u8>, Vec<u8>)],
+    low: Option<&[u8]>,
+    high: Option<&[u8]>,
+) -> Vec<LeafChunk> {
+    let cost = |r: &(Vec<u8>, Vec<u8>)| record_cost(r.0.len(), r.1.len());
+    let total: usize = records.iter().map(cost).sum();
+    let fence_bound = |l: Option<&[u8]>, h: Option<&[u8]>| {
+        2 * KV_META_SIZE_BYTES + l.map_or(0, <[u8]>::len) + h.map_or(0, <[u8]>::len)
+    };
+    // Try 1, 2, 3, ... pages until every chunk's worst-case size fits.
+    let mut pages = 1;
+    loop {
+        if let Some(chunks) = try_pack(
+            records,
+            low,
+            high,
+            total.div_ceil(pages),
+            &cost,
+            &fence_bound,
+        ) {
+            return chunks;
+        }
+        pages += 1;
+        assert!(
+            pages <= records.len().max(1),
+            "a single record always fits a leaf page"
+        );
+    }
+}
+
+type CostFn<'a> = dyn Fn(&(Vec<u8>, Vec<u8>)) -> usize + 'a;
+type FenceBoundFn<'a> = dyn Fn(Option<&[u8]>, Option<&[u8]>) -> usize + 'a;
+
+fn try_pack(
+    records: &[(Vec<u8>, Vec<u8>)],
+    low: Option<&[u8]>,
+    high: Option<&[u8]>,
+    target: usize,
+    cost: &CostFn<'_>,
+    fence_bound: &FenceBoundFn<'_>,
+) -> Option<Vec<LeafChunk>> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut chunk_low = low.map(<[u8]>::to_vec);
+    while start < records.len() || chunks.is_empty() {
+        let mut end = start;
+        let mut bytes = 0;
+        // Take records up to the target, at least one.
+        while end < records.len() && (end == start || bytes + cost(&records[end]) <= target) {
+            bytes += cost(&records[end]);
+            end += 1;
+        }
+        let (chunk_high, next_low) = if end < records.len() {
+            let sep = separator(&records[end - 1].0, &records[end].0);
+            (Some(sep.clone()), Some(sep))
+        } else {
+            (high.map(<[u8]>::to_vec), None)
+        };
+        let need =
+            NODE_META_SIZE_BYTES + fence_bound(chunk_low.as_deref(), chunk_high.as_deref()) + bytes;
+        if need > PAGE_PAYLOAD_SIZE {
+            return None;
+        }
+        chunks.push(LeafChunk {
+            low: chunk_low,
+            high: chunk_high,
+            records: start..end,
+        });
+        if end == records.len() {
+            break;
+        }
+        chunk_low = next_low;
+        start = end;
+    }
+    Some(chunks)
+}
+
+/// Builds a leaf page payload from `records` with the chunk's fences.
+pub(crate) fn build_leaf(
+    payload: &mut [u8],
+    chunk: &LeafChunk,
+    records: &[(Vec<u8>, Vec<u8>)],
+) -> Result<(), node::WriteError> {
+    node::build_sorted(
+        payload,
+        NodeKind::Leaf,
+        Fences::Range {
+            low: chunk.low.as_deref(),
+            high: chunk.high.as_deref(),
+        },
+        records[chunk.records.clone()]
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_slice(), RecordType::Insert)),
+    )
+    .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let h = MiniHeader {
+            pid: PageId(0x0123_4567_89ab),
+            leaf: PageNo((1 << 48) - 1),
+            mirror: true,
+        };
+        let mut buf = [0u8; 16];
+        h.write(&mut buf);
+        assert_eq!(MiniHeader::read(&buf), h);
+    }
+
+    #[test]
+    fn separators_are_shortest() {
+        assert_eq!(separator(b"abc", b"abd"), b"abd");
+        assert_eq!(separator(b"abc", b"b"), b"b");
+        assert_eq!(separator(b"ab", b"abzzz"), b"abz");
+        assert_eq!(separator(b"", b"\0"), b"\0");
+    }
+
+    #[test]
+    fn packing_balances_and_fits() {
+        let records: Vec<(Vec<u8>, Vec<u8>)> = (0..400u32)
+            .map(|i| (format!("key{i:06}").into_bytes(), vec![7u8; 20]))
+            .collect();
+        let chunks = pack_leaves(&records, None, None);
+        assert!(chunks.len() >= 3, "400 * 37 bytes needs at least 3 pages");
+        assert_eq!(chunks.first().unwrap().low, None);
+        assert_eq!(chunks.last().unwrap().high, None);
+        for w in chunks.windows(2) {
+            assert_eq!(w[0].high, w[1].low);
+            assert_eq!(w[0].records.end, w[1].records.start);
+        }
+        let mut payload = vec![0u8; PAGE_PAYLOAD_SIZE];
+        for c in &chunks {
+            build_leaf(&mut payload, c, &records).unwrap();
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! Range scans (Bf-Tree §5.3) without holding locks between calls.
+//!
+//! The iterator keeps the part of the key range it has not fetched yet, `[lower, upper)`
+//! in bound form, and a buffer of records fetched from each end. A fetch re-enters the
+//! tree from the root for the page holding `lower` (or the keys just below `upper`),
+//! takes that page's read lock, merges its mini-page and leaf-page records in key order,
+//! copies out the ones in range, narrows the unfetched range past the page's fence, and
+//! unlocks. Records in the front buffer lie below every unfetched key and records in the
+//! back buffer above, so the two ends never yield a key twice, keys come out strictly
+//! ordered even while writers split pages, and nothing recurses per record.
+
+use std::collections::VecDeque;
+use std::ops::Bound;
+
+use crossbeam_epoch as epoch;
+
+use super::leaf::MiniHeader;
+use super::mapping::{self, Location};
+use super::node::{self, Fences, NodeKind, RecordType};
+use super::{Core, LeafPath, Target, bump, chance, mini_ref};
+use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
+use crate::error::{Error, Result};
+use crate::storage::{Page, PageNo};
+
+type Record = (Vec<u8>, Vec<u8>);
+/// The unfetched part of a range: lower and upper bound.
+type Bounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
+/// An iterator over a key range of a [`Tree`](crate::Tree), from
+/// [`Tree::range`](crate::Tree::range) or [`Tree::prefix`](crate::Tree::prefix).
+///
+/// Yields `Result<(key, value)>`; after an `Err` it ends. Works from both ends
+/// (`DoubleEndedIterator`).
+pub struct Range<'t> {
+    core: &'t Core,
+    /// The keys not fetched yet; `None` once everything was fetched.
+    unfetched: Option<Bounds>,
+    /// Fetched by `next`, ascending; all below the unfetched range.
+    front: VecDeque<Record>,
+    /// Fetched by `next_back`, descending; all above the unfetched range.
+    back: VecDeque<Record>,
+    failed: bool,
+}
+
+impl std::fmt::Debug for Range<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Range")
+            .field("unfetched", &self.unfetched)
+            .field("front_buffered", &self.front.len())
+            .field("back_buffered", &self.back.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'t> Range<'t> {
+    pub(super) fn new(core: &'t Core, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Self {
+        let unfetched = (!is_empty(&lower, &upper)).then_some((lower, upper));
+        Range {
+            core,
+            unfetched,
+            front: VecDeque::new(),
+            back: VecDeque::new(),
+            failed: false,
+        }
+    }
+
+    fn fail(&mut self, e: Error) -> Option<Result<Record>> {
+        self.failed = true;
+        self.unfetched = None;
+        self.front.clear();
+        self.back.clear();
+        Some(Err(e))
+    }
+}
+
+impl Iterator for Range<'_> {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(r) = self.front.pop_front() {
+                return Some(Ok(r));
+            }
+            if self.failed {
+                return None;
+            }
+            let Some((lower, upper)) = self.unfetched.take() else {
+                return self.back.pop_back().map(Ok);
+            };
+            match self
+                .core
+                .fetch(&lower, &upper, Direction::Forward, &mut self.front)
+            {
+                Ok(Some(next_lower)) if !is_empty(&next_lower, &upper) => {
+                    self.unfetched = Some((next_lower, upper));
+                }
+                Ok(_) => self.unfetched = None,
+                Err(e) => return self.fail(e),
+            }
+        }
+    }
+}
+
+impl DoubleEndedIterator for Range<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(r) = self.back.pop_front() {
+                return Some(Ok(r));
+            }
+            if self.failed {
+                return None;
+            }
+            let Some((lower, upper)) = self.unfetched.take() else {
+                return self.front.pop_back().map(Ok);
+            };
+            match self
+                .core
+                .fetch(&lower, &upper, Direction::Backward, &mut self.back)
+            {
+                Ok(Some(next_upper)) if !is_empty(&lower, &next_upper) => {
+                    self.unfetched = Some((lower, next_upper));
+                }
+                Ok(_) => self.unfetched = None,
+                Err(e) => return self.fail(e),
+            }
+        }
+    }
+}
+
+impl std::iter::FusedIterator for Range<'_> {}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Direction {
+    Forward,
+    Backward,
+}
+
+/// Whether no key satisfies both bounds.
+fn is_empty(lower: &Bound<Vec<u8>>, upper: &Bound<Vec<u8>>) -> bool {
+    match (lower, upper) {
+        (Bound::Unbounded, _) | (_, Bound::Unbounded) => false,
+        (Bound::Included(l), Bound::Included(u)) => l > u,
+        (Bound::Included(l), Bound::Excluded(u))
+        | (Bound::Excluded(l), Bound::Included(u))
+        | (Bound::Excluded(l), Bound::Excluded(u)) => l >= u,
+    }
+}
+
+fn above(lower: &Bound<Vec<u8>>, key: &[u8]) -> bool {
+    match lower {
+        Bound::Included(l) => key >= l.as_slice(),
+        Bound::Excluded(l) => key > l.as_slice(),
+        Bound::Unbounded => true,
+    }
+}
+
+fn below(upper: &Bound<Vec<u8>>, key: &[u8]) -> bool {
+    match upper {
+        Bound::Included(u) => key <= u.as_slice(),
+        Bound::Excluded(u) => key < u.as_slice(),
+        Bound::Unbounded => true,
+    }
+}
+
+/// A page's records merged from its mini-page (newer) and leaf page, and its fences.
+struct PageView {
+    records: Vec<Record>,
+    low: Option<Vec<u8>>,
+    high: Option<Vec<u8>>,
+}
+
+impl Core {
+    /// Fetches one page's records of `[lower, upper)` into `out` (ascending at the back
+    /// of `out` going forward, descending going backward) and returns the bound that
+    /// replaces `lower` (forward) or `upper` (backward), or `None` when the page was the
+    /// last one in that direction.
+    pub(super) fn fetch(
+        &self,
+        lower: &Bound<Vec<u8>>,
+        upper: &Bound<Vec<u8>>,
+        direction: Direction,
+        out: &mut VecDeque<Record>,
+    ) -> Result<Option<Bound<Vec<u8>>>> {
+        let promote = chance(self.config.promotion_rate_percent);
+        loop {
+            let guard = epoch::pin();
+            let target = match (direction, lower, upper) {
+                (Direction::Forward, Bound::Included(k) | Bound::Excluded(k), _) => {
+                    Target::Holding(k)
+                }
+                (Direction::Forward, Bound::Unbounded, _) => Target::Holding(&[]),
+                (Direction::Backward, _, Bound::Included(k)) => Target::Holding(k),
+                (Direction::Backward, _, Bound::Excluded(k)) => Target::Below(k),
+                (Direction::Backward, _, Bound::Unbounded) => Target::Last,
+            };
+            let path = match self.find_leaf(target, &guard) {
+                Ok(Some(p)) => p,
+                Ok(None) => return Ok(None),
+                Err(_) => {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+            };
+            let view = if promote && self.check_writable().is_ok() {
+                let page = self.mapping.write(path.pid);
+                if path.parent.version.validate(path.parent_version).is_err() {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+                let view = self.page_view(page.location())?;
+                self.make_mirror(&page, &path, &view);
+                view
+            } else {
+                let page = self.mapping.read(path.pid);
+                if path.parent.version.validate(path.parent_version).is_err() {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+                self.page_view(page.location())?
+            };
+            let in_range = |k: &[u8]| above(lower, k) && below(upper, k);
+            return Ok(match direction {
+                Direction::Forward => {
+                    out.extend(view.records.into_iter().filter(|(k, _)| in_range(k)));
+                    view.high.map(Bound::Included)
+                }
+                Direction::Backward => {
+                    out.extend(view.records.into_iter().rev().filter(|(k, _)| in_range(k)));
+                    view.low.map(Bound::Excluded)
+                }
+            });
+        }
+    }
+
+    /// The live records of a page and its fences. The caller holds the page's lock.
+    fn page_view(&self, location: Location) -> Result<PageView> {
+        let fence = |f: Option<node::Fence<'_>>| f.and_then(|f| f.key().map(<[u8]>::to_vec));
+        let (mini, leaf_no) = match location {
+            Location::Mini(offset) => {
+                let block = self.block(offset);
+                // SAFETY: the caller holds the page's lock.
+                let header = unsafe { MiniHeader::of(&block) };
+                // SAFETY: as above.
+                let mini = unsafe { mini_ref(&block) };
+                if header.mirror {
+                    return Ok(PageView {
+                        records: mini
+                            .iter()
+                            .filter(|r| r.record_type().exists())
+                            .map(|r| (r.key(), r.value().to_vec()))
+                            .collect(),
+                        low: fence(mini.low_fence()),
+                        high: fence(mini.high_fence()),
+                    });
+                }
+                (Some(mini), header.leaf)
+            }
+            Location::Leaf(no) => (None, PageNo(no)),
+            Location::Empty => unreachable!("a routed page id is in use"),
+        };
+        let mut page = Page::boxed();
+        let leaf = self.read_leaf(leaf_no, &mut page)?;
+        let mut records = Vec::with_capacity(leaf.len());
+        let mut m = mini.iter().flat_map(|m| m.iter()).peekable();
+        for r in leaf.iter() {
+            let k = r.key();
+            while let Some(mr) = m.peek() {
+                match mr.cmp_key(&k) {
+                    std::cmp::Ordering::Less => {
+                        if mr.record_type().exists() {
+                            records.push((mr.key(), mr.value().to_vec()));
+                        }
+                        m.next();
+                    }
+                    _ => break,
+                }
+            }
+            match m.peek() {
+                Some(mr) if mr.cmp_key(&k) == std::cmp::Ordering::Equal => {
+                    if mr.record_type().exists() {
+                        records.push((k, mr.value().to_vec()));
+                    }
+                    m.next();
+                }
+                _ => records.push((k, r.value().to_vec())),
+            }
+        }
+        for mr in m {
+            if mr.record_type().exists() {
+                records.push((mr.key(), mr.value().to_vec()));
+            }
+        }
+        Ok(PageView {
+            records,
+            low: fence(leaf.low_fence()),
+            high: fence(leaf.high_fence()),
+        })
+    }
+
+    /// Turns the page's mini-page into a full mirror of its leaf page (§3.1 "caching
+    /// range gaps"), so later scans and point reads of it need no IO. The caller holds
+    /// the page's write lock and has just built `view` under it. Best effort.
+    fn make_mirror(&self, page: &mapping::WriteGuard<'_>, path: &LeafPath<'_>, view: &PageView) {
+        let _ = path;
+        let (old, leaf_no) = match page.location() {
+            Location::Mini(offset) => {
+                let block = self.block(offset);
+                // SAFETY: we hold the page's write lock.
+                let header = unsafe { MiniHeader::of(&block) };
+                if header.mirror {
+                    return;
+                }
+                (Some(block), header.leaf)
+            }
+            Location::Leaf(no) => (None, PageNo(no)),
+            Location::Empty => return,
+        };
+        // Dirty records keep their type (they are not in the leaf page yet).
+        let dirty: Vec<(Vec<u8>, RecordType)> = match old {
+            Some(block) => {
+                // SAFETY: we hold the page's write lock.
+                let mini = unsafe { mini_ref(&block) };
+                mini.iter()
+                    .filter(|r| r.record_type().is_dirty())
+                    .map(|r| (r.key(), r.record_type()))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let block = match self.pool.alloc(MAX_MINI_BLOCK_BYTES, self) {
+            Ok(b) => b,
+            Err(_) => return,
+        };
+        // SAFETY: a fresh, unpublished block: ours alone.
+        let bytes = unsafe { super::block_bytes(&block) };
+        MiniHeader {
+            pid: page.id(),
+            leaf: leaf_no,
+            mirror: true,
+        }
+        .write(bytes);
+        let fences = Fences::Range {
+            low: view.low.as_deref(),
+            high: view.high.as_deref(),
+        };
+        let node_bytes = &mut bytes[MINI_HEADER_BYTES..];
+        let records = view.records.iter().map(|(k, v)| {
+            let t = dirty
+                .binary_search_by(|(dk, _)| dk.as_slice().cmp(k))
+                .map_or(RecordType::Cache, |i| dirty[i].1);
+            (k.as_slice(), v.as_slice(), t)
+        });
+        // Tombstones of keys the leaf still holds must survive too.
+        let mut all: Vec<(&[u8], &[u8], RecordType)> = records.collect();
+        for (k, t) in &dirty {
+            if *t == RecordType::Tombstone
+                && let Err(i) = all.binary_search_by(|(ak, _, _)| (*ak).cmp(k.as_slice()))
+            {
+                all.insert(i, (k.as_slice(), &[], RecordType::Tombstone));
+            }
+        }
+        if node::build_sorted(node_bytes, NodeKind::Mini, fences, all).is_err() {
+            // Does not fit in one block: leave the page as it is.
+            // SAFETY: never published, so nobody else knows the block.
+            unsafe { self.pool.free(block) };
+            return;
+        }
+        self.publish(page, block);
+        if let Some(old) = old {
+            self.retire(old);
+        }
+        bump(&self.counters.mirrors_created);
+    }
+}

@@ -1,0 +1,83 @@
+//! Basic single-threaded behaviour of the Tree against a BTreeMap, with a tiny pool so
+//! that growth, merges, eviction and splits all happen.
+
+use std::collections::BTreeMap;
+
+use bfdb::{Config, Error, Tree};
+
+fn tiny() -> Config {
+    Config {
+        memory_budget_bytes: 64 << 10,
+        max_key_bytes: 64,
+        max_value_bytes: 256,
+        ..Config::default()
+    }
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!(
+        "user{:012}",
+        i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 1_000_000_007
+    )
+    .into_bytes()
+}
+
+#[test]
+fn many_inserts_then_reads_and_scans() {
+    let tree = Tree::in_memory(tiny()).unwrap();
+    let mut model = BTreeMap::new();
+    for i in 0..20_000u64 {
+        let k = key(i);
+        let v = format!("value-{i}").into_bytes();
+        tree.insert(&k, &v).unwrap();
+        model.insert(k, v);
+        if i % 7 == 3 {
+            let d = key(i / 2);
+            tree.delete(&d).unwrap();
+            model.remove(&d);
+        }
+    }
+    for (k, v) in &model {
+        assert_eq!(
+            tree.get(k).unwrap().as_ref(),
+            Some(v),
+            "key {:?}",
+            String::from_utf8_lossy(k)
+        );
+    }
+    assert_eq!(tree.get(b"absent").unwrap(), None);
+    let all: Vec<_> = tree.range::<&[u8], _>(..).map(|r| r.unwrap()).collect();
+    let expect: Vec<_> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    assert_eq!(all.len(), expect.len());
+    assert!(all == expect);
+    let back: Vec<_> = tree
+        .range::<&[u8], _>(..)
+        .rev()
+        .map(|r| r.unwrap())
+        .collect();
+    let mut rexpect = expect.clone();
+    rexpect.reverse();
+    assert!(back == rexpect);
+    let s = tree.stats();
+    eprintln!("{s:#?}");
+    assert!(s.leaf_splits > 0);
+    assert!(s.evictions > 0);
+    assert!(s.inner_splits > 0, "expected the root to split");
+    assert!(s.height >= 2);
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let tree = Tree::in_memory(tiny()).unwrap();
+    assert!(matches!(tree.insert(b"", b"v"), Err(Error::EmptyKey)));
+    assert!(matches!(
+        tree.get(&[1u8; 65]),
+        Err(Error::KeyTooLarge { len: 65, max: 64 })
+    ));
+    assert!(matches!(
+        tree.insert(b"k", &[0u8; 257]),
+        Err(Error::ValueTooLarge { .. })
+    ));
+    tree.insert(&[7u8; 64], &[1u8; 256]).unwrap();
+    assert_eq!(tree.get(&[7u8; 64]).unwrap(), Some(vec![1u8; 256]));
+}
