@@ -152,13 +152,13 @@ impl MappingTable {
         self.ids.lock().free.push(id.0);
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "shuttle")))]
     /// Number of ids ever handed out (the high-water mark).
     pub(crate) fn high_water(&self) -> u64 {
         self.ids.lock().next
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "shuttle")))]
     /// The location of `id` without taking its lock: only a hint, which may be stale by the
     /// time it is used (eviction uses it to decide whether a try-lock is worth it).
     pub(crate) fn peek(&self, id: PageId) -> Location {
@@ -172,7 +172,7 @@ impl MappingTable {
         ReadGuard { word }
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "shuttle")))]
     /// Takes `id`'s shared lock if no writer holds it right now.
     pub(crate) fn try_read(&self, id: PageId) -> Option<ReadGuard<'_>> {
         let word = self.word(id);

@@ -90,7 +90,7 @@ impl VersionLock {
             .map_err(|_| Restart)
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "shuttle")))]
     /// Takes the exclusive lock, waiting for other writers. An obsolete node gives
     /// `Err(Restart)`.
     pub(crate) fn write_lock(&self) -> Result<WriteGuard<'_>, Restart> {
@@ -102,7 +102,7 @@ impl VersionLock {
         }
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "shuttle")))]
     /// Whether the node has been replaced and must not be used any more.
     pub(crate) fn is_obsolete(&self) -> bool {
         self.word.load(Ordering::Acquire) & OBSOLETE != 0
@@ -116,7 +116,7 @@ pub(crate) struct WriteGuard<'a> {
 }
 
 impl WriteGuard<'_> {
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "shuttle")))]
     /// Releases the lock and marks the node obsolete: readers that still reach it restart.
     pub(crate) fn unlock_obsolete(self) {
         // Clearing LOCKED (+2 carries it into the counter) and setting OBSOLETE in one add.
