@@ -616,9 +616,9 @@ impl Core {
     // ----------------------------------------------------------------------------------
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
-        // Promotion is decided up front: a read that may cache its result takes the
-        // page's write lock, so the leaf page cannot change between the read and the
-        // insertion of the cached record.
+        // A read that misses the mini-page may cache what the leaf page says. It then
+        // takes the page's write lock *before* reading the leaf page, so the leaf cannot
+        // change between the read and the insertion of the cached record.
         let promote = chance(self.config.promotion_rate_percent);
         loop {
             let guard = epoch::pin();
@@ -629,22 +629,25 @@ impl Core {
                     continue;
                 }
             };
-            let result = if promote {
-                let page = self.mapping.write(path.pid);
-                if path.parent.version.validate(path.parent_version).is_err() {
-                    bump(&self.counters.restarts);
-                    continue;
-                }
-                self.get_promoting(&page, &path, key, out)
-            } else {
+            let shared = {
                 let page = self.mapping.read(path.pid);
                 if path.parent.version.validate(path.parent_version).is_err() {
                     bump(&self.counters.restarts);
                     continue;
                 }
-                self.get_locked(page.location(), key, out)
+                self.get_locked(page.location(), key, out, !promote)?
             };
-            let (found, touched) = result?;
+            let (found, touched) = match shared {
+                Some(result) => result,
+                None => {
+                    let page = self.mapping.write(path.pid);
+                    if path.parent.version.validate(path.parent_version).is_err() {
+                        bump(&self.counters.restarts);
+                        continue;
+                    }
+                    self.get_promoting(&page, &path, key, out)?
+                }
+            };
             if let Some(block) = touched {
                 self.touch(path.pid, block, key);
             }
@@ -652,14 +655,16 @@ impl Core {
         }
     }
 
-    /// Reads `key` under a shared page lock. Also returns the mini-page block when the
-    /// hit there needs maintenance (reference bit, copy-on-access) after unlocking.
+    /// Reads `key` under a page lock. Also returns the mini-page block when the hit
+    /// there needs maintenance (reference bit, copy-on-access) after unlocking.
+    /// `Ok(None)`: the mini-page does not know the key and `read_leaf` is false.
     fn get_locked(
         &self,
         location: Location,
         key: &[u8],
         out: &mut Vec<u8>,
-    ) -> Result<(Found, Option<Block>)> {
+        read_leaf: bool,
+    ) -> Result<Option<(Found, Option<Block>)>> {
         let leaf_no = match location {
             Location::Mini(offset) => {
                 let block = self.block(offset);
@@ -677,18 +682,21 @@ impl Core {
                             Found::Absent
                         };
                         let maintain = !r.ref_bit() || self.pool.in_copy_on_access_region(&block);
-                        return Ok((found, maintain.then_some(block)));
+                        return Ok(Some((found, maintain.then_some(block))));
                     }
-                    Err(_) if header.mirror => return Ok((Found::Absent, None)),
+                    Err(_) if header.mirror => return Ok(Some((Found::Absent, None))),
                     Err(_) => header.leaf,
                 }
             }
             Location::Leaf(no) => PageNo(no),
             Location::Empty => unreachable!("a routed page id is in use"),
         };
+        if !read_leaf {
+            return Ok(None);
+        }
         let mut page = Page::zeroed();
         let leaf = self.read_leaf(leaf_no, &mut page)?;
-        Ok((
+        Ok(Some((
             match leaf.search(key) {
                 Ok(i) => {
                     out.extend_from_slice(leaf.value(i));
@@ -697,7 +705,7 @@ impl Core {
                 Err(_) => Found::Absent,
             },
             None,
-        ))
+        )))
     }
 
     /// Reads `key` under the page's write lock and caches what the leaf page said (the
@@ -717,10 +725,14 @@ impl Core {
             // SAFETY: as above.
             let header = unsafe { MiniHeader::of(&block) };
             if mini.search(key).is_ok() || header.mirror {
-                return self.get_locked(location, key, out);
+                return Ok(self
+                    .get_locked(location, key, out, true)?
+                    .expect("read_leaf"));
             }
         }
-        let (found, _) = self.get_locked(location, key, out)?;
+        let (found, _) = self
+            .get_locked(location, key, out, true)?
+            .expect("read_leaf");
         let (value, record_type) = match found {
             Found::Value => (out.as_slice(), RecordType::Cache),
             Found::Absent => (&[][..], RecordType::Phantom),
