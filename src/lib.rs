@@ -4,13 +4,13 @@
 //!
 //! bfdb offers two index kinds over one storage layer:
 //!
-//! - **`Tree`** — a Bf-Tree range index (Hao and Chandramouli, PVLDB 2024): inner nodes
+//! - [`Tree`] — a Bf-Tree range index (Hao and Chandramouli, PVLDB 2024): inner nodes
 //!   pinned in memory under optimistic latch coupling, a mapping table whose entries
 //!   point either at a variable-length *mini-page* in a circular-buffer pool or at a
-//!   4 KiB *leaf page* on disk. (Arrives with the tree issue.)
-//! - **`HashStore`** — an F2-style hash tier for skewed point workloads. (Later.)
+//!   4 KiB *leaf page* on disk.
+//! - `HashStore` — an F2-style hash tier for skewed point workloads. (Later.)
 //!
-//! This release provides the foundation both are built on:
+//! Underneath, and public for those who build on them:
 //!
 //! - [`storage`]: the [`storage::PageStore`] trait, through which every byte of disk IO
 //!   goes, with an in-memory and a file backend (optionally `O_DIRECT`). Every page on
@@ -57,3 +57,8 @@ pub mod tree;
 pub use config::{Backend, Config};
 pub use error::{Error, Result};
 pub use tree::{Range, Tree, TreeStats};
+
+/// The README's code blocks, compiled and run as doctests so the README stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
