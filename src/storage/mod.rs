@@ -42,9 +42,11 @@ use std::io;
 
 mod file;
 mod memory;
+mod sim;
 
 pub use file::{FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, SyncCrashPoint};
 pub use memory::MemoryStore;
+pub use sim::{SimCounts, SimStore};
 
 /// Size of one page in bytes: the unit of every read and write.
 pub const PAGE_SIZE: usize = 4096;
@@ -317,6 +319,38 @@ pub trait PageStore: Send + Sync + fmt::Debug {
 
     /// Counts of live pages and free slots.
     fn stats(&self) -> StoreStats;
+}
+
+/// A shared store is a store: lets a caller keep a handle (say, to a
+/// [`SimStore`] whose faults it arms) while a tree owns another.
+impl<S: PageStore + ?Sized> PageStore for std::sync::Arc<S> {
+    fn read_page(&self, no: PageNo, page: &mut Page) -> io::Result<()> {
+        (**self).read_page(no, page)
+    }
+    fn write_page(&self, no: PageNo, page: &mut Page) -> io::Result<()> {
+        (**self).write_page(no, page)
+    }
+    fn read_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> io::Result<()> {
+        (**self).read_pages(reqs)
+    }
+    fn write_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> io::Result<()> {
+        (**self).write_pages(reqs)
+    }
+    fn allocate(&self) -> io::Result<PageNo> {
+        (**self).allocate()
+    }
+    fn free(&self, no: PageNo) -> io::Result<()> {
+        (**self).free(no)
+    }
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+    fn size_bytes(&self) -> u64 {
+        (**self).size_bytes()
+    }
+    fn stats(&self) -> StoreStats {
+        (**self).stats()
+    }
 }
 
 /// The detail inside an `io::Error` that reports a page failing verification.

@@ -228,6 +228,19 @@ impl Tree {
         Tree::with_store(config, Box::new(store), direct_io)
     }
 
+    /// Creates a tree over any [`PageStore`] — for example a
+    /// [`SimStore`](crate::storage::SimStore) that injects faults. The store must be
+    /// empty: the tree allocates its first leaf page in it.
+    pub fn with_page_store(config: Config, store: impl PageStore + 'static) -> Result<Tree> {
+        if store.stats().live_pages > 0 {
+            return Err(Error::Unsupported(
+                "the page store already holds pages; opening an existing tree needs recovery"
+                    .into(),
+            ));
+        }
+        Tree::with_store(config, Box::new(store), false)
+    }
+
     fn with_store(config: Config, store: Box<dyn PageStore>, direct_io: bool) -> Result<Tree> {
         config.validate()?;
         let pool = Pool::new(PoolConfig {

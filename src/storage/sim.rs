@@ -1,0 +1,407 @@
+//! A simulated, fault-injecting page store for tests: seeded and deterministic.
+//!
+//! It keeps two images of every page: the *live* bytes (what reads see) and the *durable*
+//! bytes (what survived the last `sync`), and the same two copies of the allocation state.
+//! Faults are armed by the test:
+//!
+//! - [`SimStore::fail_reads_after`], [`SimStore::fail_writes_after`],
+//!   [`SimStore::fail_syncs_after`]: the operation after the next `n` of that kind fails
+//!   with `EIO` (and keeps failing until [`SimStore::clear_faults`]). A failed write or
+//!   sync poisons the store, as on a real file: later writes are refused.
+//! - [`SimStore::flip_bit`]: corrupts a page in both images, as media rot would.
+//! - [`SimStore::crash`]: returns the store a restarted process would find. Every write
+//!   since the last sync is, by the seeded coin, lost, kept, or *torn* — a random number
+//!   of its 512-byte sectors new, the rest old — as a power cut during writeback leaves it.
+//!
+//! Page numbers start at 0, like [`MemoryStore`](super::MemoryStore). Pages are stamped and
+//! verified exactly like the other stores, so a torn or flipped page reads as
+//! `CorruptPage`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+
+use super::{PAGE_SIZE, Page, PageKind, PageNo, PageStore, StoreStats, not_allocated};
+use crate::sync::Mutex;
+
+const SECTOR_BYTES: usize = 512;
+
+/// Allocation state: the next never-used page and the free slots.
+#[derive(Clone, Debug, Default)]
+struct Allocation {
+    next: u64,
+    free: BTreeSet<u64>,
+}
+
+impl Allocation {
+    fn is_allocated(&self, no: u64) -> bool {
+        no < self.next && !self.free.contains(&no)
+    }
+}
+
+/// One armed fault: fire after `remaining` more operations of its kind.
+#[derive(Clone, Copy, Debug, Default)]
+struct Countdown(Option<u64>);
+
+impl Countdown {
+    /// Counts one operation; `true` if this one must fail.
+    fn tick(&mut self) -> bool {
+        match &mut self.0 {
+            None => false,
+            Some(0) => true,
+            Some(n) => {
+                *n -= 1;
+                false
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    rng: u64,
+    live: HashMap<u64, Box<Page>>,
+    durable: HashMap<u64, Box<Page>>,
+    live_alloc: Allocation,
+    durable_alloc: Allocation,
+    /// Pages written since the last sync, in order.
+    unsynced: Vec<u64>,
+    fail_reads: Countdown,
+    fail_writes: Countdown,
+    fail_syncs: Countdown,
+    poisoned: Option<String>,
+    counts: SimCounts,
+}
+
+/// What a [`SimStore`] has been asked to do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SimCounts {
+    /// Successful page reads.
+    pub reads: u64,
+    /// Successful page writes.
+    pub writes: u64,
+    /// Successful syncs.
+    pub syncs: u64,
+    /// Operations failed by an armed fault.
+    pub injected_failures: u64,
+}
+
+/// A seeded, deterministic, fault-injecting [`PageStore`] for tests.
+///
+/// ```
+/// use bfdb::storage::{Page, PageStore, SimStore};
+///
+/// let store = SimStore::new(42);
+/// let no = store.allocate()?;
+/// let mut page = Page::zeroed();
+/// store.write_page(no, &mut page)?;
+/// store.fail_reads_after(0);
+/// assert!(store.read_page(no, &mut page).is_err());
+/// store.clear_faults();
+/// store.read_page(no, &mut page)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct SimStore {
+    state: Mutex<State>,
+}
+
+fn eio(what: &str) -> io::Error {
+    io::Error::other(format!("simulated EIO on {what}"))
+}
+
+impl SimStore {
+    /// An empty store whose random choices follow `seed`.
+    pub fn new(seed: u64) -> SimStore {
+        SimStore {
+            state: Mutex::new(State {
+                rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+                live: HashMap::new(),
+                durable: HashMap::new(),
+                live_alloc: Allocation::default(),
+                durable_alloc: Allocation::default(),
+                unsynced: Vec::new(),
+                fail_reads: Countdown::default(),
+                fail_writes: Countdown::default(),
+                fail_syncs: Countdown::default(),
+                poisoned: None,
+                counts: SimCounts::default(),
+            }),
+        }
+    }
+
+    /// The read after the next `n` reads fails with `EIO`, and so does every later one
+    /// until [`SimStore::clear_faults`].
+    pub fn fail_reads_after(&self, n: u64) {
+        self.state.lock().fail_reads = Countdown(Some(n));
+    }
+
+    /// The write after the next `n` writes fails with `EIO` (and poisons the store).
+    pub fn fail_writes_after(&self, n: u64) {
+        self.state.lock().fail_writes = Countdown(Some(n));
+    }
+
+    /// The sync after the next `n` syncs fails with `EIO` (and poisons the store).
+    pub fn fail_syncs_after(&self, n: u64) {
+        self.state.lock().fail_syncs = Countdown(Some(n));
+    }
+
+    /// Disarms every fault. Does not lift poisoning: a real store must be reopened.
+    pub fn clear_faults(&self) {
+        let mut s = self.state.lock();
+        s.fail_reads = Countdown::default();
+        s.fail_writes = Countdown::default();
+        s.fail_syncs = Countdown::default();
+    }
+
+    /// Flips bit `bit` (0..32768) of page `no` in both images. Returns whether the page
+    /// held bytes.
+    pub fn flip_bit(&self, no: PageNo, bit: usize) -> bool {
+        let mut s = self.state.lock();
+        let (byte, mask) = ((bit / 8) % PAGE_SIZE, 1u8 << (bit % 8));
+        let mut hit = false;
+        if let Some(p) = s.live.get_mut(&no.0) {
+            p.as_bytes_mut()[byte] ^= mask;
+            hit = true;
+        }
+        if let Some(p) = s.durable.get_mut(&no.0) {
+            p.as_bytes_mut()[byte] ^= mask;
+            hit = true;
+        }
+        hit
+    }
+
+    /// What a process restarted after a power cut would find: the synced state, plus each
+    /// write since the last sync lost, kept or torn by the seeded coin. Faults are not
+    /// carried over; the returned store is not poisoned.
+    pub fn crash(&self) -> SimStore {
+        let mut s = self.state.lock();
+        let mut pages = s.durable.clone();
+        let unsynced = std::mem::take(&mut s.unsynced);
+        for no in unsynced {
+            let Some(new) = s.live.get(&no).cloned() else {
+                continue;
+            };
+            match next_random(&mut s.rng) % 3 {
+                0 => {}
+                1 => {
+                    pages.insert(no, new);
+                }
+                _ => {
+                    let sectors = PAGE_SIZE / SECTOR_BYTES;
+                    let kept = 1 + (next_random(&mut s.rng) as usize % (sectors - 1));
+                    let mut torn = pages.get(&no).cloned().unwrap_or_else(Page::boxed);
+                    torn.as_bytes_mut()[..kept * SECTOR_BYTES]
+                        .copy_from_slice(&new.as_bytes()[..kept * SECTOR_BYTES]);
+                    pages.insert(no, torn);
+                }
+            }
+        }
+        let alloc = s.durable_alloc.clone();
+        let seed = next_random(&mut s.rng);
+        let crashed = SimStore::new(seed);
+        {
+            let mut c = crashed.state.lock();
+            c.live = pages.clone();
+            c.durable = pages;
+            c.live_alloc = alloc.clone();
+            c.durable_alloc = alloc;
+        }
+        crashed
+    }
+
+    /// Counts of what the store did so far.
+    pub fn counts(&self) -> SimCounts {
+        self.state.lock().counts
+    }
+}
+
+fn next_random(x: &mut u64) -> u64 {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+}
+
+impl State {
+    fn check_poison(&self) -> io::Result<()> {
+        match &self.poisoned {
+            Some(cause) => Err(super::store_poisoned(cause.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&mut self, err: io::Error) -> io::Error {
+        self.poisoned.get_or_insert_with(|| err.to_string());
+        err
+    }
+}
+
+impl PageStore for SimStore {
+    fn read_page(&self, no: PageNo, page: &mut Page) -> io::Result<()> {
+        let mut s = self.state.lock();
+        if !s.live_alloc.is_allocated(no.0) {
+            return Err(not_allocated(no, "read"));
+        }
+        if s.fail_reads.tick() {
+            s.counts.injected_failures += 1;
+            return Err(eio("read"));
+        }
+        let Some(bytes) = s.live.get(&no.0) else {
+            return Err(not_allocated(no, "read (never written)"));
+        };
+        page.as_bytes_mut().copy_from_slice(bytes.as_bytes());
+        s.counts.reads += 1;
+        drop(s);
+        page.verify(no, PageKind::Data)
+    }
+
+    fn write_page(&self, no: PageNo, page: &mut Page) -> io::Result<()> {
+        let mut s = self.state.lock();
+        s.check_poison()?;
+        if !s.live_alloc.is_allocated(no.0) {
+            return Err(not_allocated(no, "write"));
+        }
+        if s.fail_writes.tick() {
+            s.counts.injected_failures += 1;
+            return Err(s.poison(eio("write")));
+        }
+        page.stamp(PageKind::Data);
+        s.live.insert(no.0, Box::new(page.clone()));
+        s.unsynced.push(no.0);
+        s.counts.writes += 1;
+        Ok(())
+    }
+
+    fn allocate(&self) -> io::Result<PageNo> {
+        let mut s = self.state.lock();
+        s.check_poison()?;
+        let no = match s.live_alloc.free.pop_first() {
+            Some(no) => no,
+            None => {
+                s.live_alloc.next += 1;
+                s.live_alloc.next - 1
+            }
+        };
+        Ok(PageNo(no))
+    }
+
+    fn free(&self, no: PageNo) -> io::Result<()> {
+        let mut s = self.state.lock();
+        s.check_poison()?;
+        if !s.live_alloc.is_allocated(no.0) {
+            return Err(not_allocated(no, "free"));
+        }
+        s.live_alloc.free.insert(no.0);
+        s.live.remove(&no.0);
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut s = self.state.lock();
+        s.check_poison()?;
+        if s.fail_syncs.tick() {
+            s.counts.injected_failures += 1;
+            return Err(s.poison(eio("sync")));
+        }
+        s.durable = s.live.clone();
+        s.durable_alloc = s.live_alloc.clone();
+        s.unsynced.clear();
+        s.counts.syncs += 1;
+        Ok(())
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.state.lock().live_alloc.next * PAGE_SIZE as u64
+    }
+
+    fn stats(&self) -> StoreStats {
+        let s = self.state.lock();
+        StoreStats {
+            live_pages: s.live_alloc.next - s.live_alloc.free.len() as u64,
+            free_pages: s.live_alloc.free.len() as u64,
+            free_list_pages: 0,
+        }
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    fn page_with(byte: u8) -> Page {
+        let mut p = Page::zeroed();
+        p.payload_mut().fill(byte);
+        p
+    }
+
+    #[test]
+    fn unsynced_writes_can_be_lost_or_torn_but_synced_ones_survive() {
+        let mut outcomes = [0usize; 3];
+        for seed in 0..64 {
+            let store = SimStore::new(seed);
+            let no = store.allocate().unwrap();
+            store.write_page(no, &mut page_with(1)).unwrap();
+            store.sync().unwrap();
+            store.write_page(no, &mut page_with(2)).unwrap();
+            let after = store.crash();
+            let mut p = Page::zeroed();
+            match after.read_page(no, &mut p) {
+                Ok(()) if p.payload()[0] == 1 => outcomes[0] += 1,
+                Ok(()) if p.payload()[0] == 2 => outcomes[1] += 1,
+                Ok(()) => panic!("a page that verifies holds one of the written versions"),
+                Err(e) => {
+                    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "torn = corrupt: {e}");
+                    outcomes[2] += 1;
+                }
+            }
+        }
+        assert!(
+            outcomes.iter().all(|&n| n > 0),
+            "lost, kept and torn all seen: {outcomes:?}"
+        );
+    }
+
+    #[test]
+    fn crash_forgets_unsynced_allocations() {
+        let store = SimStore::new(7);
+        let a = store.allocate().unwrap();
+        store.write_page(a, &mut page_with(1)).unwrap();
+        store.sync().unwrap();
+        let b = store.allocate().unwrap();
+        let after = store.crash();
+        assert_eq!(after.stats().live_pages, 1);
+        assert!(after.read_page(b, &mut Page::zeroed()).is_err());
+    }
+
+    #[test]
+    fn faults_fire_after_the_countdown_and_poison_writes() {
+        let store = SimStore::new(1);
+        let no = store.allocate().unwrap();
+        store.fail_writes_after(1);
+        store.write_page(no, &mut page_with(1)).unwrap();
+        let err = store.write_page(no, &mut page_with(2)).unwrap_err();
+        assert!(err.to_string().contains("EIO"));
+        store.clear_faults();
+        // Poisoned: still refused, but reads work.
+        assert!(store.write_page(no, &mut page_with(3)).is_err());
+        let mut p = Page::zeroed();
+        store.read_page(no, &mut p).unwrap();
+        assert_eq!(p.payload()[0], 1);
+        store.fail_reads_after(0);
+        assert!(store.read_page(no, &mut p).is_err());
+        assert_eq!(store.counts().injected_failures, 2);
+    }
+
+    #[test]
+    fn flipped_bits_are_corruption() {
+        let store = SimStore::new(3);
+        let no = store.allocate().unwrap();
+        store.write_page(no, &mut page_with(9)).unwrap();
+        assert!(store.flip_bit(no, 8 * 1000 + 3));
+        let err = store.read_page(no, &mut Page::zeroed()).unwrap_err();
+        assert!(
+            matches!(crate::Error::from(err), crate::Error::Corrupted { page, .. } if page == no.0)
+        );
+    }
+}

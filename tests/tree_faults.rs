@@ -1,0 +1,119 @@
+//! IO errors and corrupt pages under a Tree surface as `Err` — never a panic, never a
+//! wrong answer — using the seeded fault-injecting `SimStore`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bfdb::storage::{PageNo, PageStore, SimStore};
+use bfdb::{Config, Error, Tree};
+
+fn config() -> Config {
+    Config {
+        memory_budget_bytes: 64 << 10,
+        max_key_bytes: 32,
+        max_value_bytes: 64,
+        promotion_rate_percent: 0,
+        ..Config::default()
+    }
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key{:08}", i.wrapping_mul(2_654_435_761) % 100_000_000).into_bytes()
+}
+
+/// Loads enough records that most live only in leaf pages (the pool is tiny).
+fn loaded(seed: u64) -> (Tree, Arc<SimStore>, BTreeMap<Vec<u8>, Vec<u8>>) {
+    let store = Arc::new(SimStore::new(seed));
+    let tree = Tree::with_page_store(config(), Arc::clone(&store)).unwrap();
+    let mut model = BTreeMap::new();
+    for i in 0..6000 {
+        let v = format!("v{i}").into_bytes();
+        tree.insert(&key(i), &v).unwrap();
+        model.insert(key(i), v);
+    }
+    (tree, store, model)
+}
+
+/// Every answer is either an error or the model's answer.
+fn check_reads(tree: &Tree, model: &BTreeMap<Vec<u8>, Vec<u8>>) -> (usize, usize) {
+    let (mut ok, mut err) = (0, 0);
+    for (k, v) in model {
+        match tree.get(k) {
+            Ok(got) => {
+                assert_eq!(got.as_ref(), Some(v), "wrong answer for {k:?}");
+                ok += 1;
+            }
+            Err(Error::Io(_) | Error::Corrupted { .. }) => err += 1,
+            Err(other) => panic!("unexpected error {other}"),
+        }
+    }
+    (ok, err)
+}
+
+#[test]
+fn failed_reads_are_errors_and_the_tree_recovers_when_they_stop() {
+    let (tree, store, model) = loaded(1);
+    store.fail_reads_after(0);
+    let (_, err) = check_reads(&tree, &model);
+    assert!(
+        err > model.len() / 2,
+        "most records need a leaf read: {err} errors"
+    );
+    let scan: Vec<_> = tree.range::<&[u8], _>(..).collect();
+    assert!(
+        matches!(scan.last(), Some(Err(_))),
+        "a scan ends with the error"
+    );
+    store.clear_faults();
+    let (ok, err) = check_reads(&tree, &model);
+    assert_eq!((ok, err), (model.len(), 0));
+}
+
+#[test]
+fn failed_writes_poison_writes_but_reads_go_on() {
+    let (tree, store, mut model) = loaded(2);
+    store.fail_writes_after(3);
+    let mut failed_at = None;
+    for i in 6000..20_000 {
+        let v = format!("w{i}").into_bytes();
+        match tree.insert(&key(i), &v) {
+            Ok(()) => {
+                model.insert(key(i), v);
+            }
+            Err(e) => {
+                assert!(matches!(e, Error::Poisoned { .. } | Error::Io(_)), "{e}");
+                failed_at = Some(i);
+                break;
+            }
+        }
+    }
+    assert!(
+        failed_at.is_some(),
+        "writes must eventually hit the armed fault"
+    );
+    assert!(matches!(
+        tree.insert(b"more", b"x"),
+        Err(Error::Poisoned { .. })
+    ));
+    assert!(matches!(tree.delete(b"more"), Err(Error::Poisoned { .. })));
+    // Every acknowledged write is still readable: dirty mini-pages stay in memory.
+    let (ok, err) = check_reads(&tree, &model);
+    assert_eq!((ok, err), (model.len(), 0));
+}
+
+#[test]
+fn corrupt_leaf_pages_are_reported_not_misread() {
+    let (tree, store, model) = loaded(3);
+    tree.flush().unwrap();
+    // Corrupt every leaf page the tree wrote.
+    let pages = store.stats().live_pages;
+    for no in 0..pages {
+        store.flip_bit(PageNo(no), 8 * 2000 + 5);
+    }
+    let (_, err) = check_reads(&tree, &model);
+    assert!(err > 0);
+    match tree.get(&key(5)) {
+        Err(Error::Corrupted { .. }) | Ok(Some(_)) => {}
+        other => panic!("expected corruption or a cached value, got {other:?}"),
+    }
+}
