@@ -42,7 +42,7 @@ fn main() -> Result<(), bfdb::Error> {
         .map(|r| r.map(|(k, _)| String::from_utf8_lossy(&k).into_owned()))
         .collect::<Result<_, _>>()?;
     println!("range [5, 10): {first:?}");
-    let last = tree.range::<&[u8], _>(..).rev().next().transpose()?;
+    let last = tree.range::<&[u8], _>(..).next_back().transpose()?;
     println!(
         "last key: {:?}",
         last.map(|(k, _)| String::from_utf8_lossy(&k).into_owned())
