@@ -1,0 +1,183 @@
+//! Shuttle explores thread interleavings of the real Tree code (run with
+//! `cargo test --features shuttle --test shuttle_tree`). Under the `shuttle` feature the
+//! crate's locks, atomics and spin-waits are shuttle's, so every page lock, version
+//! check and pool step is a scheduling point.
+//!
+//! Sizes are shrunk (a 64 KiB pool, a 256-byte merge threshold, 200-byte values, so a leaf
+//! holds about 18 records) so that mini-page growth, merges, evictions and leaf splits
+//! happen within a few operations per thread. A failing schedule is printed by shuttle
+//! and replays with `shuttle::replay`. Iterations: `BFDB_SHUTTLE_ITERATIONS` (default 40).
+#![cfg(feature = "shuttle")]
+
+use std::collections::BTreeSet;
+
+use bfdb::{Config, Tree};
+use shuttle::sync::Arc;
+use shuttle::thread;
+
+fn iterations() -> usize {
+    std::env::var("BFDB_SHUTTLE_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40)
+}
+
+fn config() -> Config {
+    Config {
+        memory_budget_bytes: 64 << 10,
+        merge_threshold_bytes: 256,
+        max_key_bytes: 16,
+        max_value_bytes: 200,
+        huge_pages: false,
+        ..Config::default()
+    }
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("k{:05}", i.wrapping_mul(7919) % 10_000).into_bytes()
+}
+
+fn value(i: u32, writer: u32) -> Vec<u8> {
+    let mut v = vec![writer as u8; 200];
+    v[..4].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
+/// Two writers insert disjoint keys (forcing splits) while a reader reads keys that
+/// were present before it started: no insert is lost, and the reader never misses.
+fn splits_racing_reads() {
+    let tree = Arc::new(Tree::in_memory(config()).unwrap());
+    for i in 0..20 {
+        tree.insert(&key(i), &value(i, 9)).unwrap();
+    }
+    let writers: Vec<_> = (0..2u32)
+        .map(|w| {
+            let tree = tree.clone();
+            thread::spawn(move || {
+                for i in 0..20u32 {
+                    let i = 100 + w * 100 + i;
+                    tree.insert(&key(i), &value(i, w)).unwrap();
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let tree = tree.clone();
+        thread::spawn(move || {
+            for round in 0..2 {
+                for i in 0..20 {
+                    let got = tree.get(&key(i)).unwrap();
+                    assert_eq!(got, Some(value(i, 9)), "round {round}: pre-inserted key {i}");
+                }
+            }
+        })
+    };
+    for w in writers {
+        w.join().unwrap();
+    }
+    reader.join().unwrap();
+    for w in 0..2u32 {
+        for i in 0..20u32 {
+            let i = 100 + w * 100 + i;
+            assert_eq!(tree.get(&key(i)).unwrap(), Some(value(i, w)), "lost insert {i}");
+        }
+    }
+    assert!(tree.stats().leaf_splits > 0, "the schedule must include splits");
+}
+
+/// Writers update the same keys; each final value is the last one some writer wrote.
+fn overlapping_writers() {
+    let tree = Arc::new(Tree::in_memory(config()).unwrap());
+    let writers: Vec<_> = (0..2u32)
+        .map(|w| {
+            let tree = tree.clone();
+            thread::spawn(move || {
+                for round in 0..3u32 {
+                    for i in 0..12u32 {
+                        let mut v = value(i, w);
+                        v[4] = round as u8;
+                        tree.insert(&key(i), &v).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    for i in 0..12u32 {
+        let v = tree.get(&key(i)).unwrap().expect("written by both");
+        assert_eq!(v[4], 2, "key {i}: the last round of some writer wins");
+        assert!(v[5] < 2, "a writer id");
+    }
+}
+
+/// A scan races writers inserting and deleting: ordered, duplicate-free, and every key
+/// present throughout the scan is seen.
+fn scan_racing_writers() {
+    let tree = Arc::new(Tree::in_memory(config()).unwrap());
+    for i in 0..30 {
+        tree.insert(&key(i * 2), &value(i, 9)).unwrap();
+    }
+    let stable: BTreeSet<Vec<u8>> = (0..30).map(|i| key(i * 2)).collect();
+    let writer = {
+        let tree = tree.clone();
+        thread::spawn(move || {
+            for i in 0..30u32 {
+                tree.insert(&key(i * 2 + 1), &value(i, 1)).unwrap();
+                if i % 3 == 0 {
+                    tree.delete(&key(i * 2 + 1)).unwrap();
+                }
+            }
+        })
+    };
+    let scanner = {
+        let tree = tree.clone();
+        thread::spawn(move || {
+            for reverse in [false, true] {
+                let it = tree.range::<&[u8], _>(..);
+                let keys: Vec<Vec<u8>> = if reverse {
+                    it.rev().map(|r| r.unwrap().0).collect()
+                } else {
+                    it.map(|r| r.unwrap().0).collect()
+                };
+                for w in keys.windows(2) {
+                    if reverse {
+                        assert!(w[0] > w[1], "reverse scan out of order or duplicated");
+                    } else {
+                        assert!(w[0] < w[1], "scan out of order or duplicated");
+                    }
+                }
+                let seen: BTreeSet<Vec<u8>> = keys.into_iter().collect();
+                assert!(stable.is_subset(&seen), "a scan missed a key present throughout");
+            }
+        })
+    };
+    writer.join().unwrap();
+    scanner.join().unwrap();
+}
+
+#[test]
+fn shuttle_splits_racing_reads_random() {
+    shuttle::check_random(splits_racing_reads, iterations());
+}
+
+#[test]
+fn shuttle_splits_racing_reads_pct() {
+    shuttle::check_pct(splits_racing_reads, iterations(), 3);
+}
+
+#[test]
+fn shuttle_overlapping_writers_random() {
+    shuttle::check_random(overlapping_writers, iterations());
+}
+
+#[test]
+fn shuttle_scan_racing_writers_random() {
+    shuttle::check_random(scan_racing_writers, iterations());
+}
+
+#[test]
+fn shuttle_scan_racing_writers_pct() {
+    shuttle::check_pct(scan_racing_writers, iterations(), 3);
+}
