@@ -67,7 +67,11 @@ fn splits_racing_reads() {
             for round in 0..2 {
                 for i in 0..20 {
                     let got = tree.get(&key(i)).unwrap();
-                    assert_eq!(got, Some(value(i, 9)), "round {round}: pre-inserted key {i}");
+                    assert_eq!(
+                        got,
+                        Some(value(i, 9)),
+                        "round {round}: pre-inserted key {i}"
+                    );
                 }
             }
         })
@@ -79,10 +83,17 @@ fn splits_racing_reads() {
     for w in 0..2u32 {
         for i in 0..20u32 {
             let i = 100 + w * 100 + i;
-            assert_eq!(tree.get(&key(i)).unwrap(), Some(value(i, w)), "lost insert {i}");
+            assert_eq!(
+                tree.get(&key(i)).unwrap(),
+                Some(value(i, w)),
+                "lost insert {i}"
+            );
         }
     }
-    assert!(tree.stats().leaf_splits > 0, "the schedule must include splits");
+    assert!(
+        tree.stats().leaf_splits > 0,
+        "the schedule must include splits"
+    );
 }
 
 /// Writers update the same keys; each final value is the last one some writer wrote.
@@ -149,7 +160,10 @@ fn scan_racing_writers() {
                     }
                 }
                 let seen: BTreeSet<Vec<u8>> = keys.into_iter().collect();
-                assert!(stable.is_subset(&seen), "a scan missed a key present throughout");
+                assert!(
+                    stable.is_subset(&seen),
+                    "a scan missed a key present throughout"
+                );
             }
         })
     };

@@ -395,8 +395,11 @@ impl Tree {
 
 impl Drop for Tree {
     fn drop(&mut self) {
-        // Best effort: a failure here has nowhere to go, and Drop must not panic.
-        let _ = self.core.flush();
+        // Best effort: a failure here has nowhere to go, and Drop must not panic. While
+        // unwinding from a panic the tree's state is suspect: do not write it.
+        if !std::thread::panicking() {
+            let _ = self.core.flush();
+        }
     }
 }
 
@@ -1372,19 +1375,21 @@ impl Core {
             let low = fence(n.low_fence());
             let high = fence(n.high_fence());
             let last = depth + 1 == plan.len();
-            if !(last && root_splits) {
-                if let Some(bytes) = inner::build(
-                    self.inner_size_bytes,
-                    low.as_deref(),
-                    high.as_deref(),
-                    &entries,
-                ) {
-                    assert!(last, "only the topmost planned node absorbs");
-                    node.replace(bytes, &guard);
-                    break;
-                }
-                assert!(!last, "the room check guarantees the topmost node absorbs");
+            if let Some(bytes) = inner::build(
+                self.inner_size_bytes,
+                low.as_deref(),
+                high.as_deref(),
+                &entries,
+            ) {
+                // The separators fit (the room check is a worst case, so a lower node may
+                // absorb too): nothing goes further up; upper locks are released unchanged.
+                node.replace(bytes, &guard);
+                break;
             }
+            assert!(
+                !last || root_splits,
+                "the room check guarantees the topmost planned node absorbs"
+            );
             // Split this inner node in two at the middle record.
             bump(&self.counters.inner_splits);
             let mid = entries.len() / 2;
