@@ -176,6 +176,12 @@ pub struct Tree {
     core: Core,
 }
 
+// Every operation takes `&self`: a `Tree` is shared between threads as it is.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tree>();
+};
+
 struct Core {
     config: Config,
     inner_size_bytes: usize,
