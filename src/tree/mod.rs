@@ -1362,9 +1362,18 @@ impl Core {
                 }
                 assert!(!last, "the room check guarantees the topmost node absorbs");
             }
-            // Split this inner node in two at the middle record.
+            // Split this inner node in two halves of about equal bytes. Halving by
+            // record count can put every long separator in one half, which then does
+            // not fit.
             bump(&self.counters.inner_splits);
-            let mid = entries.len() / 2;
+            let cost = |(k, _): &(Vec<u8>, u64)| node::KV_META_SIZE_BYTES + k.len() + 8;
+            let half_bytes = entries.iter().map(cost).sum::<usize>() / 2;
+            let (mut mid, mut left_bytes) = (0, 0);
+            while mid + 1 < entries.len() && left_bytes + cost(&entries[mid]) <= half_bytes {
+                left_bytes += cost(&entries[mid]);
+                mid += 1;
+            }
+            let mid = mid.max(1);
             let sep = entries[mid].0.clone();
             let right_entries = entries.split_off(mid);
             let left = inner::build(self.inner_size_bytes, low.as_deref(), Some(&sep), &entries)
