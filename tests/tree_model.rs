@@ -26,8 +26,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, RngSeed, TestCaseError, TestRunner};
 
 /// Key and value limits of the model configurations: small records (many per page),
-/// large values (two or three per leaf page), and short keys with large values.
-const LIMITS: &[(usize, usize)] = &[(48, 160), (48, 1200), (16, 1500)];
+/// large values (two or three per leaf page), short keys with large values, and keys
+/// up to 393 bytes (an inner node then holds only eight longest separators).
+const LIMITS: &[(usize, usize)] = &[(48, 160), (48, 1200), (16, 1500), (393, 1000)];
 /// A long prefix that many keys share, so fences and separators get long.
 const LONG_PREFIX: &[u8] = b"a-long-shared-prefix/0123456789/abcdefghij/";
 
@@ -293,9 +294,24 @@ fn nth_key(model: &BTreeMap<Vec<u8>, Vec<u8>>, i: usize) -> Option<Vec<u8>> {
     model.keys().nth(i % model.len()).cloned()
 }
 
+/// Owns a tree and leaks it if dropped during a panic. `Tree::drop` flushes; after a
+/// panic inside the tree its state may be broken, the flush can panic again, and a panic
+/// while unwinding aborts the whole test binary before proptest can shrink the case.
+struct LeakOnPanic(Option<Tree>);
+
+impl Drop for LeakOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            std::mem::forget(self.0.take());
+        }
+    }
+}
+
 /// Runs `ops` on a fresh tree and the model; returns the tree's final counters.
 fn run_ops(config: &Config, ops: &[Op]) -> Result<TreeStats, TestCaseError> {
     let tree = Tree::in_memory(config.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let tree = LeakOnPanic(Some(tree));
+    let tree = tree.0.as_ref().expect("set above");
     let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
     let (max_key, max_value) = (config.max_key_bytes, config.max_value_bytes);
     let fail = |step: usize, e: bfdb::Error| TestCaseError::fail(format!("op {step}: {e}"));
@@ -734,12 +750,23 @@ fn neighbours_across_page_fences() {
         assert_eq!(tree.range((n(), Bound::Excluded(vec![0]))).rev().count(), 0);
     }
     // Prefixes whose successor needs a carry, and the all-0xff prefix (no successor).
-    for p in [&b"\xff"[..], b"\xff\xff", b"a\xff", b"\x00", b"\x00\xff\xff", b"z"] {
+    for p in [
+        &b"\xff"[..],
+        b"\xff\xff",
+        b"a\xff",
+        b"\x00",
+        b"\x00\xff\xff",
+        b"z",
+    ] {
         let want: Vec<&Vec<u8>> = keys.iter().filter(|k| k.starts_with(p)).collect();
         let got: Vec<Vec<u8>> = tree.prefix(p).map(|r| r.unwrap().0).collect();
         assert!(got.iter().eq(want.iter().copied()), "prefix {}", show(p));
         let back: Vec<Vec<u8>> = tree.prefix(p).rev().map(|r| r.unwrap().0).collect();
-        assert!(back.iter().eq(want.iter().rev().copied()), "prefix {} rev", show(p));
+        assert!(
+            back.iter().eq(want.iter().rev().copied()),
+            "prefix {} rev",
+            show(p)
+        );
     }
 }
 
