@@ -1337,10 +1337,10 @@ impl Core {
             ));
         }
 
-        // (2) Lock bottom-up the inner nodes that must change. A node absorbs what comes
-        // up if the bytes it could reclaim cover the incoming separators (each costs at
-        // most its meta, its key and its 8-byte child); otherwise it splits and sends one
-        // separator of at most `max_key_bytes` further up.
+        // (2) Lock bottom-up the inner nodes that may change. A node surely absorbs what
+        // comes up if the bytes it could reclaim cover the incoming separators at their
+        // worst (meta, full key, 8-byte child); otherwise its parent is locked too, since
+        // it may split and send one separator of at most `max_key_bytes` further up.
         let mut locks = Vec::with_capacity(path.len());
         let mut plan: Vec<&InnerNode> = Vec::with_capacity(path.len());
         let mut incoming_bytes: usize = children
@@ -1387,8 +1387,10 @@ impl Core {
                 high.as_deref(),
                 &entries,
             ) {
-                // The separators fit (the room check is a worst case, so a lower node may
-                // absorb too): nothing goes further up; upper locks are released unchanged.
+                // The separators fit. The room check charges each separator at its full
+                // length (and above level 1 at `max_key_bytes`), but a node stores keys
+                // after its fences' shared prefix: a node planned to split may absorb,
+                // and the nodes above are released unchanged.
                 node.replace(bytes, &guard);
                 break;
             }
@@ -1396,9 +1398,18 @@ impl Core {
                 !last || root_splits,
                 "the room check guarantees the topmost planned node absorbs"
             );
-            // Split this inner node in two at the middle record.
+            // Split this inner node in two halves of about equal bytes. Halving by
+            // record count can put every long separator in one half, which then does
+            // not fit.
             bump(&self.counters.inner_splits);
-            let mid = entries.len() / 2;
+            let cost = |(k, _): &(Vec<u8>, u64)| node::KV_META_SIZE_BYTES + k.len() + 8;
+            let half_bytes = entries.iter().map(cost).sum::<usize>() / 2;
+            let (mut mid, mut left_bytes) = (0, 0);
+            while mid + 1 < entries.len() && left_bytes + cost(&entries[mid]) <= half_bytes {
+                left_bytes += cost(&entries[mid]);
+                mid += 1;
+            }
+            let mid = mid.max(1);
             let sep = entries[mid].0.clone();
             let right_entries = entries.split_off(mid);
             let left = inner::build(self.inner_size_bytes, low.as_deref(), Some(&sep), &entries)
