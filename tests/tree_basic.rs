@@ -110,3 +110,27 @@ fn inner_nodes_absorb_when_the_worst_case_estimate_was_pessimistic() {
     }
     assert_eq!(tree.range::<&[u8], _>(..).count() as u64, n);
 }
+
+/// Regression (review): long keys sharing a long prefix fit many to a leaf thanks to prefix
+/// compression; a split must cost them compressed too, or it cuts the page into dozens of
+/// pieces whose separators overflow the parent.
+#[test]
+fn long_keys_with_a_long_shared_prefix_split_into_few_pages() {
+    let tree = Tree::in_memory(Config::default()).unwrap();
+    let prefix = vec![b'p'; 506];
+    let key = |i: u64| {
+        let mut k = prefix.clone();
+        k.extend_from_slice(&(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 16).to_be_bytes()[2..]);
+        k
+    };
+    for i in 0..4000u64 {
+        tree.insert(&key(i), &i.to_le_bytes()).unwrap();
+    }
+    let s = tree.stats();
+    assert!(s.leaf_splits > 0);
+    // 4000 records of 6 stored key bytes and 8 value bytes fill about 20 leaf pages.
+    assert!(s.leaf_pages < 80, "{s:?}");
+    for i in (0..4000u64).step_by(7) {
+        assert_eq!(tree.get(&key(i)).unwrap(), Some(i.to_le_bytes().to_vec()));
+    }
+}

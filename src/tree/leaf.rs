@@ -72,7 +72,8 @@ pub(crate) fn empty_node_bytes(fences: &Fences<'_>) -> usize {
     NODE_META_SIZE_BYTES + fences.size_bytes()
 }
 
-/// Upper bound of the bytes one record costs in a node, ignoring prefix compression.
+/// Bytes one record costs in a node: its KV meta, its stored key and its value (pass the
+/// key length without the node's prefix for the exact cost, with it for an upper bound).
 pub(crate) fn record_cost(key_len: usize, value_len: usize) -> usize {
     KV_META_SIZE_BYTES + key_len + value_len
 }
@@ -98,7 +99,15 @@ pub(crate) fn pack_leaves(
     low: Option<&[u8]>,
     high: Option<&[u8]>,
 ) -> Vec<LeafChunk> {
-    let cost = |r: &(Vec<u8>, Vec<u8>)| record_cost(r.0.len(), r.1.len());
+    // Every chunk's range lies inside [low, high), so every chunk's prefix is at least
+    // the common prefix of `low` and `high`: costing keys without it is a tight upper
+    // bound. (Costing full keys made a page of long shared-prefix keys "need" dozens of
+    // pages, and sent dozens of separators to one inner node.)
+    let prefix_len = match (low, high) {
+        (Some(l), Some(h)) => node::common_prefix_len(l, h),
+        _ => 0,
+    };
+    let cost = |r: &(Vec<u8>, Vec<u8>)| record_cost(r.0.len() - prefix_len, r.1.len());
     let total: usize = records.iter().map(cost).sum();
     let fence_bound = |l: Option<&[u8]>, h: Option<&[u8]>| {
         2 * KV_META_SIZE_BYTES + l.map_or(0, <[u8]>::len) + h.map_or(0, <[u8]>::len)

@@ -123,6 +123,8 @@ pub struct TreeStats {
     pub restarts: u64,
     /// Levels of inner nodes above the leaf pages.
     pub height: u32,
+    /// Leaf pages in use in the page store.
+    pub leaf_pages: u64,
     /// Whether leaf pages bypass the OS page cache (`O_DIRECT` active).
     pub direct_io: bool,
     /// The circular-buffer pool's own counters.
@@ -388,6 +390,7 @@ impl Tree {
             leaf_writes: load(&c.leaf_writes),
             restarts: load(&c.restarts),
             height: self.core.root().level,
+            leaf_pages: self.core.store.stats().live_pages,
             direct_io: self.core.direct_io,
             pool: self.core.pool.stats(),
         }
