@@ -106,6 +106,10 @@ impl Config {
                 self.max_key_bytes, self.max_value_bytes
             ));
         }
+        // The mapping table keeps pool offsets in 47 bits.
+        if self.memory_budget_bytes >= 1 << 47 {
+            return bad("memory_budget_bytes must be below 2^47 (128 TiB)".into());
+        }
         let min_budget = 16 * MAX_MINI_BLOCK_BYTES as u64;
         if self.memory_budget_bytes < min_budget {
             return bad(format!(

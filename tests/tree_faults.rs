@@ -117,3 +117,34 @@ fn corrupt_leaf_pages_are_reported_not_misread() {
         other => panic!("expected corruption or a cached value, got {other:?}"),
     }
 }
+
+/// Regression (review): when dirty mini-pages cannot be evicted because their leaf pages
+/// cannot be read, a write that needs pool room reports the error instead of spinning.
+#[test]
+fn writes_that_need_room_fail_instead_of_spinning_when_eviction_fails() {
+    let (tree, store, _) = loaded(4);
+    store.fail_reads_after(0);
+    let mut saw_error = false;
+    for i in 6000..40_000 {
+        match tree.insert(&key(i), b"x") {
+            Ok(()) => {}
+            // Either the write's own merge read fails, or the eviction that would make
+            // room for it does; both are reported.
+            Err(Error::Io(e)) => {
+                let msg = e.to_string();
+                assert!(msg.contains("EIO"), "{msg}");
+                saw_error = true;
+                break;
+            }
+            Err(other) => panic!("unexpected error {other}"),
+        }
+    }
+    assert!(
+        saw_error,
+        "the pool fills with dirty mini-pages, so some write must fail"
+    );
+    // Once reads work again, writes go on.
+    store.clear_faults();
+    tree.insert(b"after", b"ok").unwrap();
+    assert_eq!(tree.get(b"after").unwrap().as_deref(), Some(&b"ok"[..]));
+}

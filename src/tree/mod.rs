@@ -198,6 +198,9 @@ struct Core {
     /// Set when a write to the page store failed; the tree then refuses writes.
     failed: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// Evictions of dirty mini-pages that failed with an operating error, and the last.
+    evict_failures: AtomicU64,
+    evict_error: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Tree {
@@ -294,6 +297,8 @@ impl Tree {
                 counters: Counters::default(),
                 failed: AtomicBool::new(false),
                 failure: Mutex::new(None),
+                evict_failures: AtomicU64::new(0),
+                evict_error: Mutex::new(None),
             },
         })
     }
@@ -481,15 +486,33 @@ unsafe fn mini_ref<'a>(block: &Block) -> NodeRef<'a> {
 /// the block is alive meanwhile.
 unsafe fn mini_mut<'a>(block: &Block) -> NodeMut<'a> {
     // SAFETY: guaranteed by the caller.
-    NodeMut::trusted(&mut unsafe { block_bytes(block) }[MINI_HEADER_BYTES..])
+    NodeMut::trusted(unsafe { node_bytes_mut(block) })
 }
 
-/// The mutable bytes of a block for the duration of one operation.
+/// The mutable node bytes of a mini-page block, without its header: the evictor may read
+/// a published block's header without the page lock, so no `&mut` may cover it.
 ///
 /// # Safety
 ///
-/// The caller owns the block exclusively for all of `'a`: freshly allocated and
-/// unpublished, or under the owning page's write lock with no other view alive.
+/// The caller holds the owning page's write lock for all of `'a`, and no other view of
+/// the node bytes is alive meanwhile.
+unsafe fn node_bytes_mut<'a>(block: &Block) -> &'a mut [u8] {
+    // SAFETY: the payload is `size_bytes` bytes of pool memory and starts with the
+    // 16-byte header; the caller's write lock makes the bytes after it exclusively ours.
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            block.payload_ptr().add(MINI_HEADER_BYTES),
+            block.size_bytes() - MINI_HEADER_BYTES,
+        )
+    }
+}
+
+/// The mutable bytes of a freshly allocated, unpublished block (header included).
+///
+/// # Safety
+///
+/// The block is Reserved — allocated and not yet published — and owned by the caller for
+/// all of `'a`; nobody else, not even the evictor, looks at a Reserved block.
 unsafe fn block_bytes<'a>(block: &Block) -> &'a mut [u8] {
     // SAFETY: guaranteed by the caller; the payload is `size_bytes` bytes of pool memory.
     unsafe { std::slice::from_raw_parts_mut(block.payload_ptr(), block.size_bytes()) }
@@ -783,7 +806,10 @@ impl Core {
         let Some(page) = self.mapping.try_write(pid) else {
             return;
         };
-        if page.location() != Location::Mini(block.offset()) {
+        // The same offset is not enough: after the pool wraps a lap, another block (of
+        // another size) may sit there. The block at the offset must be this one.
+        if page.location() != Location::Mini(block.offset()) || self.block(block.offset()) != block
+        {
             return;
         }
         // SAFETY: we hold the page's write lock; no other view of the block is alive.
@@ -833,6 +859,7 @@ impl Core {
             Some(v) => (v, RecordType::Insert),
             None => (&[][..], RecordType::Tombstone),
         };
+        let evict_failures = self.evict_failures.load(Ordering::Acquire);
         loop {
             self.check_writable()?;
             let guard = epoch::pin();
@@ -860,6 +887,14 @@ impl Core {
                     drop(guard);
                     bump(&self.counters.restarts);
                     self.help_evict();
+                    // Room cannot be made while evicting dirty mini-pages fails (say, their
+                    // leaf pages cannot be read): report it instead of spinning.
+                    if self.evict_failures.load(Ordering::Acquire) != evict_failures {
+                        let why = self.evict_error.lock().clone().unwrap_or_default();
+                        return Err(Error::Io(std::io::Error::other(format!(
+                            "no room for the write: evicting a dirty mini-page failed: {why}"
+                        ))));
+                    }
                 }
             }
         }
@@ -1095,8 +1130,7 @@ impl Core {
             rebuilt.remove(i);
         }
         // SAFETY: we hold the page's write lock; `mini` is no longer used.
-        let bytes = unsafe { block_bytes(&block) };
-        bytes[MINI_HEADER_BYTES..].copy_from_slice(&scratch);
+        unsafe { node_bytes_mut(&block) }.copy_from_slice(&scratch);
         Ok(())
     }
 
@@ -1369,8 +1403,13 @@ impl Core {
             incoming_bytes = node::KV_META_SIZE_BYTES + self.config.max_key_bytes + 8;
         }
 
-        // (3) Publish bottom-up through the locked nodes.
+        // (3) Build every new inner buffer bottom-up through the locked nodes, then
+        // publish them all: nothing that can fail (or panic) runs between the first
+        // publication and the last, so readers never see half a split.
         let mut pending = children;
+        let mut publish: Vec<(&InnerNode, Box<[u8]>)> = Vec::with_capacity(plan.len());
+        let mut created: Vec<usize> = Vec::new();
+        let mut new_root = None;
         for (depth, node) in plan.iter().enumerate() {
             let n = NodeRef::trusted(node.bytes(&guard));
             let mut entries = inner::records(&n);
@@ -1394,7 +1433,7 @@ impl Core {
                 // length (and above level 1 at `max_key_bytes`), but a node stores keys
                 // after its fences' shared prefix: a node planned to split may absorb,
                 // and the nodes above are released unchanged.
-                node.replace(bytes, &guard);
+                publish.push((node, bytes));
                 break;
             }
             assert!(
@@ -1425,8 +1464,8 @@ impl Core {
             )
             .expect("half a node fits");
             let right_node = Box::into_raw(InnerNode::new(node.level, right));
-            self.inner_nodes.lock().push(right_node as usize);
-            node.replace(left, &guard);
+            created.push(right_node as usize);
+            publish.push((node, left));
             if last {
                 // The root split: a new root above the two halves.
                 let root_entries = vec![
@@ -1435,12 +1474,19 @@ impl Core {
                 ];
                 let bytes = inner::build(self.inner_size_bytes, None, None, &root_entries)
                     .expect("two separators fit");
-                let new_root = Box::into_raw(InnerNode::new(node.level + 1, bytes));
-                self.inner_nodes.lock().push(new_root as usize);
-                self.root.store(new_root, Ordering::Release);
+                let root = Box::into_raw(InnerNode::new(node.level + 1, bytes));
+                created.push(root as usize);
+                new_root = Some(root);
             } else {
                 pending.push((sep, right_node as usize as u64));
             }
+        }
+        self.inner_nodes.lock().extend(created);
+        for (node, bytes) in publish {
+            node.replace(bytes, &guard);
+        }
+        if let Some(root) = new_root {
+            self.root.store(root, Ordering::Release);
         }
         drop(locks);
         bump(&self.counters.leaf_splits);
@@ -1479,8 +1525,10 @@ impl Evictor for Core {
             return EvictDecision::Busy;
         };
         if page.location() != Location::Mini(block.offset()) {
+            // A live block its page does not map is garbage (a bug elsewhere); reclaiming
+            // it keeps the pool's head moving.
             debug_assert!(false, "a live mini-page is its page's mapping");
-            return EvictDecision::Busy;
+            return EvictDecision::Evicted;
         }
         // SAFETY: we hold the page's write lock.
         let mini = unsafe { mini_ref(block) };
@@ -1490,9 +1538,13 @@ impl Evictor for Core {
             }
             match self.merge(header.pid, header, Some(mini), None) {
                 Ok(_) => {}
-                Err(Op::Fail(_)) | Err(Op::Restart) | Err(Op::WouldBlock) => {
+                Err(Op::Fail(e)) => {
+                    // The dirty records stay in memory; writers that need room learn why.
+                    *self.evict_error.lock() = Some(e.to_string());
+                    self.evict_failures.fetch_add(1, Ordering::Release);
                     return EvictDecision::Busy;
                 }
+                Err(Op::Restart) | Err(Op::WouldBlock) => return EvictDecision::Busy,
             }
         }
         page.set_location(Location::Leaf(header.leaf.0));
