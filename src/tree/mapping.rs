@@ -10,10 +10,10 @@
 //! Word layout:
 //!
 //! ```text
-//!  63     62      61..48            47          46..0
-//! ┌──────┬───────┬─────────────────┬───────────┬──────────────────────────────┐
-//! │writer│waiters│ reader count    │ mini flag │ pool offset, or leaf page + 1│
-//! └──────┴───────┴─────────────────┴───────────┴──────────────────────────────┘
+//!  63     62      61      60..48    47          46..0
+//! ┌──────┬───────┬───────┬─────────┬───────────┬──────────────────────────────┐
+//! │writer│waiters│pending│ readers │ mini flag │ pool offset, or leaf page + 1│
+//! └──────┴───────┴───────┴─────────┴───────────┴──────────────────────────────┘
 //!  ◄──────────── 16-bit lock ─────────────────►◄──────── 48-bit location ─────────►
 //! ```
 //!
@@ -36,7 +36,9 @@ const LOCATION_BITS: u32 = 48;
 const LOCATION_MASK: u64 = (1 << LOCATION_BITS) - 1;
 const MINI_FLAG: u64 = 1 << 47;
 const ONE_READER: u64 = 1 << LOCATION_BITS;
-const READER_MASK: u64 = 0x3FFF << LOCATION_BITS;
+const READER_MASK: u64 = 0x1FFF << LOCATION_BITS;
+/// A blocked writer is waiting: new readers hold back so readers cannot starve it.
+const WRITER_PENDING: u64 = 1 << 61;
 const WAITERS: u64 = 1 << 62;
 const WRITER: u64 = 1 << 63;
 
@@ -168,7 +170,7 @@ impl MappingTable {
     /// Takes `id`'s shared lock, waiting for a writer to finish.
     pub(crate) fn read(&self, id: PageId) -> ReadGuard<'_> {
         let word = self.word(id);
-        lock_with(word, try_read_word);
+        lock_with(word, try_read_word, 0);
         ReadGuard { word }
     }
 
@@ -182,7 +184,7 @@ impl MappingTable {
     /// Takes `id`'s exclusive lock, waiting for readers and writers to finish.
     pub(crate) fn write(&self, id: PageId) -> WriteGuard<'_> {
         let word = self.word(id);
-        lock_with(word, try_write_word);
+        lock_with(word, try_write_word, WRITER_PENDING);
         WriteGuard { word, id }
     }
 
@@ -253,11 +255,11 @@ impl Drop for MappingTable {
 /// One attempt to take a lock: the new word, or `None` if it is held incompatibly.
 fn try_read_word(word: u64) -> Option<u64> {
     let readers_full = word & READER_MASK == READER_MASK;
-    (word & WRITER == 0 && !readers_full).then_some(word + ONE_READER)
+    (word & (WRITER | WRITER_PENDING) == 0 && !readers_full).then_some(word + ONE_READER)
 }
 
 fn try_write_word(word: u64) -> Option<u64> {
-    (word & (WRITER | READER_MASK) == 0).then_some(word | WRITER)
+    (word & (WRITER | READER_MASK) == 0).then_some((word | WRITER) & !WRITER_PENDING)
 }
 
 fn try_lock_once(word: &AtomicU64, attempt: fn(u64) -> Option<u64>) -> bool {
@@ -270,8 +272,10 @@ fn try_lock_once(word: &AtomicU64, attempt: fn(u64) -> Option<u64>) -> bool {
     }
 }
 
-/// Spins, then parks on the word's address until `attempt` succeeds.
-fn lock_with(word: &AtomicU64, attempt: fn(u64) -> Option<u64>) {
+/// Spins, then parks on the word's address until `attempt` succeeds. A waiting writer
+/// (`announce` = `WRITER_PENDING`) first sets its bit, which holds back new readers, so a
+/// stream of readers cannot starve it; it clears the bit when it gets the lock.
+fn lock_with(word: &AtomicU64, attempt: fn(u64) -> Option<u64>, announce: u64) {
     let mut spins = 0u32;
     loop {
         let current = word.load(Ordering::Relaxed);
@@ -284,17 +288,26 @@ fn lock_with(word: &AtomicU64, attempt: fn(u64) -> Option<u64>) {
             }
             continue;
         }
+        if current & announce != announce {
+            let _ = word.compare_exchange_weak(
+                current,
+                current | announce,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            continue;
+        }
         if spins < 64 || cfg!(feature = "shuttle") {
             spin_wait(spins);
             spins += 1;
             continue;
         }
-        park(word, current);
+        park(word, current, attempt);
     }
 }
 
 #[cfg(not(feature = "shuttle"))]
-fn park(word: &AtomicU64, seen: u64) {
+fn park(word: &AtomicU64, seen: u64, attempt: fn(u64) -> Option<u64>) {
     // Announce the waiter first, so the holder's unlock knows to wake us.
     if seen & WAITERS == 0
         && word
@@ -307,12 +320,14 @@ fn park(word: &AtomicU64, seen: u64) {
     // SAFETY: `park` is sound for any key; the validate closure runs under the bucket
     // lock and only re-reads the word, so an unlock (which clears WAITERS *then* calls
     // `unpark_all` under the same bucket lock) cannot slip between the check and sleep.
+    // We sleep only while the lock is still unavailable to us: a writer must not sleep
+    // on its own pending bit, nor a reader on a free lock.
     unsafe {
         parking_lot_core::park(
             key,
             || {
                 let w = word.load(Ordering::Relaxed);
-                w & WAITERS != 0 && (w & WRITER != 0 || w & READER_MASK != 0)
+                w & WAITERS != 0 && attempt(w).is_none()
             },
             || {},
             |_, _| {},
@@ -323,7 +338,7 @@ fn park(word: &AtomicU64, seen: u64) {
 }
 
 #[cfg(feature = "shuttle")]
-fn park(_word: &AtomicU64, _seen: u64) {
+fn park(_word: &AtomicU64, _seen: u64, _attempt: fn(u64) -> Option<u64>) {
     spin_wait(0);
 }
 
@@ -485,6 +500,32 @@ mod tests {
         assert_eq!(last.0, CHUNK_ENTRIES as u64 + 9);
         assert_eq!(table.read(last).location(), Location::Leaf(last.0));
         assert_eq!(table.peek(PageId(3)), Location::Leaf(3));
+    }
+
+    /// A blocked writer holds back new readers, so a stream of readers cannot starve it.
+    #[test]
+    fn waiting_writer_holds_back_new_readers() {
+        let table = Arc::new(MappingTable::new());
+        let id = table.allocate(Location::Leaf(1)).unwrap();
+        let reader = table.read(id);
+        let writer = {
+            let table = Arc::clone(&table);
+            std::thread::spawn(move || {
+                let g = table.write(id);
+                g.set_location(Location::Leaf(2));
+            })
+        };
+        while table.word(id).load(Ordering::SeqCst) & WRITER_PENDING == 0 {
+            std::thread::yield_now();
+        }
+        assert!(
+            table.try_read(id).is_none(),
+            "a new reader must wait for the writer"
+        );
+        drop(reader);
+        writer.join().unwrap();
+        assert_eq!(table.read(id).location(), Location::Leaf(2));
+        assert_eq!(table.word(id).load(Ordering::SeqCst) & !LOCATION_MASK, 0);
     }
 
     /// Writers increment a counter kept in the location bits while readers check that
