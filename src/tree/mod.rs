@@ -371,7 +371,10 @@ impl Tree {
         Range::new(&self.core, Bound::Included(prefix.to_vec()), end)
     }
 
-    /// Writes every dirty mini-page to its leaf page and syncs the page store.
+    /// Writes every dirty mini-page to its leaf page and syncs the page store. The pool
+    /// is emptied on the way (clean cached records are dropped, not written). Concurrent
+    /// operations may keep running; their writes after the call began may or may not be
+    /// included.
     pub fn flush(&self) -> Result<()> {
         self.core.flush()
     }
@@ -1502,11 +1505,25 @@ impl Core {
     // ----------------------------------------------------------------------------------
 
     fn flush(&self) -> Result<()> {
-        let report = self.pool.drain(self);
-        if report.busy_blocks > 0 {
-            // Some pages were locked by concurrent operations; their mini-pages stay.
+        // Pages locked by concurrent operations answer Busy; give them a moment.
+        let mut rounds = 0;
+        loop {
+            let report = self.pool.drain(self);
+            self.check_writable()?;
+            if report.busy_blocks == 0 {
+                break;
+            }
+            rounds += 1;
+            if rounds == 1000 {
+                let why = self.evict_error.lock().clone();
+                return Err(Error::Io(std::io::Error::other(format!(
+                    "flush could not write {} busy mini-pages{}",
+                    report.busy_blocks,
+                    why.map_or(String::new(), |w| format!(" (last eviction error: {w})"))
+                ))));
+            }
+            crate::sync::thread::yield_now();
         }
-        self.check_writable()?;
         self.store.sync().map_err(|e| {
             let e = Error::from(e);
             self.record_failure(&e);
