@@ -1425,13 +1425,16 @@ impl Evictor for Core {
     /// Merges a mini-page at the pool's head into its leaf page and points the mapping
     /// table back at the leaf. Only try-locks: the evicting thread may hold page locks.
     fn evict(&self, block: &Block) -> EvictDecision {
-        // SAFETY: the block is `Evicting`: published and not freeable meanwhile.
+        // SAFETY: the block is `Evicting`: published, and if its page frees it meanwhile
+        // it only becomes `Dead`, whose memory is not reused before we return.
         let header = unsafe { MiniHeader::of(block) };
         let Some(page) = self.mapping.try_write(header.pid) else {
             return EvictDecision::Busy;
         };
         if page.location() != Location::Mini(block.offset()) {
-            debug_assert!(false, "a live mini-page is its page's mapping");
+            // Between our claim and the lock, the page's owner moved its mini-page
+            // (growth, copy-on-access, mirror) or dropped it, and freed this block,
+            // which is now `Dead`: the pool reclaims it when we answer `Busy`.
             return EvictDecision::Busy;
         }
         // SAFETY: we hold the page's write lock.
@@ -1543,5 +1546,61 @@ fn child_prefix_len(n: &NodeRef<'_>, i: usize) -> usize {
             }
             _ => 0,
         }
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    /// An evictor that plays the page's owner inside the callback: it takes the page
+    /// lock, merges the mini-page, points the page at its leaf and frees the block, as a
+    /// writer does when it wins the page lock between an evictor's claim and its
+    /// try-lock. Then it runs the real callback.
+    struct OwnerFreesFirst<'a>(&'a Core);
+
+    impl Evictor for OwnerFreesFirst<'_> {
+        fn evict(&self, block: &Block) -> EvictDecision {
+            let core = self.0;
+            // SAFETY: the block is claimed by this evictor and published.
+            let header = unsafe { MiniHeader::of(block) };
+            {
+                let page = core.mapping.write(header.pid);
+                // SAFETY: we hold the page's write lock.
+                let mini = unsafe { mini_ref(block) };
+                assert!(matches!(
+                    core.merge(header.pid, header, Some(mini), None),
+                    Ok(false)
+                ));
+                page.set_location(Location::Leaf(header.leaf.0));
+                core.retire(*block);
+            }
+            core.evict(block)
+        }
+    }
+
+    /// Regression: the callback asserted that a claimed block is still its page's
+    /// mini-page, but the owner may free it (`Evicting` → `Dead`) before the callback
+    /// gets the page lock; found by `tests/tree_concurrent.rs` with 8 threads.
+    #[test]
+    fn evicting_a_block_its_page_freed_meanwhile() {
+        let tree = Tree::in_memory(Config {
+            memory_budget_bytes: 64 << 10,
+            ..Config::default()
+        })
+        .unwrap();
+        tree.insert(b"key", b"value").unwrap();
+        let core = &tree.core;
+        assert!(matches!(core.mapping.peek(PageId(0)), Location::Mini(_)));
+        let result = core.pool.evict_one(&OwnerFreesFirst(core));
+        assert!(
+            matches!(
+                result,
+                crate::pool::EvictResult::Reclaimed { evicted: false, .. }
+            ),
+            "{result:?}"
+        );
+        assert!(matches!(core.mapping.peek(PageId(0)), Location::Leaf(_)));
+        assert_eq!(tree.get(b"key").unwrap().as_deref(), Some(&b"value"[..]));
     }
 }
