@@ -365,7 +365,7 @@ fn scan_checked(
             Walk::Backward => true,
             Walk::BothEnds => {
                 turn += 1;
-                turn % 3 == 0
+                turn.is_multiple_of(3)
             }
         };
         let item = if from_back { it.next_back() } else { it.next() };
@@ -809,7 +809,7 @@ fn scans_during_writes(n_scanners: usize, n_writers: usize, ops: usize) {
     .unwrap();
     let n_keys = 3000u64;
     let universe: HashMap<Vec<u8>, u64> = (0..n_keys).map(|i| (key(i), i)).collect();
-    let stable = |i: u64| i % 3 == 0;
+    let stable = |i: u64| i.is_multiple_of(3);
     let mut sorted_keys: Vec<Vec<u8>> = universe.keys().cloned().collect();
     sorted_keys.sort();
     let stable_sorted: Vec<Vec<u8>> = sorted_keys
