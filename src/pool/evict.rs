@@ -114,8 +114,10 @@ impl Pool {
     pub fn evict_until(&self, free_bytes: u64, evictor: &dyn Evictor) -> bool {
         let mut stalled = 0;
         loop {
+            // The snapshot loads the head before the tail, so under concurrent
+            // eviction and allocation `tail - head` can exceed the capacity: no room.
             let a = self.addresses();
-            if self.capacity_bytes - (a.tail - a.head) >= free_bytes {
+            if self.capacity_bytes.saturating_sub(a.tail - a.head) >= free_bytes {
                 return true;
             }
             match self.evict_one(evictor) {

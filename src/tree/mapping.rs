@@ -154,7 +154,6 @@ impl MappingTable {
         self.ids.lock().free.push(id.0);
     }
 
-    #[cfg(all(test, not(feature = "shuttle")))]
     /// Number of ids ever handed out (the high-water mark).
     pub(crate) fn high_water(&self) -> u64 {
         self.ids.lock().next

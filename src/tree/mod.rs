@@ -371,10 +371,9 @@ impl Tree {
         Range::new(&self.core, Bound::Included(prefix.to_vec()), end)
     }
 
-    /// Writes every dirty mini-page to its leaf page and syncs the page store. The pool
-    /// is emptied on the way (clean cached records are dropped, not written). Concurrent
-    /// operations may keep running; their writes after the call began may or may not be
-    /// included.
+    /// Writes the dirty records of every mini-page to its leaf page and syncs the page
+    /// store. Cached records stay in memory. Concurrent operations may keep running: every
+    /// write acknowledged before the call is included; later ones may or may not be.
     pub fn flush(&self) -> Result<()> {
         self.core.flush()
     }
@@ -1505,25 +1504,58 @@ impl Core {
     // ----------------------------------------------------------------------------------
 
     fn flush(&self) -> Result<()> {
-        // Pages locked by concurrent operations answer Busy; give them a moment.
-        let mut rounds = 0;
-        loop {
-            let report = self.pool.drain(self);
-            self.check_writable()?;
-            if report.busy_blocks == 0 {
-                break;
+        self.check_writable()?;
+        // Visit every page, waiting for its lock (flush holds no other lock, so waiting
+        // is safe), and merge its dirty records into the leaf page. Mini-pages stay
+        // cached; their merged records become clean copies.
+        for id in 0..self.mapping.high_water() {
+            let pid = PageId(id);
+            loop {
+                let page = self.mapping.write(pid);
+                let Location::Mini(offset) = page.location() else {
+                    break;
+                };
+                let block = self.block(offset);
+                // SAFETY: we hold the page's write lock.
+                let header = unsafe { MiniHeader::of(&block) };
+                // SAFETY: as above.
+                let mini = unsafe { mini_ref(&block) };
+                if !mini.iter().any(|r| r.record_type().is_dirty()) {
+                    break;
+                }
+                match self.merge(pid, header, Some(mini), None) {
+                    Ok(true) => {
+                        // The leaf split: the mini-page's records may belong elsewhere.
+                        page.set_location(Location::Leaf(header.leaf.0));
+                        self.retire(block);
+                        break;
+                    }
+                    Ok(false) => {
+                        // SAFETY: we hold the page's write lock; `mini` is not used again.
+                        let mut node = unsafe { mini_mut(&block) };
+                        for i in 0..node.len() {
+                            let t = node.as_ref().record_type(i);
+                            if t.is_dirty() {
+                                let clean = if t.exists() {
+                                    RecordType::Cache
+                                } else {
+                                    RecordType::Phantom
+                                };
+                                node.set_record_type(i, clean);
+                            }
+                        }
+                        break;
+                    }
+                    // The split could not lock its inner nodes: try again.
+                    Err(Op::Restart | Op::WouldBlock) => {
+                        drop(page);
+                        crate::sync::thread::yield_now();
+                    }
+                    Err(Op::Fail(e)) => return Err(e),
+                }
             }
-            rounds += 1;
-            if rounds == 1000 {
-                let why = self.evict_error.lock().clone();
-                return Err(Error::Io(std::io::Error::other(format!(
-                    "flush could not write {} busy mini-pages{}",
-                    report.busy_blocks,
-                    why.map_or(String::new(), |w| format!(" (last eviction error: {w})"))
-                ))));
-            }
-            crate::sync::thread::yield_now();
         }
+        self.check_writable()?;
         self.store.sync().map_err(|e| {
             let e = Error::from(e);
             self.record_failure(&e);
@@ -1536,16 +1568,17 @@ impl Evictor for Core {
     /// Merges a mini-page at the pool's head into its leaf page and points the mapping
     /// table back at the leaf. Only try-locks: the evicting thread may hold page locks.
     fn evict(&self, block: &Block) -> EvictDecision {
-        // SAFETY: the block is `Evicting`: published and not freeable meanwhile.
+        // SAFETY: the block is `Evicting`: published, and if its page frees it meanwhile
+        // it only becomes `Dead`, whose memory is not reused before we return.
         let header = unsafe { MiniHeader::of(block) };
         let Some(page) = self.mapping.try_write(header.pid) else {
             return EvictDecision::Busy;
         };
         if page.location() != Location::Mini(block.offset()) {
-            // A live block its page does not map is garbage (a bug elsewhere); reclaiming
-            // it keeps the pool's head moving.
-            debug_assert!(false, "a live mini-page is its page's mapping");
-            return EvictDecision::Evicted;
+            // Between our claim and the lock, the page's owner moved its mini-page
+            // (growth, copy-on-access, mirror) or dropped it, and freed this block,
+            // which is now `Dead`: the pool reclaims it when we answer `Busy`.
+            return EvictDecision::Busy;
         }
         // SAFETY: we hold the page's write lock.
         let mini = unsafe { mini_ref(block) };
@@ -1660,5 +1693,61 @@ fn child_prefix_len(n: &NodeRef<'_>, i: usize) -> usize {
             }
             _ => 0,
         }
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    /// An evictor that plays the page's owner inside the callback: it takes the page
+    /// lock, merges the mini-page, points the page at its leaf and frees the block, as a
+    /// writer does when it wins the page lock between an evictor's claim and its
+    /// try-lock. Then it runs the real callback.
+    struct OwnerFreesFirst<'a>(&'a Core);
+
+    impl Evictor for OwnerFreesFirst<'_> {
+        fn evict(&self, block: &Block) -> EvictDecision {
+            let core = self.0;
+            // SAFETY: the block is claimed by this evictor and published.
+            let header = unsafe { MiniHeader::of(block) };
+            {
+                let page = core.mapping.write(header.pid);
+                // SAFETY: we hold the page's write lock.
+                let mini = unsafe { mini_ref(block) };
+                assert!(matches!(
+                    core.merge(header.pid, header, Some(mini), None),
+                    Ok(false)
+                ));
+                page.set_location(Location::Leaf(header.leaf.0));
+                core.retire(*block);
+            }
+            core.evict(block)
+        }
+    }
+
+    /// Regression: the callback asserted that a claimed block is still its page's
+    /// mini-page, but the owner may free it (`Evicting` → `Dead`) before the callback
+    /// gets the page lock; found by `tests/tree_concurrent.rs` with 8 threads.
+    #[test]
+    fn evicting_a_block_its_page_freed_meanwhile() {
+        let tree = Tree::in_memory(Config {
+            memory_budget_bytes: 64 << 10,
+            ..Config::default()
+        })
+        .unwrap();
+        tree.insert(b"key", b"value").unwrap();
+        let core = &tree.core;
+        assert!(matches!(core.mapping.peek(PageId(0)), Location::Mini(_)));
+        let result = core.pool.evict_one(&OwnerFreesFirst(core));
+        assert!(
+            matches!(
+                result,
+                crate::pool::EvictResult::Reclaimed { evicted: false, .. }
+            ),
+            "{result:?}"
+        );
+        assert!(matches!(core.mapping.peek(PageId(0)), Location::Leaf(_)));
+        assert_eq!(tree.get(b"key").unwrap().as_deref(), Some(&b"value"[..]));
     }
 }
