@@ -171,6 +171,71 @@ fn scan_racing_writers() {
     scanner.join().unwrap();
 }
 
+/// Two writers overflow the 64 KiB pool (so evictions run inside their allocations, racing
+/// the other writer's mini-page growth) while a reader re-reads hot keys (reference bits,
+/// copy-on-access of mini-pages near the pool's head). No write is lost, every read sees
+/// a value some writer wrote for that key, and evictions did happen.
+fn eviction_racing_growth_and_copy_on_access() {
+    // Mini-pages grow to full size before merging, so they overflow the pool.
+    let config = Config {
+        merge_threshold_bytes: 4096,
+        copy_on_access_percent: 30,
+        ..config()
+    };
+    let tree = Arc::new(Tree::in_memory(config).unwrap());
+    // About 30 leaf pages, so the writers' mini-pages spread over more than the pool holds.
+    for i in 0..600 {
+        tree.insert(&key(i), &value(i, 9)).unwrap();
+    }
+    let writers: Vec<_> = (0..2u32)
+        .map(|w| {
+            let tree = tree.clone();
+            thread::spawn(move || {
+                for i in 0..180u32 {
+                    let i = 1000 + w * 1000 + i;
+                    tree.insert(&key(i), &value(i, w)).unwrap();
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let tree = tree.clone();
+        thread::spawn(move || {
+            for round in 0..12 {
+                let i = round % 8;
+                assert_eq!(tree.get(&key(i)).unwrap(), Some(value(i, 9)), "hot key {i}");
+            }
+        })
+    };
+    for w in writers {
+        w.join().unwrap();
+    }
+    reader.join().unwrap();
+    for w in 0..2u32 {
+        for i in (0..180u32).step_by(7) {
+            let i = 1000 + w * 1000 + i;
+            assert_eq!(
+                tree.get(&key(i)).unwrap(),
+                Some(value(i, w)),
+                "lost insert {i}"
+            );
+        }
+    }
+    let s = tree.stats();
+    assert!(s.evictions > 0, "the schedule must evict: {s:?}");
+    assert!(s.mini_page_growths > 0, "{s:?}");
+}
+
+#[test]
+fn shuttle_eviction_racing_growth_random() {
+    shuttle::check_random(eviction_racing_growth_and_copy_on_access, iterations());
+}
+
+#[test]
+fn shuttle_eviction_racing_growth_pct() {
+    shuttle::check_pct(eviction_racing_growth_and_copy_on_access, iterations(), 3);
+}
+
 #[test]
 fn shuttle_splits_racing_reads_random() {
     shuttle::check_random(splits_racing_reads, iterations());
