@@ -1096,29 +1096,16 @@ impl Core {
         // the last pass, as clean copies.
         let mut scratch = vec![0u8; block.size_bytes() - MINI_HEADER_BYTES];
         let mirror = header.mirror;
-        {
-            let kept = node::copy_into(&mini, &mut scratch, mini.fences(), |r| {
-                if mirror {
-                    r.record_type().exists()
-                } else {
-                    r.ref_bit() && r.cmp_key(key) != std::cmp::Ordering::Equal
-                }
-            })
-            .expect("a subset of a node fits the same size");
-            let _ = kept;
-        }
+        node::copy_into(&mini, &mut scratch, mini.fences(), |r| {
+            if mirror {
+                r.record_type().exists()
+            } else {
+                r.ref_bit() && r.cmp_key(key) != std::cmp::Ordering::Equal
+            }
+        })
+        .expect("a subset of a node fits the same size");
         let mut rebuilt = NodeMut::trusted(&mut scratch);
-        for i in 0..rebuilt.len() {
-            let t = rebuilt.as_ref().record_type(i);
-            rebuilt.set_record_type(
-                i,
-                if t.exists() {
-                    RecordType::Cache
-                } else {
-                    RecordType::Phantom
-                },
-            );
-        }
+        mark_clean(&mut rebuilt);
         rebuilt.clear_ref_bits();
         if mirror && record_type.exists() {
             // The new record is in the leaf page; the mirror must hold it too.
@@ -1196,17 +1183,7 @@ impl Core {
         })
         .expect("sized for the kept records");
         if merged {
-            for i in 0..node.len() {
-                let t = node.as_ref().record_type(i);
-                node.set_record_type(
-                    i,
-                    if t.exists() {
-                        RecordType::Cache
-                    } else {
-                        RecordType::Phantom
-                    },
-                );
-            }
+            mark_clean(&mut node);
         }
         node.clear_ref_bits();
         self.publish(page, moved);
@@ -1235,7 +1212,7 @@ impl Core {
         let mirror = header.mirror && mini.is_some();
         if mirror {
             let m = mini.expect("checked");
-            let fence = |f: Option<node::Fence<'_>>| f.and_then(|f| f.key().map(<[u8]>::to_vec));
+            let fence = owned_fence;
             low = fence(m.low_fence());
             high = fence(m.high_fence());
             merged = m
@@ -1245,7 +1222,7 @@ impl Core {
                 .collect();
         } else {
             let leaf = self.read_leaf(header.leaf, &mut page)?;
-            let fence = |f: Option<node::Fence<'_>>| f.and_then(|f| f.key().map(<[u8]>::to_vec));
+            let fence = owned_fence;
             low = fence(leaf.low_fence());
             high = fence(leaf.high_fence());
             let mut all: Vec<(Vec<u8>, Vec<u8>, RecordType)> = mini
@@ -1421,7 +1398,7 @@ impl Core {
                     Err(i) => entries.insert(i, (k, child)),
                 }
             }
-            let fence = |f: Option<node::Fence<'_>>| f.and_then(|f| f.key().map(<[u8]>::to_vec));
+            let fence = owned_fence;
             let low = fence(n.low_fence());
             let high = fence(n.high_fence());
             let last = depth + 1 == plan.len();
@@ -1532,18 +1509,7 @@ impl Core {
                     }
                     Ok(false) => {
                         // SAFETY: we hold the page's write lock; `mini` is not used again.
-                        let mut node = unsafe { mini_mut(&block) };
-                        for i in 0..node.len() {
-                            let t = node.as_ref().record_type(i);
-                            if t.is_dirty() {
-                                let clean = if t.exists() {
-                                    RecordType::Cache
-                                } else {
-                                    RecordType::Phantom
-                                };
-                                node.set_record_type(i, clean);
-                            }
-                        }
+                        mark_clean(&mut unsafe { mini_mut(&block) });
                         break;
                     }
                     // The split could not lock its inner nodes: try again.
@@ -1601,6 +1567,24 @@ impl Evictor for Core {
         bump(&self.counters.evictions);
         EvictDecision::Evicted
     }
+}
+
+/// Turns every record into its clean form once the leaf page holds it: `Insert` becomes
+/// `Cache`, `Tombstone` becomes `Phantom`.
+fn mark_clean(node: &mut NodeMut<'_>) {
+    for i in 0..node.len() {
+        let clean = if node.as_ref().record_type(i).exists() {
+            RecordType::Cache
+        } else {
+            RecordType::Phantom
+        };
+        node.set_record_type(i, clean);
+    }
+}
+
+/// A fence as an owned key, `None` when unbounded or absent.
+fn owned_fence(f: Option<node::Fence<'_>>) -> Option<Vec<u8>> {
+    f.and_then(|f| f.key().map(<[u8]>::to_vec))
 }
 
 /// Applies one dirty record to a leaf node in place; `false` if it does not fit.

@@ -234,7 +234,7 @@ impl Core {
 
     /// The live records of a page and its fences. The caller holds the page's lock.
     fn page_view(&self, location: Location) -> Result<PageView> {
-        let fence = |f: Option<node::Fence<'_>>| f.and_then(|f| f.key().map(<[u8]>::to_vec));
+        let fence = super::owned_fence;
         let (mini, leaf_no) = match location {
             Location::Mini(offset) => {
                 let block = self.block(offset);
