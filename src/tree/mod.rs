@@ -83,8 +83,8 @@ enum Target<'k> {
 }
 
 /// Where a traversal ended: the page and the inner node that routed to it.
-struct LeafPath<'g> {
-    parent: &'g InnerNode,
+struct LeafPath<'t> {
+    parent: &'t InnerNode,
     parent_version: u64,
     pid: PageId,
     /// Length of the key prefix every key of the page shares (from its fences).
@@ -575,13 +575,21 @@ impl Core {
     // Traversal
     // ----------------------------------------------------------------------------------
 
+    /// Traverses to the page chosen by `target`, pinning an epoch only for the traversal:
+    /// the returned path refers to inner nodes, which live as long as the tree, so no pin
+    /// is held while the caller waits for a page lock or does IO.
+    fn locate(&self, target: Target<'_>) -> Result<Option<LeafPath<'_>>, Restart> {
+        let guard = epoch::pin();
+        self.find_leaf(target, &guard)
+    }
+
     /// Traverses to the page chosen by `target`. `Ok(None)` means no page qualifies
     /// (only for [`Target::Below`] when no key lies below the given one).
-    fn find_leaf<'g>(
-        &'g self,
+    fn find_leaf<'t>(
+        &'t self,
         target: Target<'_>,
-        guard: &'g Guard,
-    ) -> Result<Option<LeafPath<'g>>, Restart> {
+        guard: &Guard,
+    ) -> Result<Option<LeafPath<'t>>, Restart> {
         let mut node = self.root();
         let mut version = node.version.read_begin()?;
         loop {
@@ -671,8 +679,7 @@ impl Core {
         // change between the read and the insertion of the cached record.
         let promote = chance(self.config.promotion_rate_percent);
         loop {
-            let guard = epoch::pin();
-            let path = match self.find_leaf(Target::Holding(key), &guard) {
+            let path = match self.locate(Target::Holding(key)) {
                 Ok(Some(p)) => p,
                 Ok(None) | Err(Restart) => {
                     bump(&self.counters.restarts);
@@ -864,8 +871,7 @@ impl Core {
         let evict_failures = self.evict_failures.load(Ordering::Acquire);
         loop {
             self.check_writable()?;
-            let guard = epoch::pin();
-            let path = match self.find_leaf(Target::Holding(key), &guard) {
+            let path = match self.locate(Target::Holding(key)) {
                 Ok(Some(p)) => p,
                 Ok(None) | Err(Restart) => {
                     bump(&self.counters.restarts);
@@ -886,7 +892,6 @@ impl Core {
                 }
                 Err(Op::WouldBlock) => {
                     drop(page);
-                    drop(guard);
                     bump(&self.counters.restarts);
                     self.help_evict();
                     // Room cannot be made while evicting dirty mini-pages fails (say, their

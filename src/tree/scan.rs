@@ -12,8 +12,6 @@
 use std::collections::VecDeque;
 use std::ops::Bound;
 
-use crossbeam_epoch as epoch;
-
 use super::leaf::MiniHeader;
 use super::mapping::{self, Location};
 use super::node::{self, Fences, NodeKind, RecordType};
@@ -183,7 +181,6 @@ impl Core {
     ) -> Result<Option<Bound<Vec<u8>>>> {
         let promote = chance(self.config.promotion_rate_percent);
         loop {
-            let guard = epoch::pin();
             let target = match (direction, lower, upper) {
                 (Direction::Forward, Bound::Included(k) | Bound::Excluded(k), _) => {
                     Target::Holding(k)
@@ -193,7 +190,7 @@ impl Core {
                 (Direction::Backward, _, Bound::Excluded(k)) => Target::Below(k),
                 (Direction::Backward, _, Bound::Unbounded) => Target::Last,
             };
-            let path = match self.find_leaf(target, &guard) {
+            let path = match self.locate(target) {
                 Ok(Some(p)) => p,
                 Ok(None) => return Ok(None),
                 Err(_) => {
