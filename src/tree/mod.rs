@@ -969,7 +969,7 @@ impl Core {
             // Caching a read is not worth a merge: skip it.
             Ok(())
         } else {
-            self.merge_full(page, path, block, header, key, value, record_type)
+            self.merge_full(page, block, header, key, value, record_type)
         }
     }
 
@@ -1049,22 +1049,23 @@ impl Core {
         header.write(new);
         let mut mini = node::copy_into(&old, &mut new[MINI_HEADER_BYTES..], old.fences(), |_| true)
             .expect("a node fits a block twice its size");
-        if let Ok(up) = mini.upsert(key, value, record_type) {
-            mini.set_ref_bit(up.index(), true);
-            self.publish(page, bigger);
-            self.retire(block);
-            bump(&self.counters.mini_page_growths);
-            return Ok(());
-        }
-        // Still no room (a large record): keep growing from the bigger block.
+        let placed = match mini.upsert(key, value, record_type) {
+            Ok(up) => {
+                mini.set_ref_bit(up.index(), true);
+                true
+            }
+            Err(_) => false,
+        };
         self.publish(page, bigger);
         self.retire(block);
         bump(&self.counters.mini_page_growths);
-        let location = page.location();
-        debug_assert_eq!(location, Location::Mini(bigger.offset()));
-        if bigger.size_bytes() < MAX_MINI_BLOCK_BYTES {
+        if placed {
+            Ok(())
+        } else if bigger.size_bytes() < MAX_MINI_BLOCK_BYTES {
+            // Still no room (a large record): keep growing from the bigger block.
             self.grow_mini(page, bigger, header, key, value, record_type)
         } else {
+            // Full size and still no room: the next attempt merges.
             Err(Op::Restart)
         }
     }
@@ -1072,11 +1073,9 @@ impl Core {
     /// The mini-page is full at the merge threshold (or is a full mirror): merge its
     /// dirty records and the new record into the leaf page, then keep only its hot clean
     /// records (§5.5).
-    #[allow(clippy::too_many_arguments)]
     fn merge_full(
         &self,
         page: &mapping::WriteGuard<'_>,
-        _path: &LeafPath<'_>,
         block: Block,
         header: MiniHeader,
         key: &[u8],
