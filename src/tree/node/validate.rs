@@ -12,8 +12,8 @@ use super::{
     COUNT_AT, DATA_START_AT, DEAD_BYTES_AT, FENCE_ROLE_HIGH, FENCE_ROLE_LOW, FENCE_ROLE_PREFIX,
     FLAG_HAS_FENCES, FLAG_HAS_PREFIX_RECORD, FLAGS_AT, FLAGS_KNOWN, KIND_AT, KV_META_SIZE_BYTES,
     KvMeta, MAX_NODE_SIZE_BYTES, MIN_NODE_SIZE_BYTES, NODE_META_SIZE_BYTES, NODE_SIZE_AT,
-    NodeError, NodeKind, PREFIX_LEN_AT, RESERVED_AT, RESERVED_LEN, cmp_concat, common_prefix_len,
-    get_meta, get_u16, look_ahead,
+    NodeError, NodeKind, PREFIX_LEN_AT, RESERVED_AT, RESERVED_LEN, cmp_concat, cmp_keys,
+    common_prefix_len, get_meta, get_u16, look_ahead,
 };
 
 /// Words of the "byte in use" bitmap: one bit per byte of the largest node.
@@ -176,7 +176,7 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
     // Records: strictly increasing, inside the fences. Sharing the prefix is implied by
     // how keys are stored; the fences are compared with prefix ++ suffix.
     for m in first..count {
-        if m > first && key(m - 1) >= key(m) {
+        if m > first && cmp_keys(key(m - 1), key(m)) != Ordering::Less {
             return err(format!(
                 "record {} is not above record {}",
                 m - first,
