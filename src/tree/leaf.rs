@@ -19,7 +19,10 @@ use crate::pool::Block;
 use crate::storage::{PAGE_PAYLOAD_SIZE, PageNo};
 
 use super::mapping::PageId;
-use super::node::{self, Fences, KV_META_SIZE_BYTES, NODE_META_SIZE_BYTES, NodeKind, RecordType};
+use super::node::{
+    self, Fences, KV_META_SIZE_BYTES, NODE_META_SIZE_BYTES, NodeKind, NodeMut, NodeRef, RecordType,
+    WriteError,
+};
 
 const MIRROR: u16 = 1;
 
@@ -200,9 +203,124 @@ pub(crate) fn build_leaf(
     .map(|_| ())
 }
 
+/// Builds in `dst` a mirror of `leaf`: a mini-page node with the leaf's fence keys that
+/// holds every record of the page (§3.1 "caching range gaps"), so later reads, misses
+/// and scans of the page need no IO.
+///
+/// The dirty records of `mini` (the page's current mini-page, if any) are newer than
+/// the leaf and win: an `Insert` keeps its type and value; a `Tombstone` of a key the
+/// leaf holds stays a tombstone (the leaf page still has the key until a merge); a
+/// tombstone of a key the leaf lacks says nothing and is dropped. Clean records of
+/// `mini` repeat the leaf and are dropped too. The leaf's records become `Cache`.
+///
+/// Fails with [`WriteError::Full`] when the dirty records make the mirror larger than
+/// `dst`; the caller then keeps the page as it is.
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "the read path starts mirroring pages in the next step"
+    )
+)]
+pub(crate) fn build_mirror<'d>(
+    dst: &'d mut [u8],
+    leaf: &NodeRef<'_>,
+    mini: Option<&NodeRef<'_>>,
+) -> Result<NodeMut<'d>, WriteError> {
+    let mut out = NodeMut::init(dst, NodeKind::Mini, leaf.fences()).map_err(WriteError::Init)?;
+    let mut dirty = mini
+        .into_iter()
+        .flat_map(|m| m.iter())
+        .filter(|r| r.record_type().is_dirty())
+        .peekable();
+    let mut key = Vec::new();
+    for r in leaf.iter() {
+        r.key_into(&mut key);
+        // Dirty records below this leaf record: inserts of new keys; tombstones of keys
+        // the leaf does not hold are dropped.
+        while let Some(d) = dirty.next_if(|d| d.cmp_key(&key).is_lt()) {
+            if d.record_type().exists() {
+                let mut dkey = Vec::new();
+                d.key_into(&mut dkey);
+                out.push(&dkey, d.value(), RecordType::Insert)?;
+            }
+        }
+        match dirty.next_if(|d| d.cmp_key(&key).is_eq()) {
+            Some(d) if d.record_type().exists() => {
+                out.push(&key, d.value(), RecordType::Insert)?;
+            }
+            Some(_) => {
+                out.push(&key, &[], RecordType::Tombstone)?;
+            }
+            None => {
+                out.push(&key, r.value(), RecordType::Cache)?;
+            }
+        }
+    }
+    for d in dirty {
+        if d.record_type().exists() {
+            d.key_into(&mut key);
+            out.push(&key, d.value(), RecordType::Insert)?;
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mirrors_hold_the_leaf_with_dirty_records_winning() {
+        let mut leaf_buf = vec![0u8; PAGE_PAYLOAD_SIZE];
+        let leaf_records: Vec<(Vec<u8>, Vec<u8>)> = (0..50u32)
+            .map(|i| (format!("k{:03}", i * 2).into_bytes(), vec![b'l'; 8]))
+            .collect();
+        let chunk = LeafChunk {
+            low: Some(b"k".to_vec()),
+            high: Some(b"l".to_vec()),
+            records: 0..leaf_records.len(),
+        };
+        build_leaf(&mut leaf_buf, &chunk, &leaf_records).unwrap();
+        let leaf = NodeRef::parse(&leaf_buf).unwrap();
+
+        let mut mini_buf = vec![0u8; 1024];
+        let mut mini = NodeMut::init(&mut mini_buf, NodeKind::Mini, Fences::Prefix(b"k")).unwrap();
+        mini.push(b"k000", b"new", RecordType::Insert).unwrap(); // overrides a leaf key
+        mini.push(b"k001", b"ins", RecordType::Insert).unwrap(); // a key the leaf lacks
+        mini.push(b"k002", b"", RecordType::Tombstone).unwrap(); // deletes a leaf key
+        mini.push(b"k003", b"", RecordType::Tombstone).unwrap(); // deletes nothing
+        mini.push(b"k004", b"l", RecordType::Cache).unwrap(); // clean: repeats the leaf
+        mini.push(b"k005", b"", RecordType::Phantom).unwrap(); // clean: a known miss
+        mini.push(b"k999", b"end", RecordType::Insert).unwrap(); // after every leaf key
+        let mini = mini.as_ref();
+
+        let mut dst = vec![0u8; PAGE_PAYLOAD_SIZE];
+        build_mirror(&mut dst, &leaf, Some(&mini)).unwrap();
+        let mirror = NodeRef::parse(&dst).unwrap();
+        assert_eq!(mirror.kind(), NodeKind::Mini);
+        assert_eq!(mirror.fences(), leaf.fences());
+        let got: Vec<(Vec<u8>, Vec<u8>, RecordType)> = mirror
+            .iter()
+            .map(|r| (r.key(), r.value().to_vec(), r.record_type()))
+            .collect();
+        let mut want: Vec<(Vec<u8>, Vec<u8>, RecordType)> = leaf_records
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone(), RecordType::Cache))
+            .collect();
+        want[0] = (b"k000".to_vec(), b"new".to_vec(), RecordType::Insert);
+        want[1] = (b"k002".to_vec(), Vec::new(), RecordType::Tombstone);
+        want.insert(1, (b"k001".to_vec(), b"ins".to_vec(), RecordType::Insert));
+        want.push((b"k999".to_vec(), b"end".to_vec(), RecordType::Insert));
+        assert_eq!(got, want);
+
+        // A mirror that cannot hold the dirty records reports Full.
+        let mut small = vec![0u8; 512];
+        assert!(matches!(
+            build_mirror(&mut small, &leaf, Some(&mini)),
+            Err(WriteError::Full)
+        ));
+    }
 
     #[test]
     fn header_round_trips() {
