@@ -400,6 +400,7 @@ fn meta_pos(m: usize) -> usize {
     NODE_META_SIZE_BYTES + m * KV_META_SIZE_BYTES
 }
 
+#[inline]
 fn get_meta(buf: &[u8], m: usize) -> KvMeta {
     let at = meta_pos(m);
     let mut b = [0u8; KV_META_SIZE_BYTES];

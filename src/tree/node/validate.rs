@@ -102,9 +102,14 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
         return err(format!("data start {data_start} past node size {size}"));
     }
 
-    // Per-meta checks: bounds, disjointness, look-ahead, fence flags and roles.
-    let mut used = [0u64; USED_WORDS];
+    // Per-meta checks: bounds, look-ahead, fence flags and roles. Disjointness is
+    // proven cheaply when the records' bytes lie in offset order (as every node the
+    // bulk helpers build has them); otherwise a bitmap pass below proves it.
     let mut live = 0usize;
+    let mut descending = true;
+    let mut ascending = true;
+    let (mut prev_off, mut prev_end) = (0usize, 0usize);
+    let mut prev_nonempty = false;
     for m in 0..count {
         let meta = get_meta(buf, m);
         let (off, end) = (meta.offset(), meta.offset() + meta.data_len());
@@ -115,10 +120,12 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
                 "KV meta {m}: bytes {off}..{end} outside the data region {data_start}..{size}"
             ));
         }
-        if !mark_used(&mut used, off, end) {
-            return err(format!(
-                "KV meta {m}: bytes {off}..{end} overlap another record"
-            ));
+        if end > off {
+            if prev_nonempty {
+                descending &= end <= prev_off;
+                ascending &= off >= prev_end;
+            }
+            (prev_off, prev_end, prev_nonempty) = (off, end, true);
         }
         live += meta.data_len();
         if look_ahead(&buf[meta.key_range()]) != meta.look_ahead() {
@@ -132,6 +139,9 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
         if m < first {
             check_fence_meta(m, meta, has_fences)?;
         }
+    }
+    if !descending && !ascending {
+        check_disjoint(buf, count)?;
     }
     if live + dead != size - data_start {
         return err(format!(
@@ -175,14 +185,29 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
 
     // Records: strictly increasing, inside the fences. Sharing the prefix is implied by
     // how keys are stored; the fences are compared with prefix ++ suffix.
+    // Look-aheads were checked against the keys above, and they order unequal values
+    // like the keys do, so only equal look-aheads need the bytes compared.
+    let mut prev = None;
     for m in first..count {
-        if m > first && cmp_keys(key(m - 1), key(m)) != Ordering::Less {
-            return err(format!(
-                "record {} is not above record {}",
-                m - first,
-                m - first - 1
-            ));
+        let meta = get_meta(buf, m);
+        if let Some(p) = prev {
+            let p: KvMeta = p;
+            let ordered = match p.look_ahead().cmp(&meta.look_ahead()) {
+                Ordering::Less => true,
+                Ordering::Greater => false,
+                Ordering::Equal => {
+                    cmp_keys(&buf[p.key_range()], &buf[meta.key_range()]) == Ordering::Less
+                }
+            };
+            if !ordered {
+                return err(format!(
+                    "record {} is not above record {}",
+                    m - first,
+                    m - first - 1
+                ));
+            }
         }
+        prev = Some(meta);
     }
     if has_fences && count > first {
         if bounded(0) && cmp_concat(prefix, key(first), key(0)) == Ordering::Less {
@@ -190,6 +215,21 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
         }
         if bounded(1) && cmp_concat(prefix, key(count - 1), key(1)) != Ordering::Less {
             return err("last record lies at or above the high fence");
+        }
+    }
+    Ok(())
+}
+
+/// Proves that no two records' bytes overlap, with a bitmap of the node's bytes.
+fn check_disjoint(buf: &[u8], count: usize) -> Result<(), NodeError> {
+    let mut used = [0u64; USED_WORDS];
+    for m in 0..count {
+        let meta = get_meta(buf, m);
+        let (off, end) = (meta.offset(), meta.offset() + meta.data_len());
+        if !mark_used(&mut used, off, end) {
+            return err(format!(
+                "KV meta {m}: bytes {off}..{end} overlap another record"
+            ));
         }
     }
     Ok(())
