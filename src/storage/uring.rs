@@ -56,6 +56,9 @@ pub const RING_ENTRIES: u32 = 128;
 /// How long an idle SQPOLL kernel thread keeps polling before it sleeps.
 const SQPOLL_IDLE_MS: u32 = 50;
 
+/// `IORING_ENTER_GETEVENTS` of the kernel ABI: wait for completions.
+const ENTER_GETEVENTS: u32 = 1;
+
 /// How often one request is retried after `EAGAIN` or `EINTR` before its error is
 /// returned.
 const MAX_RETRIES: u32 = 64;
@@ -93,21 +96,43 @@ fn new_ring(sqpoll: bool) -> io::Result<IoUring> {
             "io_uring is disabled on this thread by a test hook",
         ));
     }
-    let mut builder = IoUring::builder();
+    // Flags newer kernels know, most wanted first; a kernel that does not know one
+    // refuses the ring with EINVAL and the next set is tried.
+    //
+    // - SUBMIT_ALL (5.18): the kernel keeps consuming a batch after one entry fails to
+    //   prepare, instead of leaving the rest queued (the loop below resubmits what is
+    //   left on older kernels).
+    // - SINGLE_ISSUER (6.0) + DEFER_TASKRUN (6.1): only this thread uses the ring (it is
+    //   thread-local), and completions are processed when this thread waits for them in
+    //   `io_uring_enter`, not by interrupting it; that is exactly how batches wait.
+    //   SQPOLL rings cannot defer task work.
+    let mut sets: Vec<IoUringBuilder> = Vec::with_capacity(3);
+    let mut plain = IoUring::builder();
     if sqpoll {
-        builder.setup_sqpoll(SQPOLL_IDLE_MS);
+        plain.setup_sqpoll(SQPOLL_IDLE_MS);
     }
-    // SUBMIT_ALL (Linux 5.18) keeps the kernel consuming a batch after one entry fails
-    // to prepare, instead of leaving the rest queued; older kernels refuse the flag, and
-    // the loop below resubmits what is left anyway.
-    let mut with_submit_all = builder.clone();
-    with_submit_all.setup_submit_all();
-    match with_submit_all.build(RING_ENTRIES) {
-        Ok(ring) => Ok(ring),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => builder.build(RING_ENTRIES),
-        Err(e) => Err(e),
+    let mut submit_all = plain.clone();
+    submit_all.setup_submit_all();
+    if !sqpoll {
+        let mut deferred = submit_all.clone();
+        deferred.setup_single_issuer().setup_defer_taskrun();
+        sets.push(deferred);
     }
+    sets.push(submit_all);
+    sets.push(plain);
+    let mut last_error = None;
+    for builder in sets {
+        match builder.build(RING_ENTRIES) {
+            Ok(ring) => return Ok(ring),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last_error = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_error.expect("at least one flag set was tried"))
 }
+
+/// The builder of the `io-uring` crate for the default entry sizes.
+type IoUringBuilder = io_uring::Builder<squeue::Entry, io_uring::cqueue::Entry>;
 
 /// Checks that io_uring works for the calling thread: the kernel switch, ring setup,
 /// and one no-op round trip. Leaves the thread's plain ring built.
@@ -118,6 +143,10 @@ fn new_ring(sqpoll: bool) -> io::Result<IoUring> {
 /// or the OS error of ring setup (`ENOSYS` on old kernels or under seccomp, `EPERM`
 /// when restricted to a group) or of the no-op.
 pub fn probe() -> io::Result<()> {
+    // The hook also covers a thread whose ring already exists.
+    if SIMULATE_DISABLED.with(Cell::get) {
+        return new_ring(false).map(drop);
+    }
     if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
         && s.trim() == "2"
     {
@@ -163,14 +192,17 @@ enum RingState {
 /// goes back to its slot only if `f` leaves it clean.
 fn with_ring<T>(sqpoll: bool, f: impl FnOnce(&mut IoUring) -> (T, RingState)) -> io::Result<T> {
     let slot = usize::from(sqpoll);
-    let mut ring = match RINGS.with(|r| r[slot].take()) {
+    // `try_with` fails only while the thread's locals are being destroyed (IO from
+    // another thread-local's destructor); such a late call gets a ring of its own.
+    let cached = RINGS.try_with(|r| r[slot].take()).ok().flatten();
+    let mut ring = match cached {
         Some(ring) => ring,
         None => new_ring(sqpoll)?,
     };
     let (out, state) = f(&mut ring);
     if state == RingState::Clean {
         // A ring built by a re-entrant call may already sit in the slot; keep one.
-        RINGS.with(|r| {
+        let _ = RINGS.try_with(|r| {
             let previous = r[slot].replace(Some(ring));
             drop(previous);
         });
@@ -299,7 +331,16 @@ impl Batch<'_> {
                 }
             }
             if outstanding == 0 {
-                break;
+                if pending.is_empty() {
+                    break;
+                }
+                // Nothing is in flight, yet the queue took nothing: cannot happen with
+                // a clean ring; report it rather than loop.
+                let e = io::Error::other("the io_uring submission queue refused entries");
+                return (
+                    Err(first_error.unwrap_or((pending[0], e))),
+                    RingState::Unknown,
+                );
             }
             match ring.submit_and_wait(outstanding) {
                 Ok(_) => {}
@@ -404,9 +445,18 @@ impl Batch<'_> {
             if waiting_for == 0 {
                 return;
             }
-            // Completions arrive through task work, which runs when this thread
-            // returns from the sleep's system call.
-            std::thread::sleep(std::time::Duration::from_micros(100));
+            // Wait for one completion without submitting anything: entries never taken
+            // must stay untaken. Deferred task work runs only in such a wait. If even
+            // this fails, sleep: non-deferred task work runs on the way back from the
+            // sleep's system call.
+            // SAFETY: no submission and no argument pointer; the call only waits.
+            let waited = unsafe {
+                ring.submitter()
+                    .enter::<libc::sigset_t>(0, 1, ENTER_GETEVENTS, None)
+            };
+            if waited.is_err() {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
         }
     }
 }
