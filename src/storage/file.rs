@@ -548,7 +548,7 @@ fn has_o_direct(file: &File) -> io::Result<bool> {
 fn check_engine(options: &FileOptions) -> io::Result<()> {
     match options.io_engine {
         IoEngine::Pread => Ok(()),
-        IoEngine::IoUring => super::uring::probe().map_err(|e| {
+        IoEngine::IoUring => super::uring::probe_ring(options.sqpoll).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!("io_uring is not available: {e}"),

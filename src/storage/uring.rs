@@ -143,9 +143,14 @@ type IoUringBuilder = io_uring::Builder<squeue::Entry, io_uring::cqueue::Entry>;
 /// or the OS error of ring setup (`ENOSYS` on old kernels or under seccomp, `EPERM`
 /// when restricted to a group) or of the no-op.
 pub fn probe() -> io::Result<()> {
+    probe_ring(false)
+}
+
+/// [`probe`] for the plain ring, or for the SQPOLL ring if `sqpoll`.
+pub(crate) fn probe_ring(sqpoll: bool) -> io::Result<()> {
     // The hook also covers a thread whose ring already exists.
     if SIMULATE_DISABLED.with(Cell::get) {
-        return new_ring(false).map(drop);
+        return new_ring(sqpoll).map(drop);
     }
     if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
         && s.trim() == "2"
@@ -155,7 +160,7 @@ pub fn probe() -> io::Result<()> {
             "io_uring is disabled system-wide (kernel.io_uring_disabled = 2)",
         ));
     }
-    with_ring(false, |ring| {
+    with_ring(sqpoll, |ring| {
         let nop = opcode::Nop::new().build().user_data(u64::MAX);
         // SAFETY: a no-op entry points at no memory.
         if unsafe { ring.submission().push(&nop) }.is_err() {
