@@ -3,21 +3,130 @@
 //! The defaults work without tuning; [`Config::validate`] (called by every constructor)
 //! rejects combinations that could not work, with an [`Error::InvalidConfig`] that says why.
 
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::error::{Error, Result};
-use crate::storage::PAGE_PAYLOAD_SIZE;
+use crate::storage::{FileOptions, FileStore, IoEngine, PAGE_PAYLOAD_SIZE};
 use crate::tree::node::{KV_META_SIZE_BYTES, NODE_META_SIZE_BYTES};
 
 /// Where a file-backed tree's pages go and how they are read and written.
+///
+/// Every choice that asks for `O_DIRECT` falls back to buffered IO where the filesystem
+/// refuses it, and says so in [`TreeStats::backend_notice`](crate::TreeStats).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Backend {
     /// `pread`/`pwrite` through the OS page cache.
     Std,
     /// `pread`/`pwrite` with `O_DIRECT`: the pool is the only cache of leaf pages, so the
-    /// memory budget is honest. Falls back to buffered IO where the filesystem refuses
-    /// `O_DIRECT` (for example tmpfs); [`TreeStats::direct_io`](crate::TreeStats) tells.
-    #[default]
+    /// memory budget is honest. [`TreeStats::direct_io`](crate::TreeStats) tells whether
+    /// `O_DIRECT` is active.
     StdDirect,
+    /// io_uring with `O_DIRECT`, one ring per thread (see
+    /// [`storage::uring`](crate::storage::uring)). Opening fails with
+    /// [`Error::Unsupported`] where the kernel refuses io_uring (old kernel, seccomp,
+    /// `kernel.io_uring_disabled`).
+    IoUring,
+    /// [`Backend::IoUring`] where the kernel allows it, else [`Backend::StdDirect`]; the
+    /// fallback is logged once (`log::warn!`) and reported in
+    /// [`TreeStats::backend_notice`](crate::TreeStats).
+    #[default]
+    Auto,
+}
+
+/// What a tree's page store runs on, as decided when it was opened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ActiveBackend {
+    /// `"memory"`, `"std"`, `"io_uring"` or `"custom"` (a caller's page store).
+    pub(crate) name: &'static str,
+    /// Whether leaf pages bypass the OS page cache.
+    pub(crate) direct_io: bool,
+    /// Why the backend differs from what the configuration asked for, if it does.
+    pub(crate) notice: Option<String>,
+}
+
+impl ActiveBackend {
+    /// A tree whose leaf pages live in a memory store.
+    pub(crate) fn memory() -> ActiveBackend {
+        ActiveBackend {
+            name: "memory",
+            direct_io: false,
+            notice: None,
+        }
+    }
+
+    /// A tree over a page store the caller built.
+    pub(crate) fn custom() -> ActiveBackend {
+        ActiveBackend {
+            name: "custom",
+            direct_io: false,
+            notice: None,
+        }
+    }
+}
+
+/// Set once the io_uring fallback has been logged, so a process that opens many trees
+/// says it once.
+static WARNED_IO_URING: AtomicBool = AtomicBool::new(false);
+/// Set once the buffered-IO fallback has been logged.
+static WARNED_O_DIRECT: AtomicBool = AtomicBool::new(false);
+
+/// Logs `notice` unless `flag` says it was logged before.
+fn warn_once(flag: &AtomicBool, notice: &str) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        log::warn!("bfdb: {notice}");
+    }
+}
+
+/// Opens the file store at `path` on the backend `config` chooses, falling back as
+/// [`Backend`] describes.
+pub(crate) fn open_file_store(path: &Path, config: &Config) -> Result<(FileStore, ActiveBackend)> {
+    let mut notices = Vec::new();
+    let (engine, direct_io) = match config.backend {
+        Backend::Std => (IoEngine::Pread, false),
+        Backend::StdDirect => (IoEngine::Pread, true),
+        Backend::IoUring => match crate::storage::uring::probe() {
+            Ok(()) => (IoEngine::IoUring, true),
+            Err(e) => {
+                return Err(Error::Unsupported(format!(
+                    "the io_uring backend was asked for, but the kernel refuses it: {e}"
+                )));
+            }
+        },
+        Backend::Auto => match crate::storage::uring::probe() {
+            Ok(()) => (IoEngine::IoUring, true),
+            Err(e) => {
+                let notice = format!("io_uring is not available ({e}); using pread/pwrite");
+                warn_once(&WARNED_IO_URING, &notice);
+                notices.push(notice);
+                (IoEngine::Pread, true)
+            }
+        },
+    };
+    let options = FileOptions::default()
+        .direct_io(direct_io)
+        .io_engine(engine)
+        .sqpoll(config.io_uring_sqpoll);
+    let store = FileStore::open(path, options)?;
+    if direct_io && !store.direct_io_active() {
+        let notice = format!(
+            "the filesystem of {} refuses O_DIRECT; using buffered IO through the OS page \
+             cache, which the memory budget does not bound",
+            path.display()
+        );
+        warn_once(&WARNED_O_DIRECT, &notice);
+        notices.push(notice);
+    }
+    let active = ActiveBackend {
+        name: match engine {
+            IoEngine::IoUring => "io_uring",
+            _ => "std",
+        },
+        direct_io: store.direct_io_active(),
+        notice: (!notices.is_empty()).then(|| notices.join("; ")),
+    };
+    Ok((store, active))
 }
 
 /// Tuning knobs of a [`Tree`](crate::Tree).
@@ -52,7 +161,12 @@ pub struct Config {
     /// Longest value accepted. Default 2048.
     pub max_value_bytes: usize,
     /// Storage backend of file-backed trees ([`Tree::open`](crate::Tree::open)).
+    /// Default [`Backend::Auto`].
     pub backend: Backend,
+    /// With the io_uring backend: use SQPOLL rings, whose kernel thread polls for
+    /// submissions so that submitting needs no system call. Off by default: each
+    /// thread's ring gets a polling kernel thread that keeps a core busy.
+    pub io_uring_sqpoll: bool,
     /// Back the pool with huge pages where the system allows (silent fallback).
     pub huge_pages: bool,
 }
@@ -68,6 +182,7 @@ impl Default for Config {
             max_key_bytes: 512,
             max_value_bytes: 2048,
             backend: Backend::default(),
+            io_uring_sqpoll: false,
             huge_pages: true,
         }
     }

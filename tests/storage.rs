@@ -1,5 +1,5 @@
 //! Tests of the storage layer through its public API: model-based random operation
-//! sequences, corruption and truncation of files on disk, concurrency, poisoning, and
+//! sequences (on the memory store and on file stores with each IO engine), corruption and truncation of files on disk, concurrency, poisoning, and
 //! bounded file growth under churn.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bfdb::storage::{
-    FileOptions, FileStore, IncompatibleFile, MemoryStore, PAGE_PAYLOAD_SIZE, PAGE_SIZE, Page,
-    PageNo, PageStore, StorePoisoned, SyncCrashPoint,
+    FileOptions, FileStore, IncompatibleFile, IoEngine, MemoryStore, PAGE_PAYLOAD_SIZE, PAGE_SIZE,
+    Page, PageNo, PageStore, StorePoisoned, SyncCrashPoint,
 };
 use proptest::prelude::*;
 
@@ -147,6 +147,10 @@ enum Op {
     FreeMany(u8),
     Write(usize, u64),
     Read(usize),
+    /// Writes up to this many consecutive live pages in one `write_pages` batch.
+    WriteMany(usize, u8, u64),
+    /// Reads up to this many written pages in one `read_pages` batch.
+    ReadMany(usize, u8),
     /// Reads, writes and frees a page number that may not be allocated.
     Bogus(u64),
     Sync,
@@ -156,25 +160,46 @@ enum Op {
 }
 
 fn op_strategy(bulk: bool) -> impl Strategy<Value = Op> {
-    let bulk_weight = if bulk { 2 } else { 0 };
-    prop_oneof![
-        6 => Just(Op::Allocate),
-        bulk_weight => (300u16..700).prop_map(Op::AllocateMany),
-        3 => any::<usize>().prop_map(Op::Free),
-        bulk_weight => (30u8..95).prop_map(Op::FreeMany),
-        6 => (any::<usize>(), any::<u64>()).prop_map(|(i, s)| Op::Write(i, s)),
-        4 => any::<usize>().prop_map(Op::Read),
-        2 => (0u64..3000).prop_map(Op::Bogus),
-        2 => Just(Op::Sync),
-        1 => Just(Op::Reopen),
-        1 => (0u8..3).prop_map(Op::CrashInSync),
-    ]
+    let mut ops: Vec<(u32, BoxedStrategy<Op>)> = vec![
+        (6, Just(Op::Allocate).boxed()),
+        (3, any::<usize>().prop_map(Op::Free).boxed()),
+        (
+            6,
+            (any::<usize>(), any::<u64>())
+                .prop_map(|(i, s)| Op::Write(i, s))
+                .boxed(),
+        ),
+        (4, any::<usize>().prop_map(Op::Read).boxed()),
+        (
+            2,
+            (any::<usize>(), 1u8..40, any::<u64>())
+                .prop_map(|(i, n, s)| Op::WriteMany(i, n, s))
+                .boxed(),
+        ),
+        (
+            2,
+            (any::<usize>(), 1u8..40)
+                .prop_map(|(i, n)| Op::ReadMany(i, n))
+                .boxed(),
+        ),
+        (2, (0u64..3000).prop_map(Op::Bogus).boxed()),
+        (2, Just(Op::Sync).boxed()),
+        (1, Just(Op::Reopen).boxed()),
+        (1, (0u8..3).prop_map(Op::CrashInSync).boxed()),
+    ];
+    // proptest refuses options of weight 0, so bulk operations are left out entirely
+    // when not wanted.
+    if bulk {
+        ops.push((2, (300u16..700).prop_map(Op::AllocateMany).boxed()));
+        ops.push((2, (30u8..95).prop_map(Op::FreeMany).boxed()));
+    }
+    prop::strategy::Union::new_weighted(ops)
 }
 
 #[derive(Clone, Copy, Debug)]
 enum Backend {
     Memory,
-    File { direct_io: bool },
+    File { direct_io: bool, engine: IoEngine },
 }
 
 /// The store under test, typed so that test hooks are reachable.
@@ -200,10 +225,12 @@ impl Harness {
                 path: None,
                 store: Some(AnyStore::Memory(MemoryStore::new())),
             },
-            Backend::File { direct_io } => {
+            Backend::File { direct_io, engine } => {
                 let dir = scratch_dir();
                 let path = dir.path().join("store.bfdb");
-                let store = FileStore::open(&path, options(direct_io)).expect("create");
+                let store =
+                    FileStore::open(&path, options(direct_io).io_engine(engine)).expect("create");
+                assert_eq!(store.io_engine(), engine);
                 if direct_io {
                     assert!(store.direct_io_active(), "the work disk supports O_DIRECT");
                 }
@@ -243,12 +270,13 @@ impl Harness {
     }
 
     fn reopen(&mut self) {
-        let Backend::File { direct_io } = self.backend else {
+        let Backend::File { direct_io, engine } = self.backend else {
             return;
         };
         drop(self.store.take());
         let path = self.path.as_ref().expect("file backend has a path");
-        let store = FileStore::open(path, options(direct_io).create(false)).expect("reopen");
+        let options = options(direct_io).io_engine(engine).create(false);
+        let store = FileStore::open(path, options).expect("reopen");
         self.store = Some(AnyStore::File(store));
     }
 }
@@ -411,6 +439,53 @@ fn run_model(backend: Backend, ops: Vec<Op>) {
                     check_read(&h, &model, no);
                 }
             }
+            Op::WriteMany(i, n, seed) => {
+                // Distinct pages: writes of one batch are not ordered among themselves.
+                let nos: Vec<PageNo> = (0..usize::from(n))
+                    .filter_map(|j| model.nth(i.wrapping_add(j)))
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+                for (j, page) in pages.iter_mut().enumerate() {
+                    fill(page, seed.wrapping_add(j as u64));
+                }
+                let mut reqs: Vec<(PageNo, &mut Page)> = nos
+                    .iter()
+                    .copied()
+                    .zip(pages.iter_mut().map(|p| &mut **p))
+                    .collect();
+                h.store().write_pages(&mut reqs).expect("write_pages");
+                for (j, no) in nos.iter().enumerate() {
+                    let content = Content::Written(seed.wrapping_add(j as u64));
+                    model.allocated.insert(*no, content);
+                }
+            }
+            Op::ReadMany(i, n) => {
+                let written: Vec<(PageNo, u64)> = model
+                    .allocated
+                    .iter()
+                    .filter_map(|(no, c)| match c {
+                        Content::Written(seed) => Some((*no, *seed)),
+                        Content::Unknown => None,
+                    })
+                    .collect();
+                if !written.is_empty() {
+                    let picked: Vec<(PageNo, u64)> = (0..usize::from(n))
+                        .map(|j| written[i.wrapping_add(j * 7) % written.len()])
+                        .collect();
+                    let mut pages: Vec<Box<Page>> = picked.iter().map(|_| Page::boxed()).collect();
+                    let mut reqs: Vec<(PageNo, &mut Page)> = picked
+                        .iter()
+                        .map(|(no, _)| *no)
+                        .zip(pages.iter_mut().map(|p| &mut **p))
+                        .collect();
+                    h.store().read_pages(&mut reqs).expect("read_pages");
+                    for ((no, seed), page) in picked.iter().zip(&pages) {
+                        assert_filled(page, *seed, *no);
+                    }
+                }
+            }
             Op::Bogus(n) => {
                 let no = PageNo(n);
                 if !model.allocated.contains_key(&no) {
@@ -481,12 +556,22 @@ proptest! {
 
     #[test]
     fn model_file_buffered(ops in prop::collection::vec(op_strategy(false), 1..100)) {
-        run_model(Backend::File { direct_io: false }, ops);
+        run_model(Backend::File { direct_io: false, engine: IoEngine::Pread }, ops);
     }
 
     #[test]
     fn model_file_direct(ops in prop::collection::vec(op_strategy(false), 1..100)) {
-        run_model(Backend::File { direct_io: true }, ops);
+        run_model(Backend::File { direct_io: true, engine: IoEngine::Pread }, ops);
+    }
+
+    #[test]
+    fn model_file_uring_buffered(ops in prop::collection::vec(op_strategy(false), 1..100)) {
+        run_model(Backend::File { direct_io: false, engine: IoEngine::IoUring }, ops);
+    }
+
+    #[test]
+    fn model_file_uring_direct(ops in prop::collection::vec(op_strategy(false), 1..100)) {
+        run_model(Backend::File { direct_io: true, engine: IoEngine::IoUring }, ops);
     }
 }
 
@@ -497,12 +582,17 @@ proptest! {
 
     #[test]
     fn model_file_bulk_buffered(ops in prop::collection::vec(op_strategy(true), 1..40)) {
-        run_model(Backend::File { direct_io: false }, ops);
+        run_model(Backend::File { direct_io: false, engine: IoEngine::Pread }, ops);
     }
 
     #[test]
     fn model_file_bulk_direct(ops in prop::collection::vec(op_strategy(true), 1..40)) {
-        run_model(Backend::File { direct_io: true }, ops);
+        run_model(Backend::File { direct_io: true, engine: IoEngine::Pread }, ops);
+    }
+
+    #[test]
+    fn model_file_bulk_uring_direct(ops in prop::collection::vec(op_strategy(true), 1..40)) {
+        run_model(Backend::File { direct_io: true, engine: IoEngine::IoUring }, ops);
     }
 }
 
@@ -963,10 +1053,15 @@ fn concurrent_memory_store() {
 
 #[test]
 fn concurrent_file_store() {
-    for direct_io in [false, true] {
+    let engines = [IoEngine::Pread, IoEngine::IoUring];
+    for (direct_io, engine) in [false, true]
+        .into_iter()
+        .flat_map(|d| engines.map(|e| (d, e)))
+    {
         let dir = scratch_dir();
         let path = dir.path().join("conc.bfdb");
-        let store = Arc::new(FileStore::open(&path, options(direct_io)).unwrap());
+        let options = options(direct_io).io_engine(engine);
+        let store = Arc::new(FileStore::open(&path, options).unwrap());
         concurrent_distinct_pages(store.clone(), true);
         store.sync().unwrap();
         let live = store.stats().live_pages;

@@ -15,13 +15,16 @@
 //! failing proptest seed replays the same operations but not necessarily the same
 //! promotions; regression tests below use 0 % or 100 %, which are deterministic.
 //!
+//! `model_differential_io_uring` runs the same proptest on file-backed trees on the
+//! io_uring backend (`O_DIRECT`, one ring per thread), with fewer cases.
+//!
 //! Heavier run: `PROPTEST_CASES=1000 cargo test --release --test tree_model -- --ignored`
 //! runs `model_heavy`, the same proptest with longer sequences.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 
-use bfdb::{Config, Tree, TreeStats};
+use bfdb::{Backend, Config, Tree, TreeStats};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, RngSeed, TestCaseError, TestRunner};
 
@@ -307,9 +310,37 @@ impl Drop for LeakOnPanic {
     }
 }
 
+/// Where the trees under test keep their leaf pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leaves {
+    /// A memory store (`Tree::in_memory`).
+    Memory,
+    /// A file on the work disk, on the io_uring backend.
+    IoUringFile,
+}
+
 /// Runs `ops` on a fresh tree and the model; returns the tree's final counters.
-fn run_ops(config: &Config, ops: &[Op]) -> Result<TreeStats, TestCaseError> {
-    let tree = Tree::in_memory(config.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+fn run_ops(config: &Config, leaves: Leaves, ops: &[Op]) -> Result<TreeStats, TestCaseError> {
+    // Declared before the tree so that it outlives it.
+    let mut _dir = None;
+    let tree = match leaves {
+        Leaves::Memory => Tree::in_memory(config.clone()),
+        Leaves::IoUringFile => {
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let config = Config {
+                backend: Backend::IoUring,
+                ..config.clone()
+            };
+            let tree = Tree::open(dir.path().join("model.bfdb"), config);
+            _dir = Some(dir);
+            tree
+        }
+    };
+    let tree = tree.map_err(|e| TestCaseError::fail(e.to_string()))?;
+    if leaves == Leaves::IoUringFile {
+        prop_assert_eq!(tree.stats().backend, "io_uring");
+    }
     let tree = LeakOnPanic(Some(tree));
     let tree = tree.0.as_ref().expect("set above");
     let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
@@ -448,7 +479,7 @@ fn add(sum: &mut TreeStats, s: &TreeStats) {
     sum.height = sum.height.max(s.height);
 }
 
-fn run_model(cases: u32, max_ops: usize) {
+fn run_model(cases: u32, max_ops: usize, leaves: Leaves) {
     // A fixed seed, printed, so a failure replays with PROPTEST_RNG_SEED=<seed> (the
     // tree's own promotion coin aside, see the module comment).
     let seed = std::env::var("PROPTEST_RNG_SEED")
@@ -469,7 +500,7 @@ fn run_model(cases: u32, max_ops: usize) {
     let sum = std::cell::RefCell::new(TreeStats::default());
     let strategy = (config_strategy(), prop::collection::vec(op(), 1..max_ops));
     let result = runner.run(&strategy, |(config, ops)| {
-        let stats = run_ops(&config, &ops)?;
+        let stats = run_ops(&config, leaves, &ops)?;
         add(&mut sum.borrow_mut(), &stats);
         Ok(())
     });
@@ -499,7 +530,17 @@ fn model_differential() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(48);
-    run_model(cases, 1000);
+    run_model(cases, 1000, Leaves::Memory);
+}
+
+/// The same on the io_uring backend: every leaf page read and written through a ring.
+#[test]
+fn model_differential_io_uring() {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(24);
+    run_model(cases, 1000, Leaves::IoUringFile);
 }
 
 /// The same, with longer sequences. Run with
@@ -511,7 +552,7 @@ fn model_heavy() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200);
-    run_model(cases, 6000);
+    run_model(cases, 6000, Leaves::Memory);
 }
 
 /// A small deterministic generator for the hand-rolled workloads (xorshift64*).

@@ -68,9 +68,11 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use super::uring::Direction;
 use super::{
     FORMAT_VERSION, PAGE_HEADER_SIZE, PAGE_PAYLOAD_SIZE, PAGE_SIZE, Page, PageKind, PageNo,
     PageStore, Poison, StoreStats, corrupt_page, incompatible_file, not_allocated,
@@ -138,6 +140,22 @@ fn le_u16(bytes: &[u8], range: std::ops::Range<usize>) -> u16 {
     u16::from_le_bytes(bytes[range].try_into().expect("2-byte range"))
 }
 
+/// How a [`FileStore`] reads and writes its data pages.
+///
+/// Only data pages go through the engine; the superblocks and the free-list chain,
+/// written once per sync, always use `pread`/`pwrite`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum IoEngine {
+    /// One `pread`/`pwrite` system call per page, on the calling thread.
+    #[default]
+    Pread,
+    /// io_uring, on a ring owned by the calling thread: [`PageStore::read_pages`] and
+    /// [`PageStore::write_pages`] submit a whole batch in one system call and keep it in
+    /// flight together. See the `storage::uring` module docs.
+    IoUring,
+}
+
 /// How to open a [`FileStore`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileOptions {
@@ -146,6 +164,13 @@ pub struct FileOptions {
     /// Open with `O_DIRECT`, bypassing the OS page cache. Falls back to buffered IO if
     /// the filesystem refuses it; see [`FileStore::direct_io_active`].
     pub direct_io: bool,
+    /// How data pages are read and written. Default [`IoEngine::Pread`].
+    pub io_engine: IoEngine,
+    /// With [`IoEngine::IoUring`]: submit through SQPOLL rings, whose kernel thread
+    /// polls the submission queue so that submitting needs no system call. Off by
+    /// default: every thread's ring gets its own polling kernel thread, which keeps a
+    /// core busy while the thread does IO and for a short while after.
+    pub sqpoll: bool,
 }
 
 impl Default for FileOptions {
@@ -153,12 +178,14 @@ impl Default for FileOptions {
         FileOptions {
             create: true,
             direct_io: false,
+            io_engine: IoEngine::Pread,
+            sqpoll: false,
         }
     }
 }
 
 impl FileOptions {
-    /// The defaults: create the file if needed, buffered IO.
+    /// The defaults: create the file if needed, buffered IO, `pread`/`pwrite`.
     pub fn new() -> FileOptions {
         FileOptions::default()
     }
@@ -172,6 +199,18 @@ impl FileOptions {
     /// Sets [`FileOptions::direct_io`].
     pub fn direct_io(mut self, direct_io: bool) -> FileOptions {
         self.direct_io = direct_io;
+        self
+    }
+
+    /// Sets [`FileOptions::io_engine`].
+    pub fn io_engine(mut self, io_engine: IoEngine) -> FileOptions {
+        self.io_engine = io_engine;
+        self
+    }
+
+    /// Sets [`FileOptions::sqpoll`].
+    pub fn sqpoll(mut self, sqpoll: bool) -> FileOptions {
+        self.sqpoll = sqpoll;
         self
     }
 }
@@ -440,6 +479,8 @@ pub struct FileStore {
     file: File,
     path: Option<PathBuf>,
     direct_io_active: bool,
+    io_engine: IoEngine,
+    sqpoll: bool,
     state: RwLock<AllocState>,
     /// Serializes syncs, so that one plan is committed before the next is made.
     sync_lock: Mutex<()>,
@@ -453,10 +494,23 @@ impl fmt::Debug for FileStore {
         f.debug_struct("FileStore")
             .field("path", &self.path)
             .field("direct_io_active", &self.direct_io_active)
+            .field("io_engine", &self.io_engine)
             .field("poisoned", &self.poison.is_poisoned())
             .field("stats", &self.stats())
             .finish()
     }
+}
+
+thread_local! {
+    /// Set by [`simulate_o_direct_refused_for_test`].
+    static SIMULATE_NO_O_DIRECT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes stores opened by the calling thread behave as if the filesystem refused
+/// `O_DIRECT` (for tests of the fallback to buffered IO).
+#[doc(hidden)]
+pub fn simulate_o_direct_refused_for_test(refused: bool) {
+    SIMULATE_NO_O_DIRECT.with(|s| s.set(refused));
 }
 
 /// Opens `path` read-write, with `O_DIRECT` if asked and the filesystem accepts it.
@@ -464,7 +518,7 @@ impl fmt::Debug for FileStore {
 fn open_file(path: &Path, options: &FileOptions) -> io::Result<(File, bool)> {
     let mut open = OpenOptions::new();
     open.read(true).write(true).create(options.create);
-    if options.direct_io {
+    if options.direct_io && !SIMULATE_NO_O_DIRECT.with(std::cell::Cell::get) {
         let mut direct = open.clone();
         direct.custom_flags(libc::O_DIRECT);
         match direct.open(path) {
@@ -480,7 +534,6 @@ fn open_file(path: &Path, options: &FileOptions) -> io::Result<(File, bool)> {
 
 /// Whether `file` was opened with `O_DIRECT`.
 fn has_o_direct(file: &File) -> io::Result<bool> {
-    use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
     // SAFETY: `fd` belongs to `file`, which stays open for the whole call, and
     // F_GETFL takes no pointer argument, so the call touches no memory of ours.
@@ -489,6 +542,34 @@ fn has_o_direct(file: &File) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     Ok(flags & libc::O_DIRECT != 0)
+}
+
+/// Fails if `options` ask for an IO engine the calling thread cannot use.
+fn check_engine(options: &FileOptions) -> io::Result<()> {
+    match options.io_engine {
+        IoEngine::Pread => Ok(()),
+        IoEngine::IoUring => super::uring::probe_ring(options.sqpoll).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("io_uring is not available: {e}"),
+            )
+        }),
+    }
+}
+
+/// Turns a read that reached the end of the file into the error for a slot that was
+/// allocated but never written; other errors pass unchanged.
+fn unwritten(no: PageNo, e: io::Error) -> io::Error {
+    if e.kind() != io::ErrorKind::UnexpectedEof {
+        return e;
+    }
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "cannot read page {no}: it lies past the end of the file, so it was allocated \
+             but never written"
+        ),
+    )
 }
 
 /// Byte offset of slot `no`; the caller has checked that `no` is below the high-water
@@ -511,13 +592,9 @@ impl FileStore {
     /// `create: false` is [`super::IncompatibleFile`].
     pub fn open(path: impl AsRef<Path>, options: FileOptions) -> io::Result<FileStore> {
         let path = path.as_ref();
+        check_engine(&options)?;
         let (file, direct_io_active) = open_file(path, &options)?;
-        FileStore::from_parts(
-            file,
-            Some(path.to_path_buf()),
-            direct_io_active,
-            options.create,
-        )
+        FileStore::from_parts(file, Some(path.to_path_buf()), direct_io_active, &options)
     }
 
     /// Builds a store over an already open file, as [`FileStore::open`] does.
@@ -526,13 +603,19 @@ impl FileStore {
     /// opened with. A file opened read-only opens fine if it is initialized, serves
     /// reads, and is poisoned by its first write.
     pub fn from_file(file: File, options: FileOptions) -> io::Result<FileStore> {
+        check_engine(&options)?;
         let direct_io_active = has_o_direct(&file)?;
-        FileStore::from_parts(file, None, direct_io_active, options.create)
+        FileStore::from_parts(file, None, direct_io_active, &options)
     }
 
     /// Whether the file is read and written with `O_DIRECT`.
     pub fn direct_io_active(&self) -> bool {
         self.direct_io_active
+    }
+
+    /// How data pages are read and written.
+    pub fn io_engine(&self) -> IoEngine {
+        self.io_engine
     }
 
     /// The path the store was opened at, if it was opened by path.
@@ -566,8 +649,9 @@ impl FileStore {
         file: File,
         path: Option<PathBuf>,
         direct_io_active: bool,
-        create: bool,
+        options: &FileOptions,
     ) -> io::Result<FileStore> {
+        let create = options.create;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -595,6 +679,8 @@ impl FileStore {
             file,
             path,
             direct_io_active,
+            io_engine: options.io_engine,
+            sqpoll: options.sqpoll,
             state: RwLock::new(state),
             sync_lock: Mutex::new(()),
             poison: Poison::default(),
@@ -892,31 +978,60 @@ fn load(file: &File, len: u64) -> io::Result<AllocState> {
     })
 }
 
+impl FileStore {
+    /// Reads data pages through io_uring, all in one batch, then verifies each.
+    fn read_pages_uring(&self, reqs: &mut [(PageNo, &mut Page)]) -> io::Result<()> {
+        {
+            let st = self.state.read();
+            if let Some((no, _)) = reqs.iter().find(|(no, _)| !st.is_allocated(no.0)) {
+                return Err(not_allocated(*no, "read"));
+            }
+        }
+        let fd = self.file.as_raw_fd();
+        super::uring::submit_pages(fd, Direction::Read, self.sqpoll, reqs)
+            .map_err(|(i, e)| unwritten(reqs[i].0, e))?;
+        for (no, page) in reqs.iter() {
+            page.verify(*no, PageKind::Data)?;
+        }
+        Ok(())
+    }
+
+    /// Stamps and writes data pages through io_uring, all in one batch.
+    fn write_pages_uring(&self, reqs: &mut [(PageNo, &mut Page)]) -> io::Result<()> {
+        self.poison.check()?;
+        {
+            let st = self.state.read();
+            if let Some((no, _)) = reqs.iter().find(|(no, _)| !st.is_allocated(no.0)) {
+                return Err(not_allocated(*no, "write"));
+            }
+        }
+        for (_, page) in reqs.iter_mut() {
+            page.stamp(PageKind::Data);
+        }
+        let fd = self.file.as_raw_fd();
+        super::uring::submit_pages(fd, Direction::Write, self.sqpoll, reqs)
+            .map_err(|(_, e)| self.poison.poison(e))
+    }
+}
+
 impl PageStore for FileStore {
     fn read_page(&self, no: PageNo, page: &mut Page) -> io::Result<()> {
+        if self.io_engine == IoEngine::IoUring {
+            return self.read_pages_uring(&mut [(no, page)]);
+        }
         if !self.state.read().is_allocated(no.0) {
             return Err(not_allocated(no, "read"));
         }
-        match self
-            .file
+        self.file
             .read_exact_at(page.as_bytes_mut(), offset_of(no.0))
-        {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "cannot read page {no}: it lies past the end of the file, so it \
-                         was allocated but never written"
-                    ),
-                ));
-            }
-            Err(e) => return Err(e),
-        }
+            .map_err(|e| unwritten(no, e))?;
         page.verify(no, PageKind::Data)
     }
 
     fn write_page(&self, no: PageNo, page: &mut Page) -> io::Result<()> {
+        if self.io_engine == IoEngine::IoUring {
+            return self.write_pages_uring(&mut [(no, page)]);
+        }
         self.poison.check()?;
         if !self.state.read().is_allocated(no.0) {
             return Err(not_allocated(no, "write"));
@@ -925,6 +1040,26 @@ impl PageStore for FileStore {
         self.file
             .write_all_at(page.as_bytes(), offset_of(no.0))
             .map_err(|e| self.poison.poison(e))
+    }
+
+    fn read_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> io::Result<()> {
+        if self.io_engine == IoEngine::IoUring {
+            return self.read_pages_uring(reqs);
+        }
+        for (no, page) in reqs.iter_mut() {
+            self.read_page(*no, page)?;
+        }
+        Ok(())
+    }
+
+    fn write_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> io::Result<()> {
+        if self.io_engine == IoEngine::IoUring {
+            return self.write_pages_uring(reqs);
+        }
+        for (no, page) in reqs.iter_mut() {
+            self.write_page(*no, page)?;
+        }
+        Ok(())
     }
 
     fn allocate(&self) -> io::Result<PageNo> {

@@ -43,8 +43,12 @@ use std::io;
 mod file;
 mod memory;
 mod sim;
+pub mod uring;
 
-pub use file::{FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, SyncCrashPoint};
+pub use file::{
+    FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, SyncCrashPoint,
+    simulate_o_direct_refused_for_test,
+};
 pub use memory::MemoryStore;
 pub use sim::{SimCounts, SimStore};
 
@@ -280,9 +284,14 @@ pub trait PageStore: Send + Sync + fmt::Debug {
     /// allocated gives [`io::ErrorKind::InvalidInput`]; a failed write poisons the store.
     fn write_page(&self, no: PageNo, page: &mut Page) -> io::Result<()>;
 
-    /// Reads several pages; the default loops over read_page. (io_uring will override it.)
+    /// Reads several pages, verifying each as [`PageStore::read_page`] does.
     ///
-    /// Stops at the first error; pages before it have been read.
+    /// A store that can keep many reads in flight (a [`FileStore`] on
+    /// [`IoEngine::IoUring`]) submits them together; the default reads them one after
+    /// the other. On error the result is that of one failed page (the first in `reqs`
+    /// order, for the stores of this crate) and which other pages were read is
+    /// unspecified: the default stops at the first error, a batched store finishes every
+    /// read it submitted.
     fn read_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> io::Result<()> {
         for (no, page) in reqs.iter_mut() {
             self.read_page(*no, page)?;
@@ -290,9 +299,13 @@ pub trait PageStore: Send + Sync + fmt::Debug {
         Ok(())
     }
 
-    /// Writes several pages; default loops.
+    /// Stamps and writes several pages, as [`PageStore::write_page`] does for each.
     ///
-    /// Stops at the first error; pages before it have been written.
+    /// A store that can keep many writes in flight submits them together; the default
+    /// writes them one after the other. The writes are not ordered among themselves. On
+    /// error which other pages were written is unspecified (the default stops at the
+    /// first error; a batched store finishes every write it submitted), and the store is
+    /// poisoned as after any failed write.
     fn write_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> io::Result<()> {
         for (no, page) in reqs.iter_mut() {
             self.write_page(*no, page)?;

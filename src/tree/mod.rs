@@ -34,10 +34,12 @@ use std::path::Path;
 
 use crossbeam_epoch::{self as epoch, Guard};
 
-use crate::config::{Backend, Config, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
+use crate::config::{
+    ActiveBackend, Config, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, open_file_store,
+};
 use crate::error::{Error, Result};
 use crate::pool::{AllocError, Block, EvictDecision, Evictor, Pool, PoolConfig, PoolStats};
-use crate::storage::{FileOptions, FileStore, MemoryStore, Page, PageNo, PageStore};
+use crate::storage::{MemoryStore, Page, PageNo, PageStore};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
@@ -127,6 +129,12 @@ pub struct TreeStats {
     pub leaf_pages: u64,
     /// Whether leaf pages bypass the OS page cache (`O_DIRECT` active).
     pub direct_io: bool,
+    /// What the page store runs on: `"memory"`, `"std"` (`pread`/`pwrite`),
+    /// `"io_uring"`, or `"custom"` for a store given to [`Tree::with_page_store`].
+    pub backend: &'static str,
+    /// Why the backend differs from what [`Config::backend`] asked for (io_uring refused
+    /// by the kernel, `O_DIRECT` refused by the filesystem), if it does.
+    pub backend_notice: Option<String>,
     /// The circular-buffer pool's own counters.
     pub pool: PoolStats,
 }
@@ -193,7 +201,7 @@ struct Core {
     mapping: MappingTable,
     pool: Pool,
     store: Box<dyn PageStore>,
-    direct_io: bool,
+    backend: ActiveBackend,
     counters: Counters,
     /// Set when a write to the page store failed; the tree then refuses writes.
     failed: AtomicBool,
@@ -216,18 +224,23 @@ impl Tree {
     /// Creates a tree whose leaf pages live in memory; the pool still bounds the memory
     /// used by mini-pages.
     pub fn in_memory(config: Config) -> Result<Tree> {
-        Tree::with_store(config, Box::new(MemoryStore::new()), false)
+        Tree::with_store(
+            config,
+            Box::new(MemoryStore::new()),
+            ActiveBackend::memory(),
+        )
     }
 
-    /// Creates a new file-backed tree at `path`.
+    /// Creates a new file-backed tree at `path`, on the backend [`Config::backend`]
+    /// chooses; [`TreeStats::backend`] tells which one runs, and
+    /// [`TreeStats::backend_notice`] why it differs from the choice if it does.
     ///
     /// Reopening a file that already holds a tree needs recovery, which arrives with the
     /// durability issue: until then it returns [`Error::Unsupported`] rather than data
     /// that may be stale.
     pub fn open(path: impl AsRef<Path>, config: Config) -> Result<Tree> {
         config.validate()?;
-        let direct = matches!(config.backend, Backend::StdDirect);
-        let store = FileStore::open(path.as_ref(), FileOptions::default().direct_io(direct))?;
+        let (store, backend) = open_file_store(path.as_ref(), &config)?;
         if store.stats().live_pages > 0 {
             return Err(Error::Unsupported(format!(
                 "{} already holds a tree; reopening needs recovery, which this release \
@@ -235,8 +248,7 @@ impl Tree {
                 path.as_ref().display()
             )));
         }
-        let direct_io = store.direct_io_active();
-        Tree::with_store(config, Box::new(store), direct_io)
+        Tree::with_store(config, Box::new(store), backend)
     }
 
     /// Creates a tree over any [`PageStore`] — for example a
@@ -249,10 +261,14 @@ impl Tree {
                     .into(),
             ));
         }
-        Tree::with_store(config, Box::new(store), false)
+        Tree::with_store(config, Box::new(store), ActiveBackend::custom())
     }
 
-    fn with_store(config: Config, store: Box<dyn PageStore>, direct_io: bool) -> Result<Tree> {
+    fn with_store(
+        config: Config,
+        store: Box<dyn PageStore>,
+        backend: ActiveBackend,
+    ) -> Result<Tree> {
         config.validate()?;
         let pool = Pool::new(PoolConfig {
             capacity_bytes: config.memory_budget_bytes,
@@ -293,7 +309,7 @@ impl Tree {
                 mapping,
                 pool,
                 store,
-                direct_io,
+                backend,
                 counters: Counters::default(),
                 failed: AtomicBool::new(false),
                 failure: Mutex::new(None),
@@ -398,7 +414,9 @@ impl Tree {
             restarts: load(&c.restarts),
             height: self.core.root().level,
             leaf_pages: self.core.store.stats().live_pages,
-            direct_io: self.core.direct_io,
+            direct_io: self.core.backend.direct_io,
+            backend: self.core.backend.name,
+            backend_notice: self.core.backend.notice.clone(),
             pool: self.core.pool.stats(),
         }
     }
