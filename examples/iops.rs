@@ -20,7 +20,7 @@
 //! The IOPS rows read through a [`FileStore`], so each read also verifies the page's
 //! CRC-32C, as every read in bfdb does. The raw rows drive a ring directly, without
 //! the store, to compare reading into the caller's page with reading into registered
-//! buffers and copying out (the choice recorded in `docs/uring.md`).
+//! buffers and copying out (the choice recorded in the io_uring section of `docs/design.md`).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

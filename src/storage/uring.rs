@@ -26,7 +26,7 @@
 //! 4 KiB aligned), and a registered buffer would need a copy in or out of a ring-owned
 //! buffer on every IO. Without registration, the kernel pins the caller's page for the
 //! duration of each `O_DIRECT` IO, which costs less than a 4 KiB copy (see
-//! `docs/uring.md` for the measurement).
+//! the io_uring section of `docs/design.md` for the measurement).
 //!
 //! # Invariants this module owns
 //!
