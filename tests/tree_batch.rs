@@ -353,3 +353,214 @@ fn blind_writes_read_no_leaf_page() {
     assert_eq!(after.evictions, before.evictions, "meant to fit: {after:?}");
     assert_eq!(after.merges, before.merges, "meant to fit: {after:?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Scan prefetch
+// ---------------------------------------------------------------------------------------
+
+/// A key of the range, `Bound`s built from key numbers.
+fn bounds(rng: &mut Rng, n: u64) -> (std::ops::Bound<Vec<u8>>, std::ops::Bound<Vec<u8>>) {
+    use std::ops::Bound::*;
+    let a = rng.below(n + 20);
+    let b = a + rng.below(n / 2);
+    let lo = match rng.below(3) {
+        0 => Unbounded,
+        1 => Included(key(a)),
+        _ => Excluded(key(a)),
+    };
+    let hi = match rng.below(3) {
+        0 => Unbounded,
+        1 => Included(key(b)),
+        _ => Excluded(key(b)),
+    };
+    (lo, hi)
+}
+
+/// Forward and backward scans over many leaf pages on a small budget match the model,
+/// and the pages really were read ahead in batches.
+#[test]
+fn prefetching_scans_match_model() {
+    let mut rng = Rng(seed("prefetching_scans_match_model"));
+    for promotion in [0, 20] {
+        let tree = Tree::in_memory(small(96 << 10, promotion)).unwrap();
+        let n = 10_000;
+        let mut model = load(&tree, n);
+        for round in 0..40 {
+            for _ in 0..30 {
+                let i = rng.below(n);
+                if rng.below(3) == 0 {
+                    tree.delete(&key(i)).unwrap();
+                    model.remove(&key(i));
+                } else {
+                    tree.insert(&key(i), &value(i, round + 1)).unwrap();
+                    model.insert(key(i), value(i, round + 1));
+                }
+            }
+            let range = bounds(&mut rng, n);
+            let expect: Vec<(Vec<u8>, Vec<u8>)> = model
+                .range(range.clone())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let forward: Vec<_> = tree.range(range.clone()).map(Result::unwrap).collect();
+            assert_eq!(
+                forward.len(),
+                expect.len(),
+                "promotion {promotion} round {round}"
+            );
+            assert!(
+                forward == expect,
+                "promotion {promotion} round {round}: forward"
+            );
+            let mut backward: Vec<_> = tree.range(range).rev().map(Result::unwrap).collect();
+            backward.reverse();
+            assert!(
+                backward == expect,
+                "promotion {promotion} round {round}: backward"
+            );
+        }
+        let stats = tree.stats();
+        eprintln!("promotion {promotion}: {stats:?}");
+        assert!(stats.prefetched_leaf_pages > 500, "{stats:?}");
+        assert!(
+            stats.batched_leaf_reads > stats.prefetched_leaf_pages,
+            "{stats:?}"
+        );
+    }
+}
+
+/// Keys changed ahead of a scan's cursor, on pages it has already read ahead, show their
+/// new state: prefetched pages are validated (and re-read when a merge rewrote them).
+#[test]
+fn prefetched_pages_see_later_writes() {
+    let mut rng = Rng(seed("prefetched_pages_see_later_writes"));
+    let store = Arc::new(CountingStore::default());
+    let tree = Tree::with_page_store(small(128 << 10, 0), Arc::clone(&store)).unwrap();
+    let n = 12_000;
+    let mut model = load(&tree, n);
+    let mut got = Vec::new();
+    let mut step = 0u64;
+    for r in tree.range(key(0)..) {
+        let (k, v) = r.unwrap();
+        let cursor: u64 = std::str::from_utf8(&k[3..]).unwrap().parse().unwrap();
+        got.push((k, v));
+        step += 1;
+        // A leaf page holds at most 80 of these records, and pages only split, so a
+        // page's range spans fewer than 200 key numbers of the dense, loaded region: a
+        // key 200 or more ahead is not in the page being yielded, and eight pages ahead
+        // span at least 300. (Past the loaded keys the last page covers everything.)
+        let j = cursor + 200 + rng.below(300);
+        if step.is_multiple_of(20) && j < n - 100 {
+            match rng.below(3) {
+                0 => {
+                    tree.delete(&key(j)).unwrap();
+                    model.remove(&key(j));
+                }
+                _ => {
+                    tree.insert(&key(j), &value(j, step)).unwrap();
+                    model.insert(key(j), value(j, step));
+                }
+            }
+            if step.is_multiple_of(40) {
+                // Merge into the leaf page: the read-ahead copy of it is stale now.
+                tree.flush().unwrap();
+            }
+        }
+    }
+    let expect: Vec<(Vec<u8>, Vec<u8>)> = model.into_iter().collect();
+    let show = |r: &(Vec<u8>, Vec<u8>)| {
+        format!(
+            "{}={}",
+            String::from_utf8_lossy(&r.0),
+            String::from_utf8_lossy(&r.1)
+        )
+    };
+    if let Some(d) = (0..got.len().min(expect.len())).find(|&d| got[d] != expect[d]) {
+        panic!(
+            "first difference at {d}: got {} expected {}",
+            show(&got[d]),
+            show(&expect[d])
+        );
+    }
+    assert_eq!(got.len(), expect.len());
+    let stats = tree.stats();
+    eprintln!("{stats:?}");
+    assert!(stats.prefetched_leaf_pages > 100, "{stats:?}");
+    assert!(stats.stale_leaf_reads > 0, "{stats:?}");
+    assert!(store.largest_batch.load(Ordering::Relaxed) > 4);
+}
+
+/// Prefetching scans racing writers, merges, evictions and splits on 8+ threads: keys
+/// strictly ordered, every key that is never deleted present, every value one written
+/// for its key.
+#[test]
+fn prefetching_scans_race_writers() {
+    let seed = seed("prefetching_scans_race_writers");
+    let tree = Tree::in_memory(small(96 << 10, 10)).unwrap();
+    let n: u64 = 6000;
+    // Even keys are stable (updated, never deleted); odd keys come and go.
+    for i in (0..n).step_by(2) {
+        tree.insert(&key(i), &value(i, 0)).unwrap();
+    }
+    const WRITERS: u64 = 4;
+    const SCANNERS: u64 = 4;
+    let started: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for w in 0..WRITERS {
+            let (tree, started, stop) = (&tree, &started, &stop);
+            s.spawn(move || {
+                let mut rng = Rng(seed ^ ((w + 1) * 0x1000));
+                for _ in 0..5000 {
+                    let i = rng.below(n / WRITERS) * WRITERS + w;
+                    let version = started[i as usize].load(Ordering::Relaxed) + 1;
+                    started[i as usize].store(version, Ordering::SeqCst);
+                    if i % 2 == 1 && rng.below(2) == 0 {
+                        tree.delete(&key(i)).unwrap();
+                    } else {
+                        let mut v = value(i, version);
+                        v.resize(v.len() + (version % 40) as usize, b'w');
+                        tree.insert(&key(i), &v).unwrap();
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+        }
+        for r in 0..SCANNERS {
+            let (tree, started, stop) = (&tree, &started, &stop);
+            s.spawn(move || {
+                let mut rng = Rng(seed ^ ((r + 100) * 0x1_0000));
+                let mut rounds = 0;
+                while !stop.load(Ordering::Relaxed) || rounds < 4 {
+                    rounds += 1;
+                    let a = rng.below(n / 2);
+                    let b = a + rng.below(n / 2) + 1;
+                    let backward = rng.below(2) == 0;
+                    let it = tree.range(key(a)..key(b));
+                    let mut got: Vec<(Vec<u8>, Vec<u8>)> = if backward {
+                        it.rev().map(Result::unwrap).collect()
+                    } else {
+                        it.map(Result::unwrap).collect()
+                    };
+                    if backward {
+                        got.reverse();
+                    }
+                    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "ordered, unique");
+                    let mut stable = (a..b).filter(|i| i % 2 == 0);
+                    for (k, v) in &got {
+                        let (i, version) = parse_value(v);
+                        assert_eq!(k, &key(i), "a value of another key");
+                        assert!(version <= started[i as usize].load(Ordering::SeqCst));
+                        if i % 2 == 0 {
+                            assert_eq!(stable.next(), Some(i), "a stable key is missing");
+                        }
+                    }
+                    assert_eq!(stable.next(), None, "stable keys missing at the end");
+                }
+            });
+        }
+    });
+    let stats = tree.stats();
+    eprintln!("{stats:?}");
+    assert!(stats.prefetched_leaf_pages > 0, "{stats:?}");
+    assert!(stats.merges > 0 && stats.evictions > 0 && stats.leaf_splits > 0);
+}

@@ -87,6 +87,8 @@ struct LeafPath<'t> {
     parent: &'t InnerNode,
     parent_version: u64,
     pid: PageId,
+    /// Position of `pid` among the parent's children (scans prefetch its neighbours).
+    index: usize,
     /// Length of the key prefix every key of the page shares (from its fences).
     prefix_len: usize,
 }
@@ -722,6 +724,7 @@ impl Core {
                     parent: node,
                     parent_version: version,
                     pid: PageId(child),
+                    index,
                     prefix_len,
                 }));
             }

@@ -12,15 +12,28 @@
 use std::collections::VecDeque;
 use std::ops::Bound;
 
+use crossbeam_epoch as epoch;
+
 use super::leaf::MiniHeader;
-use super::mapping::{self, Location};
-use super::node::{self, Fences, NodeKind, RecordType};
-use super::{Core, LeafPath, Target, bump, chance, mini_ref};
+use super::mapping::{self, Location, PageId};
+use super::node::{self, Fences, NodeKind, NodeRef, RecordType};
+use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, chance, inner, mini_ref};
 use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
 use crate::error::{Error, Result};
 use crate::storage::{Page, PageNo};
 
 type Record = (Vec<u8>, Vec<u8>);
+
+/// Leaf pages a fetch reads ahead of need, at most: the pages after the fetched one
+/// (before it, going backward), read in the same batch as the fetched page.
+const PREFETCH_PAGES: usize = 8;
+
+/// A leaf page read ahead of need, with the ticket that validates it when its turn
+/// comes (the page was read while the scan held only another page's lock).
+pub(super) struct Prefetched {
+    ticket: LeafTicket,
+    page: Box<Page>,
+}
 /// The unfetched part of a range: lower and upper bound.
 type Bounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 
@@ -37,6 +50,8 @@ pub struct Range<'t> {
     front: VecDeque<Record>,
     /// Fetched by `next_back`, descending; all above the unfetched range.
     back: VecDeque<Record>,
+    /// Leaf pages read ahead for the next fetches.
+    prefetched: Vec<Prefetched>,
     failed: bool,
 }
 
@@ -46,6 +61,7 @@ impl std::fmt::Debug for Range<'_> {
             .field("unfetched", &self.unfetched)
             .field("front_buffered", &self.front.len())
             .field("back_buffered", &self.back.len())
+            .field("prefetched_pages", &self.prefetched.len())
             .finish_non_exhaustive()
     }
 }
@@ -58,6 +74,7 @@ impl<'t> Range<'t> {
             unfetched,
             front: VecDeque::new(),
             back: VecDeque::new(),
+            prefetched: Vec::new(),
             failed: false,
         }
     }
@@ -67,6 +84,7 @@ impl<'t> Range<'t> {
         self.unfetched = None;
         self.front.clear();
         self.back.clear();
+        self.prefetched.clear();
         Some(Err(e))
     }
 }
@@ -85,10 +103,13 @@ impl Iterator for Range<'_> {
             let Some((lower, upper)) = self.unfetched.take() else {
                 return self.back.pop_back().map(Ok);
             };
-            match self
-                .core
-                .fetch(&lower, &upper, Direction::Forward, &mut self.front)
-            {
+            match self.core.fetch(
+                &lower,
+                &upper,
+                Direction::Forward,
+                &mut self.front,
+                &mut self.prefetched,
+            ) {
                 Ok(Some(next_lower)) if !is_empty(&next_lower, &upper) => {
                     self.unfetched = Some((next_lower, upper));
                 }
@@ -111,10 +132,13 @@ impl DoubleEndedIterator for Range<'_> {
             let Some((lower, upper)) = self.unfetched.take() else {
                 return self.front.pop_back().map(Ok);
             };
-            match self
-                .core
-                .fetch(&lower, &upper, Direction::Backward, &mut self.back)
-            {
+            match self.core.fetch(
+                &lower,
+                &upper,
+                Direction::Backward,
+                &mut self.back,
+                &mut self.prefetched,
+            ) {
                 Ok(Some(next_upper)) if !is_empty(&lower, &next_upper) => {
                     self.unfetched = Some((lower, next_upper));
                 }
@@ -152,6 +176,14 @@ fn above(lower: &Bound<Vec<u8>>, key: &[u8]) -> bool {
     }
 }
 
+/// Whether some key above `lower` lies below `key`, roughly: `lower < key`.
+fn above_strictly(lower: &Bound<Vec<u8>>, key: &[u8]) -> bool {
+    match lower {
+        Bound::Included(l) | Bound::Excluded(l) => l.as_slice() < key,
+        Bound::Unbounded => true,
+    }
+}
+
 fn below(upper: &Bound<Vec<u8>>, key: &[u8]) -> bool {
     match upper {
         Bound::Included(u) => key <= u.as_slice(),
@@ -178,6 +210,7 @@ impl Core {
         upper: &Bound<Vec<u8>>,
         direction: Direction,
         out: &mut VecDeque<Record>,
+        prefetched: &mut Vec<Prefetched>,
     ) -> Result<Option<Bound<Vec<u8>>>> {
         let promote = chance(self.config.promotion_rate_percent);
         loop {
@@ -204,7 +237,8 @@ impl Core {
                     bump(&self.counters.restarts);
                     continue;
                 }
-                let view = self.page_view(page.location())?;
+                let bounds = (lower, upper, direction);
+                let view = self.view_prefetching(&path, page.location(), bounds, prefetched)?;
                 self.make_mirror(&page, &path, &view);
                 view
             } else {
@@ -213,7 +247,8 @@ impl Core {
                     bump(&self.counters.restarts);
                     continue;
                 }
-                self.page_view(page.location())?
+                let bounds = (lower, upper, direction);
+                self.view_prefetching(&path, page.location(), bounds, prefetched)?
             };
             let in_range = |k: &[u8]| above(lower, k) && below(upper, k);
             return Ok(match direction {
@@ -229,8 +264,126 @@ impl Core {
         }
     }
 
-    /// The live records of a page and its fences. The caller holds the page's lock.
-    fn page_view(&self, location: Location) -> Result<PageView> {
+    /// The page's view (as `page_view`), taking its leaf page from the pages read ahead
+    /// if one is there and still valid; otherwise reading it together with the next
+    /// pages of the range in one batch. The caller holds `path.pid`'s lock.
+    fn view_prefetching(
+        &self,
+        path: &LeafPath<'_>,
+        location: Location,
+        bounds: (&Bound<Vec<u8>>, &Bound<Vec<u8>>, Direction),
+        prefetched: &mut Vec<Prefetched>,
+    ) -> Result<PageView> {
+        if self.is_mirror(location) {
+            return self.page_view(location, None);
+        }
+        if let Some(i) = prefetched.iter().position(|p| p.ticket.pid == path.pid) {
+            let p = prefetched.swap_remove(i);
+            if self.ticket_valid(&p.ticket, location) {
+                return self.page_view(location, Some(&p.page));
+            }
+            bump(&self.counters.stale_leaf_reads);
+        }
+        let ahead = self.pages_ahead(path, bounds);
+        if ahead.is_empty() {
+            return self.page_view(location, None);
+        }
+        // Pages read ahead earlier lie behind the scan now (or were skipped): drop them.
+        prefetched.clear();
+        let mut nos = Vec::with_capacity(ahead.len() + 1);
+        nos.push(self.leaf_of(location));
+        nos.extend(ahead.iter().map(|t| t.leaf));
+        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+        if self.read_leaves(&nos, &mut pages).is_err() {
+            // A page read ahead may have failed its checksum because a writer was
+            // rewriting it: read this page alone, which reports a real error.
+            return self.page_view(location, None);
+        }
+        bump_by(&self.counters.prefetched_leaf_pages, ahead.len());
+        let mut pages = pages.into_iter();
+        let this = pages.next().expect("this page was read");
+        prefetched.extend(
+            ahead
+                .into_iter()
+                .zip(pages)
+                .map(|(ticket, page)| Prefetched { ticket, page }),
+        );
+        self.page_view(location, Some(&this))
+    }
+
+    /// Whether a location is a mirror (its mini-page holds every record of the leaf).
+    /// The caller holds the page's lock.
+    fn is_mirror(&self, location: Location) -> bool {
+        match location {
+            Location::Mini(offset) => {
+                let block = self.block(offset);
+                // SAFETY: the caller holds the page's lock, so the block is live.
+                unsafe { MiniHeader::of(&block) }.mirror
+            }
+            _ => false,
+        }
+    }
+
+    /// Tickets for up to `PREFETCH_PAGES` pages after `path.pid` in the scan's direction
+    /// that hold keys of the range, are children of the same parent and need their leaf
+    /// page (mirrors do not). The caller holds `path.pid`'s lock, so the other pages are
+    /// only try-locked: a thread holding a page lock never waits for another.
+    fn pages_ahead(
+        &self,
+        path: &LeafPath<'_>,
+        (lower, upper, direction): (&Bound<Vec<u8>>, &Bound<Vec<u8>>, Direction),
+    ) -> Vec<LeafTicket> {
+        let mut pids = Vec::new();
+        {
+            let guard = epoch::pin();
+            let n = NodeRef::trusted(path.parent.bytes(&guard));
+            let mut low = Vec::new();
+            match direction {
+                Direction::Forward => {
+                    let end = n.len().min(path.index + 1 + PREFETCH_PAGES);
+                    for j in path.index + 1..end {
+                        // Child j's keys start at its separator: in range, or stop.
+                        n.key_into(j, &mut low);
+                        if !below(upper, &low) {
+                            break;
+                        }
+                        pids.push(PageId(inner::child_ref(&n, j)));
+                    }
+                }
+                Direction::Backward => {
+                    let start = path.index.saturating_sub(PREFETCH_PAGES);
+                    for j in (start..path.index.min(n.len())).rev() {
+                        // Child j's keys lie below child j+1's separator.
+                        n.key_into(j + 1, &mut low);
+                        if !above_strictly(lower, &low) {
+                            break;
+                        }
+                        pids.push(PageId(inner::child_ref(&n, j)));
+                    }
+                }
+            }
+            // The bytes may be newer than the traversal's (a split since): then the
+            // children read are not the neighbours; prefetch nothing.
+            if path.parent.version.validate(path.parent_version).is_err() {
+                return Vec::new();
+            }
+        }
+        let mut tickets = Vec::with_capacity(pids.len());
+        for pid in pids {
+            let Some(page) = self.mapping.try_read(pid) else {
+                continue;
+            };
+            let location = page.location();
+            if location != Location::Empty && !self.is_mirror(location) {
+                tickets.push(self.ticket(pid, location, 0));
+            }
+        }
+        tickets
+    }
+
+    /// The live records of a page and its fences, with `leaf` as its leaf page if given
+    /// (already validated), else reading it. The caller holds the page's lock.
+    fn page_view(&self, location: Location, leaf: Option<&Page>) -> Result<PageView> {
         let fence = super::owned_fence;
         let (mini, leaf_no) = match location {
             Location::Mini(offset) => {
@@ -255,8 +408,14 @@ impl Core {
             Location::Leaf(no) => (None, PageNo(no)),
             Location::Empty => unreachable!("a routed page id is in use"),
         };
-        let mut page = Page::boxed();
-        let leaf = self.read_leaf(leaf_no, &mut page)?;
+        let mut page;
+        let leaf = match leaf {
+            Some(given) => self.parse_leaf(leaf_no, given)?,
+            None => {
+                page = Page::boxed();
+                self.read_leaf(leaf_no, &mut page)?
+            }
+        };
         let mut records = Vec::with_capacity(leaf.len());
         let mut m = mini.iter().flat_map(|m| m.iter()).peekable();
         for r in leaf.iter() {
