@@ -311,6 +311,7 @@ fn get_many_races_writers() {
     eprintln!("{stats:?}");
     assert!(stats.batched_leaf_reads > 0, "{stats:?}");
     assert!(stats.merges > 0 && stats.evictions > 0, "{stats:?}");
+    assert!(stats.batched_leaf_writes > 0, "{stats:?}");
     assert!(stats.leaf_splits > 0, "{stats:?}");
     for i in 0..n {
         let (vi, version) = parse_value(&tree.get(&key(i)).unwrap().unwrap());
@@ -563,4 +564,96 @@ fn prefetching_scans_race_writers() {
     eprintln!("{stats:?}");
     assert!(stats.prefetched_leaf_pages > 0, "{stats:?}");
     assert!(stats.merges > 0 && stats.evictions > 0 && stats.leaf_splits > 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Batched eviction
+// ---------------------------------------------------------------------------------------
+
+/// A write-heavy workload on a small pool: evictions merge several mini-pages with one
+/// batched read and one batched write, and the tree still matches the model.
+#[test]
+fn batched_evictions_match_model() {
+    let mut rng = Rng(seed("batched_evictions_match_model"));
+    let store = Arc::new(CountingStore::default());
+    let tree = Tree::with_page_store(small(64 << 10, 20), Arc::clone(&store)).unwrap();
+    let mut model = BTreeMap::new();
+    let n = 8000;
+    for step in 0..40_000 {
+        let i = rng.below(n);
+        if rng.below(5) == 0 {
+            tree.delete(&key(i)).unwrap();
+            model.remove(&key(i));
+        } else {
+            tree.insert(&key(i), &value(i, step)).unwrap();
+            model.insert(key(i), value(i, step));
+        }
+    }
+    let stats = tree.stats();
+    eprintln!("{stats:?}");
+    assert!(stats.batched_leaf_writes > 1000, "{stats:?}");
+    let calls = store.write_batch_calls.load(Ordering::Relaxed);
+    let pages = store.write_batch_pages.load(Ordering::Relaxed);
+    assert!(pages > 2 * calls, "{pages} pages in {calls} write batches");
+    let all: Vec<Vec<u8>> = (0..n).map(key).collect();
+    for (k, v) in all.iter().zip(tree.get_many(&all).unwrap()) {
+        assert_eq!(v.as_ref(), model.get(k), "{}", String::from_utf8_lossy(k));
+    }
+    let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
+        tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
+    assert!(scanned == model);
+}
+
+/// Failing reads and writes under the batched paths come back as `Err`, never as a
+/// wrong answer, and reads work again once the faults stop.
+#[test]
+fn batched_paths_report_io_errors() {
+    let store = Arc::new(bfdb::storage::SimStore::new(7));
+    let tree = Tree::with_page_store(small(64 << 10, 0), Arc::clone(&store)).unwrap();
+    let model = load(&tree, 6000);
+    let keys: Vec<Vec<u8>> = (0..6000).map(key).collect();
+    let check = |tree: &Tree| -> bool {
+        match tree.get_many(&keys) {
+            Ok(got) => {
+                for (k, v) in keys.iter().zip(got) {
+                    assert_eq!(v.as_ref(), model.get(k));
+                }
+                true
+            }
+            Err(bfdb::Error::Io(_) | bfdb::Error::Corrupted { .. }) => false,
+            Err(other) => panic!("unexpected error {other}"),
+        }
+    };
+    store.fail_reads_after(5);
+    assert!(!check(&tree), "the batch read fails");
+    let scan: Vec<_> = tree.range::<&[u8], _>(..).collect();
+    assert!(
+        matches!(scan.last(), Some(Err(_))),
+        "a scan ends with the error"
+    );
+    store.clear_faults();
+    assert!(check(&tree));
+    // Writes fail: evictions (batched) cannot merge; the tree refuses writes, reads go on.
+    store.fail_writes_after(2);
+    let mut failed = false;
+    for i in 0..20_000 {
+        if tree.insert(&key(i), &value(i, 9)).is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "a write must fail once leaf writes fail");
+    store.clear_faults();
+    assert!(tree.insert(b"new", b"x").is_err(), "poisoned");
+    // Reads still answer: a key is either unchanged or was updated before the failure.
+    for (k, v) in keys.iter().zip(tree.get_many(&keys).unwrap()) {
+        match v {
+            Some(v) => {
+                let (i, version) = parse_value(&v);
+                assert_eq!(&key(i), k);
+                assert!(version == 9 || Some(&v) == model.get(k));
+            }
+            None => assert_eq!(model.get(k), None, "no key was deleted"),
+        }
+    }
 }

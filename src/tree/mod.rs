@@ -589,6 +589,16 @@ enum Found {
     Absent,
 }
 
+/// What a merge writes: one leaf page, or the records of a leaf that must split and how
+/// they pack into pages.
+enum MergePlan {
+    Write(Box<Page>),
+    Split {
+        records: Vec<(Vec<u8>, Vec<u8>)>,
+        chunks: Vec<leaf::LeafChunk>,
+    },
+}
+
 /// Distinct leaf pages `get_many` reads in one batch (bounds its buffers to 512 KiB).
 const GET_MANY_BATCH_PAGES: usize = 128;
 
@@ -1539,8 +1549,38 @@ impl Core {
         mini: Option<NodeRef<'_>>,
         extra: Option<(&[u8], &[u8], RecordType)>,
     ) -> Result<bool, Op> {
+        let leaf = if header.mirror && mini.is_some() {
+            None
+        } else {
+            let mut page = Page::boxed();
+            self.read_leaf(header.leaf, &mut page)?;
+            Some(page)
+        };
+        match self.plan_merge(pid, header, mini, extra, leaf)? {
+            MergePlan::Write(mut page) => {
+                self.write_leaf(pid, header.leaf, &mut page)?;
+                Ok(false)
+            }
+            MergePlan::Split { records, chunks } => {
+                self.split_leaf(pid, header.leaf, &records, &chunks)?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Computes what `merge` writes: the new leaf page, or the records and chunks of a
+    /// split. `leaf` is the leaf page as read under the page's write lock (`None` for a
+    /// mirror, whose live records are the leaf's).
+    fn plan_merge(
+        &self,
+        pid: PageId,
+        header: MiniHeader,
+        mini: Option<NodeRef<'_>>,
+        extra: Option<(&[u8], &[u8], RecordType)>,
+        leaf: Option<Box<Page>>,
+    ) -> Result<MergePlan, Op> {
         bump(&self.counters.merges);
-        let mut page = Page::boxed();
+        let mut page = leaf.unwrap_or_else(Page::boxed);
         let mut merged: Vec<(Vec<u8>, Vec<u8>)>;
         let (low, high): (Option<Vec<u8>>, Option<Vec<u8>>);
         let mirror = header.mirror && mini.is_some();
@@ -1555,7 +1595,7 @@ impl Core {
                 .map(|r| (r.key(), r.value().to_vec()))
                 .collect();
         } else {
-            let leaf = self.read_leaf(header.leaf, &mut page)?;
+            let leaf = self.parse_leaf(header.leaf, &page)?;
             let fence = owned_fence;
             low = fence(leaf.low_fence());
             high = fence(leaf.high_fence());
@@ -1592,8 +1632,7 @@ impl Core {
             let mut work = page.clone();
             let mut node = NodeMut::trusted(work.payload_mut());
             if all.iter().all(|(k, v, t)| apply(&mut node, k, v, *t)) {
-                self.write_leaf(pid, header.leaf, &mut work)?;
-                return Ok(false);
+                return Ok(MergePlan::Write(work));
             }
             merged = merge_records(&NodeRef::trusted(page.payload()), &all);
         }
@@ -1611,11 +1650,12 @@ impl Core {
         if chunks.len() == 1 {
             leaf::build_leaf(page.payload_mut(), &chunks[0], &merged)
                 .expect("packing checked the size");
-            self.write_leaf(pid, header.leaf, &mut page)?;
-            return Ok(false);
+            return Ok(MergePlan::Write(page));
         }
-        self.split_leaf(pid, header.leaf, &merged, &chunks)?;
-        Ok(true)
+        Ok(MergePlan::Split {
+            records: merged,
+            chunks,
+        })
     }
 
     /// Writes the chunks of a split leaf (the first keeps `leaf_no` and `pid`) and inserts
@@ -1882,24 +1922,147 @@ impl Evictor for Core {
         }
         // SAFETY: we hold the page's write lock.
         let mini = unsafe { mini_ref(block) };
-        if mini.iter().any(|r| r.record_type().is_dirty()) {
-            if self.failed.load(Ordering::Acquire) {
-                return EvictDecision::Busy;
+        if !mini.iter().any(|r| r.record_type().is_dirty()) {
+            return self.finish_eviction(&page, header, Ok(false));
+        }
+        if self.failed.load(Ordering::Acquire) {
+            return EvictDecision::Busy;
+        }
+        let merged = self.merge(header.pid, header, Some(mini), None);
+        self.finish_eviction(&page, header, merged)
+    }
+
+    /// Evicts several mini-pages with batched IO: the leaf pages their dirty records
+    /// merge into are read with one `read_pages` call, and the merged pages written with
+    /// one `write_pages` call. A page that must split is written on its own (the split
+    /// also changes inner nodes). Only try-locks, like `evict`; the page locks it gets
+    /// are held until the batch is written, which delays only readers of those pages.
+    fn evict_batch(&self, blocks: &[Block]) -> Vec<EvictDecision> {
+        if blocks.len() < 2 {
+            return blocks.iter().map(|b| self.evict(b)).collect();
+        }
+        let mut decisions = vec![EvictDecision::Busy; blocks.len()];
+        // Locked pages whose dirty records must be merged.
+        let mut jobs: Vec<(usize, mapping::WriteGuard<'_>, MiniHeader)> = Vec::new();
+        for (i, block) in blocks.iter().enumerate() {
+            // SAFETY: as in `evict`, the block is `Evicting`.
+            let header = unsafe { MiniHeader::of(block) };
+            // Two blocks of one page cannot both be its mini-page: the second try-lock
+            // fails (we hold the first) and answers `Busy`, as it would alone.
+            let Some(page) = self.mapping.try_write(header.pid) else {
+                continue;
+            };
+            if page.location() != Location::Mini(block.offset()) {
+                continue;
             }
-            match self.merge(header.pid, header, Some(mini), None) {
-                Ok(_) => {}
-                Err(Op::Fail(e)) => {
-                    // The dirty records stay in memory; writers that need room learn why.
-                    *self.evict_error.lock() = Some(e.to_string());
-                    self.evict_failures.fetch_add(1, Ordering::Release);
-                    return EvictDecision::Busy;
-                }
-                Err(Op::Restart) | Err(Op::WouldBlock) => return EvictDecision::Busy,
+            // SAFETY: we hold the page's write lock.
+            let mini = unsafe { mini_ref(block) };
+            if !mini.iter().any(|r| r.record_type().is_dirty()) {
+                decisions[i] = self.finish_eviction(&page, header, Ok(false));
+            } else if !self.failed.load(Ordering::Acquire) {
+                jobs.push((i, page, header));
             }
         }
-        page.set_location(Location::Leaf(header.leaf.0));
-        bump(&self.counters.evictions);
-        EvictDecision::Evicted
+        let nos: Vec<PageNo> = jobs
+            .iter()
+            .filter(|(_, _, h)| !h.mirror)
+            .map(|(_, _, h)| h.leaf)
+            .collect();
+        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+        if !nos.is_empty() && self.read_leaves(&nos, &mut pages).is_err() {
+            // Evict them one by one: that finds and records the page that fails.
+            for (i, page, header) in jobs {
+                // SAFETY: we hold the page's write lock.
+                let mini = unsafe { mini_ref(&blocks[i]) };
+                let merged = self.merge(header.pid, header, Some(mini), None);
+                decisions[i] = self.finish_eviction(&page, header, merged);
+            }
+            return decisions;
+        }
+        let mut pages = pages.into_iter();
+        let mut writes = Vec::with_capacity(jobs.len());
+        for (i, page, header) in jobs {
+            // SAFETY: we hold the page's write lock.
+            let mini = unsafe { mini_ref(&blocks[i]) };
+            let leaf = (!header.mirror).then(|| pages.next().expect("one page per job"));
+            match self.plan_merge(header.pid, header, Some(mini), None, leaf) {
+                Ok(MergePlan::Write(new)) => writes.push((i, page, header, new)),
+                Ok(MergePlan::Split { records, chunks }) => {
+                    let split = self.split_leaf(header.pid, header.leaf, &records, &chunks);
+                    decisions[i] = self.finish_eviction(&page, header, split.map(|()| true));
+                }
+                Err(e) => decisions[i] = self.finish_eviction(&page, header, Err(e)),
+            }
+        }
+        if writes.is_empty() {
+            return decisions;
+        }
+        for (_, _, header, _) in &writes {
+            self.note_leaf_write(header.pid);
+        }
+        let mut reqs: Vec<(PageNo, &mut Page)> = writes
+            .iter_mut()
+            .map(|(_, _, header, new)| (header.leaf, &mut **new))
+            .collect();
+        let written = self.write_leaves(&mut reqs);
+        drop(reqs);
+        if let Err(e) = &written {
+            // As a failed single write: the tree is poisoned, writers needing room learn
+            // why, and the dirty records stay in memory.
+            *self.evict_error.lock() = Some(e.to_string());
+            self.evict_failures.fetch_add(1, Ordering::Release);
+            return decisions;
+        }
+        for (i, page, header, _) in &writes {
+            decisions[*i] = self.finish_eviction(page, *header, Ok(false));
+        }
+        decisions
+    }
+}
+
+impl Core {
+    /// Ends the eviction of a mini-page whose dirty records `merged` went (or failed to
+    /// go) to the leaf page: on success points the page at its leaf page and answers
+    /// `Evicted`; on failure records an operating error and answers `Busy`, so the dirty
+    /// records stay in memory. The caller holds the page's write lock.
+    fn finish_eviction(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        header: MiniHeader,
+        merged: Result<bool, Op>,
+    ) -> EvictDecision {
+        match merged {
+            Ok(_) => {
+                page.set_location(Location::Leaf(header.leaf.0));
+                bump(&self.counters.evictions);
+                EvictDecision::Evicted
+            }
+            Err(Op::Fail(e)) => {
+                // The dirty records stay in memory; writers that need room learn why.
+                *self.evict_error.lock() = Some(e.to_string());
+                self.evict_failures.fetch_add(1, Ordering::Release);
+                EvictDecision::Busy
+            }
+            Err(Op::Restart) | Err(Op::WouldBlock) => EvictDecision::Busy,
+        }
+    }
+
+    /// Writes leaf pages whose ids' write locks the caller holds (and whose leaf-write
+    /// counters it bumped) with one `write_pages` call. A failure poisons the tree.
+    fn write_leaves(&self, reqs: &mut [(PageNo, &mut Page)]) -> Result<()> {
+        for (_, page) in reqs.iter() {
+            debug_assert!(NodeRef::parse(page.payload()).is_ok());
+        }
+        if let Err(e) = self.store.write_pages(reqs) {
+            let e = Error::from(e);
+            self.record_failure(&e);
+            return Err(e);
+        }
+        bump_by(&self.counters.leaf_writes, reqs.len());
+        if reqs.len() > 1 {
+            bump_by(&self.counters.batched_leaf_writes, reqs.len());
+        }
+        Ok(())
     }
 }
 
