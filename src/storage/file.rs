@@ -893,6 +893,14 @@ fn load(file: &File, len: u64) -> io::Result<AllocState> {
 }
 
 impl PageStore for FileStore {
+    fn raw_page_location(&self, no: PageNo) -> Option<(std::os::fd::RawFd, u64)> {
+        use std::os::fd::AsRawFd;
+        self.state
+            .read()
+            .is_allocated(no.0)
+            .then(|| (self.file.as_raw_fd(), offset_of(no.0)))
+    }
+
     fn read_page(&self, no: PageNo, page: &mut Page) -> io::Result<()> {
         if !self.state.read().is_allocated(no.0) {
             return Err(not_allocated(no, "read"));

@@ -21,6 +21,8 @@
 //! - Inner-node locks are only taken by upgrading a version seen during a traversal (a
 //!   CAS that never waits), so no cycle of waiting can form.
 
+#[cfg(feature = "tokio-uring")]
+pub mod aio;
 pub(crate) mod inner;
 mod leaf;
 mod mapping;
@@ -131,6 +133,9 @@ pub struct TreeStats {
     pub batched_leaf_writes: u64,
     /// Leaf pages a scan read ahead of need, for the pages after the one it fetched.
     pub prefetched_leaf_pages: u64,
+    /// Leaf pages read through a tokio-uring runtime's ring by the async API
+    /// (feature `tokio-uring`). Also in `leaf_reads`.
+    pub async_leaf_reads: u64,
     /// Leaf pages read without their page lock that a concurrent write made stale before
     /// they were used; the read was then repeated under the lock.
     pub stale_leaf_reads: u64,
@@ -162,6 +167,7 @@ struct Counters {
     batched_leaf_reads: AtomicU64,
     batched_leaf_writes: AtomicU64,
     prefetched_leaf_pages: AtomicU64,
+    async_leaf_reads: AtomicU64,
     stale_leaf_reads: AtomicU64,
 }
 
@@ -455,6 +461,7 @@ impl Tree {
             batched_leaf_reads: load(&c.batched_leaf_reads),
             batched_leaf_writes: load(&c.batched_leaf_writes),
             prefetched_leaf_pages: load(&c.prefetched_leaf_pages),
+            async_leaf_reads: load(&c.async_leaf_reads),
             stale_leaf_reads: load(&c.stale_leaf_reads),
             height: self.core.root().level,
             leaf_pages: self.core.store.stats().live_pages,
@@ -988,6 +995,14 @@ impl Core {
         location != Location::Empty
             && self.leaf_version(ticket.pid).load(Ordering::Relaxed) == ticket.version
             && self.leaf_of(location) == ticket.leaf
+    }
+
+    /// Whether `ticket` still describes its page's leaf page (no leaf write since). Takes
+    /// the page's read lock for the check.
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) fn ticket_current(&self, ticket: &LeafTicket) -> bool {
+        let page = self.mapping.read(ticket.pid);
+        self.ticket_valid(ticket, page.location())
     }
 
     /// Finishes a read of `key` that `probe` sent to the leaf page, with `leaf_page` as

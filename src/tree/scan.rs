@@ -35,7 +35,7 @@ pub(super) struct Prefetched {
     page: Box<Page>,
 }
 /// The unfetched part of a range: lower and upper bound.
-type Bounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+pub(super) type Bounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 
 /// An iterator over a key range of a [`Tree`](crate::Tree), from
 /// [`Tree::range`](crate::Tree::range) or [`Tree::prefix`](crate::Tree::prefix).
@@ -158,7 +158,7 @@ pub(super) enum Direction {
 }
 
 /// Whether no key satisfies both bounds.
-fn is_empty(lower: &Bound<Vec<u8>>, upper: &Bound<Vec<u8>>) -> bool {
+pub(super) fn is_empty(lower: &Bound<Vec<u8>>, upper: &Bound<Vec<u8>>) -> bool {
     match (lower, upper) {
         (Bound::Unbounded, _) | (_, Bound::Unbounded) => false,
         (Bound::Included(l), Bound::Included(u)) => l > u,
@@ -190,6 +190,31 @@ fn below(upper: &Bound<Vec<u8>>, key: &[u8]) -> bool {
         Bound::Excluded(u) => key < u.as_slice(),
         Bound::Unbounded => true,
     }
+}
+
+/// Moves the records of `view` in `[lower, upper)` to the back of `out`, ascending, and
+/// returns the new lower bound of the unfetched range (`None` after the last page).
+fn take_forward(
+    view: PageView,
+    lower: &Bound<Vec<u8>>,
+    upper: &Bound<Vec<u8>>,
+    out: &mut VecDeque<Record>,
+) -> Option<Bound<Vec<u8>>> {
+    out.extend(
+        view.records
+            .into_iter()
+            .filter(|(k, _)| above(lower, k) && below(upper, k)),
+    );
+    view.high.map(Bound::Included)
+}
+
+/// The outcome of `Core::fetch_or_ticket`.
+#[cfg(feature = "tokio-uring")]
+pub(crate) enum FetchStep {
+    /// The page was fetched without IO; the new lower bound, as `fetch` returns it.
+    Fetched(Option<Bound<Vec<u8>>>),
+    /// Its leaf page must be read first.
+    Leaf(LeafTicket),
 }
 
 /// A page's records merged from its mini-page (newer) and leaf page, and its fences.
@@ -239,7 +264,7 @@ impl Core {
                 }
                 let bounds = (lower, upper, direction);
                 let view = self.view_prefetching(&path, page.location(), bounds, prefetched)?;
-                self.make_mirror(&page, &path, &view);
+                self.make_mirror(&page, &view);
                 view
             } else {
                 let page = self.mapping.read(path.pid);
@@ -252,16 +277,80 @@ impl Core {
             };
             let in_range = |k: &[u8]| above(lower, k) && below(upper, k);
             return Ok(match direction {
-                Direction::Forward => {
-                    out.extend(view.records.into_iter().filter(|(k, _)| in_range(k)));
-                    view.high.map(Bound::Included)
-                }
+                Direction::Forward => take_forward(view, lower, upper, out),
                 Direction::Backward => {
                     out.extend(view.records.into_iter().rev().filter(|(k, _)| in_range(k)));
                     view.low.map(Bound::Excluded)
                 }
             });
         }
+    }
+
+    /// The first half of a forward fetch whose leaf page is read without the page lock
+    /// (the async scan): fetches the page holding `lower` if it needs no leaf page (a
+    /// mirror), else returns a ticket for reading its leaf page. `Ok(None)`: nothing
+    /// was left to fetch.
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) fn fetch_or_ticket(
+        &self,
+        lower: &Bound<Vec<u8>>,
+        upper: &Bound<Vec<u8>>,
+        out: &mut VecDeque<Record>,
+    ) -> Result<FetchStep> {
+        loop {
+            let target = match lower {
+                Bound::Included(k) | Bound::Excluded(k) => Target::Holding(k),
+                Bound::Unbounded => Target::Holding(&[]),
+            };
+            let path = match self.locate(target) {
+                Ok(Some(p)) => p,
+                Ok(None) | Err(_) => {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+            };
+            let page = self.mapping.read(path.pid);
+            if path.parent.version.validate(path.parent_version).is_err() {
+                bump(&self.counters.restarts);
+                continue;
+            }
+            let location = page.location();
+            if !self.is_mirror(location) {
+                return Ok(FetchStep::Leaf(self.ticket(path.pid, location, 0)));
+            }
+            let view = self.page_view(location, None)?;
+            return Ok(FetchStep::Fetched(take_forward(view, lower, upper, out)));
+        }
+    }
+
+    /// The second half: fetches the ticket's page into `out` with `leaf_page` as read
+    /// without the lock since the ticket was taken (as `fetch` does, turning the page
+    /// into a mirror with `promote`). `Ok(None)`: the read is stale, start again.
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) fn fetch_with_leaf(
+        &self,
+        ticket: &LeafTicket,
+        leaf_page: &Page,
+        (lower, upper): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
+        out: &mut VecDeque<Record>,
+        promote: bool,
+    ) -> Result<Option<Option<Bound<Vec<u8>>>>> {
+        let view = if promote && self.check_writable().is_ok() {
+            let page = self.mapping.write(ticket.pid);
+            if !self.ticket_valid(ticket, page.location()) {
+                return Ok(None);
+            }
+            let view = self.page_view(page.location(), Some(leaf_page))?;
+            self.make_mirror(&page, &view);
+            view
+        } else {
+            let page = self.mapping.read(ticket.pid);
+            if !self.ticket_valid(ticket, page.location()) {
+                return Ok(None);
+            }
+            self.page_view(page.location(), Some(leaf_page))?
+        };
+        Ok(Some(take_forward(view, lower, upper, out)))
     }
 
     /// The page's view (as `page_view`), taking its leaf page from the pages read ahead
@@ -456,8 +545,7 @@ impl Core {
     /// Turns the page's mini-page into a full mirror of its leaf page (§3.1 "caching
     /// range gaps"), so later scans and point reads of it need no IO. The caller holds
     /// the page's write lock and has just built `view` under it. Best effort.
-    fn make_mirror(&self, page: &mapping::WriteGuard<'_>, path: &LeafPath<'_>, view: &PageView) {
-        let _ = path;
+    fn make_mirror(&self, page: &mapping::WriteGuard<'_>, view: &PageView) {
         let (old, leaf_no) = match page.location() {
             Location::Mini(offset) => {
                 let block = self.block(offset);
