@@ -162,7 +162,7 @@ fn async_reads_race_writers_on_other_threads() {
                 let mut rng = Rng(seed ^ ((w + 1) * 0x1000));
                 for _ in 0..6000 {
                     let i = rng.below(n / WRITERS) * WRITERS + w;
-                    if i % 3 == 0 {
+                    if i.is_multiple_of(3) {
                         continue;
                     }
                     let version = started[i as usize].load(Ordering::Relaxed) + 1;
@@ -211,7 +211,7 @@ fn async_reads_race_writers_on_other_threads() {
                             let i = rng.below(n);
                             let got = reader.get(&key(i)).await.unwrap();
                             match got {
-                                None => assert!(i % 3 == 0 || i % 2 == 1, "key {i} vanished"),
+                                None => assert!(i.is_multiple_of(3) || i % 2 == 1, "key {i} vanished"),
                                 Some(v) => {
                                     let (vi, version) = parse_value(&v);
                                     assert_eq!(vi, i);
