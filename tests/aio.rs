@@ -211,7 +211,9 @@ fn async_reads_race_writers_on_other_threads() {
                             let i = rng.below(n);
                             let got = reader.get(&key(i)).await.unwrap();
                             match got {
-                                None => assert!(i.is_multiple_of(3) || i % 2 == 1, "key {i} vanished"),
+                                None => {
+                                    assert!(i.is_multiple_of(3) || i % 2 == 1, "key {i} vanished")
+                                }
                                 Some(v) => {
                                     let (vi, version) = parse_value(&v);
                                     assert_eq!(vi, i);
