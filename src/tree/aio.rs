@@ -213,7 +213,7 @@ impl AsyncTree {
             }
             bump(&core.counters.stale_leaf_reads);
         }
-        core.fetch(lower, upper, Direction::Forward, out, &mut Vec::new())
+        core.fetch(lower, upper, Direction::Forward, out, (&mut Vec::new(), 0))
     }
 
     /// Reads the ticket's leaf page without its lock, on the runtime's ring when the

@@ -49,7 +49,7 @@ use mapping::{Location, MappingTable, PageId};
 use node::{Fences, NodeKind, NodeMut, NodeRef, RecordType, WriteError};
 use olc::Restart;
 
-pub use scan::Range;
+pub use scan::{MAX_READ_AHEAD_PAGES, Range};
 
 /// Why an operation on a locked page did not finish.
 enum Op {
@@ -149,6 +149,7 @@ pub struct TreeStats {
     pub pool: PoolStats,
 }
 
+/// The tree's counters and per-page leaf-write counters.
 #[derive(Default)]
 struct Counters {
     mini_pages_created: AtomicU64,
@@ -169,6 +170,26 @@ struct Counters {
     prefetched_leaf_pages: AtomicU64,
     async_leaf_reads: AtomicU64,
     stale_leaf_reads: AtomicU64,
+    /// Leaf-write counters, striped by `PageId`: a page's counter is bumped under its
+    /// write lock whenever its leaf page is written. A leaf page read *without* the page
+    /// lock is valid if the counter, read under the lock before and after the read, did
+    /// not change (see `Core::ticket_valid`).
+    leaf_versions: LeafVersions,
+    /// Set to turn batched eviction IO off (`evict_batch` then evicts one by one).
+    single_evictions: AtomicBool,
+}
+
+/// The leaf-write counters, `LEAF_VERSION_STRIPES` of them.
+struct LeafVersions(Box<[AtomicU64]>);
+
+impl Default for LeafVersions {
+    fn default() -> Self {
+        LeafVersions(
+            (0..LEAF_VERSION_STRIPES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        )
+    }
 }
 
 fn bump(counter: &AtomicU64) {
@@ -225,11 +246,6 @@ struct Core {
     store: Box<dyn PageStore>,
     direct_io: bool,
     counters: Counters,
-    /// Leaf-write counters, striped by `PageId`: a page's counter is bumped under its
-    /// write lock whenever its leaf page is written. A leaf page read *without* the page
-    /// lock is valid if the counter, read under the lock before and after the read, did
-    /// not change (see `Core::read_ticket`).
-    leaf_versions: Box<[AtomicU64]>,
     /// Set when a write to the page store failed; the tree then refuses writes.
     failed: AtomicBool,
     failure: Mutex<Option<String>>,
@@ -330,9 +346,6 @@ impl Tree {
                 store,
                 direct_io,
                 counters: Counters::default(),
-                leaf_versions: (0..LEAF_VERSION_STRIPES)
-                    .map(|_| AtomicU64::new(0))
-                    .collect(),
                 failed: AtomicBool::new(false),
                 failure: Mutex::new(None),
                 evict_failures: AtomicU64::new(0),
@@ -468,6 +481,15 @@ impl Tree {
             direct_io: self.core.direct_io,
             pool: self.core.pool.stats(),
         }
+    }
+
+    /// Turns batched eviction IO on (the default) or off, for measuring what it gains.
+    #[doc(hidden)]
+    pub fn set_batched_eviction(&self, on: bool) {
+        self.core
+            .counters
+            .single_evictions
+            .store(!on, Ordering::Relaxed);
     }
 
     /// The configuration the tree runs with.
@@ -1191,7 +1213,7 @@ impl Core {
 
     /// The leaf-write counter of `pid` (shared with the other ids of its stripe).
     fn leaf_version(&self, pid: PageId) -> &AtomicU64 {
-        &self.leaf_versions[(pid.0 % LEAF_VERSION_STRIPES as u64) as usize]
+        &self.counters.leaf_versions.0[(pid.0 % LEAF_VERSION_STRIPES as u64) as usize]
     }
 
     /// Writes a leaf page no reader can reach yet (the right-hand pages of a split).
@@ -1571,7 +1593,7 @@ impl Core {
             self.read_leaf(header.leaf, &mut page)?;
             Some(page)
         };
-        match self.plan_merge(pid, header, mini, extra, leaf)? {
+        match self.plan_merge(header, mini, extra, leaf)? {
             MergePlan::Write(mut page) => {
                 self.write_leaf(pid, header.leaf, &mut page)?;
                 Ok(false)
@@ -1588,7 +1610,6 @@ impl Core {
     /// mirror, whose live records are the leaf's).
     fn plan_merge(
         &self,
-        pid: PageId,
         header: MiniHeader,
         mini: Option<NodeRef<'_>>,
         extra: Option<(&[u8], &[u8], RecordType)>,
@@ -1633,7 +1654,8 @@ impl Core {
                 let leaf = NodeRef::trusted(page.payload());
                 assert!(
                     leaf.covers(k),
-                    "pid {pid:?} leaf {:?}: key {:?} outside [{:?}, {:?}) extra={:?}",
+                    "pid {:?} leaf {:?}: key {:?} outside [{:?}, {:?}) extra={:?}",
+                    header.pid,
                     header.leaf,
                     String::from_utf8_lossy(k),
                     low.as_ref()
@@ -1953,7 +1975,7 @@ impl Evictor for Core {
     /// also changes inner nodes). Only try-locks, like `evict`; the page locks it gets
     /// are held until the batch is written, which delays only readers of those pages.
     fn evict_batch(&self, blocks: &[Block]) -> Vec<EvictDecision> {
-        if blocks.len() < 2 {
+        if blocks.len() < 2 || self.counters.single_evictions.load(Ordering::Relaxed) {
             return blocks.iter().map(|b| self.evict(b)).collect();
         }
         let mut decisions = vec![EvictDecision::Busy; blocks.len()];
@@ -2000,7 +2022,7 @@ impl Evictor for Core {
             // SAFETY: we hold the page's write lock.
             let mini = unsafe { mini_ref(&blocks[i]) };
             let leaf = (!header.mirror).then(|| pages.next().expect("one page per job"));
-            match self.plan_merge(header.pid, header, Some(mini), None, leaf) {
+            match self.plan_merge(header, Some(mini), None, leaf) {
                 Ok(MergePlan::Write(new)) => writes.push((i, page, header, new)),
                 Ok(MergePlan::Split { records, chunks }) => {
                     let split = self.split_leaf(header.pid, header.leaf, &records, &chunks);

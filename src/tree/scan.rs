@@ -24,9 +24,12 @@ use crate::storage::{Page, PageNo};
 
 type Record = (Vec<u8>, Vec<u8>);
 
-/// Leaf pages a fetch reads ahead of need, at most: the pages after the fetched one
+/// Leaf pages a fetch reads ahead of need by default: the pages after the fetched one
 /// (before it, going backward), read in the same batch as the fetched page.
 const PREFETCH_PAGES: usize = 8;
+
+/// The most pages [`Range::read_ahead`] accepts.
+pub const MAX_READ_AHEAD_PAGES: usize = 64;
 
 /// A leaf page read ahead of need, with the ticket that validates it when its turn
 /// comes (the page was read while the scan held only another page's lock).
@@ -52,6 +55,8 @@ pub struct Range<'t> {
     back: VecDeque<Record>,
     /// Leaf pages read ahead for the next fetches.
     prefetched: Vec<Prefetched>,
+    /// How many pages a fetch reads ahead (0: none).
+    read_ahead_pages: usize,
     failed: bool,
 }
 
@@ -75,8 +80,18 @@ impl<'t> Range<'t> {
             front: VecDeque::new(),
             back: VecDeque::new(),
             prefetched: Vec::new(),
+            read_ahead_pages: PREFETCH_PAGES,
             failed: false,
         }
+    }
+
+    /// Sets how many leaf pages a fetch reads ahead, in the same batched read as the
+    /// page it needs (default 8, at most [`MAX_READ_AHEAD_PAGES`]; 0 turns read-ahead
+    /// off). Only pages holding keys of the range, under the same inner node, and not
+    /// cached whole in the pool are read ahead.
+    pub fn read_ahead(mut self, pages: usize) -> Self {
+        self.read_ahead_pages = pages.min(MAX_READ_AHEAD_PAGES);
+        self
     }
 
     fn fail(&mut self, e: Error) -> Option<Result<Record>> {
@@ -108,7 +123,7 @@ impl Iterator for Range<'_> {
                 &upper,
                 Direction::Forward,
                 &mut self.front,
-                &mut self.prefetched,
+                (&mut self.prefetched, self.read_ahead_pages),
             ) {
                 Ok(Some(next_lower)) if !is_empty(&next_lower, &upper) => {
                     self.unfetched = Some((next_lower, upper));
@@ -137,7 +152,7 @@ impl DoubleEndedIterator for Range<'_> {
                 &upper,
                 Direction::Backward,
                 &mut self.back,
-                &mut self.prefetched,
+                (&mut self.prefetched, self.read_ahead_pages),
             ) {
                 Ok(Some(next_upper)) if !is_empty(&lower, &next_upper) => {
                     self.unfetched = Some((lower, next_upper));
@@ -235,7 +250,7 @@ impl Core {
         upper: &Bound<Vec<u8>>,
         direction: Direction,
         out: &mut VecDeque<Record>,
-        prefetched: &mut Vec<Prefetched>,
+        (prefetched, read_ahead_pages): (&mut Vec<Prefetched>, usize),
     ) -> Result<Option<Bound<Vec<u8>>>> {
         let promote = chance(self.config.promotion_rate_percent);
         loop {
@@ -263,7 +278,8 @@ impl Core {
                     continue;
                 }
                 let bounds = (lower, upper, direction);
-                let view = self.view_prefetching(&path, page.location(), bounds, prefetched)?;
+                let ahead = (prefetched, read_ahead_pages);
+                let view = self.view_prefetching(&path, page.location(), bounds, ahead)?;
                 self.make_mirror(&page, &view);
                 view
             } else {
@@ -273,7 +289,8 @@ impl Core {
                     continue;
                 }
                 let bounds = (lower, upper, direction);
-                self.view_prefetching(&path, page.location(), bounds, prefetched)?
+                let ahead = (prefetched, read_ahead_pages);
+                self.view_prefetching(&path, page.location(), bounds, ahead)?
             };
             let in_range = |k: &[u8]| above(lower, k) && below(upper, k);
             return Ok(match direction {
@@ -361,7 +378,7 @@ impl Core {
         path: &LeafPath<'_>,
         location: Location,
         bounds: (&Bound<Vec<u8>>, &Bound<Vec<u8>>, Direction),
-        prefetched: &mut Vec<Prefetched>,
+        (prefetched, read_ahead_pages): (&mut Vec<Prefetched>, usize),
     ) -> Result<PageView> {
         if self.is_mirror(location) {
             return self.page_view(location, None);
@@ -373,7 +390,7 @@ impl Core {
             }
             bump(&self.counters.stale_leaf_reads);
         }
-        let ahead = self.pages_ahead(path, bounds);
+        let ahead = self.pages_ahead(path, bounds, read_ahead_pages);
         if ahead.is_empty() {
             return self.page_view(location, None);
         }
@@ -413,7 +430,7 @@ impl Core {
         }
     }
 
-    /// Tickets for up to `PREFETCH_PAGES` pages after `path.pid` in the scan's direction
+    /// Tickets for up to `max_pages` pages after `path.pid` in the scan's direction
     /// that hold keys of the range, are children of the same parent and need their leaf
     /// page (mirrors do not). The caller holds `path.pid`'s lock, so the other pages are
     /// only try-locked: a thread holding a page lock never waits for another.
@@ -421,15 +438,19 @@ impl Core {
         &self,
         path: &LeafPath<'_>,
         (lower, upper, direction): (&Bound<Vec<u8>>, &Bound<Vec<u8>>, Direction),
+        max_pages: usize,
     ) -> Vec<LeafTicket> {
         let mut pids = Vec::new();
+        if max_pages == 0 {
+            return Vec::new();
+        }
         {
             let guard = epoch::pin();
             let n = NodeRef::trusted(path.parent.bytes(&guard));
             let mut low = Vec::new();
             match direction {
                 Direction::Forward => {
-                    let end = n.len().min(path.index + 1 + PREFETCH_PAGES);
+                    let end = n.len().min(path.index + 1 + max_pages);
                     for j in path.index + 1..end {
                         // Child j's keys start at its separator: in range, or stop.
                         n.key_into(j, &mut low);
@@ -440,7 +461,7 @@ impl Core {
                     }
                 }
                 Direction::Backward => {
-                    let start = path.index.saturating_sub(PREFETCH_PAGES);
+                    let start = path.index.saturating_sub(max_pages);
                     for j in (start..path.index.min(n.len())).rev() {
                         // Child j's keys lie below child j+1's separator.
                         n.key_into(j + 1, &mut low);
