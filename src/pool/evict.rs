@@ -14,6 +14,13 @@
 //!
 //! Every reclaimer runs step 3 after marking its block `Reclaimed`, with a blocking lock,
 //! so no reclaimed block is left behind the head unnoticed.
+//!
+//! `evict_many` (used by `alloc` and `evict_until`) claims up to `EVICT_BATCH_BLOCKS`
+//! blocks in a row and hands the live ones to one `Evictor::evict_batch` call, so the
+//! tree can merge them with one batched read and one batched write. Step 2 is split in
+//! `begin` (by state; `Live` → `Evicting`) and `finish` (the callback's answer), and
+//! every block of a batch goes through both exactly as a single block would: claims stay
+//! serial and single, and the head still passes a block only once it is `Reclaimed`.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering as RegionOrdering;
@@ -34,6 +41,10 @@ const MAX_STALLED_ATTEMPTS: u32 = 64;
 /// Attempts in total (reclaiming or not) before `alloc` gives up with `WouldBlock`; a
 /// backstop against starvation by other allocating threads.
 const MAX_ALLOC_ATTEMPTS: u32 = 4096;
+
+/// Blocks claimed per step by `alloc` and [`Pool::evict_until`], whose live ones go to
+/// [`Evictor::evict_batch`] together (so the tree can merge them with batched IO).
+pub const EVICT_BATCH_BLOCKS: usize = 8;
 
 /// What one eviction step achieved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +119,67 @@ impl Pool {
         }
     }
 
+    /// Runs one batched eviction step: retries the oldest busy block (alone), then
+    /// claims up to `max_blocks` blocks at the evict cursor and hands the live ones to
+    /// [`Evictor::evict_batch`] in one call. Returns the number of blocks reclaimed; 0
+    /// means no progress right now (busy blocks, an allocation in flight, or nothing to
+    /// evict).
+    ///
+    /// The pool's invariants are those of [`Pool::evict_one`]: each block is claimed
+    /// once and processed by this thread only, and is reclaimed (letting the head pass)
+    /// only after the callback answered for it.
+    pub fn evict_many(&self, max_blocks: usize, evictor: &dyn Evictor) -> usize {
+        let mut reclaimed = 0;
+        let oldest = self.evict_state.lock().retry.pop_first();
+        if let Some(addr) = oldest
+            && matches!(self.process(addr, evictor), EvictResult::Reclaimed { .. })
+        {
+            reclaimed += 1;
+        }
+        let mut live: Vec<(u64, Header)> = Vec::with_capacity(max_blocks);
+        for _ in 0..max_blocks {
+            let Claim::Block(addr) = self.claim_next(true) else {
+                break;
+            };
+            match self.begin(addr) {
+                Begun::Done(EvictResult::Reclaimed { .. }) => reclaimed += 1,
+                Begun::Done(_) => {}
+                Begun::Callback(current) => live.push((addr, current)),
+            }
+        }
+        if live.is_empty() {
+            return reclaimed;
+        }
+        let blocks: Vec<Block> = live
+            .iter()
+            .map(|&(addr, h)| self.handle(addr, h.payload_size_bytes()))
+            .collect();
+        let addrs: Vec<u64> = live.iter().map(|&(addr, _)| addr).collect();
+        let decisions = {
+            let guard = RestoreOnUnwind {
+                pool: self,
+                addrs: &addrs,
+            };
+            let d = evictor.evict_batch(&blocks);
+            std::mem::forget(guard);
+            d
+        };
+        assert_eq!(
+            decisions.len(),
+            blocks.len(),
+            "evict_batch must answer for every block"
+        );
+        for (&(addr, current), decision) in live.iter().zip(decisions) {
+            if matches!(
+                self.finish(addr, current, decision),
+                EvictResult::Reclaimed { .. }
+            ) {
+                reclaimed += 1;
+            }
+        }
+        reclaimed
+    }
+
     /// Evicts until the tail has at least `free_bytes` of room (`capacity - (tail -
     /// head)`), or until eviction stalls on busy blocks. Returns whether the room was
     /// reached.
@@ -120,15 +192,14 @@ impl Pool {
             if self.capacity_bytes.saturating_sub(a.tail - a.head) >= free_bytes {
                 return true;
             }
-            match self.evict_one(evictor) {
-                EvictResult::Reclaimed { .. } => stalled = 0,
-                _ => {
-                    stalled += 1;
-                    if stalled > MAX_STALLED_ATTEMPTS {
-                        return false;
-                    }
-                    spin_wait(stalled);
+            if self.evict_many(EVICT_BATCH_BLOCKS, evictor) > 0 {
+                stalled = 0;
+            } else {
+                stalled += 1;
+                if stalled > MAX_STALLED_ATTEMPTS {
+                    return false;
                 }
+                spin_wait(stalled);
             }
         }
     }
@@ -220,6 +291,28 @@ impl Pool {
 
     /// Deals with a claimed block. This thread is its only processor.
     fn process(&self, addr: u64, evictor: &dyn Evictor) -> EvictResult {
+        match self.begin(addr) {
+            Begun::Done(result) => result,
+            Begun::Callback(current) => {
+                let block = self.handle(addr, current.payload_size_bytes());
+                let decision = {
+                    let guard = RestoreOnUnwind {
+                        pool: self,
+                        addrs: &[addr],
+                    };
+                    let d = evictor.evict(&block);
+                    std::mem::forget(guard);
+                    d
+                };
+                self.finish(addr, current, decision)
+            }
+        }
+    }
+
+    /// The first half of processing a claimed block: reclaims or defers it by state,
+    /// or, for a `Live` block, makes it `Evicting` and asks for the callback. This thread
+    /// is the block's only processor.
+    fn begin(&self, addr: u64) -> Begun {
         let offset = self.region.offset_of(addr);
         // SAFETY: the block is claimed and not reclaimed (only its processor, this
         // thread, reclaims it), so the head is at or below it and the word is its header,
@@ -229,7 +322,7 @@ impl Pool {
             let current = Header(word.load(RegionOrdering::Acquire));
             debug_assert_eq!(current.lap(), self.lap(addr));
             match current.state() {
-                Some(State::Pad | State::Dead) => return self.reclaim(addr, false),
+                Some(State::Pad | State::Dead) => return Begun::Done(self.reclaim(addr, false)),
                 Some(State::Free) => {
                     let class = self
                         .class_of(current.payload_size_bytes() as usize)
@@ -240,13 +333,13 @@ impl Pool {
                             .take(&self.region, class, addr, current, State::Evicting)
                     };
                     if taken {
-                        return self.reclaim(addr, false);
+                        return Begun::Done(self.reclaim(addr, false));
                     }
                     // A pop or a skip changed it first; look again.
                 }
                 // Its client is still initialising it (perhaps this very thread):
                 // never wait for it.
-                Some(State::Reserved) => return self.retry_later(addr),
+                Some(State::Reserved) => return Begun::Done(self.retry_later(addr)),
                 Some(State::Live) => {
                     let evicting = current.with_state(State::Evicting);
                     if word
@@ -256,36 +349,41 @@ impl Pool {
                             RegionOrdering::AcqRel,
                             RegionOrdering::Acquire,
                         )
-                        .is_err()
+                        .is_ok()
                     {
-                        continue;
-                    }
-                    let block = self.handle(addr, current.payload_size_bytes());
-                    let decision = {
-                        let guard = RestoreOnUnwind { pool: self, addr };
-                        let d = evictor.evict(&block);
-                        std::mem::forget(guard);
-                        d
-                    };
-                    match decision {
-                        EvictDecision::Evicted => return self.reclaim(addr, true),
-                        EvictDecision::Busy => {
-                            if word
-                                .compare_exchange(
-                                    evicting.0,
-                                    current.0,
-                                    RegionOrdering::AcqRel,
-                                    RegionOrdering::Acquire,
-                                )
-                                .is_ok()
-                            {
-                                return self.retry_later(addr);
-                            }
-                            // Its client freed it meanwhile (now `Dead`): reclaim.
-                        }
+                        return Begun::Callback(current);
                     }
                 }
                 other => panic!("claimed block at {addr} in state {other:?}"),
+            }
+        }
+    }
+
+    /// The second half: acts on the callback's answer for a block `begin` made
+    /// `Evicting` (from the `Live` header `current`).
+    fn finish(&self, addr: u64, current: Header, decision: EvictDecision) -> EvictResult {
+        match decision {
+            EvictDecision::Evicted => self.reclaim(addr, true),
+            EvictDecision::Busy => {
+                let offset = self.region.offset_of(addr);
+                // SAFETY: claimed and unreclaimed (we are its processor), so the word is
+                // its header, accessed atomically only.
+                let word = unsafe { self.region.header(offset) };
+                let evicting = current.with_state(State::Evicting);
+                if word
+                    .compare_exchange(
+                        evicting.0,
+                        current.0,
+                        RegionOrdering::AcqRel,
+                        RegionOrdering::Acquire,
+                    )
+                    .is_ok()
+                {
+                    self.retry_later(addr)
+                } else {
+                    // Its client freed it meanwhile (now `Dead`): reclaim.
+                    self.reclaim(addr, false)
+                }
             }
         }
     }
@@ -380,31 +478,41 @@ impl Pool {
     }
 }
 
-/// Puts a block back to `Live` and on the retry list if the callback panics, so the
+/// How `begin` left a claimed block.
+enum Begun {
+    /// Dealt with without the callback (reclaimed, or deferred to the retry list).
+    Done(EvictResult),
+    /// Now `Evicting` (from this `Live` header): the callback must answer for it.
+    Callback(Header),
+}
+
+/// Puts blocks back to `Live` and on the retry list if the callback panics, so the
 /// head is not stuck behind a block left `Evicting` forever.
 struct RestoreOnUnwind<'a> {
     pool: &'a Pool,
-    addr: u64,
+    addrs: &'a [u64],
 }
 
 impl Drop for RestoreOnUnwind<'_> {
     fn drop(&mut self) {
         let pool = self.pool;
-        let offset = pool.region.offset_of(self.addr);
-        // SAFETY: the block is ours (being processed), not reclaimed.
-        let word = unsafe { pool.region.header(offset) };
-        let now = Header(word.load(RegionOrdering::Acquire));
-        // If the client freed it during the callback it is `Dead` instead; either way the
-        // retry list picks it up again (a `Dead` block is then reclaimed there).
-        if now.state() == Some(State::Evicting) {
-            let _ = word.compare_exchange(
-                now.0,
-                now.with_state(State::Live).0,
-                RegionOrdering::AcqRel,
-                RegionOrdering::Acquire,
-            );
+        for &addr in self.addrs {
+            let offset = pool.region.offset_of(addr);
+            // SAFETY: the block is ours (being processed), not reclaimed.
+            let word = unsafe { pool.region.header(offset) };
+            let now = Header(word.load(RegionOrdering::Acquire));
+            // If the client freed it during the callback it is `Dead` instead; either
+            // way the retry list picks it up again (a `Dead` block is reclaimed there).
+            if now.state() == Some(State::Evicting) {
+                let _ = word.compare_exchange(
+                    now.0,
+                    now.with_state(State::Live).0,
+                    RegionOrdering::AcqRel,
+                    RegionOrdering::Acquire,
+                );
+            }
+            pool.evict_state.lock().retry.insert(addr);
         }
-        pool.evict_state.lock().retry.insert(self.addr);
     }
 }
 
@@ -419,17 +527,16 @@ pub(super) fn alloc_evicting(
         if let Some(block) = pool.alloc_in_class(class) {
             return Ok(block);
         }
-        match pool.evict_one(evictor) {
-            // Reclaiming behind a busy head does not free tail room, but the eviction
-            // window bounds how long that can go on before the steps stall.
-            EvictResult::Reclaimed { .. } => stalled = 0,
-            EvictResult::Busy | EvictResult::InFlight | EvictResult::Empty => {
-                stalled += 1;
-                if stalled > MAX_STALLED_ATTEMPTS {
-                    break;
-                }
-                spin_wait(stalled);
+        // Reclaiming behind a busy head does not free tail room, but the eviction
+        // window bounds how long that can go on before the steps stall.
+        if pool.evict_many(EVICT_BATCH_BLOCKS, evictor) > 0 {
+            stalled = 0;
+        } else {
+            stalled += 1;
+            if stalled > MAX_STALLED_ATTEMPTS {
+                break;
             }
+            spin_wait(stalled);
         }
     }
     Counters::bump(&pool.counters.would_blocks);

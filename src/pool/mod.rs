@@ -54,7 +54,7 @@ use freelist::FreeLists;
 use header::{HEADER_SIZE_BYTES, Header, State};
 use region::Region;
 
-pub use evict::{DrainReport, EvictResult};
+pub use evict::{DrainReport, EVICT_BATCH_BLOCKS, EvictResult};
 pub use region::Backing;
 
 /// The smallest payload size class, one cache line.
@@ -247,6 +247,14 @@ pub enum EvictDecision {
 pub trait Evictor {
     /// Deals with `block`'s contents, or answers `Busy`.
     fn evict(&self, block: &Block) -> EvictDecision;
+
+    /// Deals with several blocks at once (all `Evicting`, claimed in address order by
+    /// one thread), answering for each in order. The pool calls it from
+    /// [`Pool::evict_many`], so an evictor can batch the IO of several evictions. The
+    /// same rules as for [`Evictor::evict`] apply. The default evicts them one by one.
+    fn evict_batch(&self, blocks: &[Block]) -> Vec<EvictDecision> {
+        blocks.iter().map(|b| self.evict(b)).collect()
+    }
 }
 
 impl<F: Fn(&Block) -> EvictDecision> Evictor for F {

@@ -491,3 +491,108 @@ fn random_operations_keep_memory_outside_the_window_zero() {
         assert_zero_outside_window(&pool);
     }
 }
+
+/// An evictor that records the batches it is handed and answers `Busy` for one block.
+struct BatchRecorder {
+    busy_addr: u64,
+    batches: std::sync::Mutex<Vec<Vec<u64>>>,
+}
+
+impl Evictor for BatchRecorder {
+    fn evict(&self, block: &Block) -> EvictDecision {
+        self.evict_batch(std::slice::from_ref(block))[0]
+    }
+
+    fn evict_batch(&self, blocks: &[Block]) -> Vec<EvictDecision> {
+        self.batches
+            .lock()
+            .unwrap()
+            .push(blocks.iter().map(Block::addr).collect());
+        blocks
+            .iter()
+            .map(|b| {
+                if b.addr() == self.busy_addr {
+                    EvictDecision::Busy
+                } else {
+                    EvictDecision::Evicted
+                }
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn evict_many_hands_live_blocks_over_in_one_batch() {
+    let pool = tiny(4096, 256);
+    let blocks: Vec<Block> = (0..6).map(|_| pool.try_alloc(64).unwrap()).collect();
+    // 0 live, 1 live (busy), 2 freed, 3 reserved (never published yet), 4 and 5 live.
+    // SAFETY: each block is published or freed once, by this single thread.
+    unsafe {
+        for i in [0, 1, 4, 5] {
+            pool.publish(&blocks[i]);
+        }
+        pool.free(blocks[2]);
+    }
+    let recorder = BatchRecorder {
+        busy_addr: blocks[1].addr(),
+        batches: std::sync::Mutex::new(Vec::new()),
+    };
+    // Two blocks fewer than there are: the cursor stops after block 3.
+    assert_eq!(pool.evict_many(4, &recorder), 2, "blocks 0 and 2");
+    assert_eq!(
+        *recorder.batches.lock().unwrap(),
+        vec![vec![blocks[0].addr(), blocks[1].addr()]],
+        "one call, live blocks in address order"
+    );
+    assert_eq!(header_of(&pool, &blocks[1]).state(), Some(State::Live));
+    assert_eq!(header_of(&pool, &blocks[3]).state(), Some(State::Reserved));
+    // The head passed block 0 only: block 1 is busy and holds it back.
+    assert_eq!(pool.addresses().head, blocks[1].addr());
+    // Next step: block 1 (the oldest busy one) is retried alone and is busy again; then
+    // blocks 4 and 5 go in one batch.
+    assert_eq!(pool.evict_many(8, &recorder), 2);
+    assert_eq!(
+        recorder.batches.lock().unwrap()[1..],
+        [
+            vec![blocks[1].addr()],
+            vec![blocks[4].addr(), blocks[5].addr()]
+        ]
+    );
+    assert_eq!(pool.addresses().head, blocks[1].addr());
+    // SAFETY: block 3 is still Reserved and ours.
+    unsafe { pool.publish(&blocks[3]) };
+    let report = pool.drain(&evict_all);
+    assert_eq!(report.busy_blocks, 0);
+    assert_eq!(pool.addresses().head, pool.addresses().tail);
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
+fn panicking_batch_callback_puts_every_block_back() {
+    let pool = tiny(4096, 256);
+    let blocks: Vec<Block> = (0..3).map(|_| pool.try_alloc(64).unwrap()).collect();
+    for b in &blocks {
+        // SAFETY: each block published once.
+        unsafe { pool.publish(b) };
+    }
+    struct Panics;
+    impl Evictor for Panics {
+        fn evict(&self, _: &Block) -> EvictDecision {
+            panic!("callback failure")
+        }
+        fn evict_batch(&self, _: &[Block]) -> Vec<EvictDecision> {
+            panic!("batch callback failure")
+        }
+    }
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.evict_many(8, &Panics);
+    }));
+    assert!(result.is_err());
+    for b in &blocks {
+        assert_eq!(header_of(&pool, b).state(), Some(State::Live));
+    }
+    assert_eq!(pool.addresses().head, 0);
+    let report = pool.drain(&evict_all);
+    assert_eq!(report.evicted_blocks, 3);
+    assert_eq!(pool.addresses().head, pool.addresses().tail);
+}

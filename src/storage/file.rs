@@ -1015,6 +1015,14 @@ impl FileStore {
 }
 
 impl PageStore for FileStore {
+    fn raw_page_location(&self, no: PageNo) -> Option<(std::os::fd::RawFd, u64)> {
+        use std::os::fd::AsRawFd;
+        self.state
+            .read()
+            .is_allocated(no.0)
+            .then(|| (self.file.as_raw_fd(), offset_of(no.0)))
+    }
+
     fn read_page(&self, no: PageNo, page: &mut Page) -> io::Result<()> {
         if self.io_engine == IoEngine::IoUring {
             return self.read_pages_uring(&mut [(no, page)]);

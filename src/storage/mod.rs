@@ -313,6 +313,19 @@ pub trait PageStore: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Where page `no` lives in a plain file, for callers that submit their own reads
+    /// (the tree's async read path): the file's descriptor and the page's byte offset,
+    /// or `None` (the default) when the store keeps pages elsewhere or `no` is not an
+    /// allocated data page. Callers then use [`PageStore::read_page`]. The descriptor is
+    /// the store's and stays open as long as the store: never close it. A caller reading
+    /// through it must verify the page itself (checksum, version, kind), as `read_page`
+    /// does.
+    #[cfg(unix)]
+    fn raw_page_location(&self, no: PageNo) -> Option<(std::os::fd::RawFd, u64)> {
+        let _ = no;
+        None
+    }
+
     /// A page slot for new data: a freed slot if any, else a new one at the end.
     fn allocate(&self) -> io::Result<PageNo>;
 
@@ -348,6 +361,10 @@ impl<S: PageStore + ?Sized> PageStore for std::sync::Arc<S> {
     }
     fn write_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> io::Result<()> {
         (**self).write_pages(reqs)
+    }
+    #[cfg(unix)]
+    fn raw_page_location(&self, no: PageNo) -> Option<(std::os::fd::RawFd, u64)> {
+        (**self).raw_page_location(no)
     }
     fn allocate(&self) -> io::Result<PageNo> {
         (**self).allocate()

@@ -173,8 +173,8 @@ impl MappingTable {
         ReadGuard { word }
     }
 
-    #[cfg(all(test, not(feature = "shuttle")))]
-    /// Takes `id`'s shared lock if no writer holds it right now.
+    /// Takes `id`'s shared lock if no writer holds or awaits it right now. Scans use it
+    /// to look at the pages after the one they hold locked, without ever waiting.
     pub(crate) fn try_read(&self, id: PageId) -> Option<ReadGuard<'_>> {
         let word = self.word(id);
         try_lock_once(word, try_read_word).then(|| ReadGuard { word })

@@ -21,6 +21,8 @@
 //! - Inner-node locks are only taken by upgrading a version seen during a traversal (a
 //!   CAS that never waits), so no cycle of waiting can form.
 
+#[cfg(feature = "tokio-uring")]
+pub mod aio;
 pub(crate) mod inner;
 mod leaf;
 mod mapping;
@@ -49,7 +51,7 @@ use mapping::{Location, MappingTable, PageId};
 use node::{Fences, NodeKind, NodeMut, NodeRef, RecordType, WriteError};
 use olc::Restart;
 
-pub use scan::Range;
+pub use scan::{MAX_READ_AHEAD_PAGES, Range};
 
 /// Why an operation on a locked page did not finish.
 enum Op {
@@ -89,6 +91,8 @@ struct LeafPath<'t> {
     parent: &'t InnerNode,
     parent_version: u64,
     pid: PageId,
+    /// Position of `pid` among the parent's children (scans prefetch its neighbours).
+    index: usize,
     /// Length of the key prefix every key of the page shares (from its fences).
     prefix_len: usize,
 }
@@ -123,6 +127,20 @@ pub struct TreeStats {
     pub leaf_writes: u64,
     /// Operations restarted from the root after a concurrent change.
     pub restarts: u64,
+    /// Leaf pages read in batches of more than one page (one `read_pages` call each):
+    /// by [`Tree::get_many`], scan prefetch and batched eviction. Also in `leaf_reads`.
+    pub batched_leaf_reads: u64,
+    /// Leaf pages written in batches of more than one page (one `write_pages` call each)
+    /// by batched eviction. Also in `leaf_writes`.
+    pub batched_leaf_writes: u64,
+    /// Leaf pages a scan read ahead of need, for the pages after the one it fetched.
+    pub prefetched_leaf_pages: u64,
+    /// Leaf pages read through a tokio-uring runtime's ring by the async API
+    /// (feature `tokio-uring`). Also in `leaf_reads`.
+    pub async_leaf_reads: u64,
+    /// Leaf pages read without their page lock that a concurrent write made stale before
+    /// they were used; the read was then repeated under the lock.
+    pub stale_leaf_reads: u64,
     /// Levels of inner nodes above the leaf pages.
     pub height: u32,
     /// Leaf pages in use in the page store.
@@ -139,6 +157,7 @@ pub struct TreeStats {
     pub pool: PoolStats,
 }
 
+/// The tree's counters and per-page leaf-write counters.
 #[derive(Default)]
 struct Counters {
     mini_pages_created: AtomicU64,
@@ -154,11 +173,43 @@ struct Counters {
     leaf_reads: AtomicU64,
     leaf_writes: AtomicU64,
     restarts: AtomicU64,
+    batched_leaf_reads: AtomicU64,
+    batched_leaf_writes: AtomicU64,
+    prefetched_leaf_pages: AtomicU64,
+    async_leaf_reads: AtomicU64,
+    stale_leaf_reads: AtomicU64,
+    /// Leaf-write counters, striped by `PageId`: a page's counter is bumped under its
+    /// write lock whenever its leaf page is written. A leaf page read *without* the page
+    /// lock is valid if the counter, read under the lock before and after the read, did
+    /// not change (see `Core::ticket_valid`).
+    leaf_versions: LeafVersions,
+    /// Set to turn batched eviction IO off (`evict_batch` then evicts one by one).
+    single_evictions: AtomicBool,
+}
+
+/// The leaf-write counters, `LEAF_VERSION_STRIPES` of them.
+struct LeafVersions(Box<[AtomicU64]>);
+
+impl Default for LeafVersions {
+    fn default() -> Self {
+        LeafVersions(
+            (0..LEAF_VERSION_STRIPES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        )
+    }
 }
 
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
+
+fn bump_by(counter: &AtomicU64, n: usize) {
+    counter.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+/// Number of leaf-write counters; a page uses the one its `PageId` selects modulo this.
+const LEAF_VERSION_STRIPES: usize = 4096;
 
 /// A Bf-Tree: an ordered key-value index over a page store, with a fixed memory budget.
 ///
@@ -333,6 +384,30 @@ impl Tree {
         self.core.get(key, out)
     }
 
+    /// The values stored under `keys`, in the order of `keys` (duplicates and absent
+    /// keys allowed).
+    ///
+    /// Keys are answered from their mini-pages where possible; the leaf pages the rest
+    /// need are read together, one batched [`PageStore::read_pages`] call per up to 128
+    /// distinct pages, so a page store that batches (io_uring) keeps them all in flight.
+    /// Each answer is the key's value at some moment during the call. Fails on the first
+    /// invalid key before reading anything.
+    ///
+    /// ```
+    /// let tree = bfdb::Tree::in_memory(bfdb::Config::default())?;
+    /// tree.insert(b"a", b"1")?;
+    /// tree.insert(b"c", b"3")?;
+    /// let got = tree.get_many(&[&b"c"[..], b"b", b"a"])?;
+    /// assert_eq!(got, vec![Some(b"3".to_vec()), None, Some(b"1".to_vec())]);
+    /// # Ok::<(), bfdb::Error>(())
+    /// ```
+    pub fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        for key in keys {
+            self.core.check_key(key.as_ref())?;
+        }
+        self.core.get_many(keys)
+    }
+
     /// Inserts `value` under `key`, replacing any previous value (upsert).
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.core.check_key(key)?;
@@ -412,6 +487,11 @@ impl Tree {
             leaf_reads: load(&c.leaf_reads),
             leaf_writes: load(&c.leaf_writes),
             restarts: load(&c.restarts),
+            batched_leaf_reads: load(&c.batched_leaf_reads),
+            batched_leaf_writes: load(&c.batched_leaf_writes),
+            prefetched_leaf_pages: load(&c.prefetched_leaf_pages),
+            async_leaf_reads: load(&c.async_leaf_reads),
+            stale_leaf_reads: load(&c.stale_leaf_reads),
             height: self.core.root().level,
             leaf_pages: self.core.store.stats().live_pages,
             direct_io: self.core.backend.direct_io,
@@ -419,6 +499,15 @@ impl Tree {
             backend_notice: self.core.backend.notice.clone(),
             pool: self.core.pool.stats(),
         }
+    }
+
+    /// Turns batched eviction IO on (the default) or off, for measuring what it gains.
+    #[doc(hidden)]
+    pub fn set_batched_eviction(&self, on: bool) {
+        self.core
+            .counters
+            .single_evictions
+            .store(!on, Ordering::Relaxed);
     }
 
     /// The configuration the tree runs with.
@@ -539,11 +628,56 @@ unsafe fn block_bytes<'a>(block: &Block) -> &'a mut [u8] {
 }
 
 /// What the leaf level found for a key under a page lock.
+#[derive(Clone, Copy)]
 enum Found {
     /// The key's record, from the mini-page or the leaf page.
     Value,
     /// The key is absent (tombstone, phantom, mirror miss or leaf miss).
     Absent,
+}
+
+/// What a merge writes: one leaf page, or the records of a leaf that must split and how
+/// they pack into pages.
+enum MergePlan {
+    Write(Box<Page>),
+    Split {
+        records: Vec<(Vec<u8>, Vec<u8>)>,
+        chunks: Vec<leaf::LeafChunk>,
+    },
+}
+
+/// Distinct leaf pages `get_many` reads in one batch (bounds its buffers to 512 KiB).
+const GET_MANY_BATCH_PAGES: usize = 128;
+
+/// A leaf page a read still needs, noted under the page's lock so that the page can be
+/// read later without the lock and validated (`Core::finish_read`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeafTicket {
+    pub(crate) pid: PageId,
+    /// The leaf page to read.
+    pub(crate) leaf: PageNo,
+    /// The page's leaf-write counter when the ticket was taken.
+    version: u64,
+    prefix_len: usize,
+}
+
+/// What a probe of the mini-pages found.
+pub(crate) enum Probe {
+    /// Answered without the leaf page: whether the key exists (its value is in `out`).
+    Done(bool),
+    /// The leaf page must be read.
+    Leaf(LeafTicket),
+}
+
+/// Looks `key` up in a leaf node, appending its value to `out` if present.
+fn search_leaf(leaf: &NodeRef<'_>, key: &[u8], out: &mut Vec<u8>) -> Found {
+    match leaf.search(key) {
+        Ok(i) => {
+            out.extend_from_slice(leaf.value(i));
+            Found::Value
+        }
+        Err(_) => Found::Absent,
+    }
 }
 
 impl Core {
@@ -647,6 +781,7 @@ impl Core {
                     parent: node,
                     parent_version: version,
                     pid: PageId(child),
+                    index,
                     prefix_len,
                 }));
             }
@@ -720,7 +855,7 @@ impl Core {
                         bump(&self.counters.restarts);
                         continue;
                     }
-                    self.get_promoting(&page, &path, key, out)?
+                    self.get_promoting(&page, path.prefix_len, key, out)?
                 }
             };
             if let Some(block) = touched {
@@ -771,16 +906,7 @@ impl Core {
         }
         let mut page = Page::zeroed();
         let leaf = self.read_leaf(leaf_no, &mut page)?;
-        Ok(Some((
-            match leaf.search(key) {
-                Ok(i) => {
-                    out.extend_from_slice(leaf.value(i));
-                    Found::Value
-                }
-                Err(_) => Found::Absent,
-            },
-            None,
-        )))
+        Ok(Some((search_leaf(&leaf, key, out), None)))
     }
 
     /// Reads `key` under the page's write lock and caches what the leaf page said (the
@@ -788,43 +914,268 @@ impl Core {
     fn get_promoting(
         &self,
         page: &mapping::WriteGuard<'_>,
-        path: &LeafPath<'_>,
+        prefix_len: usize,
         key: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(Found, Option<Block>)> {
         let location = page.location();
-        if let Location::Mini(offset) = location {
-            let block = self.block(offset);
-            // SAFETY: we hold the page's write lock.
-            let mini = unsafe { mini_ref(&block) };
-            // SAFETY: as above.
-            let header = unsafe { MiniHeader::of(&block) };
-            if mini.search(key).is_ok() || header.mirror {
-                return Ok(self
-                    .get_locked(location, key, out, true)?
-                    .expect("read_leaf"));
-            }
+        if let Some(hit) = self.get_locked(location, key, out, false)? {
+            return Ok(hit);
         }
-        let (found, _) = self
-            .get_locked(location, key, out, true)?
-            .expect("read_leaf");
+        let mut leaf_page = Page::boxed();
+        let found = search_leaf(
+            &self.read_leaf(self.leaf_of(location), &mut leaf_page)?,
+            key,
+            out,
+        );
+        self.cache_read(page, prefix_len, key, found, out)?;
+        Ok((found, None))
+    }
+
+    /// Caches what the leaf page said about `key` (the record in `out`, or a phantom for
+    /// a miss) in the mini-page. The caller holds the page's write lock and read the leaf
+    /// page under it, or validated a read made without it. Best effort: if the pool
+    /// cannot make room without blocking, nothing is cached.
+    fn cache_read(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        prefix_len: usize,
+        key: &[u8],
+        found: Found,
+        out: &[u8],
+    ) -> Result<()> {
+        if self.check_writable().is_err() {
+            return Ok(());
+        }
         let (value, record_type) = match found {
-            Found::Value => (out.as_slice(), RecordType::Cache),
+            Found::Value => (out, RecordType::Cache),
             Found::Absent => (&[][..], RecordType::Phantom),
         };
-        // Caching is best effort: if the pool cannot make room without blocking, skip it.
-        if self.check_writable().is_ok() {
-            match self.put_in_mini(page, path, key, value, record_type) {
-                Ok(()) => bump(if matches!(found, Found::Value) {
-                    &self.counters.records_promoted
-                } else {
-                    &self.counters.phantoms_promoted
-                }),
-                Err(Op::Fail(e)) => return Err(e),
-                Err(Op::Restart | Op::WouldBlock) => {}
+        match self.put_in_mini(page, prefix_len, key, value, record_type) {
+            Ok(()) => bump(if matches!(found, Found::Value) {
+                &self.counters.records_promoted
+            } else {
+                &self.counters.phantoms_promoted
+            }),
+            Err(Op::Fail(e)) => return Err(e),
+            Err(Op::Restart | Op::WouldBlock) => {}
+        }
+        Ok(())
+    }
+
+    /// The leaf page behind a location. The caller holds the page's lock.
+    fn leaf_of(&self, location: Location) -> PageNo {
+        match location {
+            Location::Mini(offset) => {
+                let block = self.block(offset);
+                // SAFETY: the caller holds the page's lock, so the block is live.
+                unsafe { MiniHeader::of(&block) }.leaf
+            }
+            Location::Leaf(no) => PageNo(no),
+            Location::Empty => unreachable!("a routed page id is in use"),
+        }
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Reads whose leaf page is read without the page lock (get_many, prefetch, async)
+    // ----------------------------------------------------------------------------------
+
+    /// Answers `key` from its mini-page if it can, under the page's read lock; otherwise
+    /// returns a ticket for reading the leaf page later without the lock.
+    pub(crate) fn probe(&self, key: &[u8], out: &mut Vec<u8>) -> Result<Probe> {
+        loop {
+            let path = match self.locate(Target::Holding(key)) {
+                Ok(Some(p)) => p,
+                Ok(None) | Err(Restart) => {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+            };
+            let page = self.mapping.read(path.pid);
+            if path.parent.version.validate(path.parent_version).is_err() {
+                bump(&self.counters.restarts);
+                continue;
+            }
+            let location = page.location();
+            return Ok(match self.get_locked(location, key, out, false)? {
+                Some((found, touched)) => {
+                    drop(page);
+                    if let Some(block) = touched {
+                        self.touch(path.pid, block, key);
+                    }
+                    Probe::Done(matches!(found, Found::Value))
+                }
+                None => Probe::Leaf(self.ticket(path.pid, location, path.prefix_len)),
+            });
+        }
+    }
+
+    /// A ticket for the leaf page of `pid` at `location`. The caller holds `pid`'s lock.
+    fn ticket(&self, pid: PageId, location: Location, prefix_len: usize) -> LeafTicket {
+        LeafTicket {
+            pid,
+            leaf: self.leaf_of(location),
+            version: self.leaf_version(pid).load(Ordering::Relaxed),
+            prefix_len,
+        }
+    }
+
+    /// Whether a leaf page read since `ticket` was taken, without the lock, still holds
+    /// the page's current contents, and the page still covers the keys it covered. The
+    /// caller holds `ticket.pid`'s lock again and passes its location.
+    ///
+    /// Argument: the counter only grows, and it is bumped under the write lock by every
+    /// leaf write of the page (merges, eviction, flush, and the split that rewrites the
+    /// left page in place, which is also the only way the page's key range shrinks). The
+    /// ticket and this check both read it under the page lock, and the read happened in
+    /// between. An unchanged counter therefore means no write lock holder wrote the leaf
+    /// page from before the ticket until now, so the bytes read are neither torn nor
+    /// stale, and the page's range is what it was.
+    fn ticket_valid(&self, ticket: &LeafTicket, location: Location) -> bool {
+        location != Location::Empty
+            && self.leaf_version(ticket.pid).load(Ordering::Relaxed) == ticket.version
+            && self.leaf_of(location) == ticket.leaf
+    }
+
+    /// Whether `ticket` still describes its page's leaf page (no leaf write since). Takes
+    /// the page's read lock for the check.
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) fn ticket_current(&self, ticket: &LeafTicket) -> bool {
+        let page = self.mapping.read(ticket.pid);
+        self.ticket_valid(ticket, page.location())
+    }
+
+    /// Finishes a read of `key` that `probe` sent to the leaf page, with `leaf_page` as
+    /// read (without the lock) after the ticket was taken. `Ok(None)`: the read is stale,
+    /// do it again under the lock. With `promote`, caches what the leaf said under the
+    /// write lock, as [`Core::get`] does.
+    pub(crate) fn finish_read(
+        &self,
+        key: &[u8],
+        ticket: &LeafTicket,
+        leaf_page: &Page,
+        out: &mut Vec<u8>,
+        promote: bool,
+    ) -> Result<Option<bool>> {
+        out.clear();
+        if promote && self.check_writable().is_ok() {
+            let page = self.mapping.write(ticket.pid);
+            let location = page.location();
+            if !self.ticket_valid(ticket, location) {
+                return Ok(None);
+            }
+            // The mini-page may have learnt the key since the probe: it is newer.
+            if let Some((found, _)) = self.get_locked(location, key, out, false)? {
+                return Ok(Some(matches!(found, Found::Value)));
+            }
+            let found = search_leaf(&self.parse_leaf(ticket.leaf, leaf_page)?, key, out);
+            self.cache_read(&page, ticket.prefix_len, key, found, out)?;
+            return Ok(Some(matches!(found, Found::Value)));
+        }
+        let page = self.mapping.read(ticket.pid);
+        let location = page.location();
+        if !self.ticket_valid(ticket, location) {
+            return Ok(None);
+        }
+        if let Some((found, touched)) = self.get_locked(location, key, out, false)? {
+            drop(page);
+            if let Some(block) = touched {
+                self.touch(ticket.pid, block, key);
+            }
+            return Ok(Some(matches!(found, Found::Value)));
+        }
+        let found = search_leaf(&self.parse_leaf(ticket.leaf, leaf_page)?, key, out);
+        Ok(Some(matches!(found, Found::Value)))
+    }
+
+    /// Point reads of many keys: mini-pages first, then every leaf page still needed in
+    /// one batched read per `GET_MANY_BATCH_PAGES` distinct pages.
+    fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut results: Vec<Option<Vec<u8>>> = Vec::with_capacity(keys.len());
+        // Keys waiting for a leaf page: index, ticket, promotion coin.
+        let mut pending: Vec<(usize, LeafTicket, bool)> = Vec::new();
+        let mut leaves: Vec<PageNo> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let mut out = Vec::new();
+            // Drawn per key, as `get` draws it per call.
+            let promote = chance(self.config.promotion_rate_percent);
+            match self.probe(key.as_ref(), &mut out)? {
+                Probe::Done(exists) => results.push(exists.then_some(out)),
+                Probe::Leaf(ticket) => {
+                    results.push(None);
+                    if !leaves.contains(&ticket.leaf) {
+                        leaves.push(ticket.leaf);
+                    }
+                    pending.push((i, ticket, promote));
+                }
+            }
+            if leaves.len() == GET_MANY_BATCH_PAGES {
+                self.finish_many(keys, &mut pending, &mut leaves, &mut results)?;
             }
         }
-        Ok((found, None))
+        self.finish_many(keys, &mut pending, &mut leaves, &mut results)?;
+        Ok(results)
+    }
+
+    /// Reads the leaf pages `leaves` in one batch and answers the `pending` keys from
+    /// them; a key whose page changed meanwhile is read again under its lock.
+    fn finish_many<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        pending: &mut Vec<(usize, LeafTicket, bool)>,
+        leaves: &mut Vec<PageNo>,
+        results: &mut [Option<Vec<u8>>],
+    ) -> Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        leaves.sort_unstable();
+        let mut pages: Vec<Box<Page>> = leaves.iter().map(|_| Page::boxed()).collect();
+        // A failed batch may have failed on a page read while a writer rewrote it (a
+        // torn page fails its checksum): every key then goes the locked way, which
+        // reports a real error.
+        let read_ok = self.read_leaves(leaves, &mut pages).is_ok();
+        for (i, ticket, promote) in pending.drain(..) {
+            let key = keys[i].as_ref();
+            let mut out = Vec::new();
+            let mut found = None;
+            if read_ok {
+                let slot = leaves
+                    .binary_search(&ticket.leaf)
+                    .expect("every pending leaf was read");
+                found = self.finish_read(key, &ticket, &pages[slot], &mut out, promote)?;
+                if found.is_none() {
+                    bump(&self.counters.stale_leaf_reads);
+                }
+            }
+            let exists = match found {
+                Some(exists) => exists,
+                None => {
+                    out.clear();
+                    self.get(key, &mut out)?
+                }
+            };
+            results[i] = exists.then_some(out);
+        }
+        leaves.clear();
+        Ok(())
+    }
+
+    /// Reads leaf pages `nos` into `pages` with one `read_pages` call. The pages are
+    /// checked (`parse_leaf`) only once their read is validated.
+    fn read_leaves(&self, nos: &[PageNo], pages: &mut [Box<Page>]) -> Result<()> {
+        debug_assert_eq!(nos.len(), pages.len());
+        let mut reqs: Vec<(PageNo, &mut Page)> = nos
+            .iter()
+            .copied()
+            .zip(pages.iter_mut().map(|p| &mut **p))
+            .collect();
+        self.store.read_pages(&mut reqs)?;
+        bump_by(&self.counters.leaf_reads, nos.len());
+        if nos.len() > 1 {
+            bump_by(&self.counters.batched_leaf_reads, nos.len());
+        }
+        Ok(())
     }
 
     /// After a mini-page hit: set the record's reference bit, and copy the mini-page to
@@ -852,13 +1203,39 @@ impl Core {
     fn read_leaf<'p>(&self, no: PageNo, page: &'p mut Page) -> Result<NodeRef<'p>> {
         self.store.read_page(no, page)?;
         bump(&self.counters.leaf_reads);
+        self.parse_leaf(no, page)
+    }
+
+    /// Checks the node in a leaf page read from `no`.
+    fn parse_leaf<'p>(&self, no: PageNo, page: &'p Page) -> Result<NodeRef<'p>> {
         NodeRef::parse(page.payload()).map_err(|e| Error::Corrupted {
             page: no.0,
             reason: e.to_string(),
         })
     }
 
-    fn write_leaf(&self, no: PageNo, page: &mut Page) -> Result<()> {
+    /// Writes the leaf page of `pid`, whose write lock the caller holds.
+    fn write_leaf(&self, pid: PageId, no: PageNo, page: &mut Page) -> Result<()> {
+        self.note_leaf_write(pid);
+        self.write_new_leaf(no, page)
+    }
+
+    /// Bumps `pid`'s leaf-write counter. The caller holds `pid`'s write lock and is
+    /// about to write its leaf page: a reader that read the page without the lock then
+    /// sees the counter move and discards what it read.
+    fn note_leaf_write(&self, pid: PageId) {
+        // Relaxed: the counter is read and written only under the page's lock, whose
+        // acquire and release order it.
+        self.leaf_version(pid).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The leaf-write counter of `pid` (shared with the other ids of its stripe).
+    fn leaf_version(&self, pid: PageId) -> &AtomicU64 {
+        &self.counters.leaf_versions.0[(pid.0 % LEAF_VERSION_STRIPES as u64) as usize]
+    }
+
+    /// Writes a leaf page no reader can reach yet (the right-hand pages of a split).
+    fn write_new_leaf(&self, no: PageNo, page: &mut Page) -> Result<()> {
         debug_assert!(NodeRef::parse(page.payload()).is_ok());
         if let Err(e) = self.store.write_page(no, page) {
             let e = Error::from(e);
@@ -901,7 +1278,7 @@ impl Core {
                 bump(&self.counters.restarts);
                 continue;
             }
-            match self.put_in_mini(&page, &path, key, value, record_type) {
+            match self.put_in_mini(&page, path.prefix_len, key, value, record_type) {
                 Ok(()) => return Ok(()),
                 Err(Op::Fail(e)) => return Err(e),
                 Err(Op::Restart) => {
@@ -938,14 +1315,14 @@ impl Core {
     fn put_in_mini(
         &self,
         page: &mapping::WriteGuard<'_>,
-        path: &LeafPath<'_>,
+        prefix_len: usize,
         key: &[u8],
         value: &[u8],
         record_type: RecordType,
     ) -> Result<(), Op> {
         let block = match page.location() {
             Location::Leaf(no) => {
-                return self.create_mini(page, path, PageNo(no), key, value, record_type);
+                return self.create_mini(page, prefix_len, PageNo(no), key, value, record_type);
             }
             Location::Mini(offset) => self.block(offset),
             Location::Empty => unreachable!("a routed page id is in use"),
@@ -953,7 +1330,7 @@ impl Core {
         let block = if self.pool.in_copy_on_access_region(&block) {
             match self.copy_to_tail(page, block)? {
                 Some(moved) => moved,
-                None => return self.put_in_mini(page, path, key, value, record_type),
+                None => return self.put_in_mini(page, prefix_len, key, value, record_type),
             }
         } else {
             block
@@ -1005,16 +1382,16 @@ impl Core {
     fn create_mini(
         &self,
         page: &mapping::WriteGuard<'_>,
-        path: &LeafPath<'_>,
+        prefix_len: usize,
         leaf_no: PageNo,
         key: &[u8],
         value: &[u8],
         record_type: RecordType,
     ) -> Result<(), Op> {
-        let fences = mini_fences(key, path.prefix_len);
+        let fences = mini_fences(key, prefix_len);
         let need = MINI_HEADER_BYTES
             + leaf::empty_node_bytes(&fences)
-            + leaf::record_cost(key.len() - path.prefix_len, value.len());
+            + leaf::record_cost(key.len() - prefix_len, value.len());
         let block = self.alloc(need)?;
         // SAFETY: the block is freshly allocated and not yet published: ours alone.
         let bytes = unsafe { block_bytes(&block) };
@@ -1227,8 +1604,37 @@ impl Core {
         mini: Option<NodeRef<'_>>,
         extra: Option<(&[u8], &[u8], RecordType)>,
     ) -> Result<bool, Op> {
+        let leaf = if header.mirror && mini.is_some() {
+            None
+        } else {
+            let mut page = Page::boxed();
+            self.read_leaf(header.leaf, &mut page)?;
+            Some(page)
+        };
+        match self.plan_merge(header, mini, extra, leaf)? {
+            MergePlan::Write(mut page) => {
+                self.write_leaf(pid, header.leaf, &mut page)?;
+                Ok(false)
+            }
+            MergePlan::Split { records, chunks } => {
+                self.split_leaf(pid, header.leaf, &records, &chunks)?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Computes what `merge` writes: the new leaf page, or the records and chunks of a
+    /// split. `leaf` is the leaf page as read under the page's write lock (`None` for a
+    /// mirror, whose live records are the leaf's).
+    fn plan_merge(
+        &self,
+        header: MiniHeader,
+        mini: Option<NodeRef<'_>>,
+        extra: Option<(&[u8], &[u8], RecordType)>,
+        leaf: Option<Box<Page>>,
+    ) -> Result<MergePlan, Op> {
         bump(&self.counters.merges);
-        let mut page = Page::boxed();
+        let mut page = leaf.unwrap_or_else(Page::boxed);
         let mut merged: Vec<(Vec<u8>, Vec<u8>)>;
         let (low, high): (Option<Vec<u8>>, Option<Vec<u8>>);
         let mirror = header.mirror && mini.is_some();
@@ -1243,7 +1649,7 @@ impl Core {
                 .map(|r| (r.key(), r.value().to_vec()))
                 .collect();
         } else {
-            let leaf = self.read_leaf(header.leaf, &mut page)?;
+            let leaf = self.parse_leaf(header.leaf, &page)?;
             let fence = owned_fence;
             low = fence(leaf.low_fence());
             high = fence(leaf.high_fence());
@@ -1266,7 +1672,8 @@ impl Core {
                 let leaf = NodeRef::trusted(page.payload());
                 assert!(
                     leaf.covers(k),
-                    "pid {pid:?} leaf {:?}: key {:?} outside [{:?}, {:?}) extra={:?}",
+                    "pid {:?} leaf {:?}: key {:?} outside [{:?}, {:?}) extra={:?}",
+                    header.pid,
                     header.leaf,
                     String::from_utf8_lossy(k),
                     low.as_ref()
@@ -1280,8 +1687,7 @@ impl Core {
             let mut work = page.clone();
             let mut node = NodeMut::trusted(work.payload_mut());
             if all.iter().all(|(k, v, t)| apply(&mut node, k, v, *t)) {
-                self.write_leaf(header.leaf, &mut work)?;
-                return Ok(false);
+                return Ok(MergePlan::Write(work));
             }
             merged = merge_records(&NodeRef::trusted(page.payload()), &all);
         }
@@ -1299,11 +1705,12 @@ impl Core {
         if chunks.len() == 1 {
             leaf::build_leaf(page.payload_mut(), &chunks[0], &merged)
                 .expect("packing checked the size");
-            self.write_leaf(header.leaf, &mut page)?;
-            return Ok(false);
+            return Ok(MergePlan::Write(page));
         }
-        self.split_leaf(pid, header.leaf, &merged, &chunks)?;
-        Ok(true)
+        Ok(MergePlan::Split {
+            records: merged,
+            chunks,
+        })
     }
 
     /// Writes the chunks of a split leaf (the first keeps `leaf_no` and `pid`) and inserts
@@ -1356,7 +1763,7 @@ impl Core {
                 }
             };
             leaf::build_leaf(page.payload_mut(), chunk, records).expect("packed to fit");
-            if let Err(e) = self.write_leaf(no, &mut page) {
+            if let Err(e) = self.write_new_leaf(no, &mut page) {
                 let _ = self.store.free(no);
                 undo(&new_pages);
                 return Err(Op::Fail(e));
@@ -1494,7 +1901,7 @@ impl Core {
 
         // (4) The left page, in place.
         leaf::build_leaf(page.payload_mut(), &chunks[0], records).expect("packed to fit");
-        self.write_leaf(leaf_no, &mut page)?;
+        self.write_leaf(pid, leaf_no, &mut page)?;
         Ok(())
     }
 
@@ -1570,24 +1977,147 @@ impl Evictor for Core {
         }
         // SAFETY: we hold the page's write lock.
         let mini = unsafe { mini_ref(block) };
-        if mini.iter().any(|r| r.record_type().is_dirty()) {
-            if self.failed.load(Ordering::Acquire) {
-                return EvictDecision::Busy;
+        if !mini.iter().any(|r| r.record_type().is_dirty()) {
+            return self.finish_eviction(&page, header, Ok(false));
+        }
+        if self.failed.load(Ordering::Acquire) {
+            return EvictDecision::Busy;
+        }
+        let merged = self.merge(header.pid, header, Some(mini), None);
+        self.finish_eviction(&page, header, merged)
+    }
+
+    /// Evicts several mini-pages with batched IO: the leaf pages their dirty records
+    /// merge into are read with one `read_pages` call, and the merged pages written with
+    /// one `write_pages` call. A page that must split is written on its own (the split
+    /// also changes inner nodes). Only try-locks, like `evict`; the page locks it gets
+    /// are held until the batch is written, which delays only readers of those pages.
+    fn evict_batch(&self, blocks: &[Block]) -> Vec<EvictDecision> {
+        if blocks.len() < 2 || self.counters.single_evictions.load(Ordering::Relaxed) {
+            return blocks.iter().map(|b| self.evict(b)).collect();
+        }
+        let mut decisions = vec![EvictDecision::Busy; blocks.len()];
+        // Locked pages whose dirty records must be merged.
+        let mut jobs: Vec<(usize, mapping::WriteGuard<'_>, MiniHeader)> = Vec::new();
+        for (i, block) in blocks.iter().enumerate() {
+            // SAFETY: as in `evict`, the block is `Evicting`.
+            let header = unsafe { MiniHeader::of(block) };
+            // Two blocks of one page cannot both be its mini-page: the second try-lock
+            // fails (we hold the first) and answers `Busy`, as it would alone.
+            let Some(page) = self.mapping.try_write(header.pid) else {
+                continue;
+            };
+            if page.location() != Location::Mini(block.offset()) {
+                continue;
             }
-            match self.merge(header.pid, header, Some(mini), None) {
-                Ok(_) => {}
-                Err(Op::Fail(e)) => {
-                    // The dirty records stay in memory; writers that need room learn why.
-                    *self.evict_error.lock() = Some(e.to_string());
-                    self.evict_failures.fetch_add(1, Ordering::Release);
-                    return EvictDecision::Busy;
-                }
-                Err(Op::Restart) | Err(Op::WouldBlock) => return EvictDecision::Busy,
+            // SAFETY: we hold the page's write lock.
+            let mini = unsafe { mini_ref(block) };
+            if !mini.iter().any(|r| r.record_type().is_dirty()) {
+                decisions[i] = self.finish_eviction(&page, header, Ok(false));
+            } else if !self.failed.load(Ordering::Acquire) {
+                jobs.push((i, page, header));
             }
         }
-        page.set_location(Location::Leaf(header.leaf.0));
-        bump(&self.counters.evictions);
-        EvictDecision::Evicted
+        let nos: Vec<PageNo> = jobs
+            .iter()
+            .filter(|(_, _, h)| !h.mirror)
+            .map(|(_, _, h)| h.leaf)
+            .collect();
+        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+        if !nos.is_empty() && self.read_leaves(&nos, &mut pages).is_err() {
+            // Evict them one by one: that finds and records the page that fails.
+            for (i, page, header) in jobs {
+                // SAFETY: we hold the page's write lock.
+                let mini = unsafe { mini_ref(&blocks[i]) };
+                let merged = self.merge(header.pid, header, Some(mini), None);
+                decisions[i] = self.finish_eviction(&page, header, merged);
+            }
+            return decisions;
+        }
+        let mut pages = pages.into_iter();
+        let mut writes = Vec::with_capacity(jobs.len());
+        for (i, page, header) in jobs {
+            // SAFETY: we hold the page's write lock.
+            let mini = unsafe { mini_ref(&blocks[i]) };
+            let leaf = (!header.mirror).then(|| pages.next().expect("one page per job"));
+            match self.plan_merge(header, Some(mini), None, leaf) {
+                Ok(MergePlan::Write(new)) => writes.push((i, page, header, new)),
+                Ok(MergePlan::Split { records, chunks }) => {
+                    let split = self.split_leaf(header.pid, header.leaf, &records, &chunks);
+                    decisions[i] = self.finish_eviction(&page, header, split.map(|()| true));
+                }
+                Err(e) => decisions[i] = self.finish_eviction(&page, header, Err(e)),
+            }
+        }
+        if writes.is_empty() {
+            return decisions;
+        }
+        for (_, _, header, _) in &writes {
+            self.note_leaf_write(header.pid);
+        }
+        let mut reqs: Vec<(PageNo, &mut Page)> = writes
+            .iter_mut()
+            .map(|(_, _, header, new)| (header.leaf, &mut **new))
+            .collect();
+        let written = self.write_leaves(&mut reqs);
+        drop(reqs);
+        if let Err(e) = &written {
+            // As a failed single write: the tree is poisoned, writers needing room learn
+            // why, and the dirty records stay in memory.
+            *self.evict_error.lock() = Some(e.to_string());
+            self.evict_failures.fetch_add(1, Ordering::Release);
+            return decisions;
+        }
+        for (i, page, header, _) in &writes {
+            decisions[*i] = self.finish_eviction(page, *header, Ok(false));
+        }
+        decisions
+    }
+}
+
+impl Core {
+    /// Ends the eviction of a mini-page whose dirty records `merged` went (or failed to
+    /// go) to the leaf page: on success points the page at its leaf page and answers
+    /// `Evicted`; on failure records an operating error and answers `Busy`, so the dirty
+    /// records stay in memory. The caller holds the page's write lock.
+    fn finish_eviction(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        header: MiniHeader,
+        merged: Result<bool, Op>,
+    ) -> EvictDecision {
+        match merged {
+            Ok(_) => {
+                page.set_location(Location::Leaf(header.leaf.0));
+                bump(&self.counters.evictions);
+                EvictDecision::Evicted
+            }
+            Err(Op::Fail(e)) => {
+                // The dirty records stay in memory; writers that need room learn why.
+                *self.evict_error.lock() = Some(e.to_string());
+                self.evict_failures.fetch_add(1, Ordering::Release);
+                EvictDecision::Busy
+            }
+            Err(Op::Restart) | Err(Op::WouldBlock) => EvictDecision::Busy,
+        }
+    }
+
+    /// Writes leaf pages whose ids' write locks the caller holds (and whose leaf-write
+    /// counters it bumped) with one `write_pages` call. A failure poisons the tree.
+    fn write_leaves(&self, reqs: &mut [(PageNo, &mut Page)]) -> Result<()> {
+        for (_, page) in reqs.iter() {
+            debug_assert!(NodeRef::parse(page.payload()).is_ok());
+        }
+        if let Err(e) = self.store.write_pages(reqs) {
+            let e = Error::from(e);
+            self.record_failure(&e);
+            return Err(e);
+        }
+        bump_by(&self.counters.leaf_writes, reqs.len());
+        if reqs.len() > 1 {
+            bump_by(&self.counters.batched_leaf_writes, reqs.len());
+        }
+        Ok(())
     }
 }
 

@@ -12,17 +12,33 @@
 use std::collections::VecDeque;
 use std::ops::Bound;
 
+use crossbeam_epoch as epoch;
+
 use super::leaf::MiniHeader;
-use super::mapping::{self, Location};
-use super::node::{self, Fences, NodeKind, RecordType};
-use super::{Core, LeafPath, Target, bump, chance, mini_ref};
+use super::mapping::{self, Location, PageId};
+use super::node::{self, Fences, NodeKind, NodeRef, RecordType};
+use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, chance, inner, mini_ref};
 use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
 use crate::error::{Error, Result};
 use crate::storage::{Page, PageNo};
 
 type Record = (Vec<u8>, Vec<u8>);
+
+/// Leaf pages a fetch reads ahead of need by default: the pages after the fetched one
+/// (before it, going backward), read in the same batch as the fetched page.
+const PREFETCH_PAGES: usize = 8;
+
+/// The most pages [`Range::read_ahead`] accepts.
+pub const MAX_READ_AHEAD_PAGES: usize = 64;
+
+/// A leaf page read ahead of need, with the ticket that validates it when its turn
+/// comes (the page was read while the scan held only another page's lock).
+pub(super) struct Prefetched {
+    ticket: LeafTicket,
+    page: Box<Page>,
+}
 /// The unfetched part of a range: lower and upper bound.
-type Bounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+pub(super) type Bounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 
 /// An iterator over a key range of a [`Tree`](crate::Tree), from
 /// [`Tree::range`](crate::Tree::range) or [`Tree::prefix`](crate::Tree::prefix).
@@ -37,6 +53,10 @@ pub struct Range<'t> {
     front: VecDeque<Record>,
     /// Fetched by `next_back`, descending; all above the unfetched range.
     back: VecDeque<Record>,
+    /// Leaf pages read ahead for the next fetches.
+    prefetched: Vec<Prefetched>,
+    /// How many pages a fetch reads ahead (0: none).
+    read_ahead_pages: usize,
     failed: bool,
 }
 
@@ -46,6 +66,7 @@ impl std::fmt::Debug for Range<'_> {
             .field("unfetched", &self.unfetched)
             .field("front_buffered", &self.front.len())
             .field("back_buffered", &self.back.len())
+            .field("prefetched_pages", &self.prefetched.len())
             .finish_non_exhaustive()
     }
 }
@@ -58,8 +79,19 @@ impl<'t> Range<'t> {
             unfetched,
             front: VecDeque::new(),
             back: VecDeque::new(),
+            prefetched: Vec::new(),
+            read_ahead_pages: PREFETCH_PAGES,
             failed: false,
         }
+    }
+
+    /// Sets how many leaf pages a fetch reads ahead, in the same batched read as the
+    /// page it needs (default 8, at most [`MAX_READ_AHEAD_PAGES`]; 0 turns read-ahead
+    /// off). Only pages holding keys of the range, under the same inner node, and not
+    /// cached whole in the pool are read ahead.
+    pub fn read_ahead(mut self, pages: usize) -> Self {
+        self.read_ahead_pages = pages.min(MAX_READ_AHEAD_PAGES);
+        self
     }
 
     fn fail(&mut self, e: Error) -> Option<Result<Record>> {
@@ -67,6 +99,7 @@ impl<'t> Range<'t> {
         self.unfetched = None;
         self.front.clear();
         self.back.clear();
+        self.prefetched.clear();
         Some(Err(e))
     }
 }
@@ -85,10 +118,13 @@ impl Iterator for Range<'_> {
             let Some((lower, upper)) = self.unfetched.take() else {
                 return self.back.pop_back().map(Ok);
             };
-            match self
-                .core
-                .fetch(&lower, &upper, Direction::Forward, &mut self.front)
-            {
+            match self.core.fetch(
+                &lower,
+                &upper,
+                Direction::Forward,
+                &mut self.front,
+                (&mut self.prefetched, self.read_ahead_pages),
+            ) {
                 Ok(Some(next_lower)) if !is_empty(&next_lower, &upper) => {
                     self.unfetched = Some((next_lower, upper));
                 }
@@ -111,10 +147,13 @@ impl DoubleEndedIterator for Range<'_> {
             let Some((lower, upper)) = self.unfetched.take() else {
                 return self.front.pop_back().map(Ok);
             };
-            match self
-                .core
-                .fetch(&lower, &upper, Direction::Backward, &mut self.back)
-            {
+            match self.core.fetch(
+                &lower,
+                &upper,
+                Direction::Backward,
+                &mut self.back,
+                (&mut self.prefetched, self.read_ahead_pages),
+            ) {
                 Ok(Some(next_upper)) if !is_empty(&lower, &next_upper) => {
                     self.unfetched = Some((lower, next_upper));
                 }
@@ -134,7 +173,7 @@ pub(super) enum Direction {
 }
 
 /// Whether no key satisfies both bounds.
-fn is_empty(lower: &Bound<Vec<u8>>, upper: &Bound<Vec<u8>>) -> bool {
+pub(super) fn is_empty(lower: &Bound<Vec<u8>>, upper: &Bound<Vec<u8>>) -> bool {
     match (lower, upper) {
         (Bound::Unbounded, _) | (_, Bound::Unbounded) => false,
         (Bound::Included(l), Bound::Included(u)) => l > u,
@@ -152,12 +191,45 @@ fn above(lower: &Bound<Vec<u8>>, key: &[u8]) -> bool {
     }
 }
 
+/// Whether some key above `lower` lies below `key`, roughly: `lower < key`.
+fn above_strictly(lower: &Bound<Vec<u8>>, key: &[u8]) -> bool {
+    match lower {
+        Bound::Included(l) | Bound::Excluded(l) => l.as_slice() < key,
+        Bound::Unbounded => true,
+    }
+}
+
 fn below(upper: &Bound<Vec<u8>>, key: &[u8]) -> bool {
     match upper {
         Bound::Included(u) => key <= u.as_slice(),
         Bound::Excluded(u) => key < u.as_slice(),
         Bound::Unbounded => true,
     }
+}
+
+/// Moves the records of `view` in `[lower, upper)` to the back of `out`, ascending, and
+/// returns the new lower bound of the unfetched range (`None` after the last page).
+fn take_forward(
+    view: PageView,
+    lower: &Bound<Vec<u8>>,
+    upper: &Bound<Vec<u8>>,
+    out: &mut VecDeque<Record>,
+) -> Option<Bound<Vec<u8>>> {
+    out.extend(
+        view.records
+            .into_iter()
+            .filter(|(k, _)| above(lower, k) && below(upper, k)),
+    );
+    view.high.map(Bound::Included)
+}
+
+/// The outcome of `Core::fetch_or_ticket`.
+#[cfg(feature = "tokio-uring")]
+pub(crate) enum FetchStep {
+    /// The page was fetched without IO; the new lower bound, as `fetch` returns it.
+    Fetched(Option<Bound<Vec<u8>>>),
+    /// Its leaf page must be read first.
+    Leaf(LeafTicket),
 }
 
 /// A page's records merged from its mini-page (newer) and leaf page, and its fences.
@@ -178,6 +250,7 @@ impl Core {
         upper: &Bound<Vec<u8>>,
         direction: Direction,
         out: &mut VecDeque<Record>,
+        (prefetched, read_ahead_pages): (&mut Vec<Prefetched>, usize),
     ) -> Result<Option<Bound<Vec<u8>>>> {
         let promote = chance(self.config.promotion_rate_percent);
         loop {
@@ -204,8 +277,10 @@ impl Core {
                     bump(&self.counters.restarts);
                     continue;
                 }
-                let view = self.page_view(page.location())?;
-                self.make_mirror(&page, &path, &view);
+                let bounds = (lower, upper, direction);
+                let ahead = (prefetched, read_ahead_pages);
+                let view = self.view_prefetching(&path, page.location(), bounds, ahead)?;
+                self.make_mirror(&page, &view);
                 view
             } else {
                 let page = self.mapping.read(path.pid);
@@ -213,14 +288,13 @@ impl Core {
                     bump(&self.counters.restarts);
                     continue;
                 }
-                self.page_view(page.location())?
+                let bounds = (lower, upper, direction);
+                let ahead = (prefetched, read_ahead_pages);
+                self.view_prefetching(&path, page.location(), bounds, ahead)?
             };
             let in_range = |k: &[u8]| above(lower, k) && below(upper, k);
             return Ok(match direction {
-                Direction::Forward => {
-                    out.extend(view.records.into_iter().filter(|(k, _)| in_range(k)));
-                    view.high.map(Bound::Included)
-                }
+                Direction::Forward => take_forward(view, lower, upper, out),
                 Direction::Backward => {
                     out.extend(view.records.into_iter().rev().filter(|(k, _)| in_range(k)));
                     view.low.map(Bound::Excluded)
@@ -229,8 +303,197 @@ impl Core {
         }
     }
 
-    /// The live records of a page and its fences. The caller holds the page's lock.
-    fn page_view(&self, location: Location) -> Result<PageView> {
+    /// The first half of a forward fetch whose leaf page is read without the page lock
+    /// (the async scan): fetches the page holding `lower` if it needs no leaf page (a
+    /// mirror), else returns a ticket for reading its leaf page. `Ok(None)`: nothing
+    /// was left to fetch.
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) fn fetch_or_ticket(
+        &self,
+        lower: &Bound<Vec<u8>>,
+        upper: &Bound<Vec<u8>>,
+        out: &mut VecDeque<Record>,
+    ) -> Result<FetchStep> {
+        loop {
+            let target = match lower {
+                Bound::Included(k) | Bound::Excluded(k) => Target::Holding(k),
+                Bound::Unbounded => Target::Holding(&[]),
+            };
+            let path = match self.locate(target) {
+                Ok(Some(p)) => p,
+                Ok(None) | Err(_) => {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+            };
+            let page = self.mapping.read(path.pid);
+            if path.parent.version.validate(path.parent_version).is_err() {
+                bump(&self.counters.restarts);
+                continue;
+            }
+            let location = page.location();
+            if !self.is_mirror(location) {
+                return Ok(FetchStep::Leaf(self.ticket(path.pid, location, 0)));
+            }
+            let view = self.page_view(location, None)?;
+            return Ok(FetchStep::Fetched(take_forward(view, lower, upper, out)));
+        }
+    }
+
+    /// The second half: fetches the ticket's page into `out` with `leaf_page` as read
+    /// without the lock since the ticket was taken (as `fetch` does, turning the page
+    /// into a mirror with `promote`). `Ok(None)`: the read is stale, start again.
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) fn fetch_with_leaf(
+        &self,
+        ticket: &LeafTicket,
+        leaf_page: &Page,
+        (lower, upper): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
+        out: &mut VecDeque<Record>,
+        promote: bool,
+    ) -> Result<Option<Option<Bound<Vec<u8>>>>> {
+        let view = if promote && self.check_writable().is_ok() {
+            let page = self.mapping.write(ticket.pid);
+            if !self.ticket_valid(ticket, page.location()) {
+                return Ok(None);
+            }
+            let view = self.page_view(page.location(), Some(leaf_page))?;
+            self.make_mirror(&page, &view);
+            view
+        } else {
+            let page = self.mapping.read(ticket.pid);
+            if !self.ticket_valid(ticket, page.location()) {
+                return Ok(None);
+            }
+            self.page_view(page.location(), Some(leaf_page))?
+        };
+        Ok(Some(take_forward(view, lower, upper, out)))
+    }
+
+    /// The page's view (as `page_view`), taking its leaf page from the pages read ahead
+    /// if one is there and still valid; otherwise reading it together with the next
+    /// pages of the range in one batch. The caller holds `path.pid`'s lock.
+    fn view_prefetching(
+        &self,
+        path: &LeafPath<'_>,
+        location: Location,
+        bounds: (&Bound<Vec<u8>>, &Bound<Vec<u8>>, Direction),
+        (prefetched, read_ahead_pages): (&mut Vec<Prefetched>, usize),
+    ) -> Result<PageView> {
+        if self.is_mirror(location) {
+            return self.page_view(location, None);
+        }
+        if let Some(i) = prefetched.iter().position(|p| p.ticket.pid == path.pid) {
+            let p = prefetched.swap_remove(i);
+            if self.ticket_valid(&p.ticket, location) {
+                return self.page_view(location, Some(&p.page));
+            }
+            bump(&self.counters.stale_leaf_reads);
+        }
+        let ahead = self.pages_ahead(path, bounds, read_ahead_pages);
+        if ahead.is_empty() {
+            return self.page_view(location, None);
+        }
+        // Pages read ahead earlier lie behind the scan now (or were skipped): drop them.
+        prefetched.clear();
+        let mut nos = Vec::with_capacity(ahead.len() + 1);
+        nos.push(self.leaf_of(location));
+        nos.extend(ahead.iter().map(|t| t.leaf));
+        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+        if self.read_leaves(&nos, &mut pages).is_err() {
+            // A page read ahead may have failed its checksum because a writer was
+            // rewriting it: read this page alone, which reports a real error.
+            return self.page_view(location, None);
+        }
+        bump_by(&self.counters.prefetched_leaf_pages, ahead.len());
+        let mut pages = pages.into_iter();
+        let this = pages.next().expect("this page was read");
+        prefetched.extend(
+            ahead
+                .into_iter()
+                .zip(pages)
+                .map(|(ticket, page)| Prefetched { ticket, page }),
+        );
+        self.page_view(location, Some(&this))
+    }
+
+    /// Whether a location is a mirror (its mini-page holds every record of the leaf).
+    /// The caller holds the page's lock.
+    fn is_mirror(&self, location: Location) -> bool {
+        match location {
+            Location::Mini(offset) => {
+                let block = self.block(offset);
+                // SAFETY: the caller holds the page's lock, so the block is live.
+                unsafe { MiniHeader::of(&block) }.mirror
+            }
+            _ => false,
+        }
+    }
+
+    /// Tickets for up to `max_pages` pages after `path.pid` in the scan's direction
+    /// that hold keys of the range, are children of the same parent and need their leaf
+    /// page (mirrors do not). The caller holds `path.pid`'s lock, so the other pages are
+    /// only try-locked: a thread holding a page lock never waits for another.
+    fn pages_ahead(
+        &self,
+        path: &LeafPath<'_>,
+        (lower, upper, direction): (&Bound<Vec<u8>>, &Bound<Vec<u8>>, Direction),
+        max_pages: usize,
+    ) -> Vec<LeafTicket> {
+        let mut pids = Vec::new();
+        if max_pages == 0 {
+            return Vec::new();
+        }
+        {
+            let guard = epoch::pin();
+            let n = NodeRef::trusted(path.parent.bytes(&guard));
+            let mut low = Vec::new();
+            match direction {
+                Direction::Forward => {
+                    let end = n.len().min(path.index + 1 + max_pages);
+                    for j in path.index + 1..end {
+                        // Child j's keys start at its separator: in range, or stop.
+                        n.key_into(j, &mut low);
+                        if !below(upper, &low) {
+                            break;
+                        }
+                        pids.push(PageId(inner::child_ref(&n, j)));
+                    }
+                }
+                Direction::Backward => {
+                    let start = path.index.saturating_sub(max_pages);
+                    for j in (start..path.index.min(n.len())).rev() {
+                        // Child j's keys lie below child j+1's separator.
+                        n.key_into(j + 1, &mut low);
+                        if !above_strictly(lower, &low) {
+                            break;
+                        }
+                        pids.push(PageId(inner::child_ref(&n, j)));
+                    }
+                }
+            }
+            // The bytes may be newer than the traversal's (a split since): then the
+            // children read are not the neighbours; prefetch nothing.
+            if path.parent.version.validate(path.parent_version).is_err() {
+                return Vec::new();
+            }
+        }
+        let mut tickets = Vec::with_capacity(pids.len());
+        for pid in pids {
+            let Some(page) = self.mapping.try_read(pid) else {
+                continue;
+            };
+            let location = page.location();
+            if location != Location::Empty && !self.is_mirror(location) {
+                tickets.push(self.ticket(pid, location, 0));
+            }
+        }
+        tickets
+    }
+
+    /// The live records of a page and its fences, with `leaf` as its leaf page if given
+    /// (already validated), else reading it. The caller holds the page's lock.
+    fn page_view(&self, location: Location, leaf: Option<&Page>) -> Result<PageView> {
         let fence = super::owned_fence;
         let (mini, leaf_no) = match location {
             Location::Mini(offset) => {
@@ -255,8 +518,14 @@ impl Core {
             Location::Leaf(no) => (None, PageNo(no)),
             Location::Empty => unreachable!("a routed page id is in use"),
         };
-        let mut page = Page::boxed();
-        let leaf = self.read_leaf(leaf_no, &mut page)?;
+        let mut page;
+        let leaf = match leaf {
+            Some(given) => self.parse_leaf(leaf_no, given)?,
+            None => {
+                page = Page::boxed();
+                self.read_leaf(leaf_no, &mut page)?
+            }
+        };
         let mut records = Vec::with_capacity(leaf.len());
         let mut m = mini.iter().flat_map(|m| m.iter()).peekable();
         for r in leaf.iter() {
@@ -297,8 +566,7 @@ impl Core {
     /// Turns the page's mini-page into a full mirror of its leaf page (§3.1 "caching
     /// range gaps"), so later scans and point reads of it need no IO. The caller holds
     /// the page's write lock and has just built `view` under it. Best effort.
-    fn make_mirror(&self, page: &mapping::WriteGuard<'_>, path: &LeafPath<'_>, view: &PageView) {
-        let _ = path;
+    fn make_mirror(&self, page: &mapping::WriteGuard<'_>, view: &PageView) {
         let (old, leaf_no) = match page.location() {
             Location::Mini(offset) => {
                 let block = self.block(offset);

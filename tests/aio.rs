@@ -1,0 +1,277 @@
+//! The async read path on tokio-uring (`bfdb::aio`, feature `tokio-uring`), compared with
+//! the synchronous API, alone and with writers on other threads.
+//!
+//! ```text
+//! cargo test --features tokio-uring --test aio
+//! ```
+//!
+//! Each randomized test prints its seed; replay one with `BFDB_SEED=<seed>`.
+#![cfg(feature = "tokio-uring")]
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bfdb::aio::AsyncTree;
+use bfdb::{Backend, Config, Tree};
+
+/// splitmix64: its whole state is the seed, so a printed seed replays the sequence.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % n
+    }
+}
+
+fn seed(test: &str) -> u64 {
+    let seed = std::env::var("BFDB_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("{test}: seed {seed} (replay with BFDB_SEED={seed})");
+    seed
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("key{i:08}").into_bytes()
+}
+
+fn value(i: u64, version: u64) -> Vec<u8> {
+    let mut v = format!("{i}:{version}:").into_bytes();
+    v.resize(40 + (i % 50) as usize, b'v');
+    v
+}
+
+fn parse_value(v: &[u8]) -> (u64, u64) {
+    let s = std::str::from_utf8(v).expect("values are ASCII");
+    let mut parts = s.split(':');
+    (
+        parts.next().unwrap().parse().unwrap(),
+        parts.next().unwrap().parse().unwrap(),
+    )
+}
+
+fn temp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("aio")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
+/// A file-backed tree (O_DIRECT where the filesystem allows) far larger than its pool,
+/// loaded with every key of `0..n` but the multiples of 3, and flushed.
+fn loaded(
+    dir: &tempfile::TempDir,
+    n: u64,
+    promotion: u8,
+) -> (Arc<Tree>, BTreeMap<Vec<u8>, Vec<u8>>) {
+    let config = Config {
+        memory_budget_bytes: 128 << 10,
+        promotion_rate_percent: promotion,
+        backend: Backend::StdDirect,
+        huge_pages: false,
+        ..Config::default()
+    };
+    let tree = Tree::open(dir.path().join("tree"), config).unwrap();
+    let mut model = BTreeMap::new();
+    for i in (0..n).filter(|i| i % 3 != 0) {
+        tree.insert(&key(i), &value(i, 0)).unwrap();
+        model.insert(key(i), value(i, 0));
+    }
+    tree.flush().unwrap();
+    (Arc::new(tree), model)
+}
+
+#[test]
+fn async_get_and_scan_match_the_sync_api() {
+    let mut rng = Rng(seed("async_get_and_scan_match_the_sync_api"));
+    let dir = temp_dir();
+    let n = 12_000;
+    let (tree, model) = loaded(&dir, n, 20);
+    tokio_uring::start(async {
+        let reader = AsyncTree::new(Arc::clone(&tree));
+        for _ in 0..3000 {
+            let k = key(rng.below(n + 100));
+            let got = reader.get(&k).await.unwrap();
+            assert_eq!(
+                got.as_ref(),
+                model.get(&k),
+                "{}",
+                String::from_utf8_lossy(&k)
+            );
+            assert_eq!(got, tree.get(&k).unwrap());
+        }
+        for _ in 0..20 {
+            let a = rng.below(n);
+            let b = a + rng.below(n / 3);
+            let limit = rng.below(3000) as usize;
+            let got = reader.scan(key(a)..key(b), limit).await.unwrap();
+            let expect: Vec<(Vec<u8>, Vec<u8>)> = model
+                .range(key(a)..key(b))
+                .take(limit)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            assert!(got == expect, "scan {a}..{b} limit {limit}");
+            let sync: Vec<_> = tree
+                .range(key(a)..key(b))
+                .take(limit)
+                .map(Result::unwrap)
+                .collect();
+            assert!(got == sync);
+        }
+        let all = reader.scan::<&[u8], _>(.., usize::MAX).await.unwrap();
+        assert_eq!(all.len(), model.len());
+        assert!(reader.get(b"").await.is_err(), "empty keys are rejected");
+    });
+    let stats = tree.stats();
+    eprintln!("{stats:?}");
+    assert!(
+        stats.async_leaf_reads > 1000,
+        "reads went through the ring: {stats:?}"
+    );
+}
+
+/// Many async reads in flight on one runtime thread while writers on other threads
+/// update, insert and delete: values are ones written for their key, never older than a
+/// value the same task saw before, and scans keep every key that is never deleted.
+#[test]
+fn async_reads_race_writers_on_other_threads() {
+    let seed = seed("async_reads_race_writers_on_other_threads");
+    let dir = temp_dir();
+    let n: u64 = 9000;
+    // Keys not multiples of 3 are loaded; of those, even keys are never deleted.
+    let (tree, _) = loaded(&dir, n, 10);
+    const WRITERS: u64 = 4;
+    let started: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (tree, started, stop) =
+                (Arc::clone(&tree), Arc::clone(&started), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut rng = Rng(seed ^ ((w + 1) * 0x1000));
+                for _ in 0..6000 {
+                    let i = rng.below(n / WRITERS) * WRITERS + w;
+                    if i.is_multiple_of(3) {
+                        continue;
+                    }
+                    let version = started[i as usize].load(Ordering::Relaxed) + 1;
+                    started[i as usize].store(version, Ordering::SeqCst);
+                    if i % 2 == 1 && rng.below(3) == 0 {
+                        tree.delete(&key(i)).unwrap();
+                    } else {
+                        let mut v = value(i, version);
+                        v.resize(v.len() + (version % 40) as usize, b'w');
+                        tree.insert(&key(i), &v).unwrap();
+                    }
+                }
+                stop.store(true, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    tokio_uring::start(async {
+        let reader = Rc::new(AsyncTree::new(Arc::clone(&tree)));
+        let tasks: Vec<_> = (0..16u64)
+            .map(|t| {
+                let (reader, started, stop) =
+                    (Rc::clone(&reader), Arc::clone(&started), Arc::clone(&stop));
+                tokio_uring::spawn(async move {
+                    let mut rng = Rng(seed ^ ((t + 100) * 0x1_0000));
+                    let mut seen = vec![0u64; n as usize];
+                    let mut rounds = 0;
+                    while !stop.load(Ordering::SeqCst) || rounds < 50 {
+                        rounds += 1;
+                        if t % 4 == 0 {
+                            // A scan.
+                            let a = rng.below(n);
+                            let b = a + rng.below(600) + 1;
+                            let got = reader.scan(key(a)..key(b), usize::MAX).await.unwrap();
+                            assert!(got.windows(2).all(|w| w[0].0 < w[1].0));
+                            let mut stable = (a..b.min(n)).filter(|i| i % 3 != 0 && i % 2 == 0);
+                            for (k, v) in &got {
+                                let (i, version) = parse_value(v);
+                                assert_eq!(k, &key(i));
+                                assert!(version <= started[i as usize].load(Ordering::SeqCst));
+                                if i % 2 == 0 {
+                                    assert_eq!(stable.next(), Some(i), "stable key missing");
+                                }
+                            }
+                            assert_eq!(stable.next(), None, "stable key missing at the end");
+                        } else {
+                            let i = rng.below(n);
+                            let got = reader.get(&key(i)).await.unwrap();
+                            match got {
+                                None => {
+                                    assert!(i.is_multiple_of(3) || i % 2 == 1, "key {i} vanished")
+                                }
+                                Some(v) => {
+                                    let (vi, version) = parse_value(&v);
+                                    assert_eq!(vi, i);
+                                    assert!(version <= started[i as usize].load(Ordering::SeqCst));
+                                    assert!(version >= seen[i as usize], "key {i} went back");
+                                    seen[i as usize] = version;
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+    for w in writers {
+        w.join().unwrap();
+    }
+    let stats = tree.stats();
+    eprintln!("{stats:?}");
+    assert!(stats.async_leaf_reads > 0, "{stats:?}");
+    assert!(stats.evictions > 0 && stats.leaf_splits > 0, "{stats:?}");
+}
+
+/// A store without a file (memory) falls back to blocking reads: same answers.
+#[test]
+fn async_api_on_a_memory_tree_reads_blocking() {
+    let tree = Arc::new(
+        Tree::in_memory(Config {
+            memory_budget_bytes: 64 << 10,
+            huge_pages: false,
+            ..Config::default()
+        })
+        .unwrap(),
+    );
+    for i in 0..5000 {
+        tree.insert(&key(i), &value(i, 0)).unwrap();
+    }
+    tokio_uring::start(async {
+        let reader = AsyncTree::new(Arc::clone(&tree));
+        for i in (0..5100).step_by(7) {
+            assert_eq!(
+                reader.get(&key(i)).await.unwrap(),
+                tree.get(&key(i)).unwrap()
+            );
+        }
+        assert_eq!(
+            reader
+                .scan(key(100)..key(4000), 10_000)
+                .await
+                .unwrap()
+                .len(),
+            3900
+        );
+    });
+    let stats = tree.stats();
+    assert_eq!(stats.async_leaf_reads, 0);
+    assert!(stats.leaf_reads > 0);
+}

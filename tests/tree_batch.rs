@@ -1,0 +1,659 @@
+//! Queue depth in the Tree (issue 5, part 2): `get_many`, scan prefetch and batched
+//! eviction, checked against a `BTreeMap` model and under concurrent writers, with
+//! `stats()` proving that the batched paths really ran.
+//!
+//! Each randomized test prints its seed; replay one with `BFDB_SEED=<seed>` (the thread
+//! schedule is not replayable, the operation sequences are).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bfdb::storage::{MemoryStore, Page, PageNo, PageStore, StoreStats};
+use bfdb::{Config, Tree};
+
+/// splitmix64: its whole state is the seed, so a printed seed replays the sequence.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// The test's seed (from `BFDB_SEED` or the clock), printed so a failure can be replayed.
+fn seed(test: &str) -> u64 {
+    let seed = std::env::var("BFDB_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("{test}: seed {seed} (replay with BFDB_SEED={seed})");
+    seed
+}
+
+/// A pool far smaller than the data: most reads need their leaf page.
+fn small(memory_budget_bytes: u64, promotion_rate_percent: u8) -> Config {
+    Config {
+        memory_budget_bytes,
+        promotion_rate_percent,
+        huge_pages: false,
+        ..Config::default()
+    }
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("key{:08}", i).into_bytes()
+}
+
+fn value(i: u64, version: u64) -> Vec<u8> {
+    let mut v = format!("{i}:{version}:").into_bytes();
+    v.resize(40 + (i % 50) as usize, b'v');
+    v
+}
+
+/// Parses a value written by `value`: the key number and version it carries.
+fn parse_value(v: &[u8]) -> (u64, u64) {
+    let s = std::str::from_utf8(v).expect("values are ASCII");
+    let mut parts = s.split(':');
+    let i = parts.next().unwrap().parse().unwrap();
+    let version = parts.next().unwrap().parse().unwrap();
+    (i, version)
+}
+
+/// A page store that counts `read_pages` calls and the pages they read, so a test can
+/// tell batched reads from a loop of single reads.
+#[derive(Debug, Default)]
+struct CountingStore {
+    inner: MemoryStore,
+    single_reads: AtomicU64,
+    batch_calls: AtomicU64,
+    batch_pages: AtomicU64,
+    largest_batch: AtomicU64,
+    write_batch_calls: AtomicU64,
+    write_batch_pages: AtomicU64,
+}
+
+impl PageStore for CountingStore {
+    fn read_page(&self, no: PageNo, page: &mut Page) -> std::io::Result<()> {
+        self.single_reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.read_page(no, page)
+    }
+    fn write_page(&self, no: PageNo, page: &mut Page) -> std::io::Result<()> {
+        self.inner.write_page(no, page)
+    }
+    fn read_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> std::io::Result<()> {
+        self.batch_calls.fetch_add(1, Ordering::Relaxed);
+        self.batch_pages
+            .fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        self.largest_batch
+            .fetch_max(reqs.len() as u64, Ordering::Relaxed);
+        for (no, page) in reqs.iter_mut() {
+            self.inner.read_page(*no, page)?;
+        }
+        Ok(())
+    }
+    fn write_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> std::io::Result<()> {
+        self.write_batch_calls.fetch_add(1, Ordering::Relaxed);
+        self.write_batch_pages
+            .fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        for (no, page) in reqs.iter_mut() {
+            self.inner.write_page(*no, page)?;
+        }
+        Ok(())
+    }
+    fn allocate(&self) -> std::io::Result<PageNo> {
+        self.inner.allocate()
+    }
+    fn free(&self, no: PageNo) -> std::io::Result<()> {
+        self.inner.free(no)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn stats(&self) -> StoreStats {
+        self.inner.stats()
+    }
+}
+
+/// Loads `n` keys (every third one left out, so lookups hit gaps) and returns the model.
+fn load(tree: &Tree, n: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut model = BTreeMap::new();
+    for i in (0..n).filter(|i| i % 3 != 1) {
+        tree.insert(&key(i), &value(i, 0)).unwrap();
+        model.insert(key(i), value(i, 0));
+    }
+    tree.flush().unwrap();
+    model
+}
+
+// ---------------------------------------------------------------------------------------
+// get_many
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn get_many_matches_model() {
+    let mut rng = Rng(seed("get_many_matches_model"));
+    let store = Arc::new(CountingStore::default());
+    let tree = Tree::with_page_store(small(128 << 10, 20), Arc::clone(&store)).unwrap();
+    let n = 12_000;
+    let mut model = load(&tree, n);
+    assert!(tree.stats().leaf_pages > 100, "{:?}", tree.stats());
+    for round in 0..60 {
+        // Some writes between the batches: updates, deletes and fresh keys.
+        for _ in 0..50 {
+            let i = rng.below(n + 500);
+            if rng.below(4) == 0 {
+                tree.delete(&key(i)).unwrap();
+                model.remove(&key(i));
+            } else {
+                tree.insert(&key(i), &value(i, round + 1)).unwrap();
+                model.insert(key(i), value(i, round + 1));
+            }
+        }
+        let len = rng.below(300) as usize;
+        let mut keys: Vec<Vec<u8>> = (0..len).map(|_| key(rng.below(n + 600))).collect();
+        // Duplicates, next to each other and far apart.
+        if len > 2 {
+            let d = keys[rng.below(len as u64) as usize].clone();
+            keys.push(d.clone());
+            keys.insert(0, d);
+        }
+        let got = tree.get_many(&keys).unwrap();
+        assert_eq!(got.len(), keys.len());
+        for (k, v) in keys.iter().zip(&got) {
+            assert_eq!(
+                v.as_deref(),
+                model.get(k).map(Vec::as_slice),
+                "round {round}: key {}",
+                String::from_utf8_lossy(k)
+            );
+        }
+    }
+    assert!(tree.get_many::<&[u8]>(&[]).unwrap().is_empty());
+    assert!(matches!(
+        tree.get_many(&[&b"ok"[..], b""]),
+        Err(bfdb::Error::EmptyKey)
+    ));
+    let stats = tree.stats();
+    eprintln!("{stats:?}");
+    assert!(stats.batched_leaf_reads > 1000, "{stats:?}");
+    assert!(store.largest_batch.load(Ordering::Relaxed) > 50);
+}
+
+/// One `read_pages` call per batch: the pages of a `get_many` are not read one by one.
+#[test]
+fn get_many_reads_each_leaf_page_once_in_one_call() {
+    let store = Arc::new(CountingStore::default());
+    let tree = Tree::with_page_store(small(64 << 10, 0), Arc::clone(&store)).unwrap();
+    load(&tree, 6000);
+    let keys: Vec<Vec<u8>> = (0..6000).step_by(7).map(key).collect();
+    // Evict what is cached by writing and flushing unrelated keys first.
+    for i in 0..2000 {
+        tree.insert(&format!("zz{i:06}").into_bytes(), &[0; 200])
+            .unwrap();
+    }
+    tree.flush().unwrap();
+    let before_calls = store.batch_calls.load(Ordering::Relaxed);
+    let before_pages = store.batch_pages.load(Ordering::Relaxed);
+    let before_single = store.single_reads.load(Ordering::Relaxed);
+    let got = tree.get_many(&keys).unwrap();
+    for (i, v) in (0..6000).step_by(7).zip(&got) {
+        let expect = (i % 3 != 1).then(|| value(i, 0));
+        assert_eq!(v.as_ref(), expect.as_ref(), "key {i}");
+    }
+    let calls = store.batch_calls.load(Ordering::Relaxed) - before_calls;
+    let pages = store.batch_pages.load(Ordering::Relaxed) - before_pages;
+    assert_eq!(
+        store.single_reads.load(Ordering::Relaxed),
+        before_single,
+        "no single-page reads"
+    );
+    // Each distinct page once, in calls of up to 128 pages.
+    assert!(pages > 128, "{pages}");
+    assert_eq!(calls, pages.div_ceil(128), "{pages} pages in {calls} calls");
+    assert!(
+        pages <= tree.stats().leaf_pages,
+        "pages deduplicated: {pages}"
+    );
+}
+
+/// `get_many` racing writers, merges, evictions and splits on 8+ threads: every value
+/// seen was written for that key, and one reader never sees a key's versions go back.
+#[test]
+fn get_many_races_writers() {
+    let seed = seed("get_many_races_writers");
+    let tree = Tree::in_memory(small(96 << 10, 20)).unwrap();
+    let n: u64 = 4000;
+    for i in 0..n {
+        tree.insert(&key(i), &value(i, 0)).unwrap();
+    }
+    const WRITERS: u64 = 4;
+    const READERS: u64 = 5;
+    // The newest version each key's writer has started to write.
+    let started: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for w in 0..WRITERS {
+            let (tree, started, stop) = (&tree, &started, &stop);
+            s.spawn(move || {
+                let mut rng = Rng(seed ^ ((w + 1) * 0x1000));
+                for _ in 0..6000 {
+                    // Writer `w` owns the keys `i % WRITERS == w`.
+                    let i = rng.below(n / WRITERS) * WRITERS + w;
+                    let version = started[i as usize].load(Ordering::Relaxed) + 1;
+                    started[i as usize].store(version, Ordering::SeqCst);
+                    // Values grow with the version so pages fill and split.
+                    let mut v = value(i, version);
+                    v.resize(v.len() + (version % 40) as usize, b'w');
+                    tree.insert(&key(i), &v).unwrap();
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+        }
+        for r in 0..READERS {
+            let (tree, started, stop) = (&tree, &started, &stop);
+            s.spawn(move || {
+                let mut rng = Rng(seed ^ ((r + 100) * 0x1_0000));
+                let mut seen = vec![0u64; n as usize];
+                let mut rounds = 0;
+                while !stop.load(Ordering::Relaxed) || rounds < 20 {
+                    rounds += 1;
+                    let mut idx: Vec<u64> = (0..rng.below(200) + 1)
+                        .map(|_| rng.below(n + 100))
+                        .collect();
+                    idx.push(idx[0]);
+                    let keys: Vec<Vec<u8>> = idx.iter().map(|&i| key(i)).collect();
+                    let got = tree.get_many(&keys).unwrap();
+                    // Each answer is the key's value at some moment of the call, not in
+                    // the order of `keys`: compare with what earlier calls saw, and only
+                    // then remember the newest of this call.
+                    let mut newest_seen: Vec<(u64, u64)> = Vec::new();
+                    for (&i, v) in idx.iter().zip(&got) {
+                        if i >= n {
+                            assert_eq!(v, &None, "key {i} was never written");
+                            continue;
+                        }
+                        let v = v.as_ref().unwrap_or_else(|| panic!("key {i} vanished"));
+                        let (vi, version) = parse_value(v);
+                        assert_eq!(vi, i, "a value of another key");
+                        let newest = started[i as usize].load(Ordering::SeqCst);
+                        assert!(version <= newest, "key {i}: v{version} never written");
+                        assert!(
+                            version >= seen[i as usize],
+                            "key {i}: v{version} after an earlier call saw v{}",
+                            seen[i as usize]
+                        );
+                        newest_seen.push((i, version));
+                    }
+                    for (i, version) in newest_seen {
+                        seen[i as usize] = seen[i as usize].max(version);
+                    }
+                }
+            });
+        }
+    });
+    let stats = tree.stats();
+    eprintln!("{stats:?}");
+    assert!(stats.batched_leaf_reads > 0, "{stats:?}");
+    assert!(stats.merges > 0 && stats.evictions > 0, "{stats:?}");
+    assert!(stats.batched_leaf_writes > 0, "{stats:?}");
+    assert!(stats.leaf_splits > 0, "{stats:?}");
+    for i in 0..n {
+        let (vi, version) = parse_value(&tree.get(&key(i)).unwrap().unwrap());
+        assert_eq!(
+            (vi, version),
+            (i, started[i as usize].load(Ordering::SeqCst))
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Blind writes
+// ---------------------------------------------------------------------------------------
+
+/// Inserts and deletes never read a leaf page while their records fit in mini-pages:
+/// after a bulk load (whose merges do read leaf pages), upserts and deletes spread over
+/// every page leave `leaf_reads` where it was.
+#[test]
+fn blind_writes_read_no_leaf_page() {
+    let mut rng = Rng(seed("blind_writes_read_no_leaf_page"));
+    let tree = Tree::in_memory(small(8 << 20, 20)).unwrap();
+    let n = 20_000;
+    load(&tree, n);
+    let before = tree.stats();
+    assert!(before.leaf_pages > 100, "{before:?}");
+    for round in 0..3000 {
+        let i = rng.below(n);
+        if round % 4 == 0 {
+            tree.delete(&key(i)).unwrap();
+        } else {
+            tree.insert(&key(i), &value(i, 1)).unwrap();
+        }
+    }
+    let after = tree.stats();
+    assert_eq!(after.leaf_reads, before.leaf_reads, "{after:?}");
+    assert!(
+        after.mini_pages_created > before.mini_pages_created,
+        "{after:?}"
+    );
+    assert_eq!(after.evictions, before.evictions, "meant to fit: {after:?}");
+    assert_eq!(after.merges, before.merges, "meant to fit: {after:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Scan prefetch
+// ---------------------------------------------------------------------------------------
+
+/// A key of the range, `Bound`s built from key numbers.
+fn bounds(rng: &mut Rng, n: u64) -> (std::ops::Bound<Vec<u8>>, std::ops::Bound<Vec<u8>>) {
+    use std::ops::Bound::*;
+    let a = rng.below(n + 20);
+    let b = a + rng.below(n / 2);
+    let lo = match rng.below(3) {
+        0 => Unbounded,
+        1 => Included(key(a)),
+        _ => Excluded(key(a)),
+    };
+    let hi = match rng.below(3) {
+        0 => Unbounded,
+        1 => Included(key(b)),
+        _ => Excluded(key(b)),
+    };
+    (lo, hi)
+}
+
+/// Forward and backward scans over many leaf pages on a small budget match the model,
+/// and the pages really were read ahead in batches.
+#[test]
+fn prefetching_scans_match_model() {
+    let mut rng = Rng(seed("prefetching_scans_match_model"));
+    for promotion in [0, 20] {
+        let tree = Tree::in_memory(small(96 << 10, promotion)).unwrap();
+        let n = 10_000;
+        let mut model = load(&tree, n);
+        for round in 0..40 {
+            for _ in 0..30 {
+                let i = rng.below(n);
+                if rng.below(3) == 0 {
+                    tree.delete(&key(i)).unwrap();
+                    model.remove(&key(i));
+                } else {
+                    tree.insert(&key(i), &value(i, round + 1)).unwrap();
+                    model.insert(key(i), value(i, round + 1));
+                }
+            }
+            let range = bounds(&mut rng, n);
+            let expect: Vec<(Vec<u8>, Vec<u8>)> = model
+                .range(range.clone())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let forward: Vec<_> = tree.range(range.clone()).map(Result::unwrap).collect();
+            assert_eq!(
+                forward.len(),
+                expect.len(),
+                "promotion {promotion} round {round}"
+            );
+            assert!(
+                forward == expect,
+                "promotion {promotion} round {round}: forward"
+            );
+            let mut backward: Vec<_> = tree.range(range).rev().map(Result::unwrap).collect();
+            backward.reverse();
+            assert!(
+                backward == expect,
+                "promotion {promotion} round {round}: backward"
+            );
+        }
+        let stats = tree.stats();
+        eprintln!("promotion {promotion}: {stats:?}");
+        assert!(stats.prefetched_leaf_pages > 500, "{stats:?}");
+        assert!(
+            stats.batched_leaf_reads > stats.prefetched_leaf_pages,
+            "{stats:?}"
+        );
+    }
+}
+
+/// Keys changed ahead of a scan's cursor, on pages it has already read ahead, show their
+/// new state: prefetched pages are validated (and re-read when a merge rewrote them).
+#[test]
+fn prefetched_pages_see_later_writes() {
+    let mut rng = Rng(seed("prefetched_pages_see_later_writes"));
+    let store = Arc::new(CountingStore::default());
+    let tree = Tree::with_page_store(small(128 << 10, 0), Arc::clone(&store)).unwrap();
+    let n = 12_000;
+    let mut model = load(&tree, n);
+    let mut got = Vec::new();
+    let mut step = 0u64;
+    for r in tree.range(key(0)..) {
+        let (k, v) = r.unwrap();
+        let cursor: u64 = std::str::from_utf8(&k[3..]).unwrap().parse().unwrap();
+        got.push((k, v));
+        step += 1;
+        // A leaf page holds at most 80 of these records, and pages only split, so a
+        // page's range spans fewer than 200 key numbers of the dense, loaded region: a
+        // key 200 or more ahead is not in the page being yielded, and eight pages ahead
+        // span at least 300. (Past the loaded keys the last page covers everything.)
+        let j = cursor + 200 + rng.below(300);
+        if step.is_multiple_of(20) && j < n - 100 {
+            match rng.below(3) {
+                0 => {
+                    tree.delete(&key(j)).unwrap();
+                    model.remove(&key(j));
+                }
+                _ => {
+                    tree.insert(&key(j), &value(j, step)).unwrap();
+                    model.insert(key(j), value(j, step));
+                }
+            }
+            if step.is_multiple_of(40) {
+                // Merge into the leaf page: the read-ahead copy of it is stale now.
+                tree.flush().unwrap();
+            }
+        }
+    }
+    let expect: Vec<(Vec<u8>, Vec<u8>)> = model.into_iter().collect();
+    let show = |r: &(Vec<u8>, Vec<u8>)| {
+        format!(
+            "{}={}",
+            String::from_utf8_lossy(&r.0),
+            String::from_utf8_lossy(&r.1)
+        )
+    };
+    if let Some(d) = (0..got.len().min(expect.len())).find(|&d| got[d] != expect[d]) {
+        panic!(
+            "first difference at {d}: got {} expected {}",
+            show(&got[d]),
+            show(&expect[d])
+        );
+    }
+    assert_eq!(got.len(), expect.len());
+    let stats = tree.stats();
+    eprintln!("{stats:?}");
+    assert!(stats.prefetched_leaf_pages > 100, "{stats:?}");
+    assert!(stats.stale_leaf_reads > 0, "{stats:?}");
+    assert!(store.largest_batch.load(Ordering::Relaxed) > 4);
+}
+
+/// Prefetching scans racing writers, merges, evictions and splits on 8+ threads: keys
+/// strictly ordered, every key that is never deleted present, every value one written
+/// for its key.
+#[test]
+fn prefetching_scans_race_writers() {
+    let seed = seed("prefetching_scans_race_writers");
+    let tree = Tree::in_memory(small(96 << 10, 10)).unwrap();
+    let n: u64 = 6000;
+    // Even keys are stable (updated, never deleted); odd keys come and go.
+    for i in (0..n).step_by(2) {
+        tree.insert(&key(i), &value(i, 0)).unwrap();
+    }
+    const WRITERS: u64 = 4;
+    const SCANNERS: u64 = 4;
+    let started: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for w in 0..WRITERS {
+            let (tree, started, stop) = (&tree, &started, &stop);
+            s.spawn(move || {
+                let mut rng = Rng(seed ^ ((w + 1) * 0x1000));
+                for _ in 0..5000 {
+                    let i = rng.below(n / WRITERS) * WRITERS + w;
+                    let version = started[i as usize].load(Ordering::Relaxed) + 1;
+                    started[i as usize].store(version, Ordering::SeqCst);
+                    if i % 2 == 1 && rng.below(2) == 0 {
+                        tree.delete(&key(i)).unwrap();
+                    } else {
+                        let mut v = value(i, version);
+                        v.resize(v.len() + (version % 40) as usize, b'w');
+                        tree.insert(&key(i), &v).unwrap();
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+        }
+        for r in 0..SCANNERS {
+            let (tree, started, stop) = (&tree, &started, &stop);
+            s.spawn(move || {
+                let mut rng = Rng(seed ^ ((r + 100) * 0x1_0000));
+                let mut rounds = 0;
+                while !stop.load(Ordering::Relaxed) || rounds < 4 {
+                    rounds += 1;
+                    let a = rng.below(n / 2);
+                    let b = a + rng.below(n / 2) + 1;
+                    let backward = rng.below(2) == 0;
+                    let it = tree.range(key(a)..key(b));
+                    let mut got: Vec<(Vec<u8>, Vec<u8>)> = if backward {
+                        it.rev().map(Result::unwrap).collect()
+                    } else {
+                        it.map(Result::unwrap).collect()
+                    };
+                    if backward {
+                        got.reverse();
+                    }
+                    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "ordered, unique");
+                    let mut stable = (a..b).filter(|i| i % 2 == 0);
+                    for (k, v) in &got {
+                        let (i, version) = parse_value(v);
+                        assert_eq!(k, &key(i), "a value of another key");
+                        assert!(version <= started[i as usize].load(Ordering::SeqCst));
+                        if i % 2 == 0 {
+                            assert_eq!(stable.next(), Some(i), "a stable key is missing");
+                        }
+                    }
+                    assert_eq!(stable.next(), None, "stable keys missing at the end");
+                }
+            });
+        }
+    });
+    let stats = tree.stats();
+    eprintln!("{stats:?}");
+    assert!(stats.prefetched_leaf_pages > 0, "{stats:?}");
+    assert!(stats.merges > 0 && stats.evictions > 0 && stats.leaf_splits > 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Batched eviction
+// ---------------------------------------------------------------------------------------
+
+/// A write-heavy workload on a small pool: evictions merge several mini-pages with one
+/// batched read and one batched write, and the tree still matches the model.
+#[test]
+fn batched_evictions_match_model() {
+    let mut rng = Rng(seed("batched_evictions_match_model"));
+    let store = Arc::new(CountingStore::default());
+    let tree = Tree::with_page_store(small(64 << 10, 20), Arc::clone(&store)).unwrap();
+    let mut model = BTreeMap::new();
+    let n = 8000;
+    for step in 0..40_000 {
+        let i = rng.below(n);
+        if rng.below(5) == 0 {
+            tree.delete(&key(i)).unwrap();
+            model.remove(&key(i));
+        } else {
+            tree.insert(&key(i), &value(i, step)).unwrap();
+            model.insert(key(i), value(i, step));
+        }
+    }
+    let stats = tree.stats();
+    eprintln!("{stats:?}");
+    assert!(stats.batched_leaf_writes > 1000, "{stats:?}");
+    let calls = store.write_batch_calls.load(Ordering::Relaxed);
+    let pages = store.write_batch_pages.load(Ordering::Relaxed);
+    assert!(pages > 2 * calls, "{pages} pages in {calls} write batches");
+    let all: Vec<Vec<u8>> = (0..n).map(key).collect();
+    for (k, v) in all.iter().zip(tree.get_many(&all).unwrap()) {
+        assert_eq!(v.as_ref(), model.get(k), "{}", String::from_utf8_lossy(k));
+    }
+    let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
+        tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
+    assert!(scanned == model);
+}
+
+/// Failing reads and writes under the batched paths come back as `Err`, never as a
+/// wrong answer, and reads work again once the faults stop.
+#[test]
+fn batched_paths_report_io_errors() {
+    let store = Arc::new(bfdb::storage::SimStore::new(7));
+    let tree = Tree::with_page_store(small(64 << 10, 0), Arc::clone(&store)).unwrap();
+    let model = load(&tree, 6000);
+    let keys: Vec<Vec<u8>> = (0..6000).map(key).collect();
+    let check = |tree: &Tree| -> bool {
+        match tree.get_many(&keys) {
+            Ok(got) => {
+                for (k, v) in keys.iter().zip(got) {
+                    assert_eq!(v.as_ref(), model.get(k));
+                }
+                true
+            }
+            Err(bfdb::Error::Io(_) | bfdb::Error::Corrupted { .. }) => false,
+            Err(other) => panic!("unexpected error {other}"),
+        }
+    };
+    store.fail_reads_after(5);
+    assert!(!check(&tree), "the batch read fails");
+    let scan: Vec<_> = tree.range::<&[u8], _>(..).collect();
+    assert!(
+        matches!(scan.last(), Some(Err(_))),
+        "a scan ends with the error"
+    );
+    store.clear_faults();
+    assert!(check(&tree));
+    // Writes fail: evictions (batched) cannot merge; the tree refuses writes, reads go on.
+    store.fail_writes_after(2);
+    let mut failed = false;
+    for i in 0..20_000 {
+        if tree.insert(&key(i), &value(i, 9)).is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "a write must fail once leaf writes fail");
+    store.clear_faults();
+    assert!(tree.insert(b"new", b"x").is_err(), "poisoned");
+    // Reads still answer: a key is either unchanged or was updated before the failure.
+    for (k, v) in keys.iter().zip(tree.get_many(&keys).unwrap()) {
+        match v {
+            Some(v) => {
+                let (i, version) = parse_value(&v);
+                assert_eq!(&key(i), k);
+                assert!(version == 9 || Some(&v) == model.get(k));
+            }
+            None => assert_eq!(model.get(k), None, "no key was deleted"),
+        }
+    }
+}
