@@ -1,4 +1,4 @@
-//! Measures the Tree's queue-depth mechanisms (docs/treeio.md) on a file ten times its
+//! Measures the Tree's queue-depth mechanisms (the queue-depth section of docs/design.md) on a file ten times its
 //! memory budget: a loop of `get` against `get_many`, scans with and without read-ahead,
 //! and random upserts with and without batched eviction IO.
 //!
