@@ -1,6 +1,7 @@
-//! Measures the Tree's queue-depth mechanisms (the queue-depth section of docs/design.md) on a file ten times its
-//! memory budget: a loop of `get` against `get_many`, scans with and without read-ahead,
-//! and random upserts with and without batched eviction IO.
+//! Measures the Tree's queue-depth mechanisms (the queue-depth section of
+//! docs/design.md) on a file ten times its memory budget: a loop of `get` against
+//! `get_many`, scans with and without read-ahead, and random upserts with and without
+//! batched eviction IO.
 //!
 //! ```text
 //! cargo run --release --example treeio -- [--dir DIR] [--budget-mib 8] [--ratio 10]
