@@ -134,3 +134,60 @@ fn long_keys_with_a_long_shared_prefix_split_into_few_pages() {
         assert_eq!(tree.get(&key(i)).unwrap(), Some(i.to_le_bytes().to_vec()));
     }
 }
+
+/// While the data fits in the budget, a read that reaches a leaf page caches the whole
+/// page as a mirror, so that soon no read needs a leaf page. A page whose dirty records
+/// do not fit in a mirror next to the leaf's is merged first (one more read of it,
+/// perhaps a split), so the first pass reads a page at most three times, and the pages
+/// of a late split are mirrored in the second. Deletes made before the mirroring must
+/// survive it.
+#[test]
+fn reads_mirror_whole_pages_while_the_pool_has_room() {
+    let config = Config {
+        memory_budget_bytes: 64 << 20,
+        ..Config::default()
+    };
+    let tree = Tree::in_memory(config).unwrap();
+    let mut model = BTreeMap::new();
+    for i in 0..30_000u64 {
+        let v = format!("value-{i}").into_bytes();
+        tree.insert(&key(i), &v).unwrap();
+        model.insert(key(i), v);
+    }
+    // Dirty records (inserts and tombstones) sit in mini-pages next to leaf pages.
+    for i in (0..30_000u64).step_by(5) {
+        tree.delete(&key(i)).unwrap();
+        model.remove(&key(i));
+    }
+    let before = tree.stats();
+    assert!(before.leaf_pages > 20, "{before:?}");
+    let check_all = || {
+        for i in 0..30_000u64 {
+            assert_eq!(
+                tree.get(&key(i)).unwrap(),
+                model.get(&key(i)).cloned(),
+                "{i}"
+            );
+        }
+    };
+    check_all();
+    let first = tree.stats();
+    let first_reads = first.leaf_reads - before.leaf_reads;
+    assert!(
+        first_reads <= 3 * first.leaf_pages,
+        "{first_reads} leaf reads for {} leaf pages: {first:?}",
+        first.leaf_pages
+    );
+    // A page merged and split late in the first pass is mirrored in the second.
+    check_all();
+    let second = tree.stats();
+    // Most pages are mirrors now (the rest are answered by their mini-pages alone).
+    assert!(2 * second.mirrors_created > second.leaf_pages, "{second:?}");
+    check_all();
+    let third = tree.stats();
+    assert_eq!(third.leaf_reads, second.leaf_reads, "{third:?}");
+    // Scans agree with the model too, served from the mirrors.
+    let scanned: Vec<(Vec<u8>, Vec<u8>)> = tree.range::<&[u8], _>(..).map(|r| r.unwrap()).collect();
+    let expected: Vec<(Vec<u8>, Vec<u8>)> = model.into_iter().collect();
+    assert_eq!(scanned, expected);
+}

@@ -36,7 +36,7 @@ use tokio_uring::buf::{IoBuf, IoBufMut};
 use tokio_uring::fs::File;
 
 use super::scan::{Bounds, Direction, FetchStep, is_empty};
-use super::{Core, LeafTicket, Probe, Tree, bump, chance};
+use super::{Core, LeafTicket, Probe, Tree, bump};
 use crate::error::{Error, Result};
 use crate::storage::{PAGE_SIZE, Page, PageKind};
 
@@ -132,7 +132,7 @@ impl AsyncTree {
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let core = self.core();
         core.check_key(key)?;
-        let promote = chance(core.config.promotion_rate_percent);
+        let promote = core.promote_read();
         let mut out = Vec::new();
         for _ in 0..ASYNC_ATTEMPTS {
             out.clear();
@@ -197,7 +197,7 @@ impl AsyncTree {
         out: &mut VecDeque<(Vec<u8>, Vec<u8>)>,
     ) -> Result<Option<Bound<Vec<u8>>>> {
         let core = self.core();
-        let promote = chance(core.config.promotion_rate_percent);
+        let promote = core.promote_read();
         for _ in 0..ASYNC_ATTEMPTS {
             let ticket = match core.fetch_or_ticket(lower, upper, out)? {
                 FetchStep::Fetched(next) => return Ok(next),

@@ -215,13 +215,6 @@ pub(crate) fn build_leaf(
 ///
 /// Fails with [`WriteError::Full`] when the dirty records make the mirror larger than
 /// `dst`; the caller then keeps the page as it is.
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the read path starts mirroring pages in the next step"
-    )
-)]
 pub(crate) fn build_mirror<'d>(
     dst: &'d mut [u8],
     leaf: &NodeRef<'_>,

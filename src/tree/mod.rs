@@ -830,7 +830,7 @@ impl Core {
         // A read that misses the mini-page may cache what the leaf page says. It then
         // takes the page's write lock *before* reading the leaf page, so the leaf cannot
         // change between the read and the insertion of the cached record.
-        let promote = chance(self.config.promotion_rate_percent);
+        let promote = self.promote_read();
         loop {
             let path = match self.locate(Target::Holding(key)) {
                 Ok(Some(p)) => p,
@@ -923,13 +923,102 @@ impl Core {
             return Ok(hit);
         }
         let mut leaf_page = Page::boxed();
-        let found = search_leaf(
-            &self.read_leaf(self.leaf_of(location), &mut leaf_page)?,
-            key,
-            out,
-        );
-        self.cache_read(page, prefix_len, key, found, out)?;
+        let leaf_no = self.leaf_of(location);
+        let leaf = self.read_leaf(leaf_no, &mut leaf_page)?;
+        let found = search_leaf(&leaf, key, out);
+        if !self.mirror_read(page, location, leaf_no, &leaf) {
+            self.cache_read(page, prefix_len, key, found, out)?;
+        }
         Ok((found, None))
+    }
+
+    /// Whether a read that reaches a leaf page should cache it: always while the pool
+    /// has mirror room, else by the promotion chance.
+    fn promote_read(&self) -> bool {
+        self.mirror_room() || chance(self.config.promotion_rate_percent)
+    }
+
+    /// Whether the pool is still on its first lap with room to spare, so that caching a
+    /// whole leaf page costs no eviction.
+    ///
+    /// Departure from the paper, which caches single records on reads (and whole pages
+    /// only from scans): while the data fits in the budget, record-by-record caching
+    /// makes every read of a not-yet-cached record pay a leaf-page read and check, and a
+    /// page reaches the pool one record at a time. bfdb mirrors the whole leaf page
+    /// instead as long as the tail of the pool has not passed
+    /// `MIRROR_ROOM_PERCENT` of its capacity on the first lap. Once the pool is that
+    /// full, it never is again below it (the tail only grows), and reads go back to the
+    /// paper's record caching, which is what a budget smaller than the data needs;
+    /// the mirrors made early age out through the head like any clean mini-page.
+    fn mirror_room(&self) -> bool {
+        const MIRROR_ROOM_PERCENT: u64 = 80;
+        self.config.promotion_rate_percent > 0
+            && self.pool.addresses().tail + MAX_MINI_BLOCK_BYTES as u64
+                <= self.pool.capacity_bytes() / 100 * MIRROR_ROOM_PERCENT
+    }
+
+    /// Replaces the page's mini-page (if any) by a mirror of `leaf`, the leaf page just
+    /// read under the page's write lock, when the pool has mirror room; best effort,
+    /// never evicts. Returns true when the read must cache nothing more: the page is a
+    /// mirror now, or its mini-page was merged to make room for one.
+    fn mirror_read(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        location: Location,
+        leaf_no: PageNo,
+        leaf: &NodeRef<'_>,
+    ) -> bool {
+        if !self.mirror_room() || self.check_writable().is_err() {
+            return false;
+        }
+        let old = match location {
+            Location::Mini(offset) => Some(self.block(offset)),
+            Location::Leaf(_) => None,
+            Location::Empty => return false,
+        };
+        let Ok(block) = self.pool.try_alloc(MAX_MINI_BLOCK_BYTES) else {
+            return false;
+        };
+        // SAFETY: a fresh, unpublished block: ours alone.
+        let bytes = unsafe { block_bytes(&block) };
+        MiniHeader {
+            pid: page.id(),
+            leaf: leaf_no,
+            mirror: true,
+        }
+        .write(bytes);
+        // SAFETY: we hold the page's write lock, so the old mini-page is live and
+        // unchanged while we read it.
+        let mini = old.map(|b| unsafe { mini_ref(&b) });
+        if leaf::build_mirror(&mut bytes[MINI_HEADER_BYTES..], leaf, mini.as_ref()).is_err() {
+            // SAFETY: never published, so nobody else knows the block.
+            unsafe { self.pool.free(block) };
+            // The dirty records do not fit next to the leaf's. Merge them into the leaf
+            // page now, as eviction would (splitting it if needed), so that the next
+            // read of the page finds no dirty records and mirrors it. A failed merge
+            // leaves the page as it was; eviction retries it later.
+            let (Some(old), Some(mini)) = (old, mini) else {
+                return false;
+            };
+            // SAFETY: we hold the page's write lock, so the block is live.
+            let header = unsafe { MiniHeader::of(&old) };
+            match self.merge(page.id(), header, Some(mini), None) {
+                Ok(_) => {
+                    page.set_location(Location::Leaf(leaf_no.0));
+                    self.retire(old);
+                    // A split may have moved the key to another page: caching it here
+                    // could put it in the wrong one, so the read caches nothing.
+                    return true;
+                }
+                Err(_) => return false,
+            }
+        }
+        self.publish(page, block);
+        if let Some(old) = old {
+            self.retire(old);
+        }
+        bump(&self.counters.mirrors_created);
+        true
     }
 
     /// Caches what the leaf page said about `key` (the record in `out`, or a phantom for
@@ -1068,8 +1157,11 @@ impl Core {
             if let Some((found, _)) = self.get_locked(location, key, out, false)? {
                 return Ok(Some(matches!(found, Found::Value)));
             }
-            let found = search_leaf(&self.parse_leaf(ticket.leaf, leaf_page)?, key, out);
-            self.cache_read(&page, ticket.prefix_len, key, found, out)?;
+            let leaf = self.parse_leaf(ticket.leaf, leaf_page)?;
+            let found = search_leaf(&leaf, key, out);
+            if !self.mirror_read(&page, location, ticket.leaf, &leaf) {
+                self.cache_read(&page, ticket.prefix_len, key, found, out)?;
+            }
             return Ok(Some(matches!(found, Found::Value)));
         }
         let page = self.mapping.read(ticket.pid);
@@ -1098,7 +1190,7 @@ impl Core {
         for (i, key) in keys.iter().enumerate() {
             let mut out = Vec::new();
             // Drawn per key, as `get` draws it per call.
-            let promote = chance(self.config.promotion_rate_percent);
+            let promote = self.promote_read();
             match self.probe(key.as_ref(), &mut out)? {
                 Probe::Done(exists) => results.push(exists.then_some(out)),
                 Probe::Leaf(ticket) => {
@@ -1819,6 +1911,21 @@ impl Core {
         let mut created: Vec<usize> = Vec::new();
         let mut new_root = None;
         for (depth, node) in plan.iter().enumerate() {
+            // Fast path: the separators fit into a copy of the node, one insert each,
+            // instead of a rebuild that re-appends every separator the node holds.
+            let mut copy: Box<[u8]> = node.bytes(&guard).into();
+            let mut into_copy = NodeMut::trusted(&mut copy);
+            let fits = pending.iter().all(|(k, child)| {
+                match into_copy.insert(k, &child.to_le_bytes(), RecordType::Insert) {
+                    Ok(_) => true,
+                    Err(WriteError::Full) => false,
+                    Err(e) => unreachable!("a separator routed here is new and in range: {e:?}"),
+                }
+            });
+            if fits {
+                publish.push((node, copy));
+                break;
+            }
             let n = NodeRef::trusted(node.bytes(&guard));
             let mut entries = inner::records(&n);
             for (k, child) in pending.drain(..) {

@@ -270,9 +270,12 @@ impl Fences<'_> {
     pub fn covers(&self, key: &[u8]) -> bool {
         match *self {
             Fences::None => true,
-            Fences::Prefix(p) => key.starts_with(p),
+            Fences::Prefix(p) => {
+                key.len() >= p.len() && cmp_keys(&key[..p.len()], p) == Ordering::Equal
+            }
             Fences::Range { low, high } => {
-                low.is_none_or(|l| key >= l) && high.is_none_or(|h| key < h)
+                low.is_none_or(|l| cmp_keys(key, l) != Ordering::Less)
+                    && high.is_none_or(|h| cmp_keys(key, h) == Ordering::Less)
             }
         }
     }
@@ -745,12 +748,14 @@ impl<'a> NodeRef<'a> {
     /// record, and the answer says so (`Err(0)` or `Err(len)`).
     pub fn search(&self, key: &[u8]) -> Result<usize, usize> {
         let prefix = self.prefix();
-        if !key.starts_with(prefix) {
-            return if key < prefix {
-                Err(0)
-            } else {
-                Err(self.len())
-            };
+        // `starts_with` and `<` would each call `memcmp`; one inline comparison of the
+        // key's first bytes with the prefix answers both.
+        let head = &key[..key.len().min(prefix.len())];
+        match cmp_keys(head, prefix) {
+            Ordering::Less => return Err(0),
+            Ordering::Greater => return Err(self.len()),
+            Ordering::Equal if head.len() < prefix.len() => return Err(0),
+            Ordering::Equal => {}
         }
         let suffix = &key[prefix.len()..];
         let la = look_ahead(suffix);
@@ -1157,11 +1162,16 @@ impl<'a> NodeMut<'a> {
     /// Writes a new record at index `i`, which the caller found by search; space for
     /// `8 + suffix + value` bytes has been reserved.
     fn place(&mut self, i: usize, suffix: &[u8], value: &[u8], t: RecordType) {
+        let m = self.first() + i;
+        let count = self.count();
+        self.place_at(m, count, suffix, value, t);
+    }
+
+    /// [`NodeMut::place`] at KV meta `m` of a node with `count` metas.
+    fn place_at(&mut self, m: usize, count: usize, suffix: &[u8], value: &[u8], t: RecordType) {
         let at = self.alloc_data(suffix.len() + value.len());
         self.buf[at..at + suffix.len()].copy_from_slice(suffix);
         self.buf[at + suffix.len()..at + suffix.len() + value.len()].copy_from_slice(value);
-        let m = self.first() + i;
-        let count = self.count();
         self.buf
             .copy_within(meta_pos(m)..meta_pos(count), meta_pos(m + 1));
         put_meta(self.buf, m, KvMeta::new(at, suffix, value.len(), t));
@@ -1366,17 +1376,29 @@ impl<'a> NodeMut<'a> {
     /// If the key is not greater than the last record's key: the caller's input was not
     /// sorted, which is a bug.
     pub fn push(&mut self, key: &[u8], value: &[u8], t: RecordType) -> Result<usize, WriteError> {
-        let suffix = self.check_key(key, value)?;
-        let n = self.len();
+        // Bulk builds push every record of a page, so this parses the header once and
+        // compares suffixes (both keys carry the node's prefix once `covers` holds).
+        let node = self.as_ref();
+        if !node.covers(key) {
+            return Err(WriteError::OutOfRange);
+        }
+        let suffix = &key[node.prefix_len..];
+        if suffix.len() > MAX_KEY_SUFFIX_BYTES || value.len() > MAX_VALUE_BYTES {
+            return Err(WriteError::TooLarge);
+        }
+        let n = node.len();
         if n > 0 {
-            let last = self.as_ref().record(n - 1);
             assert!(
-                last.cmp_key(key) == Ordering::Less,
+                cmp_keys(node.key_suffix(n - 1), suffix) == Ordering::Less,
                 "push: keys must be strictly increasing"
             );
         }
-        self.reserve(KV_META_SIZE_BYTES + suffix.len() + value.len())?;
-        self.place(n, suffix, value, t);
+        let need = KV_META_SIZE_BYTES + suffix.len() + value.len();
+        let (first, count, room) = (node.first, node.count, node.free_space_bytes() >= need);
+        if !room {
+            self.reserve(need)?;
+        }
+        self.place_at(first + n, count, suffix, value, t);
         Ok(n)
     }
 }

@@ -17,7 +17,7 @@ use crossbeam_epoch as epoch;
 use super::leaf::MiniHeader;
 use super::mapping::{self, Location, PageId};
 use super::node::{self, Fences, NodeKind, NodeRef, RecordType};
-use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, chance, inner, mini_ref};
+use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, inner, mini_ref};
 use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
 use crate::error::{Error, Result};
 use crate::storage::{Page, PageNo};
@@ -252,7 +252,7 @@ impl Core {
         out: &mut VecDeque<Record>,
         (prefetched, read_ahead_pages): (&mut Vec<Prefetched>, usize),
     ) -> Result<Option<Bound<Vec<u8>>>> {
-        let promote = chance(self.config.promotion_rate_percent);
+        let promote = self.promote_read();
         loop {
             let target = match (direction, lower, upper) {
                 (Direction::Forward, Bound::Included(k) | Bound::Excluded(k), _) => {
