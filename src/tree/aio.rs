@@ -213,7 +213,13 @@ impl AsyncTree {
             }
             bump(&core.counters.stale_leaf_reads);
         }
-        core.fetch(lower, upper, Direction::Forward, out, (&mut Vec::new(), 0))
+        core.fetch(
+            lower,
+            upper,
+            (Direction::Forward, usize::MAX),
+            out,
+            (&mut Vec::new(), 0),
+        )
     }
 
     /// Reads the ticket's leaf page without its lock, on the runtime's ring when the

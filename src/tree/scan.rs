@@ -17,7 +17,7 @@ use crossbeam_epoch as epoch;
 use super::leaf::MiniHeader;
 use super::mapping::{self, Location, PageId};
 use super::node::{self, Fences, NodeKind, NodeRef, RecordType};
-use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, inner, mini_ref};
+use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, inner, mini_ref, owned_fence};
 use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
 use crate::error::{Error, Result};
 use crate::storage::{Page, PageNo};
@@ -30,6 +30,12 @@ const PREFETCH_PAGES: usize = 8;
 
 /// The most pages [`Range::read_ahead`] accepts.
 pub const MAX_READ_AHEAD_PAGES: usize = 64;
+
+/// Records the first fetch of a scan copies out of a mirror; each later fetch doubles
+/// it (up to `MAX_FETCH_RECORDS`). Short scans — the common kind — then copy a few
+/// dozen records, not a whole page, while long ones soon move a page per fetch.
+const FIRST_FETCH_RECORDS: usize = 16;
+const MAX_FETCH_RECORDS: usize = 4096;
 
 /// A leaf page read ahead of need, with the ticket that validates it when its turn
 /// comes (the page was read while the scan held only another page's lock).
@@ -57,6 +63,8 @@ pub struct Range<'t> {
     prefetched: Vec<Prefetched>,
     /// How many pages a fetch reads ahead (0: none).
     read_ahead_pages: usize,
+    /// The most records the next fetch copies out of a mirror.
+    fetch_records: usize,
     failed: bool,
 }
 
@@ -81,6 +89,7 @@ impl<'t> Range<'t> {
             back: VecDeque::new(),
             prefetched: Vec::new(),
             read_ahead_pages: PREFETCH_PAGES,
+            fetch_records: FIRST_FETCH_RECORDS,
             failed: false,
         }
     }
@@ -118,10 +127,12 @@ impl Iterator for Range<'_> {
             let Some((lower, upper)) = self.unfetched.take() else {
                 return self.back.pop_back().map(Ok);
             };
+            let limit = self.fetch_records;
+            self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
             match self.core.fetch(
                 &lower,
                 &upper,
-                Direction::Forward,
+                (Direction::Forward, limit),
                 &mut self.front,
                 (&mut self.prefetched, self.read_ahead_pages),
             ) {
@@ -147,10 +158,12 @@ impl DoubleEndedIterator for Range<'_> {
             let Some((lower, upper)) = self.unfetched.take() else {
                 return self.front.pop_back().map(Ok);
             };
+            let limit = self.fetch_records;
+            self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
             match self.core.fetch(
                 &lower,
                 &upper,
-                Direction::Backward,
+                (Direction::Backward, limit),
                 &mut self.back,
                 (&mut self.prefetched, self.read_ahead_pages),
             ) {
@@ -223,6 +236,71 @@ fn take_forward(
     view.high.map(Bound::Included)
 }
 
+/// Copies up to `limit` live records of the mirror `mini` in `[lower, upper)` to `out`
+/// (ascending at its back going forward, descending going backward), starting at the
+/// end the direction names. Returns the bound that replaces `lower` (forward) or
+/// `upper` (backward): just past the last record copied if the limit stopped it, else
+/// the mirror's fence, or `None` at the edge of the key space.
+fn take_from_mirror(
+    mini: &NodeRef<'_>,
+    lower: &Bound<Vec<u8>>,
+    upper: &Bound<Vec<u8>>,
+    (direction, limit): (Direction, usize),
+    out: &mut VecDeque<Record>,
+) -> Option<Bound<Vec<u8>>> {
+    let mut taken = 0;
+    match direction {
+        Direction::Forward => {
+            // The first record above `lower`.
+            let start = match lower {
+                Bound::Unbounded => 0,
+                Bound::Included(k) => mini.search(k).unwrap_or_else(|i| i),
+                Bound::Excluded(k) => mini.search(k).map_or_else(|i| i, |i| i + 1),
+            };
+            for i in start..mini.len() {
+                let r = mini.record(i);
+                if !r.record_type().exists() {
+                    continue;
+                }
+                let key = r.key();
+                if !below(upper, &key) {
+                    return None;
+                }
+                if taken == limit {
+                    return Some(Bound::Included(key));
+                }
+                out.push_back((key, r.value().to_vec()));
+                taken += 1;
+            }
+            owned_fence(mini.high_fence()).map(Bound::Included)
+        }
+        Direction::Backward => {
+            // One past the last record below `upper`.
+            let end = match upper {
+                Bound::Unbounded => mini.len(),
+                Bound::Included(k) => mini.search(k).map_or_else(|i| i, |i| i + 1),
+                Bound::Excluded(k) => mini.search(k).unwrap_or_else(|i| i),
+            };
+            for i in (0..end).rev() {
+                let r = mini.record(i);
+                if !r.record_type().exists() {
+                    continue;
+                }
+                let key = r.key();
+                if !above(lower, &key) {
+                    return None;
+                }
+                if taken == limit {
+                    return Some(Bound::Included(key));
+                }
+                out.push_back((key, r.value().to_vec()));
+                taken += 1;
+            }
+            owned_fence(mini.low_fence()).map(Bound::Excluded)
+        }
+    }
+}
+
 /// The outcome of `Core::fetch_or_ticket`.
 #[cfg(feature = "tokio-uring")]
 pub(crate) enum FetchStep {
@@ -244,11 +322,15 @@ impl Core {
     /// of `out` going forward, descending going backward) and returns the bound that
     /// replaces `lower` (forward) or `upper` (backward), or `None` when the page was the
     /// last one in that direction.
+    ///
+    /// From a mirror, a fetch copies at most `limit` records (the bound it returns then
+    /// lies just past the last one); from other pages it takes the whole page's part of
+    /// the range, since it had to merge the mini-page with the leaf page anyway.
     pub(super) fn fetch(
         &self,
         lower: &Bound<Vec<u8>>,
         upper: &Bound<Vec<u8>>,
-        direction: Direction,
+        (direction, limit): (Direction, usize),
         out: &mut VecDeque<Record>,
         (prefetched, read_ahead_pages): (&mut Vec<Prefetched>, usize),
     ) -> Result<Option<Bound<Vec<u8>>>> {
@@ -271,6 +353,29 @@ impl Core {
                     continue;
                 }
             };
+            {
+                // A mirror answers under the read lock, copying only what is asked for.
+                let page = self.mapping.read(path.pid);
+                if path.parent.version.validate(path.parent_version).is_err() {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+                if let Location::Mini(offset) = page.location() {
+                    let block = self.block(offset);
+                    // SAFETY: we hold the page's lock, so the block is live.
+                    if unsafe { MiniHeader::of(&block) }.mirror {
+                        // SAFETY: as above; the lock is held while `mini` is used.
+                        let mini = unsafe { mini_ref(&block) };
+                        return Ok(take_from_mirror(
+                            &mini,
+                            lower,
+                            upper,
+                            (direction, limit),
+                            out,
+                        ));
+                    }
+                }
+            }
             let view = if promote && self.check_writable().is_ok() {
                 let page = self.mapping.write(path.pid);
                 if path.parent.version.validate(path.parent_version).is_err() {
