@@ -566,7 +566,7 @@ mod fjall_engine {
 #[cfg(feature = "redb")]
 mod redb_engine {
     use super::*;
-    use redb::{ReadableTable, TableDefinition};
+    use redb::TableDefinition;
 
     const TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("ycsb");
 
