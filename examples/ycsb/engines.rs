@@ -506,10 +506,10 @@ mod fjall_engine {
     impl Fjall {
         pub fn open(options: &OpenOptions) -> EngineResult<Fjall> {
             // Half the budget caches blocks; the other half bounds the write buffers, as
-            // RocksDB's memtable share does.
+            // RocksDB's memtable share does (fjall refuses write buffers below 1 MiB).
             let keyspace = fjall::Config::new(options.dir.join("fjall"))
                 .cache_size(options.budget_bytes / 2)
-                .max_write_buffer_size(options.budget_bytes / 2)
+                .max_write_buffer_size((options.budget_bytes / 2).max(1 << 20))
                 .manual_journal_persist(true)
                 .open()
                 .map_err(|e| e.to_string())?;

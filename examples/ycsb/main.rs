@@ -47,7 +47,7 @@ pub struct Options {
     #[arg(long, value_delimiter = ',', default_value = "read,update,scan,mix")]
     pub workloads: Vec<Workload>,
     /// Records loaded before the workloads run.
-    #[arg(long, default_value_t = 1_500_000)]
+    #[arg(long, default_value_t = 2_000_000)]
     pub records: u64,
     /// Key width in bytes (at least 8).
     #[arg(long, default_value_t = 16)]
@@ -270,6 +270,8 @@ impl Drop for Cgroup {
 struct ChildOutcome {
     load: Option<LoadRow>,
     runs: Vec<RunRow>,
+    /// Why the child did not finish, if it did not.
+    failure: Option<String>,
 }
 
 fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildOutcome, String> {
@@ -301,6 +303,7 @@ fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildO
     let mut outcome = ChildOutcome {
         load: None,
         runs: Vec::new(),
+        failure: None,
     };
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
@@ -346,7 +349,9 @@ fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildO
             Some(sig) => format!("killed by signal {sig}"),
             None => format!("exited with {status}"),
         };
-        eprintln!("ycsb: the {engine} child {why}; its results so far are kept");
+        let failure = format!("the {engine} child {why}; its results so far are kept");
+        eprintln!("ycsb: {failure}");
+        outcome.failure = Some(failure);
     }
     Ok(outcome)
 }
@@ -461,6 +466,7 @@ fn parent(options: &Options) -> Result<(), String> {
             Ok(outcome) => {
                 loads.extend(outcome.load);
                 runs.extend(outcome.runs);
+                notes.extend(outcome.failure);
             }
             Err(e) => {
                 eprintln!("ycsb: {e}");
