@@ -68,6 +68,12 @@ pub fn main(options: &Options, engine_name: &str) -> Result<(), String> {
     let engine = engines::open(engine_name, &open)?;
     let load = load(&*engine, engine_name, options, &open)?;
     emit(&load.to_line());
+    let print_stats = |when: &str| {
+        if let Some(stats) = engine.stats().filter(|_| options.stats) {
+            eprintln!("{engine_name} after {when}: {stats}");
+        }
+    };
+    print_stats("the load");
 
     let existing = AtomicU64::new(options.records);
     let zipf = Zipf::new(options.records, options.theta)?;
@@ -82,6 +88,7 @@ pub fn main(options: &Options, engine_name: &str) -> Result<(), String> {
             row.data_bytes_after_run = engines::dir_size_bytes(&open.dir);
             row.load_ops_per_sec = load.ops_per_sec;
             emit(&row.to_line());
+            print_stats(&format!("{} at {threads} threads", workload.name()));
         }
     }
     drop(engine);

@@ -50,6 +50,10 @@ pub trait Engine: Send + Sync {
     fn flush(&self) -> EngineResult<()> {
         Ok(())
     }
+    /// The engine's own counters, for `--stats`, where it has any.
+    fn stats(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The engines the driver knows, including those behind cargo features.
@@ -173,6 +177,9 @@ impl Engine for Bfdb {
     }
     fn flush(&self) -> EngineResult<()> {
         self.tree.flush().map_err(|e| e.to_string())
+    }
+    fn stats(&self) -> Option<String> {
+        Some(format!("{:?}", self.tree.stats()))
     }
 }
 

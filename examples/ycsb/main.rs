@@ -113,6 +113,10 @@ pub struct Options {
     /// target/ycsb/<UTC timestamp>).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Print the engine's own counters (bfdb's `TreeStats`) on stderr after the load and
+    /// after every run.
+    #[arg(long)]
+    pub stats: bool,
     /// Seed of the key and operation choices.
     #[arg(long, default_value_t = 0x5EED)]
     pub seed: u64,
