@@ -170,11 +170,17 @@ fn validate(options: &Options) -> Result<(), String> {
     Ok(())
 }
 
-/// `YYYYMMDD-HHMMSS` in UTC (civil-from-days, Hinnant's algorithm), without a date crate.
+/// Now as `YYYYMMDD-HHMMSS` in UTC.
 fn utc_timestamp() -> String {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
+    utc_timestamp_of(secs)
+}
+
+/// `YYYYMMDD-HHMMSS` in UTC for seconds since the Unix epoch (civil-from-days, Hinnant's
+/// algorithm), without a date crate.
+fn utc_timestamp_of(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -543,4 +549,53 @@ fn parent(options: &Options) -> Result<(), String> {
     }
     println!("results: {}", out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_civil_utc() {
+        assert_eq!(utc_timestamp_of(0), "19700101-000000");
+        // 2000-02-29 12:34:56 UTC: a leap day in a year divisible by 400.
+        assert_eq!(utc_timestamp_of(951_827_696), "20000229-123456");
+        assert_eq!(utc_timestamp_of(1_763_780_000), "20251122-025320");
+    }
+
+    #[test]
+    fn options_parse_lists_and_reject_bad_values() {
+        let o = Options::try_parse_from([
+            "ycsb",
+            "--engines",
+            "bfdb,btreemap",
+            "--threads",
+            "2,16",
+            "--workloads",
+            "a,scan",
+            "--direct-io",
+            "false",
+            "--dir",
+            "/tmp/a",
+            "--dir",
+            "/tmp/b",
+        ])
+        .unwrap();
+        assert_eq!(o.engines, ["bfdb", "btreemap"]);
+        assert_eq!(o.threads, [2, 16]);
+        assert_eq!(o.workloads, [Workload::A, Workload::Scan]);
+        assert!(!o.direct_io);
+        // The child's --dir, appended last, wins over the user's.
+        assert_eq!(o.dir.as_deref(), Some(Path::new("/tmp/b")));
+        validate(&o).unwrap();
+        let bad = |args: &[&str]| {
+            let o = Options::try_parse_from(args).unwrap();
+            validate(&o).is_err()
+        };
+        assert!(bad(&["ycsb", "--key-bytes", "4"]));
+        assert!(bad(&["ycsb", "--engines", "mysql"]));
+        assert!(bad(&["ycsb", "--threads", "0"]));
+        assert!(bad(&["ycsb", "--theta", "1.5"]));
+        assert!(Options::try_parse_from(["ycsb", "--workloads", "g"]).is_err());
+    }
 }
