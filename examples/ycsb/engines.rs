@@ -614,7 +614,7 @@ mod redb_engine {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // Load batches and one commit in EVENTUAL_EVERY free the pages earlier commits
             // left behind.
-            tx.set_durability(if records.len() > 1 || n % EVENTUAL_EVERY == 0 {
+            tx.set_durability(if records.len() > 1 || n.is_multiple_of(EVENTUAL_EVERY) {
                 redb::Durability::Eventual
             } else {
                 redb::Durability::None
