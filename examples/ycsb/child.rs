@@ -1,0 +1,341 @@
+//! The child process: opens one engine, loads it, runs every workload at every thread
+//! count, and prints one machine-readable line per result on stdout.
+
+use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use crate::Options;
+use crate::engines::{self, Engine, OpenOptions};
+use crate::keygen::{Chooser, Hotspot, Op, Rng, Workload, Zipf, key_into, value_into};
+use crate::report::{LoadRow, RunRow};
+
+/// Bytes this process has read from and written to the block layer (`/proc/self/io`),
+/// including exited threads; zeros where the file is unavailable.
+pub fn proc_io() -> (u64, u64) {
+    let Ok(text) = std::fs::read_to_string("/proc/self/io") else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("read_bytes:"), field("write_bytes:"))
+}
+
+/// Peak resident set size (`VmHWM`) in bytes.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib << 10)
+}
+
+/// Resets the peak RSS to the current RSS (Linux: writing 5 to `clear_refs`), so each run
+/// reports its own peak; best effort.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Records that go to the engine in one `load_batch` call.
+const LOAD_BATCH: u64 = 1000;
+
+/// Runs the child: waits for the parent's go-ahead on stdin (the parent moves it into a
+/// cgroup first), then loads and runs.
+pub fn main(options: &Options, engine_name: &str) -> Result<(), String> {
+    let mut go = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut go)
+        .map_err(|e| format!("waiting for the go-ahead: {e}"))?;
+    let open = OpenOptions {
+        budget_bytes: options.memory_mib << 20,
+        dir: options.dir.clone().ok_or("the child needs --dir")?,
+        direct_io: options.direct_io,
+        in_memory: options.in_memory,
+        bftree_io_uring: options.bftree_io_uring,
+        key_bytes: options.key_bytes,
+        value_bytes: options.value_bytes,
+    };
+    let engine = engines::open(engine_name, &open)?;
+    let load = load(&*engine, engine_name, options, &open)?;
+    emit(&load.to_line());
+    let print_stats = |when: &str| {
+        if let Some(stats) = engine.stats().filter(|_| options.stats) {
+            eprintln!("{engine_name} after {when}: {stats}");
+        }
+    };
+    print_stats("the load");
+
+    let existing = AtomicU64::new(options.records);
+    let zipf = Zipf::new(options.records, options.theta)?;
+    for (wi, &workload) in options.workloads.iter().enumerate() {
+        for &threads in &options.threads {
+            let seed = options.seed ^ ((wi as u64) << 32) ^ threads as u64;
+            let mut row = run(&*engine, options, workload, threads, &existing, &zipf, seed);
+            row.engine = engine_name.to_string();
+            row.mode = engine.mode();
+            row.budget_bytes = engine.budget_bytes();
+            row.data_bytes_after_load = load.data_bytes;
+            row.data_bytes_after_run = engines::dir_size_bytes(&open.dir);
+            row.load_ops_per_sec = load.ops_per_sec;
+            emit(&row.to_line());
+            print_stats(&format!("{} at {threads} threads", workload.name()));
+        }
+    }
+    drop(engine);
+    Ok(())
+}
+
+fn emit(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn load(
+    engine: &dyn Engine,
+    name: &str,
+    options: &Options,
+    open: &OpenOptions,
+) -> Result<LoadRow, String> {
+    let bar = indicatif::ProgressBar::new(options.records);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix:>9} loading [{bar:40}] {pos}/{len} records, {per_sec}, eta {eta}",
+        )
+        .map_err(|e| e.to_string())?
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(name.to_string());
+    let next = AtomicU64::new(0);
+    let failed: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    let (read0, write0) = proc_io();
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..options.load_threads.max(1) {
+            s.spawn(|| {
+                let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+                loop {
+                    let first = next.fetch_add(LOAD_BATCH, Ordering::Relaxed);
+                    if first >= options.records {
+                        return;
+                    }
+                    let end = (first + LOAD_BATCH).min(options.records);
+                    batch.resize_with((end - first) as usize, || {
+                        (vec![0; options.key_bytes], vec![0; options.value_bytes])
+                    });
+                    for (i, (k, v)) in (first..end).zip(batch.iter_mut()) {
+                        key_into(i, k);
+                        value_into(i, 0, v);
+                    }
+                    if let Err(e) = engine.load_batch(&batch) {
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        next.store(u64::MAX / 2, Ordering::Relaxed);
+                        return;
+                    }
+                    bar.inc(end - first);
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(format!("{name}: loading failed: {e}"));
+    }
+    // Loading includes making the loaded data reach the files.
+    engine.flush().map_err(|e| format!("{name}: flush: {e}"))?;
+    let secs = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let (read1, write1) = proc_io();
+    Ok(LoadRow {
+        engine: name.to_string(),
+        mode: engine.mode(),
+        records: options.records,
+        secs,
+        ops_per_sec: options.records as f64 / secs,
+        data_bytes: engines::dir_size_bytes(&open.dir),
+        read_bytes: read1 - read0,
+        write_bytes: write1 - write0,
+        peak_rss_bytes: peak_rss_bytes(),
+        budget_bytes: engine.budget_bytes(),
+    })
+}
+
+/// What one worker thread measured.
+struct ThreadResult {
+    ops: u64,
+    histogram: Histogram<u64>,
+    not_found: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// Operations a thread claims at a time from the shared budget in `--ops` mode.
+const OPS_CLAIM: u64 = 64;
+
+#[allow(clippy::too_many_arguments)]
+fn worker(
+    engine: &dyn Engine,
+    options: &Options,
+    workload: Workload,
+    chooser: &Chooser<'_>,
+    seed: u64,
+    stop: &AtomicBool,
+    ops_left: &AtomicU64,
+) -> ThreadResult {
+    let mut rng = Rng::new(seed);
+    let mix = workload.mix();
+    // 1 ns to 100 s at three significant digits.
+    let mut histogram = Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid bounds");
+    let mut key = vec![0u8; options.key_bytes];
+    let mut value = vec![0u8; options.value_bytes];
+    let mut out = Vec::with_capacity(4096);
+    let (mut ops, mut not_found, mut errors) = (0u64, 0u64, 0u64);
+    let mut first_error = None;
+    let mut claimed = 0u64;
+    loop {
+        if options.ops.is_some() {
+            if claimed == 0 {
+                let left = ops_left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+                        (l > 0).then(|| l.saturating_sub(OPS_CLAIM))
+                    })
+                    .unwrap_or(0);
+                claimed = left.min(OPS_CLAIM);
+                if claimed == 0 {
+                    break;
+                }
+            }
+            claimed -= 1;
+        } else if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let op = mix.pick(&mut rng);
+        let t0 = Instant::now();
+        let result = match op {
+            Op::Read => {
+                key_into(chooser.existing_index(&mut rng), &mut key);
+                engine.get(&key, &mut out).map(|found| {
+                    not_found += !found as u64;
+                })
+            }
+            Op::Update => {
+                let i = chooser.existing_index(&mut rng);
+                key_into(i, &mut key);
+                value_into(i, rng.next_u64(), &mut value);
+                engine.update(&key, &value)
+            }
+            Op::Insert => {
+                let i = chooser.new_index();
+                key_into(i, &mut key);
+                value_into(i, 0, &mut value);
+                engine.insert(&key, &value)
+            }
+            Op::Scan => {
+                key_into(chooser.existing_index(&mut rng), &mut key);
+                engine.scan(&key, options.scan_length).map(drop)
+            }
+            Op::ReadModifyWrite => {
+                let i = chooser.existing_index(&mut rng);
+                key_into(i, &mut key);
+                engine.get(&key, &mut out).and_then(|found| {
+                    not_found += !found as u64;
+                    value_into(i, rng.next_u64(), &mut value);
+                    engine.update(&key, &value)
+                })
+            }
+        };
+        histogram.saturating_record(t0.elapsed().as_nanos() as u64);
+        ops += 1;
+        if let Err(e) = result {
+            errors += 1;
+            first_error.get_or_insert(e);
+        }
+    }
+    ThreadResult {
+        ops,
+        histogram,
+        not_found,
+        errors,
+        first_error,
+    }
+}
+
+fn run(
+    engine: &dyn Engine,
+    options: &Options,
+    workload: Workload,
+    threads: usize,
+    existing: &AtomicU64,
+    zipf: &Zipf,
+    seed: u64,
+) -> RunRow {
+    let distribution = workload.distribution(options.distribution);
+    let hotspot = Hotspot {
+        hot_set_fraction: options.hot_set_fraction,
+        hot_op_fraction: options.hot_op_fraction,
+    };
+    let chooser = Chooser::new(distribution, zipf, hotspot, existing);
+    let stop = AtomicBool::new(false);
+    let ops_left = AtomicU64::new(options.ops.unwrap_or(0));
+    reset_peak_rss();
+    let (read0, write0) = proc_io();
+    let start = Instant::now();
+    let results: Vec<ThreadResult> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                let (chooser, stop, ops_left) = (&chooser, &stop, &ops_left);
+                let seed = seed.wrapping_add((t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                s.spawn(move || worker(engine, options, workload, chooser, seed, stop, ops_left))
+            })
+            .collect();
+        if options.ops.is_none() {
+            std::thread::sleep(Duration::from_secs_f64(options.duration_secs));
+            stop.store(true, Ordering::Relaxed);
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a worker thread panicked"))
+            .collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let (read1, write1) = proc_io();
+    let mut histogram = Histogram::<u64>::new_with_bounds(1, 100_000_000_000, 3).expect("bounds");
+    let (mut ops, mut not_found, mut errors) = (0, 0, 0);
+    for r in &results {
+        histogram.add(&r.histogram).expect("same bounds");
+        ops += r.ops;
+        not_found += r.not_found;
+        errors += r.errors;
+        if let Some(e) = &r.first_error {
+            eprintln!("ycsb: {} at {threads} threads: {e}", workload.name());
+        }
+    }
+    let per_op = |b: u64| b as f64 / ops.max(1) as f64;
+    let us = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
+    RunRow {
+        workload: workload.name().to_string(),
+        distribution: format!("{distribution:?}").to_lowercase(),
+        threads,
+        ops,
+        secs,
+        ops_per_sec: ops as f64 / secs,
+        p50_us: us(0.5),
+        p99_us: us(0.99),
+        p999_us: us(0.999),
+        read_bytes_per_op: per_op(read1 - read0),
+        write_bytes_per_op: per_op(write1 - write0),
+        peak_rss_bytes: peak_rss_bytes(),
+        not_found,
+        errors,
+        ..RunRow::default()
+    }
+}

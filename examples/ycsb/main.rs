@@ -1,0 +1,601 @@
+//! A YCSB-like driver that runs bfdb's `Tree` side by side with the engines users would pick
+//! instead: the Bf-Tree reference crate (`bf-tree`), `RwLock<BTreeMap>`, and behind cargo
+//! features of the same names RocksDB, sled, fjall and redb.
+//!
+//! ```sh
+//! cargo run --release --example ycsb                  # ~2 minutes: bfdb vs bftree vs btreemap
+//! cargo run --release --example ycsb -- --small       # a few thousand operations per engine (CI)
+//! cargo run --release --example ycsb -- --help        # every option
+//! cargo run --release --example ycsb -- --records 10000000 --memory-mib 32 \
+//!     --workloads read,mix,update,scan --threads 2,16 --distribution zipf --cgroup
+//! ```
+//!
+//! Each engine runs in its own child process (the driver re-executes itself with a hidden
+//! `--child ENGINE`), so no engine inherits another's memory or page cache. The child loads
+//! the records, then runs each workload at each thread count and prints one line per
+//! result; the parent prints the table and the ratios against bfdb, and writes CSV files
+//! and PNG bar charts under `--out`. With `--cgroup` (root, cgroup v1 memory controller)
+//! each child is capped at the memory budget plus `--cgroup-allowance-mib`, so the OS page
+//! cache cannot give a buffered engine more memory than the budget.
+
+mod child;
+mod engines;
+mod keygen;
+mod report;
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{ArgAction, Parser};
+
+use keygen::{Distribution, Workload};
+use report::{Line, LoadRow, RunRow};
+
+/// Compares bfdb's Tree with other key-value engines on YCSB-like workloads.
+#[derive(Parser, Clone, Debug)]
+#[command(version, about, args_override_self = true)]
+pub struct Options {
+    /// Engines to compare, in order: bfdb, bftree, btreemap, and with the cargo features of
+    /// the same names rocksdb, sled, fjall, redb.
+    #[arg(long, value_delimiter = ',', default_value = "bfdb,bftree,btreemap")]
+    pub engines: Vec<String>,
+    /// Workloads to run after the load, in order, on the same data: YCSB a-f, read, update,
+    /// insert, scan, mix (50% reads, 50% updates).
+    #[arg(long, value_delimiter = ',', default_value = "read,update,scan,mix")]
+    pub workloads: Vec<Workload>,
+    /// Records loaded before the workloads run.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub records: u64,
+    /// Key width in bytes (at least 8).
+    #[arg(long, default_value_t = 16)]
+    pub key_bytes: usize,
+    /// Value width in bytes.
+    #[arg(long, default_value_t = 16)]
+    pub value_bytes: usize,
+    /// Which records the operations touch.
+    #[arg(long, value_enum, default_value = "zipf")]
+    pub distribution: Distribution,
+    /// Zipf exponent, strictly between 0 and 1 (zipf and latest).
+    #[arg(long, default_value_t = 0.9)]
+    pub theta: f64,
+    /// Hotspot: share of the records that is hot.
+    #[arg(long, default_value_t = 0.2)]
+    pub hot_set_fraction: f64,
+    /// Hotspot: share of the operations that go to the hot records.
+    #[arg(long, default_value_t = 0.8)]
+    pub hot_op_fraction: f64,
+    /// Worker thread counts; every workload runs once at each. Many more threads than
+    /// cores is fine: with blocking IO, threads are how queue depth is reached.
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    pub threads: Vec<usize>,
+    /// Threads that load the records.
+    #[arg(long, default_value_t = 2)]
+    pub load_threads: usize,
+    /// Seconds each workload runs at each thread count (ignored with --ops).
+    #[arg(long, default_value_t = 5.0)]
+    pub duration_secs: f64,
+    /// Run a fixed number of operations per workload and thread count instead of a time.
+    #[arg(long)]
+    pub ops: Option<u64>,
+    /// Memory budget in MiB: bfdb's and bf-tree's circular buffer, RocksDB's memtable and
+    /// caches, sled's, fjall's and redb's caches. RwLock<BTreeMap> has none.
+    #[arg(long, default_value_t = 8)]
+    pub memory_mib: u64,
+    /// Data directory (a fresh temporary directory, removed afterwards, if not given). Each
+    /// engine gets a subdirectory, removed after its run.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Bypass the OS page cache where the engine can (bfdb, bf-tree, RocksDB).
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    pub direct_io: bool,
+    /// Keep leaf pages in memory (bfdb `Tree::in_memory`, bf-tree's Memory backend) instead
+    /// of in files.
+    #[arg(long)]
+    pub in_memory: bool,
+    /// Use bf-tree's io_uring backend instead of its O_DIRECT pread/pwrite one.
+    #[arg(long)]
+    pub bftree_io_uring: bool,
+    /// Records per scan.
+    #[arg(long, default_value_t = 32)]
+    pub scan_length: usize,
+    /// Cap each child's memory (cgroup v1 memory controller, needs root) at the budget plus
+    /// --cgroup-allowance-mib.
+    #[arg(long)]
+    pub cgroup: bool,
+    /// What the cgroup allows beyond the budget: the driver's and the engine's own heap
+    /// (thread stacks, histograms, inner nodes and the mapping table, the binary).
+    #[arg(long, default_value_t = 64)]
+    pub cgroup_allowance_mib: u64,
+    /// Directory for results.csv, load.csv, summary.txt and the PNG charts (default
+    /// target/ycsb/<UTC timestamp>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the engine's own counters (bfdb's `TreeStats`) on stderr after the load and
+    /// after every run.
+    #[arg(long)]
+    pub stats: bool,
+    /// Seed of the key and operation choices.
+    #[arg(long, default_value_t = 0x5EED)]
+    pub seed: u64,
+    /// A tiny run for CI: 20,000 records, 1 MiB budget, 4,000 operations per workload.
+    #[arg(long)]
+    pub small: bool,
+    /// Internal: run as the child process for this engine.
+    #[arg(long, hide = true)]
+    pub child: Option<String>,
+}
+
+fn main() {
+    let mut options = Options::parse();
+    if options.small {
+        options.records = 20_000;
+        options.memory_mib = 1;
+        options.ops = Some(4_000);
+    }
+    let result = match options.child.clone() {
+        Some(engine) => child::main(&options, &engine),
+        None => parent(&options),
+    };
+    if let Err(e) = result {
+        eprintln!("ycsb: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn validate(options: &Options) -> Result<(), String> {
+    if options.key_bytes < 8 {
+        return Err("--key-bytes must be at least 8 (keys carry a 64-bit scrambled index)".into());
+    }
+    if options.value_bytes == 0 {
+        return Err("--value-bytes must be at least 1".into());
+    }
+    if options.records == 0 {
+        return Err("--records must be at least 1".into());
+    }
+    if options.threads.is_empty() || options.threads.contains(&0) {
+        return Err("--threads needs counts of at least 1".into());
+    }
+    keygen::Zipf::new(options.records, options.theta)?;
+    for e in &options.engines {
+        if !engines::ENGINE_NAMES.contains(&e.as_str()) {
+            return Err(format!(
+                "unknown engine {e}; known: {}",
+                engines::ENGINE_NAMES.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Now as `YYYYMMDD-HHMMSS` in UTC.
+fn utc_timestamp() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    utc_timestamp_of(secs)
+}
+
+/// `YYYYMMDD-HHMMSS` in UTC for seconds since the Unix epoch (civil-from-days, Hinnant's
+/// algorithm), without a date crate.
+fn utc_timestamp_of(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + (m <= 2) as i64;
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or("?".into(), |kib| {
+            format!("{:.1} GiB", kib as f64 / (1 << 20) as f64)
+        });
+    format!("{cores} cores ({cpu}), {mem} RAM")
+}
+
+/// Best effort: empty the OS page cache so an engine does not start with another's pages
+/// (needs root; silently skipped otherwise).
+fn drop_page_cache() -> bool {
+    std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+}
+
+/// A cgroup v1 memory group for one child, removed on drop.
+struct Cgroup {
+    path: PathBuf,
+}
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup/memory";
+
+impl Cgroup {
+    fn create(engine: &str, limit_bytes: u64) -> Result<Cgroup, String> {
+        let path =
+            Path::new(CGROUP_ROOT).join(format!("bfdb-ycsb-{}-{engine}", std::process::id()));
+        std::fs::create_dir(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        let group = Cgroup { path };
+        std::fs::write(
+            group.path.join("memory.limit_in_bytes"),
+            limit_bytes.to_string(),
+        )
+        .map_err(|e| format!("cannot set memory.limit_in_bytes: {e}"))?;
+        Ok(group)
+    }
+
+    fn add(&self, pid: u32) -> Result<(), String> {
+        std::fs::write(self.path.join("cgroup.procs"), pid.to_string())
+            .map_err(|e| format!("cannot move pid {pid} into {}: {e}", self.path.display()))
+    }
+
+    /// Times the group hit its limit (the kernel reclaimed or OOM-killed).
+    fn failcnt(&self) -> u64 {
+        std::fs::read_to_string(self.path.join("memory.failcnt"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // The child has exited; the kernel may still be detaching it for a moment.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        eprintln!("ycsb: could not remove the cgroup {}", self.path.display());
+    }
+}
+
+/// What one child produced.
+struct ChildOutcome {
+    load: Option<LoadRow>,
+    runs: Vec<RunRow>,
+    /// Why the child did not finish, if it did not.
+    failure: Option<String>,
+}
+
+fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildOutcome, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the driver binary: {e}"))?;
+    let mut command = Command::new(exe);
+    command
+        .args(std::env::args_os().skip(1))
+        .arg("--child")
+        .arg(engine)
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start the {engine} child: {e}"))?;
+    // The child waits for this line before it opens the engine, so it is in the cgroup
+    // before it allocates anything that counts.
+    if let Some(Err(e)) = cgroup.map(|group| group.add(child.id())) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(b"go\n");
+    }
+    let stdout = child.stdout.take().expect("stdout was piped");
+    let mut outcome = ChildOutcome {
+        load: None,
+        runs: Vec::new(),
+        failure: None,
+    };
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        match report::parse_line(&line) {
+            Some(Line::Load(l)) => {
+                println!(
+                    "  {engine}: loaded {} records in {:.1} s ({} ops/s), {} MiB on disk, {}",
+                    l.records,
+                    l.secs,
+                    report::si(l.ops_per_sec),
+                    report::mib(l.data_bytes),
+                    l.mode
+                );
+                outcome.load = Some(l);
+            }
+            Some(Line::Run(mut r)) => {
+                r.cgroup = cgroup.is_some();
+                println!(
+                    "  {engine}: {:<6} {:>3} threads {:>9} ops/s  p50 {:.2} µs  p99 {:.2} µs  \
+                     {:.0} B read, {:.0} B written per op",
+                    r.workload,
+                    r.threads,
+                    report::si(r.ops_per_sec),
+                    r.p50_us,
+                    r.p99_us,
+                    r.read_bytes_per_op,
+                    r.write_bytes_per_op
+                );
+                outcome.runs.push(r);
+            }
+            None => println!("  {engine}: {line}"),
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for the {engine} child: {e}"))?;
+    if !status.success() {
+        use std::os::unix::process::ExitStatusExt;
+        let why = match status.signal() {
+            Some(9) if cgroup.is_some_and(|g| g.failcnt() > 0) => {
+                "killed by SIGKILL: the cgroup's memory limit was hit (OOM killer)".to_string()
+            }
+            Some(sig) => format!("killed by signal {sig}"),
+            None => format!("exited with {status}"),
+        };
+        let failure = format!("the {engine} child {why}; its results so far are kept");
+        eprintln!("ycsb: {failure}");
+        outcome.failure = Some(failure);
+    }
+    Ok(outcome)
+}
+
+fn parent(options: &Options) -> Result<(), String> {
+    validate(options)?;
+    let budget_bytes = options.memory_mib << 20;
+    let raw_bytes = options.records * (options.key_bytes + options.value_bytes) as u64;
+    let temp;
+    let base = match &options.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)
+                .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+            d.clone()
+        }
+        None => {
+            temp = tempfile::Builder::new()
+                .prefix("bfdb-ycsb-")
+                .tempdir()
+                .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+            temp.path().to_path_buf()
+        }
+    };
+    let out = options.out.clone().unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target/ycsb")
+            .join(utc_timestamp())
+    });
+    std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+
+    let regime = if options.in_memory {
+        "in memory: leaf pages kept in memory, the budget bounds the caches".to_string()
+    } else if raw_bytes > budget_bytes {
+        format!(
+            "larger than memory: raw data is {:.1}× the budget",
+            raw_bytes as f64 / budget_bytes as f64
+        )
+    } else {
+        "in memory: the data fits in the budget".to_string()
+    };
+    let amount = match options.ops {
+        Some(n) => format!("{n} operations"),
+        None => format!("{} s", options.duration_secs),
+    };
+    let mut header = String::new();
+    let _ = writeln!(header, "machine: {}", machine());
+    let _ = writeln!(
+        header,
+        "records: {} × ({} B key + {} B value) = {} MiB raw; budget {} MiB; {regime}",
+        options.records,
+        options.key_bytes,
+        options.value_bytes,
+        report::mib(raw_bytes),
+        options.memory_mib
+    );
+    let _ = writeln!(
+        header,
+        "workloads: {} with {:?} keys{}; threads {:?}; {amount} each; scan length {}; \
+         direct IO {}; cgroup {}",
+        options
+            .workloads
+            .iter()
+            .map(|w| w.name())
+            .collect::<Vec<_>>()
+            .join(","),
+        options.distribution,
+        if options.distribution == Distribution::Zipf {
+            format!(" (theta {})", options.theta)
+        } else {
+            String::new()
+        },
+        options.threads,
+        options.scan_length,
+        if options.direct_io { "on" } else { "off" },
+        if options.cgroup {
+            format!(
+                "on (limit = budget + {} MiB allowance)",
+                options.cgroup_allowance_mib
+            )
+        } else {
+            "off".into()
+        }
+    );
+    let _ = writeln!(header, "data directory: {}", base.display());
+    print!("{header}");
+
+    let mut loads = Vec::new();
+    let mut runs = Vec::new();
+    let mut notes = Vec::new();
+    for engine in &options.engines {
+        if !drop_page_cache() {
+            notes.push("the page cache was not dropped between engines (needs root)".to_string());
+        }
+        let dir = base.join(engine);
+        let _ = std::fs::remove_dir_all(&dir);
+        let cgroup = if options.cgroup {
+            let limit = budget_bytes + (options.cgroup_allowance_mib << 20);
+            match Cgroup::create(engine, limit) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    let note = format!("{engine} ran without a cgroup: {e}");
+                    eprintln!("ycsb: {note}");
+                    notes.push(note);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        println!("{engine}:");
+        match run_child(engine, &dir, cgroup.as_ref()) {
+            Ok(outcome) => {
+                loads.extend(outcome.load);
+                runs.extend(outcome.runs);
+                notes.extend(outcome.failure);
+            }
+            Err(e) => {
+                eprintln!("ycsb: {e}");
+                notes.push(e);
+            }
+        }
+        drop(cgroup);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    notes.dedup();
+
+    let mut summary = header.clone();
+    summary.push('\n');
+    summary.push_str(&report::load_table(&loads));
+    summary.push('\n');
+    summary.push_str(&report::run_table(&runs));
+    if let Some(ratios) = report::ratio_table(&runs, &loads) {
+        summary
+            .push_str("\nbfdb's throughput divided by each engine's (above 1: bfdb is faster)\n");
+        summary.push_str(&ratios);
+    }
+    let modes: Vec<String> = loads
+        .iter()
+        .map(|l| {
+            format!(
+                "{}: {}{}",
+                l.engine,
+                l.mode,
+                if options.cgroup {
+                    ", cgroup-capped"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect();
+    summary.push_str("\nmodes:\n");
+    for m in &modes {
+        summary.push_str(&format!("  {m}\n"));
+    }
+    for n in &notes {
+        summary.push_str(&format!("note: {n}\n"));
+    }
+    println!();
+    print!("{}", &summary[header.len()..]);
+
+    report::write_csv(&out, &runs, &loads).map_err(|e| format!("writing CSV: {e}"))?;
+    std::fs::write(out.join("summary.txt"), &summary).map_err(|e| format!("summary: {e}"))?;
+    let with_text = report::register_font();
+    let title = format!(
+        "{} records, {} MiB budget, {:?}",
+        options.records, options.memory_mib, options.distribution
+    );
+    match report::draw_charts(&out, &runs, &title, with_text) {
+        Ok(files) if !files.is_empty() => println!(
+            "charts: {}{}",
+            files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            if with_text {
+                ""
+            } else {
+                " (drawn without text: no DejaVu font found under /usr/share/fonts)"
+            }
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("ycsb: drawing charts failed: {e}"),
+    }
+    println!("results: {}", out.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_civil_utc() {
+        assert_eq!(utc_timestamp_of(0), "19700101-000000");
+        // 2000-02-29 12:34:56 UTC: a leap day in a year divisible by 400.
+        assert_eq!(utc_timestamp_of(951_827_696), "20000229-123456");
+        assert_eq!(utc_timestamp_of(1_763_780_000), "20251122-025320");
+    }
+
+    #[test]
+    fn options_parse_lists_and_reject_bad_values() {
+        let o = Options::try_parse_from([
+            "ycsb",
+            "--engines",
+            "bfdb,btreemap",
+            "--threads",
+            "2,16",
+            "--workloads",
+            "a,scan",
+            "--direct-io",
+            "false",
+            "--dir",
+            "/tmp/a",
+            "--dir",
+            "/tmp/b",
+        ])
+        .unwrap();
+        assert_eq!(o.engines, ["bfdb", "btreemap"]);
+        assert_eq!(o.threads, [2, 16]);
+        assert_eq!(o.workloads, [Workload::A, Workload::Scan]);
+        assert!(!o.direct_io);
+        // The child's --dir, appended last, wins over the user's.
+        assert_eq!(o.dir.as_deref(), Some(Path::new("/tmp/b")));
+        validate(&o).unwrap();
+        let bad = |args: &[&str]| {
+            let o = Options::try_parse_from(args).unwrap();
+            validate(&o).is_err()
+        };
+        assert!(bad(&["ycsb", "--key-bytes", "4"]));
+        assert!(bad(&["ycsb", "--engines", "mysql"]));
+        assert!(bad(&["ycsb", "--threads", "0"]));
+        assert!(bad(&["ycsb", "--theta", "1.5"]));
+        assert!(Options::try_parse_from(["ycsb", "--workloads", "g"]).is_err());
+    }
+}

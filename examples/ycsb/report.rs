@@ -1,0 +1,635 @@
+//! Results: the lines a child prints and the parent parses, the table, the ratios against
+//! bfdb, the CSV files and the PNG bar charts.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Prefix of the machine-readable lines a child prints on stdout.
+pub const LINE_PREFIX: &str = "@ycsb";
+
+/// What loading one engine took.
+#[derive(Clone, Debug, Default)]
+pub struct LoadRow {
+    pub engine: String,
+    pub mode: String,
+    pub records: u64,
+    pub secs: f64,
+    pub ops_per_sec: f64,
+    pub data_bytes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub peak_rss_bytes: u64,
+    pub budget_bytes: u64,
+}
+
+/// One engine × workload × thread count.
+#[derive(Clone, Debug, Default)]
+pub struct RunRow {
+    pub engine: String,
+    pub mode: String,
+    pub workload: String,
+    pub distribution: String,
+    pub threads: usize,
+    pub ops: u64,
+    pub secs: f64,
+    pub ops_per_sec: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub read_bytes_per_op: f64,
+    pub write_bytes_per_op: f64,
+    pub peak_rss_bytes: u64,
+    pub budget_bytes: u64,
+    pub data_bytes_after_load: u64,
+    pub data_bytes_after_run: u64,
+    pub load_ops_per_sec: f64,
+    pub not_found: u64,
+    pub errors: u64,
+    /// Filled in by the parent: whether the child ran in a memory cgroup.
+    pub cgroup: bool,
+}
+
+fn fields_to_line(kind: &str, fields: &[(&str, String)]) -> String {
+    let mut line = format!("{LINE_PREFIX}\t{kind}");
+    for (k, v) in fields {
+        debug_assert!(!v.contains('\t') && !v.contains('\n'));
+        let _ = write!(line, "\t{k}={v}");
+    }
+    line
+}
+
+fn line_to_fields(line: &str) -> Option<(String, HashMap<String, String>)> {
+    let mut parts = line
+        .strip_prefix(LINE_PREFIX)?
+        .strip_prefix('\t')?
+        .split('\t');
+    let kind = parts.next()?.to_string();
+    let fields = parts
+        .filter_map(|p| p.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Some((kind, fields))
+}
+
+/// A parsed line from a child.
+pub enum Line {
+    Load(LoadRow),
+    Run(RunRow),
+}
+
+fn get<T: std::str::FromStr + Default>(m: &HashMap<String, String>, k: &str) -> T {
+    m.get(k).and_then(|v| v.parse().ok()).unwrap_or_default()
+}
+
+impl LoadRow {
+    pub fn to_line(&self) -> String {
+        fields_to_line(
+            "load",
+            &[
+                ("engine", self.engine.clone()),
+                ("mode", self.mode.clone()),
+                ("records", self.records.to_string()),
+                ("secs", self.secs.to_string()),
+                ("ops_per_sec", self.ops_per_sec.to_string()),
+                ("data_bytes", self.data_bytes.to_string()),
+                ("read_bytes", self.read_bytes.to_string()),
+                ("write_bytes", self.write_bytes.to_string()),
+                ("peak_rss_bytes", self.peak_rss_bytes.to_string()),
+                ("budget_bytes", self.budget_bytes.to_string()),
+            ],
+        )
+    }
+}
+
+impl RunRow {
+    pub fn to_line(&self) -> String {
+        fields_to_line(
+            "run",
+            &[
+                ("engine", self.engine.clone()),
+                ("mode", self.mode.clone()),
+                ("workload", self.workload.clone()),
+                ("distribution", self.distribution.clone()),
+                ("threads", self.threads.to_string()),
+                ("ops", self.ops.to_string()),
+                ("secs", self.secs.to_string()),
+                ("ops_per_sec", self.ops_per_sec.to_string()),
+                ("p50_us", self.p50_us.to_string()),
+                ("p99_us", self.p99_us.to_string()),
+                ("p999_us", self.p999_us.to_string()),
+                ("read_bytes_per_op", self.read_bytes_per_op.to_string()),
+                ("write_bytes_per_op", self.write_bytes_per_op.to_string()),
+                ("peak_rss_bytes", self.peak_rss_bytes.to_string()),
+                ("budget_bytes", self.budget_bytes.to_string()),
+                (
+                    "data_bytes_after_load",
+                    self.data_bytes_after_load.to_string(),
+                ),
+                (
+                    "data_bytes_after_run",
+                    self.data_bytes_after_run.to_string(),
+                ),
+                ("load_ops_per_sec", self.load_ops_per_sec.to_string()),
+                ("not_found", self.not_found.to_string()),
+                ("errors", self.errors.to_string()),
+            ],
+        )
+    }
+}
+
+/// Parses a line a child printed; `None` for anything else (passed through as text).
+pub fn parse_line(line: &str) -> Option<Line> {
+    let (kind, m) = line_to_fields(line)?;
+    let s = |k: &str| m.get(k).cloned().unwrap_or_default();
+    match kind.as_str() {
+        "load" => Some(Line::Load(LoadRow {
+            engine: s("engine"),
+            mode: s("mode"),
+            records: get(&m, "records"),
+            secs: get(&m, "secs"),
+            ops_per_sec: get(&m, "ops_per_sec"),
+            data_bytes: get(&m, "data_bytes"),
+            read_bytes: get(&m, "read_bytes"),
+            write_bytes: get(&m, "write_bytes"),
+            peak_rss_bytes: get(&m, "peak_rss_bytes"),
+            budget_bytes: get(&m, "budget_bytes"),
+        })),
+        "run" => Some(Line::Run(RunRow {
+            engine: s("engine"),
+            mode: s("mode"),
+            workload: s("workload"),
+            distribution: s("distribution"),
+            threads: get(&m, "threads"),
+            ops: get(&m, "ops"),
+            secs: get(&m, "secs"),
+            ops_per_sec: get(&m, "ops_per_sec"),
+            p50_us: get(&m, "p50_us"),
+            p99_us: get(&m, "p99_us"),
+            p999_us: get(&m, "p999_us"),
+            read_bytes_per_op: get(&m, "read_bytes_per_op"),
+            write_bytes_per_op: get(&m, "write_bytes_per_op"),
+            peak_rss_bytes: get(&m, "peak_rss_bytes"),
+            budget_bytes: get(&m, "budget_bytes"),
+            data_bytes_after_load: get(&m, "data_bytes_after_load"),
+            data_bytes_after_run: get(&m, "data_bytes_after_run"),
+            load_ops_per_sec: get(&m, "load_ops_per_sec"),
+            not_found: get(&m, "not_found"),
+            errors: get(&m, "errors"),
+            cgroup: false,
+        })),
+        _ => None,
+    }
+}
+
+/// `1234567.0` → `1.23M`.
+pub fn si(x: f64) -> String {
+    let a = x.abs();
+    if a >= 1e9 {
+        format!("{:.2}G", x / 1e9)
+    } else if a >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if a >= 1e3 {
+        format!("{:.1}K", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+pub fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / (1 << 20) as f64)
+}
+
+/// Latency in µs with sensible precision.
+fn us(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// A plain-text table: the first column and the `mode` and `notes` columns left-aligned,
+/// numbers right-aligned.
+fn render(header: &[&str], rows: &[Vec<String>]) -> String {
+    let left: Vec<bool> = header
+        .iter()
+        .enumerate()
+        .map(|(i, h)| i == 0 || *h == "mode" || *h == "notes")
+        .collect();
+    let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            width[i] = width[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cells: Vec<String>| {
+        for (i, c) in cells.iter().enumerate() {
+            let pad = width[i] - c.chars().count();
+            if i == 0 {
+                let _ = write!(out, "{c}{}", " ".repeat(pad));
+            } else if left[i] {
+                let _ = write!(out, "  {c}{}", " ".repeat(pad));
+            } else {
+                let _ = write!(out, "  {}{c}", " ".repeat(pad));
+            }
+        }
+        out.push('\n');
+    };
+    line(&mut out, header.iter().map(|s| s.to_string()).collect());
+    line(
+        &mut out,
+        width.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>(),
+    );
+    for r in rows {
+        line(&mut out, r.clone());
+    }
+    out
+}
+
+pub fn load_table(loads: &[LoadRow]) -> String {
+    let rows: Vec<Vec<String>> = loads
+        .iter()
+        .map(|l| {
+            vec![
+                l.engine.clone(),
+                si(l.ops_per_sec),
+                format!("{:.1}", l.secs),
+                mib(l.data_bytes),
+                format!("{:.0}", l.read_bytes as f64 / l.records.max(1) as f64),
+                format!("{:.0}", l.write_bytes as f64 / l.records.max(1) as f64),
+                mib(l.peak_rss_bytes),
+                mib(l.budget_bytes),
+                l.mode.clone(),
+            ]
+        })
+        .collect();
+    render(
+        &[
+            "engine",
+            "load ops/s",
+            "secs",
+            "data MiB",
+            "rd B/rec",
+            "wr B/rec",
+            "peak RSS MiB",
+            "budget MiB",
+            "mode",
+        ],
+        &rows,
+    )
+}
+
+pub fn run_table(runs: &[RunRow]) -> String {
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            vec![
+                r.engine.clone(),
+                r.workload.clone(),
+                r.threads.to_string(),
+                si(r.ops_per_sec),
+                us(r.p50_us),
+                us(r.p99_us),
+                us(r.p999_us),
+                format!("{:.0}", r.read_bytes_per_op),
+                format!("{:.0}", r.write_bytes_per_op),
+                mib(r.peak_rss_bytes),
+                mib(r.data_bytes_after_run),
+                if r.errors > 0 {
+                    format!("{} errors", r.errors)
+                } else if r.not_found > 0 {
+                    format!("{} not found", r.not_found)
+                } else {
+                    String::new()
+                },
+            ]
+        })
+        .collect();
+    render(
+        &[
+            "engine",
+            "workload",
+            "thr",
+            "ops/s",
+            "p50 µs",
+            "p99 µs",
+            "p99.9 µs",
+            "rd B/op",
+            "wr B/op",
+            "peak RSS MiB",
+            "data MiB",
+            "notes",
+        ],
+        &rows,
+    )
+}
+
+/// For every workload and thread count, bfdb's throughput divided by each other engine's:
+/// above 1, bfdb is faster.
+pub fn ratio_table(runs: &[RunRow], loads: &[LoadRow]) -> Option<String> {
+    let engines: Vec<String> = dedup(runs.iter().map(|r| r.engine.clone()))
+        .into_iter()
+        .filter(|e| e != "bfdb")
+        .collect();
+    if engines.is_empty() || !runs.iter().any(|r| r.engine == "bfdb") {
+        return None;
+    }
+    let mut rows = Vec::new();
+    let bfdb_load = loads.iter().find(|l| l.engine == "bfdb");
+    if let Some(b) = bfdb_load {
+        let mut row = vec!["load".to_string(), String::new()];
+        for e in &engines {
+            row.push(match loads.iter().find(|l| &l.engine == e) {
+                Some(l) if l.ops_per_sec > 0.0 => format!("{:.2}×", b.ops_per_sec / l.ops_per_sec),
+                _ => "-".into(),
+            });
+        }
+        rows.push(row);
+    }
+    for r in runs.iter().filter(|r| r.engine == "bfdb") {
+        let mut row = vec![r.workload.clone(), r.threads.to_string()];
+        for e in &engines {
+            let other = runs
+                .iter()
+                .find(|o| &o.engine == e && o.workload == r.workload && o.threads == r.threads);
+            row.push(match other {
+                Some(o) if o.ops_per_sec > 0.0 => format!("{:.2}×", r.ops_per_sec / o.ops_per_sec),
+                _ => "-".into(),
+            });
+        }
+        rows.push(row);
+    }
+    let mut header = vec!["workload".to_string(), "thr".to_string()];
+    header.extend(engines.iter().map(|e| format!("bfdb ÷ {e}")));
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    Some(render(&header, &rows))
+}
+
+fn dedup(items: impl Iterator<Item = String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for i in items {
+        if !out.contains(&i) {
+            out.push(i);
+        }
+    }
+    out
+}
+
+fn csv_cell(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+pub fn write_csv(dir: &Path, runs: &[RunRow], loads: &[LoadRow]) -> std::io::Result<()> {
+    let mut out = String::from(
+        "engine,mode,cgroup,workload,distribution,threads,ops,secs,ops_per_sec,p50_us,p99_us,\
+         p999_us,read_bytes_per_op,write_bytes_per_op,peak_rss_bytes,budget_bytes,\
+         data_bytes_after_load,data_bytes_after_run,load_ops_per_sec,not_found,errors\n",
+    );
+    for r in runs {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.1},{:.1},{},{},{},{},{:.1},{},{}",
+            csv_cell(&r.engine),
+            csv_cell(&r.mode),
+            r.cgroup,
+            r.workload,
+            r.distribution,
+            r.threads,
+            r.ops,
+            r.secs,
+            r.ops_per_sec,
+            r.p50_us,
+            r.p99_us,
+            r.p999_us,
+            r.read_bytes_per_op,
+            r.write_bytes_per_op,
+            r.peak_rss_bytes,
+            r.budget_bytes,
+            r.data_bytes_after_load,
+            r.data_bytes_after_run,
+            r.load_ops_per_sec,
+            r.not_found,
+            r.errors
+        );
+    }
+    std::fs::write(dir.join("results.csv"), out)?;
+    let mut out = String::from(
+        "engine,mode,records,secs,ops_per_sec,data_bytes,read_bytes,write_bytes,peak_rss_bytes,budget_bytes\n",
+    );
+    for l in loads {
+        let _ = writeln!(
+            out,
+            "{},{},{},{:.3},{:.1},{},{},{},{},{}",
+            csv_cell(&l.engine),
+            csv_cell(&l.mode),
+            l.records,
+            l.secs,
+            l.ops_per_sec,
+            l.data_bytes,
+            l.read_bytes,
+            l.write_bytes,
+            l.peak_rss_bytes,
+            l.budget_bytes
+        );
+    }
+    std::fs::write(dir.join("load.csv"), out)
+}
+
+/// Registers a DejaVu font for the charts' text if the system has one. plotters' ab_glyph
+/// backend loads no system fonts by itself; the font is not shipped with the crate.
+pub fn register_font() -> bool {
+    let candidates = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/dejavu/DejaVuSansCondensed.ttf",
+    ];
+    for path in candidates {
+        if let Ok(bytes) = std::fs::read(path) {
+            // plotters keeps fonts for the life of the process.
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            if plotters::style::register_font(
+                "sans-serif",
+                plotters::style::FontStyle::Normal,
+                bytes,
+            )
+            .is_ok()
+            {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+const PALETTE: [plotters::style::RGBColor; 7] = [
+    plotters::style::RGBColor(0xd6, 0x27, 0x28),
+    plotters::style::RGBColor(0x1f, 0x77, 0xb4),
+    plotters::style::RGBColor(0x7f, 0x7f, 0x7f),
+    plotters::style::RGBColor(0x2c, 0xa0, 0x2c),
+    plotters::style::RGBColor(0xff, 0x7f, 0x0e),
+    plotters::style::RGBColor(0x94, 0x67, 0xbd),
+    plotters::style::RGBColor(0x8c, 0x56, 0x4b),
+];
+
+/// Draws one PNG per thread count: throughput per workload, a bar per engine. Returns the
+/// files written.
+pub fn draw_charts(
+    dir: &Path,
+    runs: &[RunRow],
+    title: &str,
+    with_text: bool,
+) -> Result<Vec<std::path::PathBuf>, String> {
+    use plotters::prelude::*;
+    let engines = dedup(runs.iter().map(|r| r.engine.clone()));
+    let workloads = dedup(runs.iter().map(|r| r.workload.clone()));
+    let mut threads: Vec<usize> = runs.iter().map(|r| r.threads).collect();
+    threads.sort_unstable();
+    threads.dedup();
+    let mut files = Vec::new();
+    for t in threads {
+        let path = dir.join(format!("throughput-{t}threads.png"));
+        let ymax = runs
+            .iter()
+            .filter(|r| r.threads == t)
+            .map(|r| r.ops_per_sec)
+            .fold(1.0, f64::max)
+            * 1.3;
+        let root = BitMapBackend::new(&path, (1100, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let mut builder = ChartBuilder::on(&root);
+        builder.margin(15);
+        if with_text {
+            builder
+                .caption(format!("{title} — {t} threads"), ("sans-serif", 20))
+                .x_label_area_size(35)
+                .y_label_area_size(70);
+        }
+        let groups = workloads.len() as f64;
+        let mut chart = builder
+            .build_cartesian_2d(0f64..groups, 0f64..ymax)
+            .map_err(|e| e.to_string())?;
+        if with_text {
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(0)
+                .y_desc("ops/s")
+                .y_label_formatter(&|y| si(*y))
+                .draw()
+                .map_err(|e| e.to_string())?;
+        }
+        let slot = 1.0 / (engines.len() as f64 + 1.0);
+        for (ei, engine) in engines.iter().enumerate() {
+            let color = PALETTE[ei % PALETTE.len()];
+            let bars: Vec<_> = workloads
+                .iter()
+                .enumerate()
+                .filter_map(|(wi, w)| {
+                    let r = runs
+                        .iter()
+                        .find(|r| &r.engine == engine && &r.workload == w && r.threads == t)?;
+                    let x0 = wi as f64 + slot * (ei as f64 + 0.5);
+                    Some((x0, r.ops_per_sec))
+                })
+                .collect();
+            let series = chart
+                .draw_series(bars.iter().map(|&(x0, y)| {
+                    Rectangle::new([(x0, 0.0), (x0 + slot * 0.9, y)], color.filled())
+                }))
+                .map_err(|e| e.to_string())?;
+            if with_text {
+                series.label(engine.as_str()).legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                });
+                for &(x0, y) in &bars {
+                    chart
+                        .draw_series(std::iter::once(Text::new(
+                            si(y),
+                            (x0, y + ymax * 0.035),
+                            ("sans-serif", 11),
+                        )))
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        if with_text {
+            for (wi, w) in workloads.iter().enumerate() {
+                let (px, py) = chart.backend_coord(&(wi as f64 + 0.45, 0.0));
+                root.draw(&Text::new(
+                    w.clone(),
+                    (px - 4 * w.len() as i32, py + 8),
+                    ("sans-serif", 15),
+                ))
+                .map_err(|e| e.to_string())?;
+            }
+            chart
+                .configure_series_labels()
+                .border_style(BLACK)
+                .background_style(WHITE.mix(0.9))
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()
+                .map_err(|e| e.to_string())?;
+        }
+        root.present().map_err(|e| e.to_string())?;
+        files.push(path.clone());
+    }
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_round_trip() {
+        let run = RunRow {
+            engine: "bfdb".into(),
+            mode: "file, StdDirect (O_DIRECT)".into(),
+            workload: "mix".into(),
+            threads: 16,
+            ops_per_sec: 1234.5,
+            p999_us: 17.25,
+            errors: 3,
+            ..RunRow::default()
+        };
+        let Some(Line::Run(back)) = parse_line(&run.to_line()) else {
+            panic!("not parsed");
+        };
+        assert_eq!(back.mode, run.mode);
+        assert_eq!(back.threads, 16);
+        assert_eq!(back.ops_per_sec, 1234.5);
+        assert_eq!(back.p999_us, 17.25);
+        assert_eq!(back.errors, 3);
+        let load = LoadRow {
+            engine: "bftree".into(),
+            records: 99,
+            ..LoadRow::default()
+        };
+        let Some(Line::Load(back)) = parse_line(&load.to_line()) else {
+            panic!("not parsed");
+        };
+        assert_eq!(back.records, 99);
+        assert!(parse_line("progress: 10%").is_none());
+    }
+
+    #[test]
+    fn ratios_divide_bfdb_by_each_engine() {
+        let row = |e: &str, t: f64| RunRow {
+            engine: e.into(),
+            workload: "read".into(),
+            threads: 2,
+            ops_per_sec: t,
+            ..RunRow::default()
+        };
+        let table = ratio_table(&[row("bfdb", 300.0), row("bftree", 100.0)], &[]).unwrap();
+        assert!(table.contains("3.00×"), "{table}");
+        assert!(ratio_table(&[row("bftree", 1.0)], &[]).is_none());
+    }
+}
