@@ -34,7 +34,7 @@ pub const MAX_READ_AHEAD_PAGES: usize = 64;
 /// Records the first fetch of a scan copies out of a mirror; each later fetch doubles
 /// it (up to `MAX_FETCH_RECORDS`). Short scans — the common kind — then copy a few
 /// dozen records, not a whole page, while long ones soon move a page per fetch.
-const FIRST_FETCH_RECORDS: usize = 16;
+const FIRST_FETCH_RECORDS: usize = 32;
 const MAX_FETCH_RECORDS: usize = 4096;
 
 /// A leaf page read ahead of need, with the ticket that validates it when its turn
