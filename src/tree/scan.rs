@@ -61,8 +61,12 @@ pub struct Range<'t> {
     back: VecDeque<Record>,
     /// Leaf pages read ahead for the next fetches.
     prefetched: Vec<Prefetched>,
-    /// How many pages a fetch reads ahead (0: none).
+    /// The most pages a fetch reads ahead (0: none).
     read_ahead_pages: usize,
+    /// Fetches so far: read-ahead grows with them (0, 1, 3, 7, ...
+    /// pages), so a short scan that ends in its first page reads no page it does not
+    /// need, and a long one soon keeps `read_ahead_pages` reads in flight.
+    fetches: u32,
     /// The most records the next fetch copies out of a mirror.
     fetch_records: usize,
     failed: bool,
@@ -89,18 +93,27 @@ impl<'t> Range<'t> {
             back: VecDeque::new(),
             prefetched: Vec::new(),
             read_ahead_pages: PREFETCH_PAGES,
+            fetches: 0,
             fetch_records: FIRST_FETCH_RECORDS,
             failed: false,
         }
     }
 
-    /// Sets how many leaf pages a fetch reads ahead, in the same batched read as the
-    /// page it needs (default 8, at most [`MAX_READ_AHEAD_PAGES`]; 0 turns read-ahead
-    /// off). Only pages holding keys of the range, under the same inner node, and not
+    /// Sets how many leaf pages a fetch reads ahead at most, in the same batched read as
+    /// the page it needs (default 8, at most [`MAX_READ_AHEAD_PAGES`]; 0 turns read-ahead
+    /// off). The first fetch reads none ahead, and each later one up to twice as many
+    /// plus one, so short scans read only the pages they use. Only pages holding keys of the range, under the same inner node, and not
     /// cached whole in the pool are read ahead.
     pub fn read_ahead(mut self, pages: usize) -> Self {
         self.read_ahead_pages = pages.min(MAX_READ_AHEAD_PAGES);
         self
+    }
+
+    /// Pages the next fetch may read ahead; counts the fetch.
+    fn ahead_pages(&mut self) -> usize {
+        let grown = (1usize << self.fetches.min(16)) - 1;
+        self.fetches += 1;
+        grown.min(self.read_ahead_pages)
     }
 
     fn fail(&mut self, e: Error) -> Option<Result<Record>> {
@@ -129,12 +142,13 @@ impl Iterator for Range<'_> {
             };
             let limit = self.fetch_records;
             self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
+            let ahead = self.ahead_pages();
             match self.core.fetch(
                 &lower,
                 &upper,
                 (Direction::Forward, limit),
                 &mut self.front,
-                (&mut self.prefetched, self.read_ahead_pages),
+                (&mut self.prefetched, ahead),
             ) {
                 Ok(Some(next_lower)) if !is_empty(&next_lower, &upper) => {
                     self.unfetched = Some((next_lower, upper));
@@ -160,12 +174,13 @@ impl DoubleEndedIterator for Range<'_> {
             };
             let limit = self.fetch_records;
             self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
+            let ahead = self.ahead_pages();
             match self.core.fetch(
                 &lower,
                 &upper,
                 (Direction::Backward, limit),
                 &mut self.back,
-                (&mut self.prefetched, self.read_ahead_pages),
+                (&mut self.prefetched, ahead),
             ) {
                 Ok(Some(next_upper)) if !is_empty(&lower, &next_upper) => {
                     self.unfetched = Some((lower, next_upper));
