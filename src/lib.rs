@@ -58,7 +58,7 @@ pub use config::{Backend, Config};
 pub use error::{Error, Result};
 #[cfg(feature = "tokio-uring")]
 pub use tree::aio;
-pub use tree::{Range, Tree, TreeStats};
+pub use tree::{Cursor, Range, Tree, TreeStats};
 
 /// The README's code blocks, compiled and run as doctests so the README stays true.
 #[cfg(doctest)]

@@ -234,3 +234,60 @@ fn reads_mirror_whole_pages_while_the_pool_has_room() {
         "scans of mirrors read no leaf page"
     );
 }
+
+/// `Tree::cursor` lends the same records `Tree::range` yields, on a tiny pool (leaf pages
+/// merged with mini-pages, read-ahead) and on a large one (mirrors, bounded fetches).
+#[test]
+fn cursor_lends_what_range_yields() {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
+    let big = Config {
+        memory_budget_bytes: 64 << 20,
+        ..tiny()
+    };
+    for config in [tiny(), big] {
+        let tree = Tree::in_memory(config).unwrap();
+        let mut model = BTreeMap::new();
+        for i in 0..8_000u64 {
+            let v = format!("v{i}").into_bytes();
+            tree.insert(&key(i), &v).unwrap();
+            model.insert(key(i), v);
+            if i % 5 == 0 {
+                tree.delete(&key(i / 3)).unwrap();
+                model.remove(&key(i / 3));
+            }
+        }
+        // Touch some keys so that pages become mirrors on the large pool.
+        for i in (0..8_000u64).step_by(3) {
+            assert_eq!(tree.get(&key(i)).unwrap(), model.get(&key(i)).cloned());
+        }
+        let keys: Vec<&Vec<u8>> = model.keys().collect();
+        let (a, b) = (keys[100].clone(), keys[5_000].clone());
+        for bounds in [
+            (Unbounded, Unbounded),
+            (Included(a.clone()), Excluded(b.clone())),
+            (Excluded(a.clone()), Included(b.clone())),
+            (Included(b.clone()), Unbounded),
+            (Excluded(b.clone()), Excluded(a.clone())),
+        ] {
+            let want: Vec<(Vec<u8>, Vec<u8>)> =
+                tree.range(bounds.clone()).map(|r| r.unwrap()).collect();
+            let model_part: Vec<(Vec<u8>, Vec<u8>)> = if bounds.0 == Excluded(b.clone()) {
+                Vec::new()
+            } else {
+                model
+                    .range::<Vec<u8>, _>(bounds.clone())
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            };
+            assert_eq!(want, model_part, "{bounds:?}");
+            let mut cursor = tree.cursor(bounds.clone());
+            let mut got = Vec::new();
+            while let Some(r) = cursor.next() {
+                let (k, v) = r.unwrap();
+                got.push((k.to_vec(), v.to_vec()));
+            }
+            assert_eq!(got, want, "{bounds:?}");
+            assert!(cursor.next().is_none(), "a finished cursor stays finished");
+        }
+    }
+}

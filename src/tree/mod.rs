@@ -51,7 +51,7 @@ use mapping::{Location, MappingTable, PageId};
 use node::{Fences, NodeKind, NodeMut, NodeRef, RecordType, WriteError};
 use olc::Restart;
 
-pub use scan::{MAX_READ_AHEAD_PAGES, Range};
+pub use scan::{Cursor, MAX_READ_AHEAD_PAGES, Range};
 
 /// Why an operation on a locked page did not finish.
 enum Op {
@@ -445,12 +445,15 @@ impl Tree {
     /// # Ok::<(), bfdb::Error>(())
     /// ```
     pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Range<'_> {
-        let own = |b: Bound<&K>| match b {
-            Bound::Included(k) => Bound::Included(k.as_ref().to_vec()),
-            Bound::Excluded(k) => Bound::Excluded(k.as_ref().to_vec()),
-            Bound::Unbounded => Bound::Unbounded,
-        };
-        Range::new(&self.core, own(range.start_bound()), own(range.end_bound()))
+        let (lower, upper) = owned_bounds(&range);
+        Range::new(&self.core, lower, upper)
+    }
+
+    /// A forward scan of `range` that lends each record as slices instead of
+    /// allocating it: the fastest way to read many records. See [`Cursor`].
+    pub fn cursor<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Cursor<'_> {
+        let (lower, upper) = owned_bounds(&range);
+        Cursor::new(&self.core, lower, upper)
     }
 
     /// Iterates over the records whose keys start with `prefix`, in key order.
@@ -557,6 +560,16 @@ thread_local! {
             .map_or(0, |d| d.as_nanos() as u64);
         (addr ^ time.rotate_left(17)) | 1
     });
+}
+
+/// The bounds of `range` as owned keys.
+fn owned_bounds<K: AsRef<[u8]>, R: RangeBounds<K>>(range: &R) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let own = |b: Bound<&K>| match b {
+        Bound::Included(k) => Bound::Included(k.as_ref().to_vec()),
+        Bound::Excluded(k) => Bound::Excluded(k.as_ref().to_vec()),
+        Bound::Unbounded => Bound::Unbounded,
+    };
+    (own(range.start_bound()), own(range.end_bound()))
 }
 
 /// A cheap per-thread coin with `percent` chance of heads (xorshift64*).

@@ -913,6 +913,12 @@ impl<'a> RecordView<'a> {
         out.extend_from_slice(self.suffix);
     }
 
+    /// Appends the full key (prefix and suffix) to `out`, keeping what it holds.
+    pub fn append_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.prefix);
+        out.extend_from_slice(self.suffix);
+    }
+
     /// The full key in a new vector.
     pub fn key(&self) -> Vec<u8> {
         let mut k = Vec::with_capacity(self.key_len());

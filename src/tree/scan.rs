@@ -16,7 +16,7 @@ use crossbeam_epoch as epoch;
 
 use super::leaf::MiniHeader;
 use super::mapping::{self, Location, PageId};
-use super::node::{self, Fences, NodeKind, NodeRef, RecordType};
+use super::node::{self, Fences, NodeKind, NodeRef, RecordType, RecordView};
 use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, inner, mini_ref, owned_fence};
 use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
 use crate::error::{Error, Result};
@@ -111,9 +111,7 @@ impl<'t> Range<'t> {
 
     /// Pages the next fetch may read ahead; counts the fetch.
     fn ahead_pages(&mut self) -> usize {
-        let grown = (1usize << self.fetches.min(16)) - 1;
-        self.fetches += 1;
-        grown.min(self.read_ahead_pages)
+        grown_read_ahead(&mut self.fetches, self.read_ahead_pages)
     }
 
     fn fail(&mut self, e: Error) -> Option<Result<Record>> {
@@ -194,6 +192,155 @@ impl DoubleEndedIterator for Range<'_> {
 
 impl std::iter::FusedIterator for Range<'_> {}
 
+/// A forward scan that lends each record instead of allocating it, from
+/// [`Tree::cursor`](crate::Tree::cursor).
+///
+/// [`Range`] yields owned `(Vec<u8>, Vec<u8>)` pairs, two allocations per record; a
+/// cursor copies each fetch's records into one byte buffer it reuses, and
+/// [`Cursor::next`] returns slices of it, valid until the next call. Same guarantees as
+/// [`Range`]: keys strictly increasing, no lock held between calls, after an `Err` it
+/// ends.
+///
+/// ```
+/// let tree = bfdb::Tree::in_memory(bfdb::Config::default())?;
+/// for i in 0..100u8 {
+///     tree.insert(&[b'k', i], &[i])?;
+/// }
+/// let mut cursor = tree.cursor(&[b'k', 10][..]..);
+/// let mut sum = 0u32;
+/// for _ in 0..5 {
+///     let (key, value) = cursor.next().expect("a record")?;
+///     assert_eq!(key[1], value[0]);
+///     sum += u32::from(value[0]);
+/// }
+/// assert_eq!(sum, 10 + 11 + 12 + 13 + 14);
+/// # Ok::<(), bfdb::Error>(())
+/// ```
+pub struct Cursor<'t> {
+    core: &'t Core,
+    /// The keys not fetched yet; `None` once everything was fetched.
+    unfetched: Option<Bounds>,
+    /// The records of the last fetch.
+    buffer: Lent,
+    prefetched: Vec<Prefetched>,
+    read_ahead_pages: usize,
+    fetches: u32,
+    fetch_records: usize,
+    failed: bool,
+}
+
+/// Records stored back to back in one buffer: `spans[i]` is (start, key length, value
+/// length) of record `i`; `next` is the first not yet lent.
+#[derive(Default)]
+struct Lent {
+    bytes: Vec<u8>,
+    spans: Vec<(usize, usize, usize)>,
+    next: usize,
+}
+
+impl Lent {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.spans.clear();
+        self.next = 0;
+    }
+}
+
+impl Sink for Lent {
+    fn push_view(&mut self, r: &RecordView<'_>) {
+        let start = self.bytes.len();
+        r.append_key(&mut self.bytes);
+        self.bytes.extend_from_slice(r.value());
+        self.spans.push((start, r.key_len(), r.value().len()));
+    }
+    fn push_owned(&mut self, (key, value): Record) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(&key);
+        self.bytes.extend_from_slice(&value);
+        self.spans.push((start, key.len(), value.len()));
+    }
+}
+
+impl std::fmt::Debug for Cursor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cursor")
+            .field("unfetched", &self.unfetched)
+            .field("buffered", &(self.buffer.spans.len() - self.buffer.next))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'t> Cursor<'t> {
+    pub(super) fn new(core: &'t Core, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Self {
+        let unfetched = (!is_empty(&lower, &upper)).then_some((lower, upper));
+        Cursor {
+            core,
+            unfetched,
+            buffer: Lent::default(),
+            prefetched: Vec::new(),
+            read_ahead_pages: PREFETCH_PAGES,
+            fetches: 0,
+            fetch_records: FIRST_FETCH_RECORDS,
+            failed: false,
+        }
+    }
+
+    /// As [`Range::read_ahead`].
+    pub fn read_ahead(mut self, pages: usize) -> Self {
+        self.read_ahead_pages = pages.min(MAX_READ_AHEAD_PAGES);
+        self
+    }
+
+    /// The next record as `(key, value)` slices, valid until the next call; `None` at
+    /// the end of the range.
+    #[allow(
+        clippy::should_implement_trait,
+        reason = "a lending iterator, not Iterator"
+    )]
+    pub fn next(&mut self) -> Option<Result<(&[u8], &[u8])>> {
+        while self.buffer.next == self.buffer.spans.len() {
+            if self.failed {
+                return None;
+            }
+            let (lower, upper) = self.unfetched.take()?;
+            self.buffer.clear();
+            let limit = self.fetch_records;
+            self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
+            let ahead = grown_read_ahead(&mut self.fetches, self.read_ahead_pages);
+            match self.core.fetch(
+                &lower,
+                &upper,
+                (Direction::Forward, limit),
+                &mut self.buffer,
+                (&mut self.prefetched, ahead),
+            ) {
+                Ok(Some(next_lower)) if !is_empty(&next_lower, &upper) => {
+                    self.unfetched = Some((next_lower, upper));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.failed = true;
+                    self.prefetched.clear();
+                    return Some(Err(e));
+                }
+            }
+        }
+        let (start, key_len, value_len) = self.buffer.spans[self.buffer.next];
+        self.buffer.next += 1;
+        let key = &self.buffer.bytes[start..start + key_len];
+        let value = &self.buffer.bytes[start + key_len..start + key_len + value_len];
+        Some(Ok((key, value)))
+    }
+}
+
+/// Pages fetch number `fetches` may read ahead (0, 1, 3, 7, ... up to `max_pages`);
+/// counts the fetch.
+fn grown_read_ahead(fetches: &mut u32, max_pages: usize) -> usize {
+    let grown = (1usize << (*fetches).min(16)) - 1;
+    *fetches += 1;
+    grown.min(max_pages)
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Direction {
     Forward,
@@ -235,20 +382,56 @@ fn below(upper: &Bound<Vec<u8>>, key: &[u8]) -> bool {
     }
 }
 
+/// Where a fetch puts the records it copies out: owned pairs for [`Range`], one
+/// reused byte buffer for [`Cursor`].
+pub(super) trait Sink {
+    /// Appends a record viewed in a node the caller holds locked.
+    fn push_view(&mut self, r: &RecordView<'_>);
+    /// Appends an owned record.
+    fn push_owned(&mut self, r: Record);
+}
+
+impl Sink for VecDeque<Record> {
+    fn push_view(&mut self, r: &RecordView<'_>) {
+        self.push_back((r.key(), r.value().to_vec()));
+    }
+    fn push_owned(&mut self, r: Record) {
+        self.push_back(r);
+    }
+}
+
 /// Moves the records of `view` in `[lower, upper)` to the back of `out`, ascending, and
 /// returns the new lower bound of the unfetched range (`None` after the last page).
 fn take_forward(
     view: PageView,
     lower: &Bound<Vec<u8>>,
     upper: &Bound<Vec<u8>>,
-    out: &mut VecDeque<Record>,
+    out: &mut impl Sink,
 ) -> Option<Bound<Vec<u8>>> {
-    out.extend(
-        view.records
-            .into_iter()
-            .filter(|(k, _)| above(lower, k) && below(upper, k)),
-    );
+    for r in view.records {
+        if above(lower, &r.0) && below(upper, &r.0) {
+            out.push_owned(r);
+        }
+    }
     view.high.map(Bound::Included)
+}
+
+/// [`below`] for a record in a node, without assembling its key.
+fn view_below(upper: &Bound<Vec<u8>>, r: &RecordView<'_>) -> bool {
+    match upper {
+        Bound::Included(u) => r.cmp_key(u).is_le(),
+        Bound::Excluded(u) => r.cmp_key(u).is_lt(),
+        Bound::Unbounded => true,
+    }
+}
+
+/// [`above`] for a record in a node, without assembling its key.
+fn view_above(lower: &Bound<Vec<u8>>, r: &RecordView<'_>) -> bool {
+    match lower {
+        Bound::Included(l) => r.cmp_key(l).is_ge(),
+        Bound::Excluded(l) => r.cmp_key(l).is_gt(),
+        Bound::Unbounded => true,
+    }
 }
 
 /// Copies up to `limit` live records of the mirror `mini` in `[lower, upper)` to `out`
@@ -261,7 +444,7 @@ fn take_from_mirror(
     lower: &Bound<Vec<u8>>,
     upper: &Bound<Vec<u8>>,
     (direction, limit): (Direction, usize),
-    out: &mut VecDeque<Record>,
+    out: &mut impl Sink,
 ) -> Option<Bound<Vec<u8>>> {
     let mut taken = 0;
     match direction {
@@ -277,14 +460,13 @@ fn take_from_mirror(
                 if !r.record_type().exists() {
                     continue;
                 }
-                let key = r.key();
-                if !below(upper, &key) {
+                if !view_below(upper, &r) {
                     return None;
                 }
                 if taken == limit {
-                    return Some(Bound::Included(key));
+                    return Some(Bound::Included(r.key()));
                 }
-                out.push_back((key, r.value().to_vec()));
+                out.push_view(&r);
                 taken += 1;
             }
             owned_fence(mini.high_fence()).map(Bound::Included)
@@ -301,14 +483,13 @@ fn take_from_mirror(
                 if !r.record_type().exists() {
                     continue;
                 }
-                let key = r.key();
-                if !above(lower, &key) {
+                if !view_above(lower, &r) {
                     return None;
                 }
                 if taken == limit {
-                    return Some(Bound::Included(key));
+                    return Some(Bound::Included(r.key()));
                 }
-                out.push_back((key, r.value().to_vec()));
+                out.push_view(&r);
                 taken += 1;
             }
             owned_fence(mini.low_fence()).map(Bound::Excluded)
@@ -346,7 +527,7 @@ impl Core {
         lower: &Bound<Vec<u8>>,
         upper: &Bound<Vec<u8>>,
         (direction, limit): (Direction, usize),
-        out: &mut VecDeque<Record>,
+        out: &mut impl Sink,
         (prefetched, read_ahead_pages): (&mut Vec<Prefetched>, usize),
     ) -> Result<Option<Bound<Vec<u8>>>> {
         let promote = self.promote_read();
@@ -416,7 +597,11 @@ impl Core {
             return Ok(match direction {
                 Direction::Forward => take_forward(view, lower, upper, out),
                 Direction::Backward => {
-                    out.extend(view.records.into_iter().rev().filter(|(k, _)| in_range(k)));
+                    for r in view.records.into_iter().rev() {
+                        if in_range(&r.0) {
+                            out.push_owned(r);
+                        }
+                    }
                     view.low.map(Bound::Excluded)
                 }
             });
