@@ -62,6 +62,7 @@ pub fn main(options: &Options, engine_name: &str) -> Result<(), String> {
         direct_io: options.direct_io,
         in_memory: options.in_memory,
         bftree_io_uring: options.bftree_io_uring,
+        bfdb_backend: options.bfdb_backend.clone(),
         key_bytes: options.key_bytes,
         value_bytes: options.value_bytes,
     };

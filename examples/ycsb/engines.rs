@@ -22,6 +22,8 @@ pub struct OpenOptions {
     pub in_memory: bool,
     /// Use bf-tree's io_uring backend instead of its O_DIRECT `pread`/`pwrite` one.
     pub bftree_io_uring: bool,
+    /// bfdb's backend with direct IO on (`--bfdb-backend`).
+    pub bfdb_backend: String,
     pub key_bytes: usize,
     pub value_bytes: usize,
 }
@@ -114,14 +116,16 @@ struct Bfdb {
 
 /// The backend of file-backed bfdb trees.
 ///
-/// SWITCH TO THE DEFAULT BACKEND HERE: once `Backend::Auto`/`Backend::IoUring` lands (another
-/// helper is adding it), direct IO should use `Backend::default()` so the driver measures
-/// what users get. Until then `StdDirect` is the O_DIRECT backend.
-fn bfdb_backend(direct_io: bool) -> bfdb::Backend {
-    if direct_io {
-        bfdb::Backend::StdDirect
-    } else {
-        bfdb::Backend::Std
+/// bfdb's backend: with direct IO, the one `--bfdb-backend` names (default `auto`, what
+/// users get from `Backend::default()`); without, buffered `pread`/`pwrite`.
+fn bfdb_backend(options: &OpenOptions) -> bfdb::Backend {
+    if !options.direct_io {
+        return bfdb::Backend::Std;
+    }
+    match options.bfdb_backend.as_str() {
+        "io-uring" => bfdb::Backend::IoUring,
+        "std-direct" => bfdb::Backend::StdDirect,
+        _ => bfdb::Backend::Auto,
     }
 }
 
@@ -129,7 +133,7 @@ impl Bfdb {
     fn open(options: &OpenOptions) -> EngineResult<Bfdb> {
         let config = bfdb::Config {
             memory_budget_bytes: options.budget_bytes,
-            backend: bfdb_backend(options.direct_io),
+            backend: bfdb_backend(options),
             ..bfdb::Config::default()
         };
         let tree = if options.in_memory {
@@ -138,17 +142,24 @@ impl Bfdb {
             bfdb::Tree::open(options.dir.join("bfdb.tree"), config)
         }
         .map_err(|e| e.to_string())?;
+        // Name the backend that is active, not the one asked for (`Auto` resolves to
+        // io_uring or pread), and any fallback the tree reported.
+        let stats = tree.stats();
+        let notice = stats
+            .backend_notice
+            .as_deref()
+            .map_or(String::new(), |n| format!("; {n}"));
         let mode = if options.in_memory {
             "leaf pages in memory".to_string()
-        } else if tree.stats().direct_io {
-            format!("file, {:?} (O_DIRECT)", tree.config().backend)
+        } else if stats.direct_io {
+            format!("file, {} with O_DIRECT{notice}", stats.backend)
         } else if options.direct_io {
             format!(
-                "file, {:?} fell back to buffered IO (O_DIRECT refused)",
-                tree.config().backend
+                "file, {} buffered (O_DIRECT refused){notice}",
+                stats.backend
             )
         } else {
-            "file, buffered".to_string()
+            format!("file, {} buffered", stats.backend)
         };
         Ok(Bfdb { tree, mode })
     }

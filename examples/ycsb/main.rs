@@ -98,6 +98,10 @@ pub struct Options {
     /// Use bf-tree's io_uring backend instead of its O_DIRECT pread/pwrite one.
     #[arg(long)]
     pub bftree_io_uring: bool,
+    /// bfdb's backend with direct IO on: `auto` (what users get by default: io_uring
+    /// where the kernel allows it), `io-uring`, or `std-direct` (O_DIRECT pread/pwrite).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "io-uring", "std-direct"])]
+    pub bfdb_backend: String,
     /// Records per scan.
     #[arg(long, default_value_t = 32)]
     pub scan_length: usize,
