@@ -951,6 +951,32 @@ impl Core {
         self.mirror_room() || chance(self.config.promotion_rate_percent)
     }
 
+    /// Merges the dirty records of the page's mini-page `old` into its leaf page
+    /// `leaf_no` and drops the mini-page, as eviction would (splitting the leaf if
+    /// needed), because they do not fit in a mirror next to the leaf's records: the next
+    /// read or scan of the page then finds none and mirrors it. Returns whether it
+    /// merged; a failed merge leaves the page as it was, for eviction to retry. The
+    /// caller holds the page's write lock.
+    fn merge_for_mirror(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        old: Block,
+        leaf_no: PageNo,
+    ) -> bool {
+        // SAFETY: the caller holds the page's write lock, so the block is live and
+        // unchanged while we read it.
+        let (header, mini) = unsafe { (MiniHeader::of(&old), mini_ref(&old)) };
+        if !mini.iter().any(|r| r.record_type().is_dirty()) {
+            return false;
+        }
+        if self.merge(page.id(), header, Some(mini), None).is_err() {
+            return false;
+        }
+        page.set_location(Location::Leaf(leaf_no.0));
+        self.retire(old);
+        true
+    }
+
     /// Whether the pool is still on its first lap with room to spare, so that caching a
     /// whole leaf page costs no eviction.
     ///
@@ -1010,21 +1036,9 @@ impl Core {
             // page now, as eviction would (splitting it if needed), so that the next
             // read of the page finds no dirty records and mirrors it. A failed merge
             // leaves the page as it was; eviction retries it later.
-            let (Some(old), Some(mini)) = (old, mini) else {
-                return false;
-            };
-            // SAFETY: we hold the page's write lock, so the block is live.
-            let header = unsafe { MiniHeader::of(&old) };
-            match self.merge(page.id(), header, Some(mini), None) {
-                Ok(_) => {
-                    page.set_location(Location::Leaf(leaf_no.0));
-                    self.retire(old);
-                    // A split may have moved the key to another page: caching it here
-                    // could put it in the wrong one, so the read caches nothing.
-                    return true;
-                }
-                Err(_) => return false,
-            }
+            // A split may have moved the key to another page: caching it here could put
+            // it in the wrong one, so after a merge the read caches nothing.
+            return old.is_some_and(|old| self.merge_for_mirror(page, old, leaf_no));
         }
         self.publish(page, block);
         if let Some(old) = old {

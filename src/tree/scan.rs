@@ -930,9 +930,15 @@ impl Core {
             }
         }
         if node::build_sorted(node_bytes, NodeKind::Mini, fences, all).is_err() {
-            // Does not fit in one block: leave the page as it is.
             // SAFETY: never published, so nobody else knows the block.
             unsafe { self.pool.free(block) };
+            // Does not fit in one block because of the dirty records: merge them now,
+            // so that the next scan of the page can mirror it instead of trying (under
+            // the write lock) again and again. `view` stays what this fetch returns: a
+            // merge changes where records live, not which records exist.
+            if let Some(old) = old {
+                self.merge_for_mirror(page, old, leaf_no);
+            }
             return;
         }
         self.publish(page, block);
