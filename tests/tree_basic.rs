@@ -26,7 +26,7 @@ fn key(i: u64) -> Vec<u8> {
 fn many_inserts_then_reads_and_scans() {
     let tree = Tree::in_memory(tiny()).unwrap();
     let mut model = BTreeMap::new();
-    for i in 0..20_000u64 {
+    for i in 0..40_000u64 {
         let k = key(i);
         let v = format!("value-{i}").into_bytes();
         tree.insert(&k, &v).unwrap();

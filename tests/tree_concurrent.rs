@@ -423,7 +423,7 @@ fn scan_checked(
 fn disjoint_writers(n_threads: usize, ops: usize) {
     let seed = seed("disjoint_writers");
     let tree = Tree::in_memory(tiny(64 << 10)).unwrap();
-    let keys_per_thread = 700u64;
+    let keys_per_thread = 1400u64;
     let start = Barrier::new(n_threads);
     let models: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n_threads)

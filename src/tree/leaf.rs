@@ -120,9 +120,8 @@ pub(crate) fn pack_leaves(
     loop {
         if let Some(chunks) = try_pack(
             records,
-            low,
-            high,
-            total.div_ceil(pages),
+            (low, high),
+            (pages, total.div_ceil(pages)),
             &cost,
             &fence_bound,
         ) {
@@ -139,11 +138,14 @@ pub(crate) fn pack_leaves(
 type CostFn<'a> = dyn Fn(&(Vec<u8>, Vec<u8>)) -> usize + 'a;
 type FenceBoundFn<'a> = dyn Fn(Option<&[u8]>, Option<&[u8]>) -> usize + 'a;
 
+/// Packs `records` into at most `pages` chunks of about `target` bytes each; `None` if
+/// they do not fit. The last chunk takes everything left: without that rule the last
+/// record or two, past the target, became a page of their own, and a split meant to
+/// make two half-full pages made a third almost empty one.
 fn try_pack(
     records: &[(Vec<u8>, Vec<u8>)],
-    low: Option<&[u8]>,
-    high: Option<&[u8]>,
-    target: usize,
+    (low, high): (Option<&[u8]>, Option<&[u8]>),
+    (pages, target): (usize, usize),
     cost: &CostFn<'_>,
     fence_bound: &FenceBoundFn<'_>,
 ) -> Option<Vec<LeafChunk>> {
@@ -153,8 +155,10 @@ fn try_pack(
     while start < records.len() || chunks.is_empty() {
         let mut end = start;
         let mut bytes = 0;
-        // Take records up to the target, at least one.
-        while end < records.len() && (end == start || bytes + cost(&records[end]) <= target) {
+        let last = chunks.len() + 1 >= pages;
+        // Take records up to the target, at least one; the last chunk takes the rest.
+        while end < records.len() && (end == start || last || bytes + cost(&records[end]) <= target)
+        {
             bytes += cost(&records[end]);
             end += 1;
         }
@@ -333,6 +337,27 @@ mod tests {
         assert_eq!(separator(b"abc", b"b"), b"b");
         assert_eq!(separator(b"ab", b"abzzz"), b"abz");
         assert_eq!(separator(b"", b"\0"), b"\0");
+    }
+
+    #[test]
+    fn packing_makes_no_page_more_than_it_needs() {
+        // From just over one page of records to just under two: always two pages, each
+        // about half of the records (a tail past the target once made a third, nearly
+        // empty page on most splits, leaving leaf pages under half full).
+        let one_page = (PAGE_PAYLOAD_SIZE - NODE_META_SIZE_BYTES) / record_cost(12, 20);
+        for n in (one_page + 1)..(2 * one_page - 4) {
+            let records: Vec<(Vec<u8>, Vec<u8>)> = (0..n as u32)
+                .map(|i| (format!("key{i:09}").into_bytes(), vec![7u8; 20]))
+                .collect();
+            let chunks = pack_leaves(&records, None, None);
+            assert_eq!(chunks.len(), 2, "{n} records of {one_page} per page");
+            let sizes: Vec<usize> = chunks.iter().map(|c| c.records.len()).collect();
+            assert!(sizes.iter().all(|&k| k + 2 >= n / 2), "{n}: {sizes:?}");
+            let mut payload = vec![0u8; PAGE_PAYLOAD_SIZE];
+            for c in &chunks {
+                build_leaf(&mut payload, c, &records).unwrap();
+            }
+        }
     }
 
     #[test]
