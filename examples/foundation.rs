@@ -123,8 +123,9 @@ impl Engine {
 
     /// The eviction callback: try-lock the owner, merge, detach. Never blocks.
     fn evict(&self, block: &Block) -> EvictDecision {
-        // SAFETY: the block is `Evicting`, so it is allocated and nobody frees it; the
-        // owner index was written before the block was published and never changes.
+        // SAFETY: the block is `Evicting`: if its owner frees it meanwhile it only becomes
+        // `Dead`, whose memory the pool does not reuse before we return; the owner index
+        // was written before the block was published and never changes.
         let owner = unsafe { block.payload() }[..OWNER_BYTES]
             .try_into()
             .map(u64::from_le_bytes)
@@ -132,11 +133,13 @@ impl Engine {
         let Some(mut bucket) = self.buckets[owner as usize].try_lock() else {
             return EvictDecision::Busy;
         };
-        assert_eq!(
-            bucket.mini,
-            Some(*block),
-            "a live mini-page belongs to its bucket"
-        );
+        if bucket.mini != Some(*block) {
+            // Between the pool's claim and our lock, the owner replaced its mini-page
+            // (it grew) and freed this block, which is now `Dead`: the pool reclaims it
+            // when we answer `Busy`. Batched eviction claims several blocks before it
+            // calls back, which widens this window.
+            return EvictDecision::Busy;
+        }
         // SAFETY: we hold the owner's lock, the only way to reach this mini-page.
         let bytes = unsafe { block.payload() };
         let mini = NodeRef::trusted(&bytes[OWNER_BYTES..]);
