@@ -2,7 +2,7 @@
 //!
 //! [`FileStore`](super::FileStore) keeps the file format (superblocks, free list,
 //! poisoning, `flock`) in one place; with [`IoEngine::IoUring`](super::IoEngine) it hands
-//! its *data-page* reads and writes to [`submit_pages`] here instead of `pread`/`pwrite`.
+//! its *data-page* reads and writes to `submit_pages` here instead of `pread`/`pwrite`.
 //! Superblock and free-list IO stay on `pread`/`pwrite`: they happen once per sync and
 //! gain nothing from a ring.
 //!
@@ -31,7 +31,7 @@
 //! # Invariants this module owns
 //!
 //! - A buffer handed to the kernel is neither freed, moved nor reused before its
-//!   completion has been reaped: [`submit_pages`] holds the `&mut Page` borrows of the
+//!   completion has been reaped: `submit_pages` holds the `&mut Page` borrows of the
 //!   whole batch and returns only when every submitted entry has completed, on error
 //!   paths too.
 //! - A ring goes back to its thread-local slot only if it holds no queued and no
@@ -278,7 +278,7 @@ pub(crate) fn submit_pages(
 }
 
 /// One batch of page IO, described by raw pointers into pages that the caller of
-/// [`submit_pages`] keeps borrowed for the whole run.
+/// `submit_pages` keeps borrowed for the whole run.
 struct Batch<'a> {
     fd: RawFd,
     dir: Direction,
