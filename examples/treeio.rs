@@ -105,6 +105,7 @@ fn main() -> bfdb::Result<()> {
     let config = Config {
         memory_budget_bytes: budget,
         promotion_rate_percent: 0,
+        scan_promotion_rate_percent: 0,
         backend: backend(&a.backend),
         ..Config::default()
     };

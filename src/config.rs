@@ -146,10 +146,17 @@ pub struct Config {
     pub memory_budget_bytes: u64,
     /// Size of a leaf page on disk. Only 4096 is supported in this release.
     pub leaf_page_size_bytes: usize,
-    /// Percent chance that a read served from a leaf page caches the record (or a phantom
-    /// for a miss) in the mini-page, and that a scan of a leaf page caches the whole page.
-    /// The paper's default is 1%; bfdb's is 20%. 0 disables caching reads.
+    /// Percent chance that a point read served from a leaf page caches the record (or a
+    /// phantom for a miss) in the mini-page. The paper's default is 1%; bfdb's is 100%:
+    /// a record cached on its first read and not read again is dropped the next time
+    /// its mini-page is copied out of the copy-on-access region, so caching every read
+    /// costs little, while a lower chance leaves hot records on disk for several reads
+    /// (docs/benchmarks.md measures both). 0 disables caching point reads, and mirroring
+    /// leaf pages while the pool has room.
     pub promotion_rate_percent: u8,
+    /// Percent chance that a scan of a leaf page caches the whole page (a mirror) in the
+    /// pool. Default 20. 0 disables caching scans.
+    pub scan_promotion_rate_percent: u8,
     /// Share of the pool, nearest its head, where an accessed mini-page is copied to the
     /// tail (dropping its cold records) instead of being updated in place. Default 10.
     pub copy_on_access_percent: u8,
@@ -176,7 +183,8 @@ impl Default for Config {
         Config {
             memory_budget_bytes: 64 << 20,
             leaf_page_size_bytes: 4096,
-            promotion_rate_percent: 20,
+            promotion_rate_percent: 100,
+            scan_promotion_rate_percent: 20,
             copy_on_access_percent: 10,
             merge_threshold_bytes: 2048,
             max_key_bytes: 512,
@@ -203,7 +211,10 @@ impl Config {
                 self.leaf_page_size_bytes
             ));
         }
-        if self.promotion_rate_percent > 100 || self.copy_on_access_percent > 100 {
+        if self.promotion_rate_percent > 100
+            || self.scan_promotion_rate_percent > 100
+            || self.copy_on_access_percent > 100
+        {
             return bad("percentages must be at most 100".into());
         }
         if self.max_key_bytes == 0 {
@@ -282,5 +293,10 @@ mod tests {
             ..Config::default()
         };
         assert!(pct.validate().is_err());
+        let scan_pct = Config {
+            scan_promotion_rate_percent: 101,
+            ..Config::default()
+        };
+        assert!(scan_pct.validate().is_err());
     }
 }

@@ -78,6 +78,7 @@ fn loaded(
     let config = Config {
         memory_budget_bytes: 128 << 10,
         promotion_rate_percent: promotion,
+        scan_promotion_rate_percent: promotion,
         backend: Backend::StdDirect,
         huge_pages: false,
         ..Config::default()

@@ -662,6 +662,7 @@ fn readers_during_splits(n_readers: usize, n_writers: usize, per_writer: usize) 
     let tree = Tree::in_memory(Config {
         // Reads take the promoting path often: cached records and phantoms.
         promotion_rate_percent: 40,
+        scan_promotion_rate_percent: 40,
         ..tiny(128 << 10)
     })
     .unwrap();
@@ -804,6 +805,7 @@ fn scans_during_writes(n_scanners: usize, n_writers: usize, ops: usize) {
     let seed = seed("scans_during_writes");
     let tree = Tree::in_memory(Config {
         promotion_rate_percent: 30,
+        scan_promotion_rate_percent: 30,
         ..tiny(64 << 10)
     })
     .unwrap();

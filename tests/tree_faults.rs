@@ -13,6 +13,7 @@ fn config() -> Config {
         max_key_bytes: 32,
         max_value_bytes: 64,
         promotion_rate_percent: 0,
+        scan_promotion_rate_percent: 0,
         ..Config::default()
     }
 }

@@ -170,6 +170,7 @@ fn config(promotion: u8, copy_on_access: u8, merge: usize, limits: (usize, usize
     Config {
         memory_budget_bytes: 64 << 10,
         promotion_rate_percent: promotion,
+        scan_promotion_rate_percent: promotion,
         copy_on_access_percent: copy_on_access,
         merge_threshold_bytes: merge,
         max_key_bytes: limits.0,
@@ -593,6 +594,7 @@ fn every_mechanism_happens() {
         memory_budget_bytes: 64 << 10,
         // 100 % keeps the tree's own coin out of it: the run is deterministic.
         promotion_rate_percent: 100,
+        scan_promotion_rate_percent: 100,
         copy_on_access_percent: 50,
         merge_threshold_bytes: 1024,
         max_key_bytes: 200,
@@ -707,6 +709,7 @@ fn split_when_parent_fits_only_after_prefix_compression() {
     let tree = Tree::in_memory(Config {
         memory_budget_bytes: 64 << 10,
         promotion_rate_percent: 0,
+        scan_promotion_rate_percent: 0,
         max_key_bytes: 200,
         max_value_bytes: 200,
         huge_pages: false,
@@ -824,6 +827,7 @@ fn inner_split_with_long_and_short_separators() {
     let tree = Tree::in_memory(Config {
         memory_budget_bytes: 64 << 10,
         promotion_rate_percent: 0,
+        scan_promotion_rate_percent: 0,
         max_key_bytes: max_key,
         max_value_bytes: 1000,
         huge_pages: false,

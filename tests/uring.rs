@@ -301,6 +301,7 @@ fn tree_config(backend: Backend) -> Config {
         max_key_bytes: 32,
         max_value_bytes: 64,
         promotion_rate_percent: 0,
+        scan_promotion_rate_percent: 0,
         backend,
         huge_pages: false,
         ..Config::default()

@@ -38,6 +38,7 @@ struct Input {
     limits: u8,
     merge_threshold: u8,
     promotion_rate_percent: u8,
+    scan_promotion_rate_percent: u8,
     copy_on_access_percent: u8,
     ops: Vec<Op>,
 }
@@ -337,6 +338,7 @@ fuzz_target!(|input: Input| {
     let config = Config {
         memory_budget_bytes: BUDGETS_BYTES[usize::from(input.budget) % BUDGETS_BYTES.len()],
         promotion_rate_percent: input.promotion_rate_percent % 101,
+        scan_promotion_rate_percent: input.scan_promotion_rate_percent % 101,
         copy_on_access_percent: input.copy_on_access_percent % 101,
         merge_threshold_bytes: MERGE_THRESHOLDS_BYTES
             [usize::from(input.merge_threshold) % MERGE_THRESHOLDS_BYTES.len()],

@@ -132,7 +132,7 @@ impl AsyncTree {
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let core = self.core();
         core.check_key(key)?;
-        let promote = core.promote_read();
+        let mut promote = None;
         let mut out = Vec::new();
         for _ in 0..ASYNC_ATTEMPTS {
             out.clear();
@@ -140,6 +140,7 @@ impl AsyncTree {
                 Probe::Done(exists) => return Ok(exists.then_some(out)),
                 Probe::Leaf(ticket) => ticket,
             };
+            let promote = *promote.get_or_insert_with(|| core.promote_point_read());
             let Some(page) = self.read_leaf(&ticket).await? else {
                 continue;
             };
@@ -197,7 +198,7 @@ impl AsyncTree {
         out: &mut VecDeque<(Vec<u8>, Vec<u8>)>,
     ) -> Result<Option<Bound<Vec<u8>>>> {
         let core = self.core();
-        let promote = core.promote_read();
+        let promote = core.promote_scan();
         for _ in 0..ASYNC_ATTEMPTS {
             let ticket = match core.fetch_or_ticket(lower, upper, out)? {
                 FetchStep::Fetched(next) => return Ok(next),

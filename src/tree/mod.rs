@@ -840,10 +840,34 @@ impl Core {
     // ----------------------------------------------------------------------------------
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
-        // A read that misses the mini-page may cache what the leaf page says. It then
-        // takes the page's write lock *before* reading the leaf page, so the leaf cannot
-        // change between the read and the insertion of the cached record.
-        let promote = self.promote_read();
+        // No lock is held across the leaf page's IO: the mini-page is probed under the
+        // page's read lock, the leaf page read without it, and the answer (and the
+        // record cached from it) validated by the page's leaf-write counter under the
+        // lock again. Other reads and writes of a hot page go on during the IO.
+        let ticket = match self.probe(key, out)? {
+            Probe::Done(exists) => return Ok(exists),
+            Probe::Leaf(ticket) => ticket,
+        };
+        let promote = self.promote_point_read();
+        let mut page = Page::zeroed();
+        // A failed read may have met a page being rewritten (a torn page fails its
+        // checksum): the locked read below reports real errors.
+        if self.store.read_page(ticket.leaf, &mut page).is_ok() {
+            bump(&self.counters.leaf_reads);
+            if let Some(exists) = self.finish_read(key, &ticket, &page, out, promote)? {
+                return Ok(exists);
+            }
+            bump(&self.counters.stale_leaf_reads);
+        }
+        out.clear();
+        self.get_under_lock(key, out, promote)
+    }
+
+    /// Reads `key` holding its page's lock across the leaf page's IO: the fallback when
+    /// a read without the lock went stale. A read that caches what the leaf page says
+    /// takes the page's write lock *before* reading the leaf page, so the leaf cannot
+    /// change between the read and the insertion of the cached record.
+    fn get_under_lock(&self, key: &[u8], out: &mut Vec<u8>, promote: bool) -> Result<bool> {
         loop {
             let path = match self.locate(Target::Holding(key)) {
                 Ok(Some(p)) => p,
@@ -945,9 +969,16 @@ impl Core {
         Ok((found, None))
     }
 
-    /// Whether a read that reaches a leaf page should cache it: always while the pool
-    /// has mirror room, else by the promotion chance.
-    fn promote_read(&self) -> bool {
+    /// Whether a scan that reaches a leaf page should cache it: always while the pool
+    /// has mirror room, else by the scan promotion chance.
+    fn promote_scan(&self) -> bool {
+        self.config.scan_promotion_rate_percent > 0
+            && (self.mirror_room() || chance(self.config.scan_promotion_rate_percent))
+    }
+
+    /// Whether a point read that reaches a leaf page should cache what it reads: always
+    /// while the pool has mirror room, else by the promotion chance.
+    pub(crate) fn promote_point_read(&self) -> bool {
         self.mirror_room() || chance(self.config.promotion_rate_percent)
     }
 
@@ -1216,11 +1247,10 @@ impl Core {
         let mut leaves: Vec<PageNo> = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             let mut out = Vec::new();
-            // Drawn per key, as `get` draws it per call.
-            let promote = self.promote_read();
             match self.probe(key.as_ref(), &mut out)? {
                 Probe::Done(exists) => results.push(exists.then_some(out)),
                 Probe::Leaf(ticket) => {
+                    let promote = self.promote_point_read();
                     results.push(None);
                     if !leaves.contains(&ticket.leaf) {
                         leaves.push(ticket.leaf);
@@ -1271,7 +1301,7 @@ impl Core {
                 Some(exists) => exists,
                 None => {
                     out.clear();
-                    self.get(key, &mut out)?
+                    self.get_under_lock(key, &mut out, promote)?
                 }
             };
             results[i] = exists.then_some(out);
@@ -1467,7 +1497,7 @@ impl Core {
         }
         match mini.upsert(key, value, record_type) {
             Ok(up) => {
-                mini.set_ref_bit(up.index(), true);
+                mini.set_ref_bit(up.index(), record_type.is_dirty());
                 return Ok(());
             }
             Err(WriteError::Full) => {}
@@ -1525,7 +1555,7 @@ impl Core {
         let i = mini
             .insert(key, value, record_type)
             .expect("the block was sized for the record");
-        mini.set_ref_bit(i, true);
+        mini.set_ref_bit(i, record_type.is_dirty());
         self.publish(page, block);
         bump(&self.counters.mini_pages_created);
         Ok(())
@@ -1565,7 +1595,7 @@ impl Core {
             .expect("a node fits a block twice its size");
         let placed = match mini.upsert(key, value, record_type) {
             Ok(up) => {
-                mini.set_ref_bit(up.index(), true);
+                mini.set_ref_bit(up.index(), record_type.is_dirty());
                 true
             }
             Err(_) => false,

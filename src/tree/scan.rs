@@ -20,7 +20,7 @@ use super::node::{self, Fences, NodeKind, NodeRef, RecordType, RecordView};
 use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, inner, mini_ref, owned_fence};
 use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
 use crate::error::{Error, Result};
-use crate::storage::{Page, PageNo};
+use crate::storage::{PAGE_SIZE, Page, PageNo};
 
 type Record = (Vec<u8>, Vec<u8>);
 
@@ -42,6 +42,17 @@ const MAX_FETCH_RECORDS: usize = 4096;
 pub(super) struct Prefetched {
     ticket: LeafTicket,
     page: Box<Page>,
+}
+
+/// How a fetch gets a page's leaf page without holding the page's lock.
+enum LeafRead {
+    /// Read ahead by an earlier fetch, and valid when planned.
+    Prefetched(Prefetched),
+    /// To be read now, together with the pages read ahead for the next fetches.
+    Read {
+        ticket: LeafTicket,
+        ahead: Vec<LeafTicket>,
+    },
 }
 /// The unfetched part of a range: lower and upper bound.
 pub(super) type Bounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
@@ -229,35 +240,85 @@ pub struct Cursor<'t> {
     failed: bool,
 }
 
-/// Records stored back to back in one buffer: `spans[i]` is (start, key length, value
-/// length) of record `i`; `next` is the first not yet lent.
+/// Records stored back to back in one buffer (two allocations for any number of
+/// records): `spans[i]` is (start, key length, value length) of record `i`.
 #[derive(Default)]
-struct Lent {
+struct Flat {
     bytes: Vec<u8>,
     spans: Vec<(usize, usize, usize)>,
+}
+
+impl Flat {
+    fn with_capacity(records: usize, bytes: usize) -> Flat {
+        Flat {
+            bytes: Vec::with_capacity(bytes),
+            spans: Vec::with_capacity(records),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.spans.clear();
+    }
+
+    /// Makes room for `records` more records of `bytes` in all, so that filling the
+    /// buffer does not grow it step by step.
+    fn reserve(&mut self, records: usize, bytes: usize) {
+        self.spans.reserve(records);
+        self.bytes.reserve(bytes);
+    }
+
+    fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Record `i` as (key, value).
+    fn get(&self, i: usize) -> (&[u8], &[u8]) {
+        let (start, key_len, value_len) = self.spans[i];
+        let (key, rest) = self.bytes[start..start + key_len + value_len].split_at(key_len);
+        (key, rest)
+    }
+
+    /// The records in order, as (key, value).
+    fn iter(&self) -> impl DoubleEndedIterator<Item = (&[u8], &[u8])> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+
+    /// Appends a record whose key is `prefix ‖ suffix`.
+    fn push(&mut self, (prefix, suffix): (&[u8], &[u8]), value: &[u8]) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(prefix);
+        self.bytes.extend_from_slice(suffix);
+        self.bytes.extend_from_slice(value);
+        self.spans
+            .push((start, prefix.len() + suffix.len(), value.len()));
+    }
+
+    fn push_view(&mut self, r: &RecordView<'_>) {
+        self.push((r.prefix(), r.suffix()), r.value());
+    }
+}
+
+/// The records of the cursor's last fetch; `next` is the first not yet lent.
+#[derive(Default)]
+struct Lent {
+    records: Flat,
     next: usize,
 }
 
 impl Lent {
     fn clear(&mut self) {
-        self.bytes.clear();
-        self.spans.clear();
+        self.records.clear();
         self.next = 0;
     }
 }
 
 impl Sink for Lent {
     fn push_view(&mut self, r: &RecordView<'_>) {
-        let start = self.bytes.len();
-        r.append_key(&mut self.bytes);
-        self.bytes.extend_from_slice(r.value());
-        self.spans.push((start, r.key_len(), r.value().len()));
+        self.records.push_view(r);
     }
-    fn push_owned(&mut self, (key, value): Record) {
-        let start = self.bytes.len();
-        self.bytes.extend_from_slice(&key);
-        self.bytes.extend_from_slice(&value);
-        self.spans.push((start, key.len(), value.len()));
+    fn push_parts(&mut self, key: &[u8], value: &[u8]) {
+        self.records.push((key, &[]), value);
     }
 }
 
@@ -265,7 +326,7 @@ impl std::fmt::Debug for Cursor<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cursor")
             .field("unfetched", &self.unfetched)
-            .field("buffered", &(self.buffer.spans.len() - self.buffer.next))
+            .field("buffered", &(self.buffer.records.len() - self.buffer.next))
             .finish_non_exhaustive()
     }
 }
@@ -298,7 +359,7 @@ impl<'t> Cursor<'t> {
         reason = "a lending iterator, not Iterator"
     )]
     pub fn next(&mut self) -> Option<Result<(&[u8], &[u8])>> {
-        while self.buffer.next == self.buffer.spans.len() {
+        while self.buffer.next == self.buffer.records.len() {
             if self.failed {
                 return None;
             }
@@ -306,6 +367,9 @@ impl<'t> Cursor<'t> {
             self.buffer.clear();
             let limit = self.fetch_records;
             self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
+            // A guess at the records' size (keys and values of 16 to 32 bytes); a fetch
+            // from a page that is not a mirror may bring more, and the buffer then grows.
+            self.buffer.records.reserve(limit, limit * 64);
             let ahead = grown_read_ahead(&mut self.fetches, self.read_ahead_pages);
             match self.core.fetch(
                 &lower,
@@ -325,11 +389,8 @@ impl<'t> Cursor<'t> {
                 }
             }
         }
-        let (start, key_len, value_len) = self.buffer.spans[self.buffer.next];
         self.buffer.next += 1;
-        let key = &self.buffer.bytes[start..start + key_len];
-        let value = &self.buffer.bytes[start + key_len..start + key_len + value_len];
-        Some(Ok((key, value)))
+        Some(Ok(self.buffer.records.get(self.buffer.next - 1)))
     }
 }
 
@@ -387,16 +448,16 @@ fn below(upper: &Bound<Vec<u8>>, key: &[u8]) -> bool {
 pub(super) trait Sink {
     /// Appends a record viewed in a node the caller holds locked.
     fn push_view(&mut self, r: &RecordView<'_>);
-    /// Appends an owned record.
-    fn push_owned(&mut self, r: Record);
+    /// Appends a record copied from a page view.
+    fn push_parts(&mut self, key: &[u8], value: &[u8]);
 }
 
 impl Sink for VecDeque<Record> {
     fn push_view(&mut self, r: &RecordView<'_>) {
         self.push_back((r.key(), r.value().to_vec()));
     }
-    fn push_owned(&mut self, r: Record) {
-        self.push_back(r);
+    fn push_parts(&mut self, key: &[u8], value: &[u8]) {
+        self.push_back((key.to_vec(), value.to_vec()));
     }
 }
 
@@ -408,9 +469,9 @@ fn take_forward(
     upper: &Bound<Vec<u8>>,
     out: &mut impl Sink,
 ) -> Option<Bound<Vec<u8>>> {
-    for r in view.records {
-        if above(lower, &r.0) && below(upper, &r.0) {
-            out.push_owned(r);
+    for (key, value) in view.records.iter() {
+        if above(lower, key) && below(upper, key) {
+            out.push_parts(key, value);
         }
     }
     view.high.map(Bound::Included)
@@ -508,7 +569,7 @@ pub(crate) enum FetchStep {
 
 /// A page's records merged from its mini-page (newer) and leaf page, and its fences.
 struct PageView {
-    records: Vec<Record>,
+    records: Flat,
     low: Option<Vec<u8>>,
     high: Option<Vec<u8>>,
 }
@@ -530,7 +591,12 @@ impl Core {
         out: &mut impl Sink,
         (prefetched, read_ahead_pages): (&mut Vec<Prefetched>, usize),
     ) -> Result<Option<Bound<Vec<u8>>>> {
-        let promote = self.promote_read();
+        let promote = self.promote_scan();
+        // Leaf pages are read without the page lock (validated by the leaf-write counters
+        // afterwards) until one such read goes stale; then the page is read under its
+        // lock, which always finishes.
+        let mut unlocked = true;
+        let bounds = (lower, upper, direction);
         loop {
             let target = match (direction, lower, upper) {
                 (Direction::Forward, Bound::Included(k) | Bound::Excluded(k), _) => {
@@ -549,14 +615,15 @@ impl Core {
                     continue;
                 }
             };
-            {
+            let plan = {
                 // A mirror answers under the read lock, copying only what is asked for.
                 let page = self.mapping.read(path.pid);
                 if path.parent.version.validate(path.parent_version).is_err() {
                     bump(&self.counters.restarts);
                     continue;
                 }
-                if let Location::Mini(offset) = page.location() {
+                let location = page.location();
+                if let Location::Mini(offset) = location {
                     let block = self.block(offset);
                     // SAFETY: we hold the page's lock, so the block is live.
                     if unsafe { MiniHeader::of(&block) }.mirror {
@@ -571,41 +638,136 @@ impl Core {
                         ));
                     }
                 }
-            }
-            let view = if promote && self.check_writable().is_ok() {
-                let page = self.mapping.write(path.pid);
-                if path.parent.version.validate(path.parent_version).is_err() {
-                    bump(&self.counters.restarts);
-                    continue;
+                unlocked.then(|| {
+                    self.plan_leaf_read(&path, location, bounds, prefetched, read_ahead_pages)
+                })
+            };
+            let view = match plan {
+                Some(plan) => {
+                    let leaf = match self.read_planned(plan, prefetched) {
+                        Some(leaf) => leaf,
+                        None => {
+                            unlocked = false;
+                            continue;
+                        }
+                    };
+                    match self.view_of_read(&leaf, promote)? {
+                        Some(view) => view,
+                        None => {
+                            bump(&self.counters.stale_leaf_reads);
+                            unlocked = false;
+                            continue;
+                        }
+                    }
                 }
-                let bounds = (lower, upper, direction);
-                let ahead = (prefetched, read_ahead_pages);
-                let view = self.view_prefetching(&path, page.location(), bounds, ahead)?;
-                self.make_mirror(&page, &view);
-                view
-            } else {
-                let page = self.mapping.read(path.pid);
-                if path.parent.version.validate(path.parent_version).is_err() {
-                    bump(&self.counters.restarts);
-                    continue;
+                None if promote && self.check_writable().is_ok() => {
+                    let page = self.mapping.write(path.pid);
+                    if path.parent.version.validate(path.parent_version).is_err() {
+                        bump(&self.counters.restarts);
+                        continue;
+                    }
+                    let ahead = (&mut *prefetched, read_ahead_pages);
+                    let view = self.view_prefetching(&path, page.location(), bounds, ahead)?;
+                    self.make_mirror(&page, &view);
+                    view
                 }
-                let bounds = (lower, upper, direction);
-                let ahead = (prefetched, read_ahead_pages);
-                self.view_prefetching(&path, page.location(), bounds, ahead)?
+                None => {
+                    let page = self.mapping.read(path.pid);
+                    if path.parent.version.validate(path.parent_version).is_err() {
+                        bump(&self.counters.restarts);
+                        continue;
+                    }
+                    let ahead = (&mut *prefetched, read_ahead_pages);
+                    self.view_prefetching(&path, page.location(), bounds, ahead)?
+                }
             };
             let in_range = |k: &[u8]| above(lower, k) && below(upper, k);
             return Ok(match direction {
                 Direction::Forward => take_forward(view, lower, upper, out),
                 Direction::Backward => {
-                    for r in view.records.into_iter().rev() {
-                        if in_range(&r.0) {
-                            out.push_owned(r);
+                    for (key, value) in view.records.iter().rev() {
+                        if in_range(key) {
+                            out.push_parts(key, value);
                         }
                     }
                     view.low.map(Bound::Excluded)
                 }
             });
         }
+    }
+
+    /// What a fetch reads without the page lock, decided under it (the caller holds
+    /// `path.pid`'s lock, and `location` is the page's, not a mirror): the page's leaf
+    /// page from the pages read ahead if one is there and still valid, else a read of
+    /// it together with the next pages of the range.
+    fn plan_leaf_read(
+        &self,
+        path: &LeafPath<'_>,
+        location: Location,
+        bounds: (&Bound<Vec<u8>>, &Bound<Vec<u8>>, Direction),
+        prefetched: &mut Vec<Prefetched>,
+        read_ahead_pages: usize,
+    ) -> LeafRead {
+        if let Some(i) = prefetched.iter().position(|p| p.ticket.pid == path.pid) {
+            let p = prefetched.swap_remove(i);
+            if self.ticket_valid(&p.ticket, location) {
+                return LeafRead::Prefetched(p);
+            }
+            bump(&self.counters.stale_leaf_reads);
+        }
+        LeafRead::Read {
+            ticket: self.ticket(path.pid, location, 0),
+            ahead: self.pages_ahead(path, bounds, read_ahead_pages),
+        }
+    }
+
+    /// Carries out a `plan_leaf_read` without any page lock: the page, with its ticket.
+    /// Pages read ahead replace `prefetched`. `None`: the batch failed (a page read
+    /// while a writer rewrote it fails its checksum); the caller reads under the lock,
+    /// which reports a real error.
+    fn read_planned(&self, plan: LeafRead, prefetched: &mut Vec<Prefetched>) -> Option<Prefetched> {
+        let (ticket, ahead) = match plan {
+            LeafRead::Prefetched(p) => return Some(p),
+            LeafRead::Read { ticket, ahead } => (ticket, ahead),
+        };
+        // Pages read ahead earlier lie behind the scan now (or were skipped): drop them.
+        prefetched.clear();
+        let mut nos = Vec::with_capacity(ahead.len() + 1);
+        nos.push(ticket.leaf);
+        nos.extend(ahead.iter().map(|t| t.leaf));
+        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+        self.read_leaves(&nos, &mut pages).ok()?;
+        bump_by(&self.counters.prefetched_leaf_pages, ahead.len());
+        let mut pages = pages.into_iter();
+        let this = pages.next().expect("this page was read");
+        prefetched.extend(
+            ahead
+                .into_iter()
+                .zip(pages)
+                .map(|(ticket, page)| Prefetched { ticket, page }),
+        );
+        Some(Prefetched { ticket, page: this })
+    }
+
+    /// The view of a page whose leaf page `leaf` was read without the lock, taking the
+    /// page's lock again to validate the read (and, with `promote`, its write lock to
+    /// make the page a mirror). `Ok(None)`: the read is stale.
+    fn view_of_read(&self, leaf: &Prefetched, promote: bool) -> Result<Option<PageView>> {
+        let ticket = &leaf.ticket;
+        if promote && self.check_writable().is_ok() {
+            let page = self.mapping.write(ticket.pid);
+            if !self.ticket_valid(ticket, page.location()) {
+                return Ok(None);
+            }
+            let view = self.page_view(page.location(), Some(&leaf.page))?;
+            self.make_mirror(&page, &view);
+            return Ok(Some(view));
+        }
+        let page = self.mapping.read(ticket.pid);
+        if !self.ticket_valid(ticket, page.location()) {
+            return Ok(None);
+        }
+        Ok(Some(self.page_view(page.location(), Some(&leaf.page))?))
     }
 
     /// The first half of a forward fetch whose leaf page is read without the page lock
@@ -808,12 +970,12 @@ impl Core {
                 // SAFETY: as above.
                 let mini = unsafe { mini_ref(&block) };
                 if header.mirror {
+                    let mut records = Flat::with_capacity(mini.len(), 2 * block.size_bytes());
+                    for r in mini.iter().filter(|r| r.record_type().exists()) {
+                        records.push_view(&r);
+                    }
                     return Ok(PageView {
-                        records: mini
-                            .iter()
-                            .filter(|r| r.record_type().exists())
-                            .map(|r| (r.key(), r.value().to_vec()))
-                            .collect(),
+                        records,
                         low: fence(mini.low_fence()),
                         high: fence(mini.high_fence()),
                     });
@@ -831,15 +993,20 @@ impl Core {
                 self.read_leaf(leaf_no, &mut page)?
             }
         };
-        let mut records = Vec::with_capacity(leaf.len());
+        // Keys get their prefixes back: about twice the page's bytes, grown if needed.
+        let mut records = Flat::with_capacity(
+            leaf.len() + mini.as_ref().map_or(0, |m| m.len()),
+            2 * PAGE_SIZE,
+        );
         let mut m = mini.iter().flat_map(|m| m.iter()).peekable();
+        let mut k = Vec::new();
         for r in leaf.iter() {
-            let k = r.key();
+            r.key_into(&mut k);
             while let Some(mr) = m.peek() {
                 match mr.cmp_key(&k) {
                     std::cmp::Ordering::Less => {
                         if mr.record_type().exists() {
-                            records.push((mr.key(), mr.value().to_vec()));
+                            records.push_view(mr);
                         }
                         m.next();
                     }
@@ -849,16 +1016,16 @@ impl Core {
             match m.peek() {
                 Some(mr) if mr.cmp_key(&k) == std::cmp::Ordering::Equal => {
                     if mr.record_type().exists() {
-                        records.push((k, mr.value().to_vec()));
+                        records.push_view(mr);
                     }
                     m.next();
                 }
-                _ => records.push((k, r.value().to_vec())),
+                _ => records.push_view(&r),
             }
         }
         for mr in m {
             if mr.record_type().exists() {
-                records.push((mr.key(), mr.value().to_vec()));
+                records.push_view(&mr);
             }
         }
         Ok(PageView {
@@ -918,7 +1085,7 @@ impl Core {
             let t = dirty
                 .binary_search_by(|(dk, _)| dk.as_slice().cmp(k))
                 .map_or(RecordType::Cache, |i| dirty[i].1);
-            (k.as_slice(), v.as_slice(), t)
+            (k, v, t)
         });
         // Tombstones of keys the leaf still holds must survive too.
         let mut all: Vec<(&[u8], &[u8], RecordType)> = records.collect();
