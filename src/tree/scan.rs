@@ -651,6 +651,17 @@ impl Core {
                             continue;
                         }
                     };
+                    if !promote && matches!(direction, Direction::Forward) {
+                        // The common case: copy what is asked for straight from the nodes.
+                        let page = self.mapping.read(leaf.ticket.pid);
+                        if !self.ticket_valid(&leaf.ticket, page.location()) {
+                            bump(&self.counters.stale_leaf_reads);
+                            unlocked = false;
+                            continue;
+                        }
+                        let bounds = (lower, upper);
+                        return self.page_forward(page.location(), Some(&leaf.page), bounds, out);
+                    }
                     match self.view_of_read(&leaf, promote)? {
                         Some(view) => view,
                         None => {
@@ -961,6 +972,48 @@ impl Core {
     /// The live records of a page and its fences, with `leaf` as its leaf page if given
     /// (already validated), else reading it. The caller holds the page's lock.
     fn page_view(&self, location: Location, leaf: Option<&Page>) -> Result<PageView> {
+        // Keys get their prefixes back: about twice the page's bytes, grown if needed.
+        let mut records = Flat::with_capacity(0, 2 * PAGE_SIZE);
+        let (low, high) = self.merge_page(location, leaf, |r| {
+            records.push_view(r);
+            true
+        })?;
+        Ok(PageView { records, low, high })
+    }
+
+    /// Copies the records of a page in `[lower, upper)` to the back of `out`, ascending,
+    /// straight from its nodes (as `take_forward(page_view(..))` without building the
+    /// whole page's view), and returns the new lower bound of the unfetched range
+    /// (`None` after the last page). The caller holds the page's lock.
+    fn page_forward(
+        &self,
+        location: Location,
+        leaf: Option<&Page>,
+        (lower, upper): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
+        out: &mut impl Sink,
+    ) -> Result<Option<Bound<Vec<u8>>>> {
+        let (_, high) = self.merge_page(location, leaf, |r| {
+            if !view_below(upper, r) {
+                return false;
+            }
+            if view_above(lower, r) {
+                out.push_view(r);
+            }
+            true
+        })?;
+        Ok(high.map(Bound::Included))
+    }
+
+    /// Passes the live records of a page to `emit` in key order, merged from its
+    /// mini-page (newer) and leaf page (`leaf` if given, already validated, else read),
+    /// until `emit` answers false; returns the page's fences. The caller holds the page's
+    /// lock.
+    fn merge_page(
+        &self,
+        location: Location,
+        leaf: Option<&Page>,
+        mut emit: impl FnMut(&RecordView<'_>) -> bool,
+    ) -> Result<(Option<Vec<u8>>, Option<Vec<u8>>)> {
         let fence = super::owned_fence;
         let (mini, leaf_no) = match location {
             Location::Mini(offset) => {
@@ -970,15 +1023,12 @@ impl Core {
                 // SAFETY: as above.
                 let mini = unsafe { mini_ref(&block) };
                 if header.mirror {
-                    let mut records = Flat::with_capacity(mini.len(), 2 * block.size_bytes());
                     for r in mini.iter().filter(|r| r.record_type().exists()) {
-                        records.push_view(&r);
+                        if !emit(&r) {
+                            break;
+                        }
                     }
-                    return Ok(PageView {
-                        records,
-                        low: fence(mini.low_fence()),
-                        high: fence(mini.high_fence()),
-                    });
+                    return Ok((fence(mini.low_fence()), fence(mini.high_fence())));
                 }
                 (Some(mini), header.leaf)
             }
@@ -993,46 +1043,30 @@ impl Core {
                 self.read_leaf(leaf_no, &mut page)?
             }
         };
-        // Keys get their prefixes back: about twice the page's bytes, grown if needed.
-        let mut records = Flat::with_capacity(
-            leaf.len() + mini.as_ref().map_or(0, |m| m.len()),
-            2 * PAGE_SIZE,
-        );
+        let fences = (fence(leaf.low_fence()), fence(leaf.high_fence()));
         let mut m = mini.iter().flat_map(|m| m.iter()).peekable();
         let mut k = Vec::new();
         for r in leaf.iter() {
             r.key_into(&mut k);
-            while let Some(mr) = m.peek() {
-                match mr.cmp_key(&k) {
-                    std::cmp::Ordering::Less => {
-                        if mr.record_type().exists() {
-                            records.push_view(mr);
-                        }
-                        m.next();
-                    }
-                    _ => break,
+            while let Some(mr) = m.next_if(|mr| mr.cmp_key(&k).is_lt()) {
+                if mr.record_type().exists() && !emit(&mr) {
+                    return Ok(fences);
                 }
             }
-            match m.peek() {
-                Some(mr) if mr.cmp_key(&k) == std::cmp::Ordering::Equal => {
-                    if mr.record_type().exists() {
-                        records.push_view(mr);
-                    }
-                    m.next();
-                }
-                _ => records.push_view(&r),
+            let go_on = match m.next_if(|mr| mr.cmp_key(&k).is_eq()) {
+                Some(newer) => !newer.record_type().exists() || emit(&newer),
+                None => emit(&r),
+            };
+            if !go_on {
+                return Ok(fences);
             }
         }
         for mr in m {
-            if mr.record_type().exists() {
-                records.push_view(&mr);
+            if mr.record_type().exists() && !emit(&mr) {
+                break;
             }
         }
-        Ok(PageView {
-            records,
-            low: fence(leaf.low_fence()),
-            high: fence(leaf.high_fence()),
-        })
+        Ok(fences)
     }
 
     /// Turns the page's mini-page into a full mirror of its leaf page (§3.1 "caching
