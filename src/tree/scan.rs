@@ -44,6 +44,9 @@ pub(super) struct Prefetched {
     page: Box<Page>,
 }
 
+/// A page's low and high fence keys (`None`: the edge of the key space).
+type OwnedFences = (Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// How a fetch gets a page's leaf page without holding the page's lock.
 enum LeafRead {
     /// Read ahead by an earlier fetch, and valid when planned.
@@ -1013,7 +1016,7 @@ impl Core {
         location: Location,
         leaf: Option<&Page>,
         mut emit: impl FnMut(&RecordView<'_>) -> bool,
-    ) -> Result<(Option<Vec<u8>>, Option<Vec<u8>>)> {
+    ) -> Result<OwnedFences> {
         let fence = super::owned_fence;
         let (mini, leaf_no) = match location {
             Location::Mini(offset) => {
