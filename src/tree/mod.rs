@@ -1832,11 +1832,17 @@ impl Core {
                     extra.map(|e| String::from_utf8_lossy(e.0).into_owned()),
                 );
             }
-            // Fast path: apply in place on a copy when everything fits.
+            // Fast path: apply in place on a copy when everything fits, then write a
+            // compact copy: records placed in place sit out of offset order, and every
+            // later read of such a page must prove their bytes disjoint with a bitmap
+            // (a leaf page is read far more often than merged).
             let mut work = page.clone();
             let mut node = NodeMut::trusted(work.payload_mut());
             if all.iter().all(|(k, v, t)| apply(&mut node, k, v, *t)) {
-                return Ok(MergePlan::Write(work));
+                let applied = NodeRef::trusted(work.payload());
+                node::copy_into(&applied, page.payload_mut(), applied.fences(), |_| true)
+                    .expect("a node's records fit a node of its size");
+                return Ok(MergePlan::Write(page));
             }
             merged = merge_records(&NodeRef::trusted(page.payload()), &all);
         }
