@@ -1,6 +1,7 @@
 //! Concurrent tests of the Tree (issue 3): disjoint writers, overlapping writers, readers
-//! racing splits, scans racing writers, and a mixed stress test, each with at least 8
-//! threads on a pool so small that mini-page growth, merges, evictions, copy-on-access and
+//! racing splits, scans racing writers, a mixed stress test, and fresh reads (every answer
+//! of a read without the page lock is a state its key had during the read), each with at
+//! least 8 threads on a pool so small that mini-page growth, merges, evictions, copy-on-access and
 //! leaf and inner splits happen all the time while the threads race. Every test asserts
 //! afterwards, through `stats()`, that those paths really ran.
 //!
@@ -1062,6 +1063,301 @@ fn mixed_stress_8_threads() {
 #[ignore = "heavy; run with --release -- --ignored"]
 fn mixed_stress_16_threads() {
     mixed_stress(16, scaled(20_000));
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. Fresh reads: leaf pages read without the page lock, racing merges, splits, evictions
+// ---------------------------------------------------------------------------------------
+
+/// A key's state as its only writer left it: the writer's sequence number of the last
+/// operation on it, and whether that operation was an insert.
+fn key_state(seq: u32, present: bool) -> u64 {
+    u64::from(seq) << 1 | u64::from(present)
+}
+
+/// Per-key bookkeeping of the writers in `fresh_reads`, indexed like the keys.
+struct Windows {
+    /// The state of each key after its writer's last *finished* operation.
+    done: Vec<std::sync::atomic::AtomicU64>,
+    /// The sequence number of each key's last *begun* operation.
+    begun: Vec<AtomicU32>,
+    /// The sequence number of each key's last begun delete (0: none).
+    delete_begun: Vec<AtomicU32>,
+}
+
+impl Windows {
+    fn new(states: impl Iterator<Item = u64>) -> Windows {
+        let done: Vec<_> = states.map(std::sync::atomic::AtomicU64::new).collect();
+        let n = done.len();
+        Windows {
+            done,
+            begun: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            delete_begun: (0..n).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    fn done(&self, i: usize) -> u64 {
+        self.done[i].load(Ordering::SeqCst)
+    }
+
+    /// Checks that `got`, read for key `k` (index `i`, written only by `owner`) by a read
+    /// that began after the key's state was `before`, is a state the key had at some
+    /// moment of the read: not older than `before` (a stale leaf page accepted as
+    /// current) and not from an operation that had not begun when the read ended.
+    fn check(&self, i: usize, k: &[u8], owner: u16, before: u64, got: Option<&[u8]>, what: &str) {
+        let (before_seq, before_present) = ((before >> 1) as u32, before & 1 == 1);
+        let begun = self.begun[i].load(Ordering::SeqCst);
+        let show = String::from_utf8_lossy(k);
+        match got {
+            Some(v) => {
+                let (w, s) = decode(k, v).unwrap_or_else(|e| panic!("{what}: {e}"));
+                if w == PRELOAD {
+                    assert!(
+                        s == 0 && before == key_state(0, true),
+                        "{what}: key {show:?} read its preloaded value, but its writer had \
+                         finished op {before_seq} (present: {before_present}) before the read"
+                    );
+                } else {
+                    assert_eq!(
+                        w, owner,
+                        "{what}: key {show:?} holds another writer's value"
+                    );
+                    assert!(
+                        s >= before_seq,
+                        "{what}: stale read of key {show:?}: value of op {s}, but op \
+                         {before_seq} (present: {before_present}) had finished before the read"
+                    );
+                    assert!(
+                        s <= begun.max(before_seq),
+                        "{what}: key {show:?} read the value of op {s}, which had not begun \
+                         (last begun {begun})"
+                    );
+                }
+            }
+            None => {
+                let deleted = self.delete_begun[i].load(Ordering::SeqCst);
+                assert!(
+                    !before_present || deleted > before_seq,
+                    "{what}: key {show:?} read as absent, but op {before_seq} had inserted it \
+                     before the read and no delete began since (last delete {deleted})"
+                );
+            }
+        }
+    }
+}
+
+/// Writers own disjoint keys (key `i` belongs to writer `i % n_writers`) and publish, per
+/// key, the last operation they began and the last they finished; readers check that
+/// every answer is a state its key had *during* the read: `get`, `get_many`, `range`
+/// (both ways) and `cursor` scans, on a pool so small that the leaf pages they read
+/// without the page lock are rewritten all the time by merges, evictions (batched or
+/// single), splits and flushes. A leaf page read before such a rewrite and accepted
+/// afterwards shows up as a stale value, a lost key or a resurrected one. Scans must
+/// also yield strictly ordered keys.
+fn fresh_reads(n_writers: usize, n_readers: usize, ops: usize, file_backed: bool) {
+    let seed = seed("fresh_reads");
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        // Both sides of every read: validated under the read lock, and promoting (the
+        // write lock, mirrors, cached records and phantoms).
+        promotion_rate_percent: 50,
+        scan_promotion_rate_percent: 50,
+        ..tiny(64 << 10)
+    };
+    let tree = if file_backed {
+        Tree::open(dir.path().join("tree"), config).unwrap()
+    } else {
+        Tree::in_memory(config).unwrap()
+    };
+    // Batched eviction is the default; the file-backed run evicts one page at a time.
+    tree.set_batched_eviction(!file_backed);
+    let n_keys = 4800usize;
+    let keys: Vec<Vec<u8>> = (0..n_keys as u64).map(key).collect();
+    let mut sorted: Vec<(Vec<u8>, usize)> = keys.iter().cloned().zip(0..).collect();
+    sorted.sort();
+    let sorted_keys: Vec<Vec<u8>> = sorted.iter().map(|(k, _)| k.clone()).collect();
+    // A quarter is preloaded; the rest arrive during the run and split pages.
+    let preloaded = |i: usize| i.is_multiple_of(4);
+    for (_, k) in keys.iter().enumerate().filter(|(i, _)| preloaded(*i)) {
+        tree.insert(k, &value(k, PRELOAD, 0)).unwrap();
+    }
+    let windows = Windows::new((0..n_keys).map(|i| key_state(0, preloaded(i))));
+    let owner = |i: usize| (i % n_writers) as u16;
+    let writers_done = AtomicUsize::new(0);
+    let start = Barrier::new(n_writers + n_readers);
+    let reads = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for w in 0..n_writers {
+            let (tree, keys, windows, writers_done, start) =
+                (&tree, &keys, &windows, &writers_done, &start);
+            s.spawn(move || {
+                let _finished = Finished(writers_done);
+                let mut rng = Rng::new(seed ^ mix(w as u64 + 700));
+                let own = n_keys / n_writers;
+                start.wait();
+                for seq in 1..=ops as u32 {
+                    let i = rng.below(own as u64) as usize * n_writers + w;
+                    let k = &keys[i];
+                    windows.begun[i].store(seq, Ordering::SeqCst);
+                    let present = rng.percent() < 70;
+                    if present {
+                        tree.insert(k, &value(k, w as u16, seq)).unwrap();
+                    } else {
+                        windows.delete_begun[i].store(seq, Ordering::SeqCst);
+                        tree.delete(k).unwrap();
+                    }
+                    windows.done[i].store(key_state(seq, present), Ordering::SeqCst);
+                    if w == 0 && rng.below(400) == 0 {
+                        tree.flush().unwrap();
+                    }
+                }
+            });
+        }
+        for r in 0..n_readers {
+            let (tree, keys, sorted, sorted_keys, windows, writers_done, start, reads) = (
+                &tree,
+                &keys,
+                &sorted,
+                &sorted_keys,
+                &windows,
+                &writers_done,
+                &start,
+                &reads,
+            );
+            s.spawn(move || {
+                let mut rng = Rng::new(seed ^ mix(r as u64 + 800));
+                let mut buf = Vec::new();
+                start.wait();
+                let mut n = 0u64;
+                while writers_done.load(Ordering::Acquire) < n_writers || n < 400 {
+                    n += 1;
+                    match rng.percent() {
+                        0..50 => {
+                            let i = rng.below(n_keys as u64) as usize;
+                            let before = windows.done(i);
+                            let found = tree.get_into(&keys[i], &mut buf).unwrap();
+                            let what = format!("reader {r} get #{n}");
+                            let got = found.then_some(buf.as_slice());
+                            windows.check(i, &keys[i], owner(i), before, got, &what);
+                        }
+                        50..70 => {
+                            let batch: Vec<usize> = (0..1 + rng.below(24))
+                                .map(|_| rng.below(n_keys as u64) as usize)
+                                .collect();
+                            let before: Vec<u64> = batch.iter().map(|&i| windows.done(i)).collect();
+                            let ks: Vec<&[u8]> =
+                                batch.iter().map(|&i| keys[i].as_slice()).collect();
+                            let got = tree.get_many(&ks).unwrap();
+                            let what = format!("reader {r} get_many #{n}");
+                            for ((&i, b), v) in batch.iter().zip(before).zip(&got) {
+                                windows.check(i, &keys[i], owner(i), b, v.as_deref(), &what);
+                            }
+                        }
+                        p => {
+                            // A scan: every key's state before it began, then the scan,
+                            // then each key of the range checked against its window.
+                            let (lo, hi) = random_bounds(&mut rng, sorted_keys);
+                            let before: Vec<u64> = (0..n_keys).map(|i| windows.done(i)).collect();
+                            let (got, what) = if p < 85 {
+                                let walk = [Walk::Forward, Walk::Backward, Walk::BothEnds]
+                                    [rng.below(3) as usize];
+                                let what =
+                                    format!("reader {r} {walk:?} range #{n} ({lo:?}, {hi:?})");
+                                (scan_checked(tree, &lo, &hi, walk), what)
+                            } else {
+                                let mut got: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+                                let mut c = tree.cursor::<&[u8], _>((as_ref(&lo), as_ref(&hi)));
+                                while let Some(item) = c.next() {
+                                    let (k, v) = item.expect("cursor failed");
+                                    if let Some((prev, _)) = got.last() {
+                                        assert!(
+                                            k > prev.as_slice(),
+                                            "reader {r}: cursor yielded {:?} after {:?}",
+                                            String::from_utf8_lossy(k),
+                                            String::from_utf8_lossy(prev)
+                                        );
+                                    }
+                                    got.push((k.to_vec(), v.to_vec()));
+                                }
+                                (got, format!("reader {r} cursor #{n} ({lo:?}, {hi:?})"))
+                            };
+                            let mut got = got.into_iter().peekable();
+                            for (k, i) in sorted.iter().filter(|(k, _)| in_bounds(k, &lo, &hi)) {
+                                let v = got.next_if(|(gk, _)| gk == k).map(|(_, v)| v);
+                                windows.check(*i, k, owner(*i), before[*i], v.as_deref(), &what);
+                            }
+                            if let Some((k, _)) = got.next() {
+                                panic!(
+                                    "{what}: yielded key {:?} out of range or unknown",
+                                    String::from_utf8_lossy(&k)
+                                );
+                            }
+                        }
+                    }
+                }
+                reads.fetch_add(n as usize, Ordering::Relaxed);
+            });
+        }
+    });
+    eprintln!("{} reads", reads.load(Ordering::Relaxed));
+    let mut model = BTreeMap::new();
+    let mut absent = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let before = windows.done(i);
+        windows.check(
+            i,
+            k,
+            owner(i),
+            before,
+            tree.get(k).unwrap().as_deref(),
+            "quiescent",
+        );
+        if before & 1 == 1 {
+            let v = if before >> 1 == 0 {
+                value(k, PRELOAD, 0)
+            } else {
+                value(k, owner(i), (before >> 1) as u32)
+            };
+            model.insert(k.clone(), v);
+        } else {
+            absent.push(k.clone());
+        }
+    }
+    check_quiescent(&tree, &model, &absent);
+    let s = tree.stats();
+    eprintln!("{s:#?}");
+    assert_happened(
+        &s,
+        &[
+            "merges",
+            "evictions",
+            "copy_on_access",
+            "records_promoted",
+            "phantoms_promoted",
+            "mirrors_created",
+            "leaf_splits",
+        ],
+    );
+}
+
+#[test]
+fn fresh_reads_in_memory_8_threads() {
+    let n = threads(8);
+    fresh_reads(n / 2, n - n / 2, scaled(5000), false);
+}
+
+#[test]
+fn fresh_reads_file_backed_8_threads() {
+    let n = threads(8);
+    fresh_reads(n / 2, n - n / 2, scaled(5000), true);
+}
+
+/// Heavier: `cargo test --release --test tree_concurrent -- --ignored`.
+#[test]
+#[ignore = "heavy; run with --release -- --ignored"]
+fn fresh_reads_16_threads() {
+    fresh_reads(8, 8, scaled(20_000), false);
+    fresh_reads(8, 8, scaled(20_000), true);
 }
 
 // ---------------------------------------------------------------------------------------
