@@ -147,12 +147,11 @@ pub struct Config {
     /// Size of a leaf page on disk. Only 4096 is supported in this release.
     pub leaf_page_size_bytes: usize,
     /// Percent chance that a point read served from a leaf page caches the record (or a
-    /// phantom for a miss) in the mini-page. The paper's default is 1%; bfdb's is 100%:
-    /// a record cached on its first read and not read again is dropped the next time
-    /// its mini-page is copied out of the copy-on-access region, so caching every read
-    /// costs little, while a lower chance leaves hot records on disk for several reads
-    /// (docs/benchmarks.md measures both). 0 disables caching point reads, and mirroring
-    /// leaf pages while the pool has room.
+    /// phantom for a miss) in the mini-page; a key whose leaf-page read is the second
+    /// within a recent window (a small bit array, the "doorkeeper") is cached whatever
+    /// the chance says, so hot records are cached on their second read. The paper's
+    /// default is 1%; bfdb's is 20%. 0 disables caching point reads, and mirroring leaf
+    /// pages while the pool has room.
     pub promotion_rate_percent: u8,
     /// Percent chance that a scan of a leaf page caches the whole page (a mirror) in the
     /// pool. Default 20. 0 disables caching scans.
@@ -183,7 +182,7 @@ impl Default for Config {
         Config {
             memory_budget_bytes: 64 << 20,
             leaf_page_size_bytes: 4096,
-            promotion_rate_percent: 100,
+            promotion_rate_percent: 20,
             scan_promotion_rate_percent: 20,
             copy_on_access_percent: 10,
             merge_threshold_bytes: 2048,

@@ -140,7 +140,7 @@ impl AsyncTree {
                 Probe::Done(exists) => return Ok(exists.then_some(out)),
                 Probe::Leaf(ticket) => ticket,
             };
-            let promote = *promote.get_or_insert_with(|| core.promote_point_read());
+            let promote = *promote.get_or_insert_with(|| core.promote_point_read(key));
             let Some(page) = self.read_leaf(&ticket).await? else {
                 continue;
             };

@@ -21,6 +21,7 @@
 //! - Inner-node locks are only taken by upgrading a version seen during a traversal (a
 //!   CAS that never waits), so no cycle of waiting can form.
 
+mod admission;
 #[cfg(feature = "tokio-uring")]
 pub mod aio;
 pub(crate) mod inner;
@@ -45,6 +46,7 @@ use crate::storage::{MemoryStore, Page, PageNo, PageStore};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
+use admission::Doorkeeper;
 use inner::InnerNode;
 use leaf::MiniHeader;
 use mapping::{Location, MappingTable, PageId};
@@ -260,6 +262,9 @@ struct Core {
     /// Evictions of dirty mini-pages that failed with an operating error, and the last.
     evict_failures: AtomicU64,
     evict_error: Mutex<Option<String>>,
+    /// The second-miss filter deciding, with the promotion chance, which point reads
+    /// cache what they read.
+    doorkeeper: Doorkeeper,
 }
 
 impl std::fmt::Debug for Tree {
@@ -351,6 +356,7 @@ impl Tree {
         let root_bytes = inner::build(inner_size_bytes, None, None, &[(Vec::new(), pid.0)])
             .expect("one separator fits an inner node");
         let root = Box::into_raw(InnerNode::new(1, root_bytes));
+        let doorkeeper = Doorkeeper::new(config.memory_budget_bytes);
         Ok(Tree {
             core: Core {
                 config,
@@ -366,6 +372,7 @@ impl Tree {
                 failure: Mutex::new(None),
                 evict_failures: AtomicU64::new(0),
                 evict_error: Mutex::new(None),
+                doorkeeper,
             },
         })
     }
@@ -848,7 +855,7 @@ impl Core {
             Probe::Done(exists) => return Ok(exists),
             Probe::Leaf(ticket) => ticket,
         };
-        let promote = self.promote_point_read();
+        let promote = self.promote_point_read(key.as_ref());
         let mut page = Page::zeroed();
         // A failed read may have met a page being rewritten (a torn page fails its
         // checksum): the locked read below reports real errors.
@@ -976,10 +983,17 @@ impl Core {
             && (self.mirror_room() || chance(self.config.scan_promotion_rate_percent))
     }
 
-    /// Whether a point read that reaches a leaf page should cache what it reads: always
-    /// while the pool has mirror room, else by the promotion chance.
-    pub(crate) fn promote_point_read(&self) -> bool {
-        self.mirror_room() || chance(self.config.promotion_rate_percent)
+    /// Whether a point read of `key` that reaches its leaf page should cache what it
+    /// reads: always while the pool has mirror room; else when the key's leaf-page read
+    /// is the second in the doorkeeper's window (`admission`), or by the promotion
+    /// chance. Call it once per leaf-page read: it records the read.
+    pub(crate) fn promote_point_read(&self, key: &[u8]) -> bool {
+        if self.config.promotion_rate_percent == 0 {
+            return false;
+        }
+        self.mirror_room()
+            || self.doorkeeper.seen_again(key)
+            || chance(self.config.promotion_rate_percent)
     }
 
     /// Merges the dirty records of the page's mini-page `old` into its leaf page
@@ -1212,7 +1226,11 @@ impl Core {
                 return Ok(None);
             }
             // The mini-page may have learnt the key since the probe: it is newer.
-            if let Some((found, _)) = self.get_locked(location, key, out, false)? {
+            if let Some((found, touched)) = self.get_locked(location, key, out, false)? {
+                drop(page);
+                if let Some(block) = touched {
+                    self.touch(ticket.pid, block, key);
+                }
                 return Ok(Some(matches!(found, Found::Value)));
             }
             let leaf = self.parse_leaf(ticket.leaf, leaf_page)?;
@@ -1250,7 +1268,7 @@ impl Core {
             match self.probe(key.as_ref(), &mut out)? {
                 Probe::Done(exists) => results.push(exists.then_some(out)),
                 Probe::Leaf(ticket) => {
-                    let promote = self.promote_point_read();
+                    let promote = self.promote_point_read(key.as_ref());
                     results.push(None);
                     if !leaves.contains(&ticket.leaf) {
                         leaves.push(ticket.leaf);
@@ -1373,8 +1391,10 @@ impl Core {
     /// about to write its leaf page: a reader that read the page without the lock then
     /// sees the counter move and discards what it read.
     fn note_leaf_write(&self, pid: PageId) {
-        // Relaxed: the counter is read and written only under the page's lock, whose
-        // acquire and release order it.
+        // Relaxed: for `pid` the counter is bumped under its write lock and read under
+        // its lock, whose acquire and release order those accesses. The other ids of
+        // the stripe bump it under their own locks: that can only show a reader a change
+        // that was not its page's (a needless retry), never hide one.
         self.leaf_version(pid).fetch_add(1, Ordering::Relaxed);
     }
 
