@@ -755,6 +755,45 @@ impl Core {
         self.find_leaf(target, &guard)
     }
 
+    /// Traverses to the page holding `target`, takes its lock with `lock` (the mapping
+    /// table's `read` or `write`) and then validates the parent's version: a split
+    /// changes the parent before it releases the leaf's lock, so a validated parent
+    /// proves the page still covers `target`. Restarts from the root until both hold.
+    /// `None`: no page holds `target` (a `Below` or `Last` target at the edge of the key
+    /// space; a `Holding` target always has a page).
+    fn lock_leaf<'t, G>(
+        &'t self,
+        target: Target<'_>,
+        lock: impl Fn(&'t MappingTable, PageId) -> G,
+    ) -> Option<(LeafPath<'t>, G)> {
+        loop {
+            let path = match self.locate(target) {
+                Ok(Some(path)) => path,
+                Ok(None) => return None,
+                Err(Restart) => {
+                    bump(&self.counters.restarts);
+                    continue;
+                }
+            };
+            let page = lock(&self.mapping, path.pid);
+            if path.parent.version.validate(path.parent_version).is_err() {
+                bump(&self.counters.restarts);
+                continue;
+            }
+            return Some((path, page));
+        }
+    }
+
+    /// `lock_leaf` for the page holding `key`, which always exists.
+    fn lock_leaf_of<'t, G>(
+        &'t self,
+        key: &[u8],
+        lock: impl Fn(&'t MappingTable, PageId) -> G,
+    ) -> (LeafPath<'t>, G) {
+        self.lock_leaf(Target::Holding(key), lock)
+            .expect("the root covers every key, so a key always has a page")
+    }
+
     /// Traverses to the page chosen by `target`. `Ok(None)` means no page qualifies
     /// (only for [`Target::Below`] when no key lies below the given one).
     fn find_leaf<'t>(
@@ -876,20 +915,11 @@ impl Core {
     /// change between the read and the insertion of the cached record.
     fn get_under_lock(&self, key: &[u8], out: &mut Vec<u8>, promote: bool) -> Result<bool> {
         loop {
-            let path = match self.locate(Target::Holding(key)) {
-                Ok(Some(p)) => p,
-                Ok(None) | Err(Restart) => {
-                    bump(&self.counters.restarts);
-                    continue;
-                }
-            };
-            let shared = {
-                let page = self.mapping.read(path.pid);
-                if path.parent.version.validate(path.parent_version).is_err() {
-                    bump(&self.counters.restarts);
-                    continue;
-                }
-                self.get_locked(page.location(), key, out, !promote)?
+            // The read lock is released before the write lock is taken.
+            let (path, shared) = {
+                let (path, page) = self.lock_leaf_of(key, MappingTable::read);
+                let shared = self.get_locked(page.location(), key, out, !promote)?;
+                (path, shared)
             };
             let (found, touched) = match shared {
                 Some(result) => result,
@@ -1144,31 +1174,18 @@ impl Core {
     /// Answers `key` from its mini-page if it can, under the page's read lock; otherwise
     /// returns a ticket for reading the leaf page later without the lock.
     pub(crate) fn probe(&self, key: &[u8], out: &mut Vec<u8>) -> Result<Probe> {
-        loop {
-            let path = match self.locate(Target::Holding(key)) {
-                Ok(Some(p)) => p,
-                Ok(None) | Err(Restart) => {
-                    bump(&self.counters.restarts);
-                    continue;
+        let (path, page) = self.lock_leaf_of(key, MappingTable::read);
+        let location = page.location();
+        Ok(match self.get_locked(location, key, out, false)? {
+            Some((found, touched)) => {
+                drop(page);
+                if let Some(block) = touched {
+                    self.touch(path.pid, block, key);
                 }
-            };
-            let page = self.mapping.read(path.pid);
-            if path.parent.version.validate(path.parent_version).is_err() {
-                bump(&self.counters.restarts);
-                continue;
+                Probe::Done(matches!(found, Found::Value))
             }
-            let location = page.location();
-            return Ok(match self.get_locked(location, key, out, false)? {
-                Some((found, touched)) => {
-                    drop(page);
-                    if let Some(block) = touched {
-                        self.touch(path.pid, block, key);
-                    }
-                    Probe::Done(matches!(found, Found::Value))
-                }
-                None => Probe::Leaf(self.ticket(path.pid, location, path.prefix_len)),
-            });
-        }
+            None => Probe::Leaf(self.ticket(path.pid, location, path.prefix_len)),
+        })
     }
 
     /// A ticket for the leaf page of `pid` at `location`. The caller holds `pid`'s lock.
@@ -1435,18 +1452,7 @@ impl Core {
         let evict_failures = self.evict_failures.load(Ordering::Acquire);
         loop {
             self.check_writable()?;
-            let path = match self.locate(Target::Holding(key)) {
-                Ok(Some(p)) => p,
-                Ok(None) | Err(Restart) => {
-                    bump(&self.counters.restarts);
-                    continue;
-                }
-            };
-            let page = self.mapping.write(path.pid);
-            if path.parent.version.validate(path.parent_version).is_err() {
-                bump(&self.counters.restarts);
-                continue;
-            }
+            let (path, page) = self.lock_leaf_of(key, MappingTable::write);
             match self.put_in_mini(&page, path.prefix_len, key, value, record_type) {
                 Ok(()) => return Ok(()),
                 Err(Op::Fail(e)) => return Err(e),

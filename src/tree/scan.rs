@@ -15,7 +15,7 @@ use std::ops::Bound;
 use crossbeam_epoch as epoch;
 
 use super::leaf::MiniHeader;
-use super::mapping::{self, Location, PageId};
+use super::mapping::{self, Location, MappingTable, PageId};
 use super::node::{self, Fences, NodeKind, NodeRef, RecordType, RecordView};
 use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, inner, mini_ref, owned_fence};
 use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
@@ -610,21 +610,11 @@ impl Core {
                 (Direction::Backward, _, Bound::Excluded(k)) => Target::Below(k),
                 (Direction::Backward, _, Bound::Unbounded) => Target::Last,
             };
-            let path = match self.locate(target) {
-                Ok(Some(p)) => p,
-                Ok(None) => return Ok(None),
-                Err(_) => {
-                    bump(&self.counters.restarts);
-                    continue;
-                }
+            let Some((path, page)) = self.lock_leaf(target, MappingTable::read) else {
+                return Ok(None);
             };
             let plan = {
                 // A mirror answers under the read lock, copying only what is asked for.
-                let page = self.mapping.read(path.pid);
-                if path.parent.version.validate(path.parent_version).is_err() {
-                    bump(&self.counters.restarts);
-                    continue;
-                }
                 let location = page.location();
                 if let Location::Mini(offset) = location {
                     let block = self.block(offset);
@@ -641,9 +631,11 @@ impl Core {
                         ));
                     }
                 }
-                unlocked.then(|| {
+                let plan = unlocked.then(|| {
                     self.plan_leaf_read(&path, location, bounds, prefetched, read_ahead_pages)
-                })
+                });
+                drop(page);
+                plan
             };
             let view = match plan {
                 Some(plan) => {
@@ -795,30 +787,17 @@ impl Core {
         upper: &Bound<Vec<u8>>,
         out: &mut VecDeque<Record>,
     ) -> Result<FetchStep> {
-        loop {
-            let target = match lower {
-                Bound::Included(k) | Bound::Excluded(k) => Target::Holding(k),
-                Bound::Unbounded => Target::Holding(&[]),
-            };
-            let path = match self.locate(target) {
-                Ok(Some(p)) => p,
-                Ok(None) | Err(_) => {
-                    bump(&self.counters.restarts);
-                    continue;
-                }
-            };
-            let page = self.mapping.read(path.pid);
-            if path.parent.version.validate(path.parent_version).is_err() {
-                bump(&self.counters.restarts);
-                continue;
-            }
-            let location = page.location();
-            if !self.is_mirror(location) {
-                return Ok(FetchStep::Leaf(self.ticket(path.pid, location, 0)));
-            }
-            let view = self.page_view(location, None)?;
-            return Ok(FetchStep::Fetched(take_forward(view, lower, upper, out)));
+        let key = match lower {
+            Bound::Included(k) | Bound::Excluded(k) => k.as_slice(),
+            Bound::Unbounded => &[],
+        };
+        let (path, page) = self.lock_leaf_of(key, MappingTable::read);
+        let location = page.location();
+        if !self.is_mirror(location) {
+            return Ok(FetchStep::Leaf(self.ticket(path.pid, location, 0)));
         }
+        let view = self.page_view(location, None)?;
+        Ok(FetchStep::Fetched(take_forward(view, lower, upper, out)))
     }
 
     /// The second half: fetches the ticket's page into `out` with `leaf_page` as read
