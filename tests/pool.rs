@@ -225,7 +225,8 @@ fn run_model(
         };
         match r {
             Ok(b) => {
-                assert!(b.size_bytes() >= size && b.size_bytes().is_power_of_two());
+                assert!(b.size_bytes() >= size && b.size_bytes() <= size.max(64) * 5 / 4);
+                assert_eq!(pool.class_size_bytes(size), Ok(b.size_bytes()));
                 Some(b)
             }
             Err(AllocError::Full) => {

@@ -23,8 +23,9 @@
 //!
 //! Each block is an 8-byte header followed directly by its payload, 8-byte aligned,
 //! with no gaps; a `Pad` block fills the end of a lap so no block wraps around the
-//! region's physical end. Payload sizes are power-of-two size classes from 64 bytes to
-//! [`PoolConfig::max_block_size_bytes`]. The header packs (payload size, state, lap);
+//! region's physical end. Payload sizes are size classes from 64 bytes to
+//! [`PoolConfig::max_block_size_bytes`], [`CLASSES_PER_DOUBLING`] to each doubling (64, 80,
+//! 96, 112, 128, 160, ...), so a block is at most 25% larger than what was asked for. The header packs (payload size, state, lap);
 //! every transition of it is a CAS on the whole word, which makes it ABA-safe across
 //! laps. The full protocol and its correctness argument are in `docs/design.md` (the pool section).
 //!
@@ -59,6 +60,12 @@ pub use region::Backing;
 
 /// The smallest payload size class, one cache line.
 pub const MIN_BLOCK_SIZE_BYTES: u32 = 64;
+
+/// Size classes between one power of two and the next (64, 80, 96, 112, then 128, 160,
+/// ...): each class is at most 25% larger than the one below it. Powers of two alone
+/// would leave a block up to half empty, and mini-pages of cached records are most of
+/// what the pool holds, so the rounding is memory the cache loses.
+pub const CLASSES_PER_DOUBLING: usize = 4;
 
 /// The largest `max_block_size_bytes` the 24-bit header size field allows (a power of
 /// two).
@@ -383,8 +390,7 @@ impl Pool {
         let region = Region::map(capacity_bytes as usize, config.huge_pages)?;
         // At most 2^48 * 100, far from overflowing.
         let coa_bytes = capacity_bytes * u64::from(config.copy_on_access_percent) / 100;
-        let classes =
-            (config.max_block_size_bytes / MIN_BLOCK_SIZE_BYTES).trailing_zeros() as usize + 1;
+        let classes = class_of(config.max_block_size_bytes as usize) + 1;
         Ok(Pool {
             region,
             capacity_bytes,
@@ -419,7 +425,7 @@ impl Pool {
     /// The payload size class a request of `size_bytes` is rounded up to.
     pub fn class_size_bytes(&self, size_bytes: usize) -> Result<usize, AllocError> {
         self.class_of(size_bytes)
-            .map(|class| (MIN_BLOCK_SIZE_BYTES << class) as usize)
+            .map(|class| class_size_bytes(class) as usize)
     }
 
     /// Allocates a block of at least `size_bytes`, evicting from the head through
@@ -561,8 +567,8 @@ impl Pool {
         let size = header.payload_size_bytes();
         let valid = allocated
             && header.lap() == self.lap(addr)
-            && size.is_power_of_two()
             && (MIN_BLOCK_SIZE_BYTES..=self.max_block_size_bytes).contains(&size)
+            && class_size_bytes(class_of(size as usize)) == size
             && offset + header.block_size_bytes() <= cap
             && addr < self.tail.load(Ordering::Acquire);
         valid.then(|| self.handle(addr, size))
@@ -615,10 +621,7 @@ impl Pool {
                 max_bytes: self.max_block_size_bytes as usize,
             });
         }
-        let rounded = size_bytes
-            .max(MIN_BLOCK_SIZE_BYTES as usize)
-            .next_power_of_two();
-        Ok((rounded / MIN_BLOCK_SIZE_BYTES as usize).trailing_zeros() as usize)
+        Ok(class_of(size_bytes))
     }
 
     /// The lap of a logical address, truncated to the header's 32 bits on purpose.
@@ -657,7 +660,7 @@ impl Pool {
 
     /// Free list of `class` first, else the tail. `None` if both are out of room.
     fn alloc_in_class(&self, class: usize) -> Option<Block> {
-        let payload_bytes = MIN_BLOCK_SIZE_BYTES << class;
+        let payload_bytes = class_size_bytes(class);
         // SAFETY: the lists hold blocks of this pool's region only.
         let popped = unsafe {
             self.free_lists.pop(
@@ -745,6 +748,27 @@ impl fmt::Debug for Pool {
             .field("stats", &self.stats())
             .finish()
     }
+}
+
+/// The payload size of size class `class`: class `CLASSES_PER_DOUBLING * d + r` is
+/// `64 << d` plus `r` quarters of it.
+fn class_size_bytes(class: usize) -> u32 {
+    let doublings = class / CLASSES_PER_DOUBLING;
+    let steps = (class % CLASSES_PER_DOUBLING) as u32;
+    let base = MIN_BLOCK_SIZE_BYTES << doublings;
+    base + steps * (base / CLASSES_PER_DOUBLING as u32)
+}
+
+/// The smallest size class whose payload holds `size_bytes` (no upper bound check).
+fn class_of(size_bytes: usize) -> usize {
+    let size = size_bytes.max(MIN_BLOCK_SIZE_BYTES as usize);
+    // The power of two at or below `size`, as doublings of the smallest class.
+    let doublings = (size.ilog2() - MIN_BLOCK_SIZE_BYTES.ilog2()) as usize;
+    let base = (MIN_BLOCK_SIZE_BYTES as usize) << doublings;
+    let step = base / CLASSES_PER_DOUBLING;
+    // Steps above the base, rounded up; a full doubling's worth lands on the next base.
+    let steps = (size - base).div_ceil(step);
+    CLASSES_PER_DOUBLING * doublings + steps
 }
 
 /// CAS of a header word from `current` to the same block in state `to`.

@@ -22,15 +22,21 @@ fn evict_all(_: &Block) -> EvictDecision {
 }
 
 #[test]
-fn size_classes_round_up_to_powers_of_two() {
+fn size_classes_round_up_to_quarter_steps() {
     let pool = tiny(1 << 16, 4096);
     for (asked, class) in [
         (0, 64),
         (1, 64),
         (64, 64),
-        (65, 128),
+        (65, 80),
+        (80, 80),
+        (113, 128),
+        (129, 160),
+        (200, 224),
+        (225, 256),
         (2048, 2048),
-        (2049, 4096),
+        (2049, 2560),
+        (3585, 4096),
         (4096, 4096),
     ] {
         assert_eq!(
@@ -54,6 +60,28 @@ fn size_classes_round_up_to_powers_of_two() {
             max_bytes: 4096
         })
     );
+}
+
+#[test]
+fn every_class_is_at_most_a_quarter_above_the_one_below() {
+    let classes = class_of(4096) + 1;
+    assert_eq!(classes, 6 * CLASSES_PER_DOUBLING + 1);
+    let sizes: Vec<u32> = (0..classes).map(class_size_bytes).collect();
+    assert_eq!(sizes[0], MIN_BLOCK_SIZE_BYTES);
+    assert_eq!(sizes[classes - 1], 4096);
+    for pair in sizes.windows(2) {
+        assert!(pair[0] < pair[1] && pair[1] * 4 <= pair[0] * 5, "{pair:?}");
+        assert!(pair[1].is_multiple_of(8), "blocks stay 8-byte aligned");
+    }
+    // Every request maps to the smallest class that holds it.
+    for size in 0..=4096usize {
+        let class = class_of(size);
+        assert!(class_size_bytes(class) as usize >= size, "{size}");
+        assert!(
+            class == 0 || (class_size_bytes(class - 1) as usize) < size,
+            "{size}"
+        );
+    }
 }
 
 #[test]
@@ -112,7 +140,8 @@ fn config_validation_rejects_nonsense() {
 fn blocks_are_contiguous_with_header_before_payload() {
     let pool = tiny(4096, 256);
     let a = pool.try_alloc(64).unwrap();
-    let b = pool.try_alloc(200).unwrap();
+    let b = pool.try_alloc(250).unwrap();
+    assert_eq!(b.size_bytes(), 256);
     assert_eq!(a.addr(), 0);
     assert_eq!(a.payload_ptr() as usize % 8, 0);
     assert_eq!(b.addr(), 8 + 64);
@@ -187,7 +216,7 @@ fn free_in_place_reuses_through_the_free_list_exactly() {
     // SAFETY: allocated by this pool, freed once, never touched again.
     unsafe { pool.free(a) };
     assert_eq!(header_of(&pool, &a).state(), Some(State::Free));
-    let c = pool.try_alloc(128).unwrap();
+    let c = pool.try_alloc(112).unwrap();
     assert_eq!(c.addr(), a.addr(), "same class comes from the free list");
     assert_eq!(header_of(&pool, &c).state(), Some(State::Reserved));
     let d = pool.try_alloc(64).unwrap();
