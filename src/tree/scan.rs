@@ -502,6 +502,9 @@ fn take_from_mirror(
     (direction, limit): (Direction, usize),
     out: &mut impl Sink,
 ) -> Option<Bound<Vec<u8>>> {
+    // The two directions stay written out apart: folded into one loop, each of its four
+    // steps (where to start, which way to walk, which bound stops it, which fence ends
+    // it) would branch on the direction.
     let mut taken = 0;
     match direction {
         Direction::Forward => {
