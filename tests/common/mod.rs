@@ -1,0 +1,122 @@
+//! Helpers shared by the integration tests, each of which includes this module with
+//! `mod common;`: a seeded generator whose seed is printed so a failure replays, and the
+//! numbered keys and versioned values of the tests that race readers against writers
+//! (`tree_batch`, `aio`).
+// Every test binary compiles its own copy of this module and uses only part of it.
+#![allow(dead_code, reason = "each test binary uses only some of the helpers")]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bfdb::Tree;
+
+// ---------------------------------------------------------------------------------------
+// Seeds and a small PRNG
+// ---------------------------------------------------------------------------------------
+
+/// splitmix64: a tiny, well-mixed PRNG whose whole state is its seed, so a printed seed
+/// replays the same operation sequence.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    pub fn percent(&mut self) -> u64 {
+        self.below(100)
+    }
+}
+
+/// The splitmix64 finaliser: a bijection on u64 that scatters neighbouring inputs.
+pub fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The number in the environment variable `name`, if it is set and parses.
+pub fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|s| s.trim().parse().ok())
+}
+
+/// The test's seed (from `BFDB_SEED` or the clock), printed so a failure can be replayed.
+pub fn seed(test: &str) -> u64 {
+    let seed = env_u64("BFDB_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("{test}: seed {seed} (replay with BFDB_SEED={seed})");
+    seed
+}
+
+// ---------------------------------------------------------------------------------------
+// Numbered keys and versioned values
+// ---------------------------------------------------------------------------------------
+
+/// The key of number `i`: keys sort as their numbers do.
+pub fn key(i: u64) -> Vec<u8> {
+    format!("key{i:08}").into_bytes()
+}
+
+/// The value of key `i` at `version`: both numbers, so a reader can tell which key and
+/// which write it came from, padded to 40 to 89 bytes.
+pub fn value(i: u64, version: u64) -> Vec<u8> {
+    let mut v = format!("{i}:{version}:").into_bytes();
+    v.resize(40 + (i % 50) as usize, b'v');
+    v
+}
+
+/// Parses a value written by `value`: the key number and version it carries.
+pub fn parse_value(v: &[u8]) -> (u64, u64) {
+    let s = std::str::from_utf8(v).expect("values are ASCII");
+    let mut parts = s.split(':');
+    let i = parts.next().unwrap().parse().unwrap();
+    let version = parts.next().unwrap().parse().unwrap();
+    (i, version)
+}
+
+/// A writer's next operation on key `i`, which it alone writes: announces the key's next
+/// version in `started` (indexed by key number) before writing it, so a reader never sees
+/// a version above `started`, then deletes the key or writes that version. Values grow
+/// with the version so pages fill and split.
+pub fn write_next_version(tree: &Tree, started: &[AtomicU64], i: u64, delete: bool) {
+    let version = started[i as usize].load(Ordering::Relaxed) + 1;
+    started[i as usize].store(version, Ordering::SeqCst);
+    if delete {
+        tree.delete(&key(i)).unwrap();
+    } else {
+        let mut v = value(i, version);
+        v.resize(v.len() + (version % 40) as usize, b'w');
+        tree.insert(&key(i), &v).unwrap();
+    }
+}
+
+/// Checks what a scan yielded (in key order) while writers ran `write_next_version`,
+/// deleting only odd keys: keys strictly increasing, each value one written for its key
+/// and announced in `started`, and the even keys yielded exactly `stable` (ascending: the
+/// even key numbers that exist throughout the scan's range).
+pub fn check_racing_scan(
+    got: &[(Vec<u8>, Vec<u8>)],
+    mut stable: impl Iterator<Item = u64>,
+    started: &[AtomicU64],
+) {
+    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "ordered, unique");
+    for (k, v) in got {
+        let (i, version) = parse_value(v);
+        assert_eq!(k, &key(i), "a value of another key");
+        assert!(
+            version <= started[i as usize].load(Ordering::SeqCst),
+            "key {i}: v{version} never written"
+        );
+        if i % 2 == 0 {
+            assert_eq!(stable.next(), Some(i), "a stable key is missing");
+        }
+    }
+    assert_eq!(stable.next(), None, "stable keys missing at the end");
+}
