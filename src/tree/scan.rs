@@ -722,10 +722,10 @@ impl Core {
         }
     }
 
-    /// Carries out a `plan_leaf_read` without any page lock: the page, with its ticket.
-    /// Pages read ahead replace `prefetched`. `None`: the batch failed (a page read
-    /// while a writer rewrote it fails its checksum); the caller reads under the lock,
-    /// which reports a real error.
+    /// Carries out a `plan_leaf_read` without any page lock (or, from `view_prefetching`,
+    /// under it): the page, with its ticket. Pages read ahead replace `prefetched`.
+    /// `None`: the batch failed (a page read while a writer rewrote it fails its
+    /// checksum); the caller reads under the lock, which reports a real error.
     fn read_planned(&self, plan: LeafRead, prefetched: &mut Vec<Prefetched>) -> Option<Prefetched> {
         let (ticket, ahead) = match plan {
             LeafRead::Prefetched(p) => return Some(p),
@@ -838,38 +838,16 @@ impl Core {
         if self.is_mirror(location) {
             return self.page_view(location, None);
         }
-        if let Some(i) = prefetched.iter().position(|p| p.ticket.pid == path.pid) {
-            let p = prefetched.swap_remove(i);
-            if self.ticket_valid(&p.ticket, location) {
-                return self.page_view(location, Some(&p.page));
-            }
-            bump(&self.counters.stale_leaf_reads);
-        }
-        let ahead = self.pages_ahead(path, bounds, read_ahead_pages);
-        if ahead.is_empty() {
-            return self.page_view(location, None);
-        }
-        // Pages read ahead earlier lie behind the scan now (or were skipped): drop them.
-        prefetched.clear();
-        let mut nos = Vec::with_capacity(ahead.len() + 1);
-        nos.push(self.leaf_of(location));
-        nos.extend(ahead.iter().map(|t| t.leaf));
-        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
-        if self.read_leaves(&nos, &mut pages).is_err() {
-            // A page read ahead may have failed its checksum because a writer was
-            // rewriting it: read this page alone, which reports a real error.
-            return self.page_view(location, None);
-        }
-        bump_by(&self.counters.prefetched_leaf_pages, ahead.len());
-        let mut pages = pages.into_iter();
-        let this = pages.next().expect("this page was read");
-        prefetched.extend(
-            ahead
-                .into_iter()
-                .zip(pages)
-                .map(|(ticket, page)| Prefetched { ticket, page }),
-        );
-        self.page_view(location, Some(&this))
+        // The same plan as a fetch without the lock makes, carried out under the lock.
+        let leaf = match self.plan_leaf_read(path, location, bounds, prefetched, read_ahead_pages) {
+            // Nothing to read ahead: `page_view` reads the page alone.
+            LeafRead::Read { ahead, .. } if ahead.is_empty() => None,
+            // `None` from a failed batch: a page read ahead may have failed its checksum
+            // because a writer was rewriting it, so this page is read alone, which
+            // reports a real error.
+            plan => self.read_planned(plan, prefetched),
+        };
+        self.page_view(location, leaf.as_ref().map(|p| &*p.page))
     }
 
     /// Whether a location is a mirror (its mini-page holds every record of the leaf).
