@@ -29,7 +29,7 @@ use std::sync::{Barrier, Mutex};
 use bfdb::{Config, Tree, TreeStats};
 
 mod common;
-use common::{Rng, env_u64, mix, seed};
+use common::{Rng, env_u64, in_bounds, mix, seed};
 
 // ---------------------------------------------------------------------------------------
 // Knobs (seeds and the PRNG are in `common`)
@@ -301,20 +301,6 @@ fn random_bounds(rng: &mut Rng, keys: &[Vec<u8>]) -> (Bound<Vec<u8>>, Bound<Vec<
         _ => Bound::Excluded(k),
     };
     (bound(rng, a), bound(rng, b))
-}
-
-fn in_bounds(k: &[u8], lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
-    let above = match lo {
-        Bound::Included(l) => k >= l.as_slice(),
-        Bound::Excluded(l) => k > l.as_slice(),
-        Bound::Unbounded => true,
-    };
-    let below = match hi {
-        Bound::Included(h) => k <= h.as_slice(),
-        Bound::Excluded(h) => k < h.as_slice(),
-        Bound::Unbounded => true,
-    };
-    above && below
 }
 
 fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {

@@ -1,10 +1,11 @@
 //! Helpers shared by the integration tests, each of which includes this module with
-//! `mod common;`: a seeded generator whose seed is printed so a failure replays, and the
-//! numbered keys and versioned values of the tests that race readers against writers
-//! (`tree_batch`, `aio`).
+//! `mod common;`: a seeded generator whose seed is printed so a failure replays, range
+//! bounds, and the numbered keys and versioned values of the tests that race readers
+//! against writers (`tree_batch`, `aio`).
 // Every test binary compiles its own copy of this module and uses only part of it.
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 
+use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bfdb::Tree;
@@ -53,6 +54,21 @@ pub fn seed(test: &str) -> u64 {
     });
     eprintln!("{test}: seed {seed} (replay with BFDB_SEED={seed})");
     seed
+}
+
+/// Whether `k` lies between the bounds `lo` and `hi`.
+pub fn in_bounds(k: &[u8], lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
+    let above = match lo {
+        Bound::Included(l) => k >= l.as_slice(),
+        Bound::Excluded(l) => k > l.as_slice(),
+        Bound::Unbounded => true,
+    };
+    let below = match hi {
+        Bound::Included(h) => k <= h.as_slice(),
+        Bound::Excluded(h) => k < h.as_slice(),
+        Bound::Unbounded => true,
+    };
+    above && below
 }
 
 // ---------------------------------------------------------------------------------------
