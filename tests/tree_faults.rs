@@ -7,6 +7,9 @@ use std::sync::Arc;
 use bfdb::storage::{PageNo, PageStore, SimStore};
 use bfdb::{Config, Error, Tree};
 
+mod common;
+use common::{insert_until_refused, load_scattered, scattered_key as key};
+
 fn config() -> Config {
     Config {
         memory_budget_bytes: 64 << 10,
@@ -18,20 +21,11 @@ fn config() -> Config {
     }
 }
 
-fn key(i: u32) -> Vec<u8> {
-    format!("key{:08}", i.wrapping_mul(2_654_435_761) % 100_000_000).into_bytes()
-}
-
 /// Loads enough records that most live only in leaf pages (the pool is tiny).
 fn loaded(seed: u64) -> (Tree, Arc<SimStore>, BTreeMap<Vec<u8>, Vec<u8>>) {
     let store = Arc::new(SimStore::new(seed));
     let tree = Tree::with_page_store(config(), Arc::clone(&store)).unwrap();
-    let mut model = BTreeMap::new();
-    for i in 0..6000 {
-        let v = format!("v{i}").into_bytes();
-        tree.insert(&key(i), &v).unwrap();
-        model.insert(key(i), v);
-    }
+    let model = load_scattered(&tree);
     (tree, store, model)
 }
 
@@ -74,28 +68,7 @@ fn failed_reads_are_errors_and_the_tree_recovers_when_they_stop() {
 fn failed_writes_poison_writes_but_reads_go_on() {
     let (tree, store, mut model) = loaded(2);
     store.fail_writes_after(3);
-    let mut failed_at = None;
-    for i in 6000..20_000 {
-        let v = format!("w{i}").into_bytes();
-        match tree.insert(&key(i), &v) {
-            Ok(()) => {
-                model.insert(key(i), v);
-            }
-            Err(e) => {
-                assert!(matches!(e, Error::Poisoned { .. } | Error::Io(_)), "{e}");
-                failed_at = Some(i);
-                break;
-            }
-        }
-    }
-    assert!(
-        failed_at.is_some(),
-        "writes must eventually hit the armed fault"
-    );
-    assert!(matches!(
-        tree.insert(b"more", b"x"),
-        Err(Error::Poisoned { .. })
-    ));
+    insert_until_refused(&tree, &mut model, "the armed fault hits");
     assert!(matches!(tree.delete(b"more"), Err(Error::Poisoned { .. })));
     // Every acknowledged write is still readable: dirty mini-pages stay in memory.
     let (ok, err) = check_reads(&tree, &model);

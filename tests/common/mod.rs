@@ -1,14 +1,16 @@
 //! Helpers shared by the integration tests, each of which includes this module with
 //! `mod common;`: a seeded generator whose seed is printed so a failure replays, range
-//! bounds, and the numbered keys and versioned values of the tests that race readers
-//! against writers (`tree_batch`, `aio`).
+//! bounds, the numbered keys and versioned values of the tests that race readers against
+//! writers (`tree_batch`, `aio`), and the write failure of the fault tests (`tree_faults`,
+//! `uring`).
 // Every test binary compiles its own copy of this module and uses only part of it.
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 
+use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bfdb::Tree;
+use bfdb::{Error, Tree};
 
 // ---------------------------------------------------------------------------------------
 // Seeds and a small PRNG
@@ -135,4 +137,55 @@ pub fn check_racing_scan(
         }
     }
     assert_eq!(stable.next(), None, "stable keys missing at the end");
+}
+
+// ---------------------------------------------------------------------------------------
+// Write failures
+// ---------------------------------------------------------------------------------------
+
+/// The key of number `i` in the fault tests: numbers scattered by a multiplicative hash,
+/// so consecutive ones land on different leaf pages.
+pub fn scattered_key(i: u32) -> Vec<u8> {
+    format!("key{:08}", i.wrapping_mul(2_654_435_761) % 100_000_000).into_bytes()
+}
+
+/// Inserts the fault tests' first records (`scattered_key(i)` → `v{i}` for `i` below
+/// 6000) into `tree` and returns them as the model.
+pub fn load_scattered(tree: &Tree) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut model = BTreeMap::new();
+    for i in 0..6000 {
+        let v = format!("v{i}").into_bytes();
+        tree.insert(&scattered_key(i), &v).unwrap();
+        model.insert(scattered_key(i), v);
+    }
+    model
+}
+
+/// Inserts fresh keys (`scattered_key` of 6000 on) into `tree`, and each acknowledged one
+/// into `model`, until an insert fails, as one must once the store under the tree fails
+/// writes (`fault` names why, for the message when none does). The failure must be
+/// `Poisoned` or `Io`, and the next write `Poisoned`.
+pub fn insert_until_refused(tree: &Tree, model: &mut BTreeMap<Vec<u8>, Vec<u8>>, fault: &str) {
+    let mut failed = false;
+    for i in 6000..20_000 {
+        let v = format!("w{i}").into_bytes();
+        match tree.insert(&scattered_key(i), &v) {
+            Ok(()) => {
+                model.insert(scattered_key(i), v);
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e, Error::Poisoned { .. } | Error::Io(_)),
+                    "unexpected error {e}"
+                );
+                failed = true;
+                break;
+            }
+        }
+    }
+    assert!(failed, "writes must fail once {fault}");
+    assert!(matches!(
+        tree.insert(b"more", b"x"),
+        Err(Error::Poisoned { .. })
+    ));
 }
