@@ -5,26 +5,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bfdb::storage::{PageNo, PageStore, SimStore};
-use bfdb::{Config, Error, Tree};
+use bfdb::{Error, Tree};
 
 mod common;
-use common::{insert_until_refused, load_scattered, scattered_key as key};
-
-fn config() -> Config {
-    Config {
-        memory_budget_bytes: 64 << 10,
-        max_key_bytes: 32,
-        max_value_bytes: 64,
-        promotion_rate_percent: 0,
-        scan_promotion_rate_percent: 0,
-        ..Config::default()
-    }
-}
+use common::{fault_config, insert_until_refused, load_scattered, scattered_key as key};
 
 /// Loads enough records that most live only in leaf pages (the pool is tiny).
 fn loaded(seed: u64) -> (Tree, Arc<SimStore>, BTreeMap<Vec<u8>, Vec<u8>>) {
     let store = Arc::new(SimStore::new(seed));
-    let tree = Tree::with_page_store(config(), Arc::clone(&store)).unwrap();
+    let tree = Tree::with_page_store(fault_config(), Arc::clone(&store)).unwrap();
     let model = load_scattered(&tree);
     (tree, store, model)
 }

@@ -17,7 +17,7 @@ use bfdb::storage::{FileOptions, FileStore, IoEngine, PAGE_SIZE, Page, PageNo, P
 use bfdb::{Backend, Config, Error, Tree};
 
 mod common;
-use common::{insert_until_refused, load_scattered};
+use common::{fault_config, insert_until_refused, load_scattered};
 
 /// A scratch directory on the work disk, which supports `O_DIRECT`.
 fn scratch_dir() -> tempfile::TempDir {
@@ -300,14 +300,9 @@ fn many_more_threads_than_a_ring_pool_would_have() {
 
 fn tree_config(backend: Backend) -> Config {
     Config {
-        memory_budget_bytes: 64 << 10,
-        max_key_bytes: 32,
-        max_value_bytes: 64,
-        promotion_rate_percent: 0,
-        scan_promotion_rate_percent: 0,
         backend,
         huge_pages: false,
-        ..Config::default()
+        ..fault_config()
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bfdb::{Error, Tree};
+use bfdb::{Config, Error, Tree};
 
 // ---------------------------------------------------------------------------------------
 // Seeds and a small PRNG
@@ -142,6 +142,20 @@ pub fn check_racing_scan(
 // ---------------------------------------------------------------------------------------
 // Write failures
 // ---------------------------------------------------------------------------------------
+
+/// The fault tests' configuration: a 64 KiB pool, so that most of the records
+/// `load_scattered` inserts live only in leaf pages, small records, and no promotion of
+/// records read from leaf pages.
+pub fn fault_config() -> Config {
+    Config {
+        memory_budget_bytes: 64 << 10,
+        max_key_bytes: 32,
+        max_value_bytes: 64,
+        promotion_rate_percent: 0,
+        scan_promotion_rate_percent: 0,
+        ..Config::default()
+    }
+}
 
 /// The key of number `i` in the fault tests: numbers scattered by a multiplicative hash,
 /// so consecutive ones land on different leaf pages.
