@@ -16,50 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use bfdb::aio::AsyncTree;
 use bfdb::{Backend, Config, Tree};
 
-/// splitmix64: its whole state is the seed, so a printed seed replays the sequence.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) % n
-    }
-}
-
-fn seed(test: &str) -> u64 {
-    let seed = std::env::var("BFDB_SEED")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    eprintln!("{test}: seed {seed} (replay with BFDB_SEED={seed})");
-    seed
-}
-
-fn key(i: u64) -> Vec<u8> {
-    format!("key{i:08}").into_bytes()
-}
-
-fn value(i: u64, version: u64) -> Vec<u8> {
-    let mut v = format!("{i}:{version}:").into_bytes();
-    v.resize(40 + (i % 50) as usize, b'v');
-    v
-}
-
-fn parse_value(v: &[u8]) -> (u64, u64) {
-    let s = std::str::from_utf8(v).expect("values are ASCII");
-    let mut parts = s.split(':');
-    (
-        parts.next().unwrap().parse().unwrap(),
-        parts.next().unwrap().parse().unwrap(),
-    )
-}
+mod common;
+use common::{Rng, check_racing_scan, key, parse_value, seed, value, write_next_version};
 
 fn temp_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -166,15 +124,7 @@ fn async_reads_race_writers_on_other_threads() {
                     if i.is_multiple_of(3) {
                         continue;
                     }
-                    let version = started[i as usize].load(Ordering::Relaxed) + 1;
-                    started[i as usize].store(version, Ordering::SeqCst);
-                    if i % 2 == 1 && rng.below(3) == 0 {
-                        tree.delete(&key(i)).unwrap();
-                    } else {
-                        let mut v = value(i, version);
-                        v.resize(v.len() + (version % 40) as usize, b'w');
-                        tree.insert(&key(i), &v).unwrap();
-                    }
+                    write_next_version(&tree, &started, i, i % 2 == 1 && rng.below(3) == 0);
                 }
                 stop.store(true, Ordering::SeqCst);
             })
@@ -197,17 +147,8 @@ fn async_reads_race_writers_on_other_threads() {
                             let a = rng.below(n);
                             let b = a + rng.below(600) + 1;
                             let got = reader.scan(key(a)..key(b), usize::MAX).await.unwrap();
-                            assert!(got.windows(2).all(|w| w[0].0 < w[1].0));
-                            let mut stable = (a..b.min(n)).filter(|i| i % 3 != 0 && i % 2 == 0);
-                            for (k, v) in &got {
-                                let (i, version) = parse_value(v);
-                                assert_eq!(k, &key(i));
-                                assert!(version <= started[i as usize].load(Ordering::SeqCst));
-                                if i % 2 == 0 {
-                                    assert_eq!(stable.next(), Some(i), "stable key missing");
-                                }
-                            }
-                            assert_eq!(stable.next(), None, "stable key missing at the end");
+                            let stable = (a..b.min(n)).filter(|i| i % 3 != 0 && i % 2 == 0);
+                            check_racing_scan(&got, stable, &started);
                         } else {
                             let i = rng.below(n);
                             let got = reader.get(&key(i)).await.unwrap();

@@ -12,6 +12,9 @@ use std::sync::{Arc, Mutex};
 use bfdb::pool::{AllocError, Block, EvictDecision, EvictResult, Evictor, Pool, PoolConfig};
 use proptest::prelude::*;
 
+mod common;
+use common::{Rng, seed};
+
 const HEADER_BYTES: u64 = 8;
 
 fn footprint(block: &Block) -> u64 {
@@ -459,37 +462,6 @@ fn busy_block_at_head_yields_would_block_then_progress() {
 
 // ---- multi-threaded ------------------------------------------------------------
 
-/// A splitmix64 generator: small, seedable, good enough for choosing operations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn seed() -> u64 {
-    let seed = std::env::var("BFDB_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed = {seed} (replay with BFDB_SEED={seed})");
-    seed
-}
-
 /// One owner slot: stands for a mini-page's page lock and mapping-table entry.
 #[derive(Clone, Copy, Debug)]
 struct Rec {
@@ -558,7 +530,7 @@ fn alloc_holding(
 }
 
 fn multi_threaded(threads: usize, slots_per_thread: usize, ops_per_thread: usize) {
-    let seed = seed();
+    let seed = seed("multi_threaded");
     let cap = 64 * 1024;
     let shared = Arc::new(Shared {
         pool: Pool::new(PoolConfig {
@@ -625,7 +597,7 @@ fn multi_threaded(threads: usize, slots_per_thread: usize, ops_per_thread: usize
                     let mut held = (other != s && rng.below(3) == 0)
                         .then(|| shared.slots[other].lock().unwrap());
                     let mut slot = shared.slots[s].lock().unwrap();
-                    let fill = rng.next() as u8;
+                    let fill = rng.next_u64() as u8;
                     match *slot {
                         None => {
                             let size = 1 + rng.below(1024) as usize;

@@ -12,36 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use bfdb::storage::{MemoryStore, Page, PageNo, PageStore, StoreStats};
 use bfdb::{Config, Tree};
 
-/// splitmix64: its whole state is the seed, so a printed seed replays the sequence.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
-
-/// The test's seed (from `BFDB_SEED` or the clock), printed so a failure can be replayed.
-fn seed(test: &str) -> u64 {
-    let seed = std::env::var("BFDB_SEED")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    eprintln!("{test}: seed {seed} (replay with BFDB_SEED={seed})");
-    seed
-}
+mod common;
+use common::{Rng, check_racing_scan, key, parse_value, seed, value, write_next_version};
 
 /// A pool far smaller than the data: most reads need their leaf page.
 fn small(memory_budget_bytes: u64, promotion_rate_percent: u8) -> Config {
@@ -51,25 +23,6 @@ fn small(memory_budget_bytes: u64, promotion_rate_percent: u8) -> Config {
         huge_pages: false,
         ..Config::default()
     }
-}
-
-fn key(i: u64) -> Vec<u8> {
-    format!("key{:08}", i).into_bytes()
-}
-
-fn value(i: u64, version: u64) -> Vec<u8> {
-    let mut v = format!("{i}:{version}:").into_bytes();
-    v.resize(40 + (i % 50) as usize, b'v');
-    v
-}
-
-/// Parses a value written by `value`: the key number and version it carries.
-fn parse_value(v: &[u8]) -> (u64, u64) {
-    let s = std::str::from_utf8(v).expect("values are ASCII");
-    let mut parts = s.split(':');
-    let i = parts.next().unwrap().parse().unwrap();
-    let version = parts.next().unwrap().parse().unwrap();
-    (i, version)
 }
 
 /// A page store that counts `read_pages` calls and the pages they read, so a test can
@@ -255,12 +208,7 @@ fn get_many_races_writers() {
                 for _ in 0..6000 {
                     // Writer `w` owns the keys `i % WRITERS == w`.
                     let i = rng.below(n / WRITERS) * WRITERS + w;
-                    let version = started[i as usize].load(Ordering::Relaxed) + 1;
-                    started[i as usize].store(version, Ordering::SeqCst);
-                    // Values grow with the version so pages fill and split.
-                    let mut v = value(i, version);
-                    v.resize(v.len() + (version % 40) as usize, b'w');
-                    tree.insert(&key(i), &v).unwrap();
+                    write_next_version(tree, started, i, false);
                 }
                 stop.store(true, Ordering::Relaxed);
             });
@@ -513,15 +461,7 @@ fn prefetching_scans_race_writers() {
                 let mut rng = Rng(seed ^ ((w + 1) * 0x1000));
                 for _ in 0..5000 {
                     let i = rng.below(n / WRITERS) * WRITERS + w;
-                    let version = started[i as usize].load(Ordering::Relaxed) + 1;
-                    started[i as usize].store(version, Ordering::SeqCst);
-                    if i % 2 == 1 && rng.below(2) == 0 {
-                        tree.delete(&key(i)).unwrap();
-                    } else {
-                        let mut v = value(i, version);
-                        v.resize(v.len() + (version % 40) as usize, b'w');
-                        tree.insert(&key(i), &v).unwrap();
-                    }
+                    write_next_version(tree, started, i, i % 2 == 1 && rng.below(2) == 0);
                 }
                 stop.store(true, Ordering::Relaxed);
             });
@@ -545,17 +485,7 @@ fn prefetching_scans_race_writers() {
                     if backward {
                         got.reverse();
                     }
-                    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "ordered, unique");
-                    let mut stable = (a..b).filter(|i| i % 2 == 0);
-                    for (k, v) in &got {
-                        let (i, version) = parse_value(v);
-                        assert_eq!(k, &key(i), "a value of another key");
-                        assert!(version <= started[i as usize].load(Ordering::SeqCst));
-                        if i % 2 == 0 {
-                            assert_eq!(stable.next(), Some(i), "a stable key is missing");
-                        }
-                    }
-                    assert_eq!(stable.next(), None, "stable keys missing at the end");
+                    check_racing_scan(&got, (a..b).filter(|i| i % 2 == 0), started);
                 }
             });
         }

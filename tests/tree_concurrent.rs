@@ -28,54 +28,12 @@ use std::sync::{Barrier, Mutex};
 
 use bfdb::{Config, Tree, TreeStats};
 
+mod common;
+use common::{Rng, env_u64, in_bounds, mix, seed};
+
 // ---------------------------------------------------------------------------------------
-// Seeds, knobs and a small PRNG
+// Knobs (seeds and the PRNG are in `common`)
 // ---------------------------------------------------------------------------------------
-
-/// splitmix64: a tiny, well-mixed PRNG whose whole state is its seed, so a printed seed
-/// replays the same operation sequence.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix(self.0)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    fn percent(&mut self) -> u64 {
-        self.below(100)
-    }
-}
-
-/// The splitmix64 finaliser: a bijection on u64 that scatters neighbouring inputs.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|s| s.trim().parse().ok())
-}
-
-/// The test's seed (from `BFDB_SEED` or the clock), printed so a failure can be replayed.
-fn seed(test: &str) -> u64 {
-    let seed = env_u64("BFDB_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-    });
-    eprintln!("{test}: seed {seed} (replay with BFDB_SEED={seed})");
-    seed
-}
 
 fn threads(default: usize) -> usize {
     env_u64("BFDB_THREADS").map_or(default, |n| n.max(8) as usize)
@@ -269,6 +227,34 @@ fn check_quiescent(tree: &Tree, model: &BTreeMap<Vec<u8>, Vec<u8>>, absent: &[Ve
     }
 }
 
+/// The end of a test: the quiescent checks of `check_quiescent`, then the tree's counters,
+/// printed and checked to show that the `wanted` paths ran. Returns the counters.
+fn check_end(
+    tree: &Tree,
+    model: &BTreeMap<Vec<u8>, Vec<u8>>,
+    absent: &[Vec<u8>],
+    wanted: &[&str],
+) -> TreeStats {
+    check_quiescent(tree, model, absent);
+    let s = tree.stats();
+    eprintln!("{s:#?}");
+    assert_happened(&s, wanted);
+    s
+}
+
+/// The paths that every race of readers and writers on a tiny pool drives: merges and
+/// evictions, copy-on-access, promotion of records and phantoms read from leaf pages,
+/// mirrors made by scans, and leaf splits.
+const READ_WRITE_PATHS: &[&str] = &[
+    "merges",
+    "evictions",
+    "copy_on_access",
+    "records_promoted",
+    "phantoms_promoted",
+    "mirrors_created",
+    "leaf_splits",
+];
+
 /// Equality of two scans, reporting the first difference instead of two huge vectors.
 fn assert_scan_eq(got: &[(Vec<u8>, Vec<u8>)], want: &[(Vec<u8>, Vec<u8>)], what: &str) {
     if got == want {
@@ -315,20 +301,6 @@ fn random_bounds(rng: &mut Rng, keys: &[Vec<u8>]) -> (Bound<Vec<u8>>, Bound<Vec<
         _ => Bound::Excluded(k),
     };
     (bound(rng, a), bound(rng, b))
-}
-
-fn in_bounds(k: &[u8], lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
-    let above = match lo {
-        Bound::Included(l) => k >= l.as_slice(),
-        Bound::Excluded(l) => k > l.as_slice(),
-        Bound::Unbounded => true,
-    };
-    let below = match hi {
-        Bound::Included(h) => k <= h.as_slice(),
-        Bound::Excluded(h) => k < h.as_slice(),
-        Bound::Unbounded => true,
-    };
-    above && below
 }
 
 fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
@@ -432,7 +404,7 @@ fn disjoint_writers(n_threads: usize, ops: usize) {
                 let tree = &tree;
                 let start = &start;
                 s.spawn(move || {
-                    let mut rng = Rng::new(seed ^ mix(t as u64 + 1));
+                    let mut rng = Rng(seed ^ mix(t as u64 + 1));
                     let own = |j: u64| key(j * 64 + t as u64);
                     let mut model = BTreeMap::new();
                     let mut buf = Vec::new();
@@ -499,11 +471,10 @@ fn disjoint_writers(n_threads: usize, ops: usize) {
         }
         merged.extend(model);
     }
-    check_quiescent(&tree, &merged, &absent);
-    let s = tree.stats();
-    eprintln!("{s:#?}");
-    assert_happened(
-        &s,
+    check_end(
+        &tree,
+        &merged,
+        &absent,
         &[
             "mini_pages_created",
             "mini_page_growths",
@@ -557,7 +528,7 @@ fn overlapping_writers(n_threads: usize, ops: usize) {
             .map(|t| {
                 let (tree, keys, issued, start) = (&tree, &keys, &issued, &start);
                 s.spawn(move || {
-                    let mut rng = Rng::new(seed ^ mix(t as u64 + 100));
+                    let mut rng = Rng(seed ^ mix(t as u64 + 100));
                     let mut last = HashMap::new();
                     start.wait();
                     for seq in 1..=ops as u32 {
@@ -621,11 +592,10 @@ fn overlapping_writers(n_threads: usize, ops: usize) {
             ),
         }
     }
-    check_quiescent(&tree, &model, &[]);
-    let s = tree.stats();
-    eprintln!("{s:#?}");
-    assert_happened(
-        &s,
+    check_end(
+        &tree,
+        &model,
+        &[],
         &[
             "mini_page_growths",
             "merges",
@@ -685,7 +655,7 @@ fn readers_during_splits(n_readers: usize, n_writers: usize, per_writer: usize) 
             let (tree, progress, writers_done, start) = (&tree, &progress, &writers_done, &start);
             s.spawn(move || {
                 let _finished = Finished(writers_done);
-                let mut rng = Rng::new(seed ^ mix(w as u64 + 200));
+                let mut rng = Rng(seed ^ mix(w as u64 + 200));
                 start.wait();
                 for j in 0..per_writer {
                     let k = writer_key(w, j);
@@ -701,7 +671,7 @@ fn readers_during_splits(n_readers: usize, n_writers: usize, per_writer: usize) 
         for r in 0..n_readers {
             let (tree, progress, writers_done, start) = (&tree, &progress, &writers_done, &start);
             s.spawn(move || {
-                let mut rng = Rng::new(seed ^ mix(r as u64 + 300));
+                let mut rng = Rng(seed ^ mix(r as u64 + 300));
                 let mut buf = Vec::new();
                 start.wait();
                 let mut reads = 0u64;
@@ -761,15 +731,10 @@ fn readers_during_splits(n_readers: usize, n_writers: usize, per_writer: usize) 
             model.insert(k.clone(), value(&k, w as u16, j as u32));
         }
     }
-    check_quiescent(&tree, &model, &[]);
-    let s = tree.stats();
-    eprintln!("{s:#?}");
-    assert!(
-        s.inner_splits > before.inner_splits && s.leaf_splits > before.leaf_splits,
-        "no splits while the readers ran: before {before:#?}, after {s:#?}"
-    );
-    assert_happened(
-        &s,
+    let s = check_end(
+        &tree,
+        &model,
+        &[],
         &[
             "records_promoted",
             "phantoms_promoted",
@@ -777,6 +742,10 @@ fn readers_during_splits(n_readers: usize, n_writers: usize, per_writer: usize) 
             "evictions",
             "copy_on_access",
         ],
+    );
+    assert!(
+        s.inner_splits > before.inner_splits && s.leaf_splits > before.leaf_splits,
+        "no splits while the readers ran: before {before:#?}, after {s:#?}"
     );
 }
 
@@ -833,7 +802,7 @@ fn scans_during_writes(n_scanners: usize, n_writers: usize, ops: usize) {
             let (tree, issued, start, writers_done) = (&tree, &issued, &start, &writers_done);
             s.spawn(move || {
                 let _finished = Finished(writers_done);
-                let mut rng = Rng::new(seed ^ mix(w as u64 + 400));
+                let mut rng = Rng(seed ^ mix(w as u64 + 400));
                 start.wait();
                 for seq in 1..=ops as u32 {
                     let i = rng.below(n_keys);
@@ -852,7 +821,7 @@ fn scans_during_writes(n_scanners: usize, n_writers: usize, ops: usize) {
                 (&tree, &issued, &start, &writers_done, &scans);
             let (universe, sorted_keys, stable_sorted) = (&universe, &sorted_keys, &stable_sorted);
             s.spawn(move || {
-                let mut rng = Rng::new(seed ^ mix(r as u64 + 500));
+                let mut rng = Rng(seed ^ mix(r as u64 + 500));
                 start.wait();
                 let mut n = 0u64;
                 while writers_done.load(Ordering::Acquire) < n_writers || n < 20 {
@@ -908,11 +877,10 @@ fn scans_during_writes(n_scanners: usize, n_writers: usize, ops: usize) {
             String::from_utf8_lossy(k)
         );
     }
-    check_quiescent(&tree, &model, &[]);
-    let s = tree.stats();
-    eprintln!("{s:#?}");
-    assert_happened(
-        &s,
+    check_end(
+        &tree,
+        &model,
+        &[],
         &[
             "mini_page_growths",
             "merges",
@@ -962,7 +930,7 @@ fn mixed_stress(n_threads: usize, ops: usize) {
                 let (tree, keys, sorted_keys, issued, start, flush_errors) =
                     (&tree, &keys, &sorted_keys, &issued, &start, &flush_errors);
                 s.spawn(move || {
-                    let mut rng = Rng::new(seed ^ mix(t as u64 + 600));
+                    let mut rng = Rng(seed ^ mix(t as u64 + 600));
                     let mut last = HashMap::new();
                     let check = |k: &[u8], v: &[u8]| {
                         let (w, s) = decode(k, v).unwrap();
@@ -1035,22 +1003,8 @@ fn mixed_stress(n_threads: usize, ops: usize) {
     }
     check_quiescent(&tree, &model, &absent);
     tree.flush().unwrap();
-    check_quiescent(&tree, &model, &absent);
-    let s = tree.stats();
-    eprintln!("{s:#?}");
-    assert_happened(
-        &s,
-        &[
-            "mini_page_growths",
-            "merges",
-            "evictions",
-            "copy_on_access",
-            "records_promoted",
-            "phantoms_promoted",
-            "mirrors_created",
-            "leaf_splits",
-        ],
-    );
+    let s = check_end(&tree, &model, &absent, READ_WRITE_PATHS);
+    assert_happened(&s, &["mini_page_growths"]);
 }
 
 #[test]
@@ -1192,7 +1146,7 @@ fn fresh_reads(n_writers: usize, n_readers: usize, ops: usize, file_backed: bool
                 (&tree, &keys, &windows, &writers_done, &start);
             s.spawn(move || {
                 let _finished = Finished(writers_done);
-                let mut rng = Rng::new(seed ^ mix(w as u64 + 700));
+                let mut rng = Rng(seed ^ mix(w as u64 + 700));
                 let own = n_keys / n_writers;
                 start.wait();
                 for seq in 1..=ops as u32 {
@@ -1225,7 +1179,7 @@ fn fresh_reads(n_writers: usize, n_readers: usize, ops: usize, file_backed: bool
                 &reads,
             );
             s.spawn(move || {
-                let mut rng = Rng::new(seed ^ mix(r as u64 + 800));
+                let mut rng = Rng(seed ^ mix(r as u64 + 800));
                 let mut buf = Vec::new();
                 start.wait();
                 let mut n = 0u64;
@@ -1323,21 +1277,7 @@ fn fresh_reads(n_writers: usize, n_readers: usize, ops: usize, file_backed: bool
             absent.push(k.clone());
         }
     }
-    check_quiescent(&tree, &model, &absent);
-    let s = tree.stats();
-    eprintln!("{s:#?}");
-    assert_happened(
-        &s,
-        &[
-            "merges",
-            "evictions",
-            "copy_on_access",
-            "records_promoted",
-            "phantoms_promoted",
-            "mirrors_created",
-            "leaf_splits",
-        ],
-    );
+    check_end(&tree, &model, &absent, READ_WRITE_PATHS);
 }
 
 #[test]

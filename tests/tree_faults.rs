@@ -5,33 +5,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bfdb::storage::{PageNo, PageStore, SimStore};
-use bfdb::{Config, Error, Tree};
+use bfdb::{Error, Tree};
 
-fn config() -> Config {
-    Config {
-        memory_budget_bytes: 64 << 10,
-        max_key_bytes: 32,
-        max_value_bytes: 64,
-        promotion_rate_percent: 0,
-        scan_promotion_rate_percent: 0,
-        ..Config::default()
-    }
-}
-
-fn key(i: u32) -> Vec<u8> {
-    format!("key{:08}", i.wrapping_mul(2_654_435_761) % 100_000_000).into_bytes()
-}
+mod common;
+use common::{fault_config, insert_until_refused, load_scattered, scattered_key as key};
 
 /// Loads enough records that most live only in leaf pages (the pool is tiny).
 fn loaded(seed: u64) -> (Tree, Arc<SimStore>, BTreeMap<Vec<u8>, Vec<u8>>) {
     let store = Arc::new(SimStore::new(seed));
-    let tree = Tree::with_page_store(config(), Arc::clone(&store)).unwrap();
-    let mut model = BTreeMap::new();
-    for i in 0..6000 {
-        let v = format!("v{i}").into_bytes();
-        tree.insert(&key(i), &v).unwrap();
-        model.insert(key(i), v);
-    }
+    let tree = Tree::with_page_store(fault_config(), Arc::clone(&store)).unwrap();
+    let model = load_scattered(&tree);
     (tree, store, model)
 }
 
@@ -74,28 +57,7 @@ fn failed_reads_are_errors_and_the_tree_recovers_when_they_stop() {
 fn failed_writes_poison_writes_but_reads_go_on() {
     let (tree, store, mut model) = loaded(2);
     store.fail_writes_after(3);
-    let mut failed_at = None;
-    for i in 6000..20_000 {
-        let v = format!("w{i}").into_bytes();
-        match tree.insert(&key(i), &v) {
-            Ok(()) => {
-                model.insert(key(i), v);
-            }
-            Err(e) => {
-                assert!(matches!(e, Error::Poisoned { .. } | Error::Io(_)), "{e}");
-                failed_at = Some(i);
-                break;
-            }
-        }
-    }
-    assert!(
-        failed_at.is_some(),
-        "writes must eventually hit the armed fault"
-    );
-    assert!(matches!(
-        tree.insert(b"more", b"x"),
-        Err(Error::Poisoned { .. })
-    ));
+    insert_until_refused(&tree, &mut model, "the armed fault hits");
     assert!(matches!(tree.delete(b"more"), Err(Error::Poisoned { .. })));
     // Every acknowledged write is still readable: dirty mini-pages stay in memory.
     let (ok, err) = check_reads(&tree, &model);

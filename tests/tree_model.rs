@@ -28,6 +28,9 @@ use bfdb::{Backend, Config, Tree, TreeStats};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, RngSeed, TestCaseError, TestRunner};
 
+mod common;
+use common::in_bounds;
+
 /// Key and value limits of the model configurations: small records (many per page),
 /// large values (two or three per leaf page), short keys with large values, and keys
 /// up to 393 bytes (an inner node then holds only eight longest separators).
@@ -215,20 +218,6 @@ fn make_bound(kind: BoundKind, key: &[u8]) -> Bound<Vec<u8>> {
         BoundKind::Excluded => Bound::Excluded(key.to_vec()),
         BoundKind::Unbounded => Bound::Unbounded,
     }
-}
-
-fn in_bounds(k: &[u8], lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
-    let above = match lo {
-        Bound::Included(l) => k >= l.as_slice(),
-        Bound::Excluded(l) => k > l.as_slice(),
-        Bound::Unbounded => true,
-    };
-    let below = match hi {
-        Bound::Included(h) => k <= h.as_slice(),
-        Bound::Excluded(h) => k < h.as_slice(),
-        Bound::Unbounded => true,
-    };
-    above && below
 }
 
 type Record = (Vec<u8>, Vec<u8>);

@@ -16,6 +16,9 @@ use std::sync::Arc;
 use bfdb::storage::{FileOptions, FileStore, IoEngine, PAGE_SIZE, Page, PageNo, PageStore};
 use bfdb::{Backend, Config, Error, Tree};
 
+mod common;
+use common::{fault_config, insert_until_refused, load_scattered};
+
 /// A scratch directory on the work disk, which supports `O_DIRECT`.
 fn scratch_dir() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("scratch dir")
@@ -297,14 +300,9 @@ fn many_more_threads_than_a_ring_pool_would_have() {
 
 fn tree_config(backend: Backend) -> Config {
     Config {
-        memory_budget_bytes: 64 << 10,
-        max_key_bytes: 32,
-        max_value_bytes: 64,
-        promotion_rate_percent: 0,
-        scan_promotion_rate_percent: 0,
         backend,
         huge_pages: false,
-        ..Config::default()
+        ..fault_config()
     }
 }
 
@@ -437,10 +435,6 @@ fn tmpfs_opens_with_or_without_o_direct_and_says_which() {
 // Trees on the io_uring engine
 // ---------------------------------------------------------------------------------
 
-fn key(i: u32) -> Vec<u8> {
-    format!("key{:08}", i.wrapping_mul(2_654_435_761) % 100_000_000).into_bytes()
-}
-
 /// Every answer is the model's.
 fn check_reads(tree: &Tree, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
     for (k, v) in model {
@@ -466,12 +460,7 @@ fn tree_whose_io_uring_store_fails_writes_stays_readable() {
     let fd = file.as_raw_fd();
     let store = FileStore::from_file(file, uring(true)).unwrap();
     let tree = Tree::with_page_store(tree_config(Backend::IoUring), store).unwrap();
-    let mut model = BTreeMap::new();
-    for i in 0..6000 {
-        let v = format!("v{i}").into_bytes();
-        tree.insert(&key(i), &v).unwrap();
-        model.insert(key(i), v);
-    }
+    let mut model = load_scattered(&tree);
     tree.flush().unwrap();
     let before = tree.stats();
     assert!(before.leaf_writes > 0 && before.evictions > 0, "{before:?}");
@@ -488,28 +477,7 @@ fn tree_whose_io_uring_store_fails_writes_stays_readable() {
     assert_eq!(r, fd, "dup2: {}", io::Error::last_os_error());
     drop(ro);
 
-    let mut failed = false;
-    for i in 6000..20_000 {
-        let v = format!("w{i}").into_bytes();
-        match tree.insert(&key(i), &v) {
-            Ok(()) => {
-                model.insert(key(i), v);
-            }
-            Err(e) => {
-                assert!(
-                    matches!(e, Error::Poisoned { .. } | Error::Io(_)),
-                    "unexpected error {e}"
-                );
-                failed = true;
-                break;
-            }
-        }
-    }
-    assert!(failed, "writes must fail once the descriptor is read-only");
-    assert!(matches!(
-        tree.insert(b"more", b"x"),
-        Err(Error::Poisoned { .. })
-    ));
+    insert_until_refused(&tree, &mut model, "the descriptor is read-only");
     // Every acknowledged write reads back: from leaf pages through the read-only
     // descriptor, or from dirty mini-pages that stayed in memory.
     check_reads(&tree, &model);

@@ -901,7 +901,7 @@ impl Core {
             Probe::Done(exists) => return Ok(exists),
             Probe::Leaf(ticket) => ticket,
         };
-        let promote = self.promote_point_read(key.as_ref());
+        let promote = self.promote_point_read(key);
         let mut page = Page::zeroed();
         // A failed read may have met a page being rewritten (a torn page fails its
         // checksum): the locked read below reports real errors.

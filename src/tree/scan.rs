@@ -19,7 +19,7 @@ use super::mapping::{self, Location, MappingTable, PageId};
 use super::node::{self, Fences, NodeKind, NodeRef, RecordType, RecordView};
 use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, inner, mini_ref, owned_fence};
 use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::storage::{PAGE_SIZE, Page, PageNo};
 
 type Record = (Vec<u8>, Vec<u8>);
@@ -60,19 +60,13 @@ enum LeafRead {
 /// The unfetched part of a range: lower and upper bound.
 pub(super) type Bounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 
-/// An iterator over a key range of a [`Tree`](crate::Tree), from
-/// [`Tree::range`](crate::Tree::range) or [`Tree::prefix`](crate::Tree::prefix).
-///
-/// Yields `Result<(key, value)>`; after an `Err` it ends. Works from both ends
-/// (`DoubleEndedIterator`).
-pub struct Range<'t> {
+/// What a scan keeps between fetches, the same for [`Range`] and [`Cursor`]: the keys
+/// not fetched yet, the leaf pages read ahead, and how much the next fetch copies and
+/// reads ahead.
+struct FetchState<'t> {
     core: &'t Core,
     /// The keys not fetched yet; `None` once everything was fetched.
     unfetched: Option<Bounds>,
-    /// Fetched by `next`, ascending; all below the unfetched range.
-    front: VecDeque<Record>,
-    /// Fetched by `next_back`, descending; all above the unfetched range.
-    back: VecDeque<Record>,
     /// Leaf pages read ahead for the next fetches.
     prefetched: Vec<Prefetched>,
     /// The most pages a fetch reads ahead (0: none).
@@ -83,33 +77,108 @@ pub struct Range<'t> {
     fetches: u32,
     /// The most records the next fetch copies out of a mirror.
     fetch_records: usize,
+    /// Set by a failed fetch: the scan has ended.
     failed: bool,
+}
+
+impl<'t> FetchState<'t> {
+    fn new(core: &'t Core, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Self {
+        let unfetched = (!is_empty(&lower, &upper)).then_some((lower, upper));
+        FetchState {
+            core,
+            unfetched,
+            prefetched: Vec::new(),
+            read_ahead_pages: PREFETCH_PAGES,
+            fetches: 0,
+            fetch_records: FIRST_FETCH_RECORDS,
+            failed: false,
+        }
+    }
+
+    /// The setting behind [`Range::read_ahead`] and [`Cursor::read_ahead`].
+    fn read_ahead(&mut self, pages: usize) {
+        self.read_ahead_pages = pages.min(MAX_READ_AHEAD_PAGES);
+    }
+
+    /// Pages the next fetch may read ahead (0, 1, 3, 7, ... up to `read_ahead_pages`);
+    /// counts the fetch.
+    fn ahead_pages(&mut self) -> usize {
+        let grown = (1usize << self.fetches.min(16)) - 1;
+        self.fetches += 1;
+        grown.min(self.read_ahead_pages)
+    }
+
+    /// Fetches the next page's records of the unfetched range from the end `direction`
+    /// names into `out` (as `Core::fetch` puts them) and narrows the unfetched range past
+    /// them. `None`: nothing is left to fetch, or an earlier fetch failed. After
+    /// `Some(Err(_))` the scan has failed: the pages read ahead are dropped and later
+    /// calls return `None`.
+    fn fetch(&mut self, direction: Direction, out: &mut impl Sink) -> Option<Result<()>> {
+        if self.failed {
+            return None;
+        }
+        let (lower, upper) = self.unfetched.take()?;
+        let limit = self.fetch_records;
+        self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
+        out.reserve(limit);
+        let ahead = self.ahead_pages();
+        match self.core.fetch(
+            &lower,
+            &upper,
+            (direction, limit),
+            out,
+            (&mut self.prefetched, ahead),
+        ) {
+            Ok(Some(next)) => {
+                let rest = match direction {
+                    Direction::Forward => (next, upper),
+                    Direction::Backward => (lower, next),
+                };
+                if !is_empty(&rest.0, &rest.1) {
+                    self.unfetched = Some(rest);
+                }
+                Some(Ok(()))
+            }
+            Ok(None) => Some(Ok(())),
+            Err(e) => {
+                self.failed = true;
+                self.prefetched.clear();
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// An iterator over a key range of a [`Tree`](crate::Tree), from
+/// [`Tree::range`](crate::Tree::range) or [`Tree::prefix`](crate::Tree::prefix).
+///
+/// Yields `Result<(key, value)>`; after an `Err` it ends. Works from both ends
+/// (`DoubleEndedIterator`).
+pub struct Range<'t> {
+    state: FetchState<'t>,
+    /// Fetched by `next`, ascending; all below the unfetched range.
+    front: VecDeque<Record>,
+    /// Fetched by `next_back`, descending; all above the unfetched range.
+    back: VecDeque<Record>,
 }
 
 impl std::fmt::Debug for Range<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Range")
-            .field("unfetched", &self.unfetched)
+            .field("unfetched", &self.state.unfetched)
             .field("front_buffered", &self.front.len())
             .field("back_buffered", &self.back.len())
-            .field("prefetched_pages", &self.prefetched.len())
+            .field("prefetched_pages", &self.state.prefetched.len())
             .finish_non_exhaustive()
     }
 }
 
 impl<'t> Range<'t> {
     pub(super) fn new(core: &'t Core, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Self {
-        let unfetched = (!is_empty(&lower, &upper)).then_some((lower, upper));
         Range {
-            core,
-            unfetched,
+            state: FetchState::new(core, lower, upper),
             front: VecDeque::new(),
             back: VecDeque::new(),
-            prefetched: Vec::new(),
-            read_ahead_pages: PREFETCH_PAGES,
-            fetches: 0,
-            fetch_records: FIRST_FETCH_RECORDS,
-            failed: false,
         }
     }
 
@@ -119,22 +188,34 @@ impl<'t> Range<'t> {
     /// plus one, so short scans read only the pages they use. Only pages holding keys of the range, under the same inner node, and not
     /// cached whole in the pool are read ahead.
     pub fn read_ahead(mut self, pages: usize) -> Self {
-        self.read_ahead_pages = pages.min(MAX_READ_AHEAD_PAGES);
+        self.state.read_ahead(pages);
         self
     }
 
-    /// Pages the next fetch may read ahead; counts the fetch.
-    fn ahead_pages(&mut self) -> usize {
-        grown_read_ahead(&mut self.fetches, self.read_ahead_pages)
-    }
-
-    fn fail(&mut self, e: Error) -> Option<Result<Record>> {
-        self.failed = true;
-        self.unfetched = None;
-        self.front.clear();
-        self.back.clear();
-        self.prefetched.clear();
-        Some(Err(e))
+    /// The next record from the end `direction` names: `next` and `next_back` are one
+    /// walk with the two buffers' roles swapped.
+    fn next_from(&mut self, direction: Direction) -> Option<Result<Record>> {
+        // `near` holds what this end fetched, nearest first; `far` what the other end
+        // fetched, which this end reaches once nothing is left unfetched.
+        let (near, far) = match direction {
+            Direction::Forward => (&mut self.front, &mut self.back),
+            Direction::Backward => (&mut self.back, &mut self.front),
+        };
+        loop {
+            if let Some(r) = near.pop_front() {
+                return Some(Ok(r));
+            }
+            match self.state.fetch(direction, near) {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    // The scan ends at its first error, at both ends.
+                    near.clear();
+                    far.clear();
+                    return Some(Err(e));
+                }
+                None => return far.pop_back().map(Ok),
+            }
+        }
     }
 }
 
@@ -142,65 +223,13 @@ impl Iterator for Range<'_> {
     type Item = Result<(Vec<u8>, Vec<u8>)>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Some(r) = self.front.pop_front() {
-                return Some(Ok(r));
-            }
-            if self.failed {
-                return None;
-            }
-            let Some((lower, upper)) = self.unfetched.take() else {
-                return self.back.pop_back().map(Ok);
-            };
-            let limit = self.fetch_records;
-            self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
-            let ahead = self.ahead_pages();
-            match self.core.fetch(
-                &lower,
-                &upper,
-                (Direction::Forward, limit),
-                &mut self.front,
-                (&mut self.prefetched, ahead),
-            ) {
-                Ok(Some(next_lower)) if !is_empty(&next_lower, &upper) => {
-                    self.unfetched = Some((next_lower, upper));
-                }
-                Ok(_) => self.unfetched = None,
-                Err(e) => return self.fail(e),
-            }
-        }
+        self.next_from(Direction::Forward)
     }
 }
 
 impl DoubleEndedIterator for Range<'_> {
     fn next_back(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Some(r) = self.back.pop_front() {
-                return Some(Ok(r));
-            }
-            if self.failed {
-                return None;
-            }
-            let Some((lower, upper)) = self.unfetched.take() else {
-                return self.front.pop_back().map(Ok);
-            };
-            let limit = self.fetch_records;
-            self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
-            let ahead = self.ahead_pages();
-            match self.core.fetch(
-                &lower,
-                &upper,
-                (Direction::Backward, limit),
-                &mut self.back,
-                (&mut self.prefetched, ahead),
-            ) {
-                Ok(Some(next_upper)) if !is_empty(&lower, &next_upper) => {
-                    self.unfetched = Some((lower, next_upper));
-                }
-                Ok(_) => self.unfetched = None,
-                Err(e) => return self.fail(e),
-            }
-        }
+        self.next_from(Direction::Backward)
     }
 }
 
@@ -231,16 +260,9 @@ impl std::iter::FusedIterator for Range<'_> {}
 /// # Ok::<(), bfdb::Error>(())
 /// ```
 pub struct Cursor<'t> {
-    core: &'t Core,
-    /// The keys not fetched yet; `None` once everything was fetched.
-    unfetched: Option<Bounds>,
+    state: FetchState<'t>,
     /// The records of the last fetch.
     buffer: Lent,
-    prefetched: Vec<Prefetched>,
-    read_ahead_pages: usize,
-    fetches: u32,
-    fetch_records: usize,
-    failed: bool,
 }
 
 /// Records stored back to back in one buffer (two allocations for any number of
@@ -323,12 +345,17 @@ impl Sink for Lent {
     fn push_parts(&mut self, key: &[u8], value: &[u8]) {
         self.records.push((key, &[]), value);
     }
+    fn reserve(&mut self, records: usize) {
+        // A guess at the records' size (keys and values of 16 to 32 bytes); a fetch
+        // from a page that is not a mirror may bring more, and the buffer then grows.
+        self.records.reserve(records, records * 64);
+    }
 }
 
 impl std::fmt::Debug for Cursor<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cursor")
-            .field("unfetched", &self.unfetched)
+            .field("unfetched", &self.state.unfetched)
             .field("buffered", &(self.buffer.records.len() - self.buffer.next))
             .finish_non_exhaustive()
     }
@@ -336,22 +363,15 @@ impl std::fmt::Debug for Cursor<'_> {
 
 impl<'t> Cursor<'t> {
     pub(super) fn new(core: &'t Core, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Self {
-        let unfetched = (!is_empty(&lower, &upper)).then_some((lower, upper));
         Cursor {
-            core,
-            unfetched,
+            state: FetchState::new(core, lower, upper),
             buffer: Lent::default(),
-            prefetched: Vec::new(),
-            read_ahead_pages: PREFETCH_PAGES,
-            fetches: 0,
-            fetch_records: FIRST_FETCH_RECORDS,
-            failed: false,
         }
     }
 
     /// As [`Range::read_ahead`].
     pub fn read_ahead(mut self, pages: usize) -> Self {
-        self.read_ahead_pages = pages.min(MAX_READ_AHEAD_PAGES);
+        self.state.read_ahead(pages);
         self
     }
 
@@ -363,46 +383,15 @@ impl<'t> Cursor<'t> {
     )]
     pub fn next(&mut self) -> Option<Result<(&[u8], &[u8])>> {
         while self.buffer.next == self.buffer.records.len() {
-            if self.failed {
-                return None;
-            }
-            let (lower, upper) = self.unfetched.take()?;
+            // Every record of the last fetch has been lent: the buffer takes the next.
             self.buffer.clear();
-            let limit = self.fetch_records;
-            self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
-            // A guess at the records' size (keys and values of 16 to 32 bytes); a fetch
-            // from a page that is not a mirror may bring more, and the buffer then grows.
-            self.buffer.records.reserve(limit, limit * 64);
-            let ahead = grown_read_ahead(&mut self.fetches, self.read_ahead_pages);
-            match self.core.fetch(
-                &lower,
-                &upper,
-                (Direction::Forward, limit),
-                &mut self.buffer,
-                (&mut self.prefetched, ahead),
-            ) {
-                Ok(Some(next_lower)) if !is_empty(&next_lower, &upper) => {
-                    self.unfetched = Some((next_lower, upper));
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    self.failed = true;
-                    self.prefetched.clear();
-                    return Some(Err(e));
-                }
+            if let Err(e) = self.state.fetch(Direction::Forward, &mut self.buffer)? {
+                return Some(Err(e));
             }
         }
         self.buffer.next += 1;
         Some(Ok(self.buffer.records.get(self.buffer.next - 1)))
     }
-}
-
-/// Pages fetch number `fetches` may read ahead (0, 1, 3, 7, ... up to `max_pages`);
-/// counts the fetch.
-fn grown_read_ahead(fetches: &mut u32, max_pages: usize) -> usize {
-    let grown = (1usize << (*fetches).min(16)) - 1;
-    *fetches += 1;
-    grown.min(max_pages)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -453,6 +442,9 @@ pub(super) trait Sink {
     fn push_view(&mut self, r: &RecordView<'_>);
     /// Appends a record copied from a page view.
     fn push_parts(&mut self, key: &[u8], value: &[u8]);
+    /// Makes room for about `records` more records before a fetch; only a hint, which
+    /// a sink that grows cheaply ignores.
+    fn reserve(&mut self, _records: usize) {}
 }
 
 impl Sink for VecDeque<Record> {
@@ -510,6 +502,9 @@ fn take_from_mirror(
     (direction, limit): (Direction, usize),
     out: &mut impl Sink,
 ) -> Option<Bound<Vec<u8>>> {
+    // The two directions stay written out apart: folded into one loop, each of its four
+    // steps (where to start, which way to walk, which bound stops it, which fence ends
+    // it) would branch on the direction.
     let mut taken = 0;
     match direction {
         Direction::Forward => {
@@ -727,10 +722,10 @@ impl Core {
         }
     }
 
-    /// Carries out a `plan_leaf_read` without any page lock: the page, with its ticket.
-    /// Pages read ahead replace `prefetched`. `None`: the batch failed (a page read
-    /// while a writer rewrote it fails its checksum); the caller reads under the lock,
-    /// which reports a real error.
+    /// Carries out a `plan_leaf_read` without any page lock (or, from `view_prefetching`,
+    /// under it): the page, with its ticket. Pages read ahead replace `prefetched`.
+    /// `None`: the batch failed (a page read while a writer rewrote it fails its
+    /// checksum); the caller reads under the lock, which reports a real error.
     fn read_planned(&self, plan: LeafRead, prefetched: &mut Vec<Prefetched>) -> Option<Prefetched> {
         let (ticket, ahead) = match plan {
             LeafRead::Prefetched(p) => return Some(p),
@@ -843,38 +838,16 @@ impl Core {
         if self.is_mirror(location) {
             return self.page_view(location, None);
         }
-        if let Some(i) = prefetched.iter().position(|p| p.ticket.pid == path.pid) {
-            let p = prefetched.swap_remove(i);
-            if self.ticket_valid(&p.ticket, location) {
-                return self.page_view(location, Some(&p.page));
-            }
-            bump(&self.counters.stale_leaf_reads);
-        }
-        let ahead = self.pages_ahead(path, bounds, read_ahead_pages);
-        if ahead.is_empty() {
-            return self.page_view(location, None);
-        }
-        // Pages read ahead earlier lie behind the scan now (or were skipped): drop them.
-        prefetched.clear();
-        let mut nos = Vec::with_capacity(ahead.len() + 1);
-        nos.push(self.leaf_of(location));
-        nos.extend(ahead.iter().map(|t| t.leaf));
-        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
-        if self.read_leaves(&nos, &mut pages).is_err() {
-            // A page read ahead may have failed its checksum because a writer was
-            // rewriting it: read this page alone, which reports a real error.
-            return self.page_view(location, None);
-        }
-        bump_by(&self.counters.prefetched_leaf_pages, ahead.len());
-        let mut pages = pages.into_iter();
-        let this = pages.next().expect("this page was read");
-        prefetched.extend(
-            ahead
-                .into_iter()
-                .zip(pages)
-                .map(|(ticket, page)| Prefetched { ticket, page }),
-        );
-        self.page_view(location, Some(&this))
+        // The same plan as a fetch without the lock makes, carried out under the lock.
+        let leaf = match self.plan_leaf_read(path, location, bounds, prefetched, read_ahead_pages) {
+            // Nothing to read ahead: `page_view` reads the page alone.
+            LeafRead::Read { ahead, .. } if ahead.is_empty() => None,
+            // `None` from a failed batch: a page read ahead may have failed its checksum
+            // because a writer was rewriting it, so this page is read alone, which
+            // reports a real error.
+            plan => self.read_planned(plan, prefetched),
+        };
+        self.page_view(location, leaf.as_ref().map(|p| &*p.page))
     }
 
     /// Whether a location is a mirror (its mini-page holds every record of the leaf).

@@ -1,0 +1,205 @@
+//! Helpers shared by the integration tests, each of which includes this module with
+//! `mod common;`: a seeded generator whose seed is printed so a failure replays, range
+//! bounds, the numbered keys and versioned values of the tests that race readers against
+//! writers (`tree_batch`, `aio`), and the write failure of the fault tests (`tree_faults`,
+//! `uring`).
+// Every test binary compiles its own copy of this module and uses only part of it.
+#![allow(dead_code, reason = "each test binary uses only some of the helpers")]
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bfdb::{Config, Error, Tree};
+
+// ---------------------------------------------------------------------------------------
+// Seeds and a small PRNG
+// ---------------------------------------------------------------------------------------
+
+/// splitmix64: a tiny, well-mixed PRNG whose whole state is its seed, so a printed seed
+/// replays the same operation sequence.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    pub fn percent(&mut self) -> u64 {
+        self.below(100)
+    }
+}
+
+/// The splitmix64 finaliser: a bijection on u64 that scatters neighbouring inputs.
+pub fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The number in the environment variable `name`, if it is set and parses.
+pub fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|s| s.trim().parse().ok())
+}
+
+/// The test's seed (from `BFDB_SEED` or the clock), printed so a failure can be replayed.
+pub fn seed(test: &str) -> u64 {
+    let seed = env_u64("BFDB_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("{test}: seed {seed} (replay with BFDB_SEED={seed})");
+    seed
+}
+
+/// Whether `k` lies between the bounds `lo` and `hi`.
+pub fn in_bounds(k: &[u8], lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
+    let above = match lo {
+        Bound::Included(l) => k >= l.as_slice(),
+        Bound::Excluded(l) => k > l.as_slice(),
+        Bound::Unbounded => true,
+    };
+    let below = match hi {
+        Bound::Included(h) => k <= h.as_slice(),
+        Bound::Excluded(h) => k < h.as_slice(),
+        Bound::Unbounded => true,
+    };
+    above && below
+}
+
+// ---------------------------------------------------------------------------------------
+// Numbered keys and versioned values
+// ---------------------------------------------------------------------------------------
+
+/// The key of number `i`: keys sort as their numbers do.
+pub fn key(i: u64) -> Vec<u8> {
+    format!("key{i:08}").into_bytes()
+}
+
+/// The value of key `i` at `version`: both numbers, so a reader can tell which key and
+/// which write it came from, padded to 40 to 89 bytes.
+pub fn value(i: u64, version: u64) -> Vec<u8> {
+    let mut v = format!("{i}:{version}:").into_bytes();
+    v.resize(40 + (i % 50) as usize, b'v');
+    v
+}
+
+/// Parses a value written by `value`: the key number and version it carries.
+pub fn parse_value(v: &[u8]) -> (u64, u64) {
+    let s = std::str::from_utf8(v).expect("values are ASCII");
+    let mut parts = s.split(':');
+    let i = parts.next().unwrap().parse().unwrap();
+    let version = parts.next().unwrap().parse().unwrap();
+    (i, version)
+}
+
+/// A writer's next operation on key `i`, which it alone writes: announces the key's next
+/// version in `started` (indexed by key number) before writing it, so a reader never sees
+/// a version above `started`, then deletes the key or writes that version. Values grow
+/// with the version so pages fill and split.
+pub fn write_next_version(tree: &Tree, started: &[AtomicU64], i: u64, delete: bool) {
+    let version = started[i as usize].load(Ordering::Relaxed) + 1;
+    started[i as usize].store(version, Ordering::SeqCst);
+    if delete {
+        tree.delete(&key(i)).unwrap();
+    } else {
+        let mut v = value(i, version);
+        v.resize(v.len() + (version % 40) as usize, b'w');
+        tree.insert(&key(i), &v).unwrap();
+    }
+}
+
+/// Checks what a scan yielded (in key order) while writers ran `write_next_version`,
+/// deleting only odd keys: keys strictly increasing, each value one written for its key
+/// and announced in `started`, and the even keys yielded exactly `stable` (ascending: the
+/// even key numbers that exist throughout the scan's range).
+pub fn check_racing_scan(
+    got: &[(Vec<u8>, Vec<u8>)],
+    mut stable: impl Iterator<Item = u64>,
+    started: &[AtomicU64],
+) {
+    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "ordered, unique");
+    for (k, v) in got {
+        let (i, version) = parse_value(v);
+        assert_eq!(k, &key(i), "a value of another key");
+        assert!(
+            version <= started[i as usize].load(Ordering::SeqCst),
+            "key {i}: v{version} never written"
+        );
+        if i % 2 == 0 {
+            assert_eq!(stable.next(), Some(i), "a stable key is missing");
+        }
+    }
+    assert_eq!(stable.next(), None, "stable keys missing at the end");
+}
+
+// ---------------------------------------------------------------------------------------
+// Write failures
+// ---------------------------------------------------------------------------------------
+
+/// The fault tests' configuration: a 64 KiB pool, so that most of the records
+/// `load_scattered` inserts live only in leaf pages, small records, and no promotion of
+/// records read from leaf pages.
+pub fn fault_config() -> Config {
+    Config {
+        memory_budget_bytes: 64 << 10,
+        max_key_bytes: 32,
+        max_value_bytes: 64,
+        promotion_rate_percent: 0,
+        scan_promotion_rate_percent: 0,
+        ..Config::default()
+    }
+}
+
+/// The key of number `i` in the fault tests: numbers scattered by a multiplicative hash,
+/// so consecutive ones land on different leaf pages.
+pub fn scattered_key(i: u32) -> Vec<u8> {
+    format!("key{:08}", i.wrapping_mul(2_654_435_761) % 100_000_000).into_bytes()
+}
+
+/// Inserts the fault tests' first records (`scattered_key(i)` → `v{i}` for `i` below
+/// 6000) into `tree` and returns them as the model.
+pub fn load_scattered(tree: &Tree) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut model = BTreeMap::new();
+    for i in 0..6000 {
+        let v = format!("v{i}").into_bytes();
+        tree.insert(&scattered_key(i), &v).unwrap();
+        model.insert(scattered_key(i), v);
+    }
+    model
+}
+
+/// Inserts fresh keys (`scattered_key` of 6000 on) into `tree`, and each acknowledged one
+/// into `model`, until an insert fails, as one must once the store under the tree fails
+/// writes (`fault` names why, for the message when none does). The failure must be
+/// `Poisoned` or `Io`, and the next write `Poisoned`.
+pub fn insert_until_refused(tree: &Tree, model: &mut BTreeMap<Vec<u8>, Vec<u8>>, fault: &str) {
+    let mut failed = false;
+    for i in 6000..20_000 {
+        let v = format!("w{i}").into_bytes();
+        match tree.insert(&scattered_key(i), &v) {
+            Ok(()) => {
+                model.insert(scattered_key(i), v);
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e, Error::Poisoned { .. } | Error::Io(_)),
+                    "unexpected error {e}"
+                );
+                failed = true;
+                break;
+            }
+        }
+    }
+    assert!(failed, "writes must fail once {fault}");
+    assert!(matches!(
+        tree.insert(b"more", b"x"),
+        Err(Error::Poisoned { .. })
+    ));
+}
