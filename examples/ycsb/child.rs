@@ -27,6 +27,21 @@ pub fn proc_io() -> (u64, u64) {
     (field("read_bytes:"), field("write_bytes:"))
 }
 
+/// CPU time this process has used so far, user plus system, in seconds (every thread,
+/// exited ones included; io_uring's kernel workers are threads of the process too).
+fn process_cpu_secs() -> f64 {
+    // SAFETY: `getrusage` only writes the struct it is given, which is plain data.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return 0.0;
+        }
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
 /// Peak resident set size (`VmHWM`) in bytes.
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -289,6 +304,7 @@ fn run(
     let ops_left = AtomicU64::new(options.ops.unwrap_or(0));
     reset_peak_rss();
     let (read0, write0) = proc_io();
+    let cpu0 = process_cpu_secs();
     let start = Instant::now();
     let results: Vec<ThreadResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads.max(1))
@@ -309,6 +325,7 @@ fn run(
     });
     let secs = start.elapsed().as_secs_f64();
     let (read1, write1) = proc_io();
+    let cpu_secs = process_cpu_secs() - cpu0;
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 100_000_000_000, 3).expect("bounds");
     let (mut ops, mut not_found, mut errors) = (0, 0, 0);
     for r in &results {
@@ -334,6 +351,7 @@ fn run(
         p999_us: us(0.999),
         read_bytes_per_op: per_op(read1 - read0),
         write_bytes_per_op: per_op(write1 - write0),
+        cpu_us_per_op: cpu_secs * 1e6 / ops.max(1) as f64,
         peak_rss_bytes: peak_rss_bytes(),
         not_found,
         errors,

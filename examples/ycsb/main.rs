@@ -337,14 +337,15 @@ fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildO
                 r.cgroup = cgroup.is_some();
                 println!(
                     "  {engine}: {:<6} {:>3} threads {:>9} ops/s  p50 {:.2} µs  p99 {:.2} µs  \
-                     {:.0} B read, {:.0} B written per op",
+                     {:.0} B read, {:.0} B written, {:.1} µs CPU per op",
                     r.workload,
                     r.threads,
                     report::si(r.ops_per_sec),
                     r.p50_us,
                     r.p99_us,
                     r.read_bytes_per_op,
-                    r.write_bytes_per_op
+                    r.write_bytes_per_op,
+                    r.cpu_us_per_op
                 );
                 outcome.runs.push(r);
             }

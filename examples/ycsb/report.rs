@@ -39,6 +39,10 @@ pub struct RunRow {
     pub p999_us: f64,
     pub read_bytes_per_op: f64,
     pub write_bytes_per_op: f64,
+    /// CPU time (user + system, all of the child's threads) per operation, in µs: less
+    /// sensitive than throughput to a noisy host, since time the host steals is not
+    /// counted.
+    pub cpu_us_per_op: f64,
     pub peak_rss_bytes: u64,
     pub budget_bytes: u64,
     pub data_bytes_after_load: u64,
@@ -120,6 +124,7 @@ impl RunRow {
                 ("p999_us", self.p999_us.to_string()),
                 ("read_bytes_per_op", self.read_bytes_per_op.to_string()),
                 ("write_bytes_per_op", self.write_bytes_per_op.to_string()),
+                ("cpu_us_per_op", self.cpu_us_per_op.to_string()),
                 ("peak_rss_bytes", self.peak_rss_bytes.to_string()),
                 ("budget_bytes", self.budget_bytes.to_string()),
                 (
@@ -169,6 +174,7 @@ pub fn parse_line(line: &str) -> Option<Line> {
             p999_us: get(&m, "p999_us"),
             read_bytes_per_op: get(&m, "read_bytes_per_op"),
             write_bytes_per_op: get(&m, "write_bytes_per_op"),
+            cpu_us_per_op: get(&m, "cpu_us_per_op"),
             peak_rss_bytes: get(&m, "peak_rss_bytes"),
             budget_bytes: get(&m, "budget_bytes"),
             data_bytes_after_load: get(&m, "data_bytes_after_load"),
@@ -297,6 +303,7 @@ pub fn run_table(runs: &[RunRow]) -> String {
                 us(r.p999_us),
                 format!("{:.0}", r.read_bytes_per_op),
                 format!("{:.0}", r.write_bytes_per_op),
+                format!("{:.1}", r.cpu_us_per_op),
                 mib(r.peak_rss_bytes),
                 mib(r.data_bytes_after_run),
                 if r.errors > 0 {
@@ -320,6 +327,7 @@ pub fn run_table(runs: &[RunRow]) -> String {
             "p99.9 µs",
             "rd B/op",
             "wr B/op",
+            "cpu µs/op",
             "peak RSS MiB",
             "data MiB",
             "notes",
@@ -390,13 +398,13 @@ fn csv_cell(s: &str) -> String {
 pub fn write_csv(dir: &Path, runs: &[RunRow], loads: &[LoadRow]) -> std::io::Result<()> {
     let mut out = String::from(
         "engine,mode,cgroup,workload,distribution,threads,ops,secs,ops_per_sec,p50_us,p99_us,\
-         p999_us,read_bytes_per_op,write_bytes_per_op,peak_rss_bytes,budget_bytes,\
+         p999_us,read_bytes_per_op,write_bytes_per_op,cpu_us_per_op,peak_rss_bytes,budget_bytes,\
          data_bytes_after_load,data_bytes_after_run,load_ops_per_sec,not_found,errors\n",
     );
     for r in runs {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.1},{:.1},{},{},{},{},{:.1},{},{}",
+            "{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.1},{:.1},{:.2},{},{},{},{},{:.1},{},{}",
             csv_cell(&r.engine),
             csv_cell(&r.mode),
             r.cgroup,
@@ -411,6 +419,7 @@ pub fn write_csv(dir: &Path, runs: &[RunRow], loads: &[LoadRow]) -> std::io::Res
             r.p999_us,
             r.read_bytes_per_op,
             r.write_bytes_per_op,
+            r.cpu_us_per_op,
             r.peak_rss_bytes,
             r.budget_bytes,
             r.data_bytes_after_load,
@@ -596,6 +605,7 @@ mod tests {
             threads: 16,
             ops_per_sec: 1234.5,
             p999_us: 17.25,
+            cpu_us_per_op: 9.75,
             errors: 3,
             ..RunRow::default()
         };
@@ -606,6 +616,7 @@ mod tests {
         assert_eq!(back.threads, 16);
         assert_eq!(back.ops_per_sec, 1234.5);
         assert_eq!(back.p999_us, 17.25);
+        assert_eq!(back.cpu_us_per_op, 9.75);
         assert_eq!(back.errors, 3);
         let load = LoadRow {
             engine: "bftree".into(),
