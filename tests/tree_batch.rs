@@ -377,6 +377,47 @@ fn prefetching_scans_match_model() {
     }
 }
 
+/// A short scan reads no page ahead, even when it crosses into a second page; a long one
+/// does. (A 32-record scan starting near the end of its page used to read two pages for
+/// its second fetch, one of them never used.)
+#[test]
+fn short_scans_read_no_page_ahead() {
+    let mut rng = Rng(seed("short_scans_read_no_page_ahead"));
+    let config = Config {
+        scan_promotion_rate_percent: 0,
+        ..small(96 << 10, 0)
+    };
+    let tree = Tree::in_memory(config).unwrap();
+    let n = 20_000;
+    load(&tree, n);
+    assert!(tree.stats().leaf_pages > 100, "{:?}", tree.stats());
+    let before = tree.stats();
+    let scans = 300;
+    for _ in 0..scans {
+        let mut cursor = tree.cursor(key(rng.below(n - 100))..);
+        for _ in 0..20 {
+            cursor.next().unwrap().unwrap();
+        }
+    }
+    let short = tree.stats();
+    let leaf_reads = short.leaf_reads - before.leaf_reads;
+    assert!(
+        leaf_reads > scans,
+        "some scans were meant to cross a page boundary: {short:?}"
+    );
+    assert_eq!(
+        short.prefetched_leaf_pages, before.prefetched_leaf_pages,
+        "{short:?}"
+    );
+    let long = tree.range(key(0)..).take(5_000).count();
+    assert_eq!(long, 5_000);
+    assert!(
+        tree.stats().prefetched_leaf_pages > short.prefetched_leaf_pages,
+        "{:?}",
+        tree.stats()
+    );
+}
+
 /// Keys changed ahead of a scan's cursor, on pages it has already read ahead, show their
 /// new state: prefetched pages are validated (and re-read when a merge rewrote them).
 #[test]

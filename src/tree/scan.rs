@@ -71,7 +71,7 @@ struct FetchState<'t> {
     prefetched: Vec<Prefetched>,
     /// The most pages a fetch reads ahead (0: none).
     read_ahead_pages: usize,
-    /// Fetches so far: read-ahead grows with them (0, 1, 3, 7, ...
+    /// Fetches so far: read-ahead grows with them (0, 0, 1, 3, 7, ...
     /// pages), so a short scan that ends in its first page reads no page it does not
     /// need, and a long one soon keeps `read_ahead_pages` reads in flight.
     fetches: u32,
@@ -100,10 +100,13 @@ impl<'t> FetchState<'t> {
         self.read_ahead_pages = pages.min(MAX_READ_AHEAD_PAGES);
     }
 
-    /// Pages the next fetch may read ahead (0, 1, 3, 7, ... up to `read_ahead_pages`);
-    /// counts the fetch.
+    /// Pages the next fetch may read ahead (0, 0, 1, 3, 7, ... up to `read_ahead_pages`);
+    /// counts the fetch. The second fetch reads no page ahead either: a short scan that
+    /// started near the end of its page needs only the next page, and reading one more
+    /// for it was a fifth of all the pages short scans read (a 32-record scan read 1.64
+    /// pages where 1.36 were needed).
     fn ahead_pages(&mut self) -> usize {
-        let grown = (1usize << self.fetches.min(16)) - 1;
+        let grown = (1usize << self.fetches.saturating_sub(1).min(16)) - 1;
         self.fetches += 1;
         grown.min(self.read_ahead_pages)
     }
