@@ -1014,6 +1014,20 @@ impl FileStore {
     }
 }
 
+impl Drop for FileStore {
+    /// Releases the `flock` explicitly, before the descriptor closes. Closing alone does
+    /// not always release it at once: a `flock` lives until the last reference to the
+    /// open file goes, and io_uring's kernel workers, which take references for the
+    /// requests they carry out, drop theirs through the kernel's deferred file release,
+    /// a moment after the request completed. A store opened on the same file right after
+    /// this one was dropped then failed with "already open" (seen in the buffered
+    /// io_uring model test). Every request of this store has completed by now (page IO
+    /// returns only once its batch is reaped), so nothing still relies on the lock.
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
+    }
+}
+
 impl PageStore for FileStore {
     fn raw_page_location(&self, no: PageNo) -> Option<(std::os::fd::RawFd, u64)> {
         use std::os::fd::AsRawFd;
