@@ -1756,6 +1756,8 @@ impl Core {
             .map(|r| leaf::record_cost(r.suffix().len(), r.value().len()))
             .sum();
         let need = MINI_HEADER_BYTES + leaf::empty_node_bytes(&mini.fences()) + kept_bytes;
+        // An eighth of room to spare, so the next cached record does not force a growth
+        // at once (the class rounding may leave none), but never more than the old block.
         let target = need.max(block.size_bytes().min(need + need / 8));
         let moved = match self.pool.alloc(target, self) {
             Ok(b) => b,
