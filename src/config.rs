@@ -157,10 +157,11 @@ pub struct Config {
     /// pool. Default 20. 0 disables caching scans.
     pub scan_promotion_rate_percent: u8,
     /// Share of the pool, nearest its head, where an accessed mini-page is copied to the
-    /// tail (dropping its cold records) instead of being updated in place. Default 10.
+    /// tail (dropping its clean records not read since its last copy; dirty records are
+    /// kept) instead of being updated in place. Default 10.
     pub copy_on_access_percent: u8,
     /// A full mini-page at least this large merges its dirty records into the leaf page
-    /// instead of doubling again. Default 2048.
+    /// instead of growing again. Default 2048.
     pub merge_threshold_bytes: usize,
     /// Longest key accepted. Default 512.
     pub max_key_bytes: usize,

@@ -575,6 +575,88 @@ fn batched_evictions_match_model() {
     assert!(scanned == model);
 }
 
+/// Writes that land on mini-pages in the pool's copy-on-access region do no leaf IO:
+/// the copy keeps the dirty records, so every merge of a write-only workload whose
+/// mini-pages stay below the merge threshold comes from an eviction.
+#[test]
+fn copy_on_access_keeps_dirty_records_instead_of_merging() {
+    let mut rng = Rng(seed(
+        "copy_on_access_keeps_dirty_records_instead_of_merging",
+    ));
+    let config = Config {
+        copy_on_access_percent: 50,
+        merge_threshold_bytes: 4096,
+        ..small(128 << 10, 0)
+    };
+    let tree = Tree::in_memory(config).unwrap();
+    let n = 8000;
+    let mut model = load(&tree, n);
+    let before = tree.stats();
+    for step in 0..30_000 {
+        let i = rng.below(n);
+        tree.insert(&key(i), &value(i, step)).unwrap();
+        model.insert(key(i), value(i, step));
+    }
+    let after = tree.stats();
+    let copies = after.copy_on_access - before.copy_on_access;
+    let merges = after.merges - before.merges;
+    let evictions = after.evictions - before.evictions;
+    assert!(copies > 1000, "the region was exercised: {after:?}");
+    assert!(
+        merges > 100,
+        "the pool is too small to hold the writes: {after:?}"
+    );
+    assert!(
+        merges <= evictions,
+        "{merges} merges but {evictions} evictions: some copy merged: {after:?}"
+    );
+    let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
+        tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
+    assert!(scanned == model);
+}
+
+/// `flush` merges the dirty mini-pages of many pages with batched reads and writes, and
+/// leaves nothing dirty behind.
+#[test]
+fn flush_merges_in_batches() {
+    let mut rng = Rng(seed("flush_merges_in_batches"));
+    let store = Arc::new(CountingStore::default());
+    let tree = Tree::with_page_store(small(8 << 20, 0), Arc::clone(&store)).unwrap();
+    let n = 20_000;
+    let mut model = load(&tree, n);
+    let pages = tree.stats().leaf_pages;
+    assert!(pages > 100, "{pages} leaf pages");
+    // Dirty most pages without filling any mini-page: nothing merges before the flush.
+    for step in 0..3000 {
+        let i = rng.below(n);
+        tree.insert(&key(i), &value(i, step + 1)).unwrap();
+        model.insert(key(i), value(i, step + 1));
+    }
+    let before = tree.stats();
+    let calls_before = store.write_batch_calls.load(Ordering::Relaxed);
+    let pages_before = store.write_batch_pages.load(Ordering::Relaxed);
+    tree.flush().unwrap();
+    let after = tree.stats();
+    let merges = after.merges - before.merges;
+    let calls = store.write_batch_calls.load(Ordering::Relaxed) - calls_before;
+    let batched = store.write_batch_pages.load(Ordering::Relaxed) - pages_before;
+    assert!(merges > pages / 2, "{merges} merges over {pages} pages");
+    assert!(
+        batched + (after.leaf_splits - before.leaf_splits) * 2 >= merges,
+        "{batched} of {merges} merged pages written in batches"
+    );
+    assert!(
+        batched > 8 * calls,
+        "{batched} pages in {calls} write batches"
+    );
+    // Nothing is left to write, and readers see the flushed records.
+    tree.flush().unwrap();
+    assert_eq!(tree.stats().leaf_writes, after.leaf_writes);
+    let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
+        tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
+    assert!(scanned == model);
+}
+
 /// Failing reads and writes under the batched paths come back as `Err`, never as a
 /// wrong answer, and reads work again once the faults stop.
 #[test]

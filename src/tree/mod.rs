@@ -665,6 +665,13 @@ enum Found {
 
 /// What a merge writes: one leaf page, or the records of a leaf that must split and how
 /// they pack into pages.
+/// A mini-page whose dirty records go to its leaf page in a batched merge; the caller
+/// holds its page's write lock.
+struct MergeJob {
+    block: Block,
+    header: MiniHeader,
+}
+
 enum MergePlan {
     Write(Box<Page>),
     Split {
@@ -672,6 +679,9 @@ enum MergePlan {
         chunks: Vec<leaf::LeafChunk>,
     },
 }
+
+/// Pages whose dirty mini-pages `flush` merges with one batched read and write.
+const FLUSH_BATCH_PAGES: usize = 32;
 
 /// Distinct leaf pages `get_many` reads in one batch (bounds its buffers to 512 KiB).
 const GET_MANY_BATCH_PAGES: usize = 128;
@@ -1510,7 +1520,7 @@ impl Core {
             Location::Empty => unreachable!("a routed page id is in use"),
         };
         let block = if self.pool.in_copy_on_access_region(&block) {
-            match self.copy_to_tail(page, block)? {
+            match self.copy_to_tail(page, block) {
                 Some(moved) => moved,
                 None => return self.put_in_mini(page, prefix_len, key, value, record_type),
             }
@@ -1710,46 +1720,26 @@ impl Core {
         Ok(())
     }
 
-    /// Copies a mini-page out of the copy-on-access region to the tail, dropping records
-    /// not referenced since the last copy (§5.5). Dirty records that would be dropped
-    /// are merged into the leaf page first. Returns the new block, or `None` when the
-    /// mini-page was dropped entirely (the page now maps to its leaf page), or
-    /// `Op::Restart` when that merge split the leaf (the page's range changed).
-    fn copy_to_tail(
-        &self,
-        page: &mapping::WriteGuard<'_>,
-        block: Block,
-    ) -> Result<Option<Block>, Op> {
+    /// Copies a mini-page out of the copy-on-access region to the tail (§5.5), keeping its
+    /// dirty records and the clean ones referenced since the last copy. Returns the new
+    /// block, or `None` when nothing was worth keeping (the page now maps to its leaf
+    /// page). Never merges: dirty records wait for eviction, which batches its leaf IO,
+    /// or for the mini-page to fill, so a write that lands here does no leaf IO.
+    fn copy_to_tail(&self, page: &mapping::WriteGuard<'_>, block: Block) -> Option<Block> {
         // SAFETY: we hold the page's write lock.
         let header = unsafe { MiniHeader::of(&block) };
         // SAFETY: as above.
         let mini = unsafe { mini_ref(&block) };
-        let cold_dirty = mini
-            .iter()
-            .any(|r| r.record_type().is_dirty() && !r.ref_bit());
-        let any_hot = mini.iter().any(|r| r.ref_bit());
-        if cold_dirty || !any_hot {
-            if mini.iter().any(|r| r.record_type().is_dirty())
-                && self.merge(page.id(), header, Some(mini), None)?
-            {
-                // The leaf split: the page's range shrank, so the caller's key may
-                // belong to another page now. Restart from the root.
-                page.set_location(Location::Leaf(header.leaf.0));
-                self.retire(block);
-                bump(&self.counters.copy_on_access);
-                return Err(Op::Restart);
-            }
-            if !any_hot {
-                page.set_location(Location::Leaf(header.leaf.0));
-                self.retire(block);
-                bump(&self.counters.copy_on_access);
-                return Ok(None);
-            }
+        let worth = |r: &node::RecordView<'_>| r.ref_bit() || r.record_type().is_dirty();
+        // A mirror must stay complete: whole if any record is worth keeping, else dropped.
+        let whole = header.mirror && mini.iter().any(|r| worth(&r));
+        let keep = |r: &node::RecordView<'_>| whole || worth(r);
+        if !mini.iter().any(|r| keep(&r)) {
+            page.set_location(Location::Leaf(header.leaf.0));
+            self.retire(block);
+            bump(&self.counters.copy_on_access);
+            return None;
         }
-        // Keep hot records (and, for a mirror, everything: it must stay complete).
-        // Records that were dirty are clean now if a merge just happened.
-        let merged = cold_dirty;
-        let keep = |r: &node::RecordView<'_>| header.mirror || r.ref_bit();
         let kept_bytes: usize = mini
             .iter()
             .filter(|r| keep(r))
@@ -1762,7 +1752,7 @@ impl Core {
         let moved = match self.pool.alloc(target, self) {
             Ok(b) => b,
             // Best effort: the block stays where it is.
-            Err(_) => return Ok(Some(block)),
+            Err(_) => return Some(block),
         };
         // SAFETY: new block unpublished, old under our write lock.
         let new = unsafe { block_bytes(&moved) };
@@ -1771,14 +1761,11 @@ impl Core {
             keep(r)
         })
         .expect("sized for the kept records");
-        if merged {
-            mark_clean(&mut node);
-        }
         node.clear_ref_bits();
         self.publish(page, moved);
         self.retire(block);
         bump(&self.counters.copy_on_access);
-        Ok(Some(moved))
+        Some(moved)
     }
 
     /// Merges the dirty records of `mini` (and `extra`, a record not yet placed anywhere)
@@ -2122,44 +2109,58 @@ impl Core {
 
     fn flush(&self) -> Result<()> {
         self.check_writable()?;
-        // Visit every page, waiting for its lock (flush holds no other lock, so waiting
-        // is safe), and merge its dirty records into the leaf page. Mini-pages stay
-        // cached; their merged records become clean copies.
-        for id in 0..self.mapping.high_water() {
-            let pid = PageId(id);
-            loop {
-                let page = self.mapping.write(pid);
-                let Location::Mini(offset) = page.location() else {
-                    break;
+        // Visit every page in id order and merge the dirty records of its mini-page into
+        // its leaf page, up to `FLUSH_BATCH_PAGES` pages per batched read and write. The
+        // first page of a batch is locked waiting (flush then holds no other lock, so
+        // this cannot deadlock), the others with try-locks: a page locked elsewhere ends
+        // the batch, and the next batch waits for it. Mini-pages stay cached; their
+        // merged records become clean copies.
+        let high_water = self.mapping.high_water();
+        let mut next = 0;
+        let mut failure = None;
+        while next < high_water && failure.is_none() {
+            let mut locked = Vec::new();
+            let mut jobs = Vec::new();
+            while next < high_water && jobs.len() < FLUSH_BATCH_PAGES {
+                let pid = PageId(next);
+                let page = if jobs.is_empty() {
+                    self.mapping.write(pid)
+                } else {
+                    match self.mapping.try_write(pid) {
+                        Some(page) => page,
+                        None => break,
+                    }
                 };
-                let block = self.block(offset);
-                // SAFETY: we hold the page's write lock.
-                let header = unsafe { MiniHeader::of(&block) };
-                // SAFETY: as above.
-                let mini = unsafe { mini_ref(&block) };
-                if !mini.iter().any(|r| r.record_type().is_dirty()) {
-                    break;
-                }
-                match self.merge(pid, header, Some(mini), None) {
-                    Ok(true) => {
-                        // The leaf split: the mini-page's records may belong elsewhere.
-                        page.set_location(Location::Leaf(header.leaf.0));
-                        self.retire(block);
-                        break;
-                    }
-                    Ok(false) => {
-                        // SAFETY: we hold the page's write lock; `mini` is not used again.
-                        mark_clean(&mut unsafe { mini_mut(&block) });
-                        break;
-                    }
-                    // The split could not lock its inner nodes: try again.
-                    Err(Op::Restart | Op::WouldBlock) => {
-                        drop(page);
-                        crate::sync::thread::yield_now();
-                    }
-                    Err(Op::Fail(e)) => return Err(e),
+                next += 1;
+                if let Some(job) = self.dirty_mini(&page) {
+                    locked.push(page);
+                    jobs.push(job);
                 }
             }
+            let merged = self.merge_batch(&jobs);
+            let mut again = Vec::new();
+            // Every answer is acted on before an error is returned: a page whose leaf
+            // split must stop mapping its mini-page.
+            for ((page, job), merged) in locked.into_iter().zip(&jobs).zip(merged) {
+                match merged {
+                    Ok(split) => self.after_flush_merge(&page, job, split),
+                    // The split could not lock its inner nodes: try again alone.
+                    Err(Op::Restart | Op::WouldBlock) => again.push(page.id()),
+                    Err(Op::Fail(e)) => {
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
+            for pid in again {
+                if failure.is_none()
+                    && let Err(e) = self.flush_page(pid)
+                {
+                    failure = Some(e);
+                }
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
         }
         self.check_writable()?;
         self.store.sync().map_err(|e| {
@@ -2167,6 +2168,62 @@ impl Core {
             self.record_failure(&e);
             e
         })
+    }
+}
+
+impl Core {
+    /// The page's mini-page as a merge job, if it holds dirty records. The caller holds
+    /// the page's write lock.
+    fn dirty_mini(&self, page: &mapping::WriteGuard<'_>) -> Option<MergeJob> {
+        let Location::Mini(offset) = page.location() else {
+            return None;
+        };
+        let block = self.block(offset);
+        // SAFETY: the caller holds the page's write lock.
+        let mini = unsafe { mini_ref(&block) };
+        if !mini.iter().any(|r| r.record_type().is_dirty()) {
+            return None;
+        }
+        // SAFETY: as above.
+        let header = unsafe { MiniHeader::of(&block) };
+        Some(MergeJob { block, header })
+    }
+
+    /// After flush merged a mini-page's dirty records: if the leaf split, the mini-page
+    /// is dropped (its records may belong to other pages now); otherwise its records
+    /// become clean copies. The caller holds the page's write lock.
+    fn after_flush_merge(&self, page: &mapping::WriteGuard<'_>, job: &MergeJob, split: bool) {
+        if split {
+            page.set_location(Location::Leaf(job.header.leaf.0));
+            self.retire(job.block);
+        } else {
+            // SAFETY: the caller holds the page's write lock.
+            mark_clean(&mut unsafe { mini_mut(&job.block) });
+        }
+    }
+
+    /// Merges one page's dirty records into its leaf page for flush, waiting for its
+    /// lock and retrying while a split cannot lock its inner nodes.
+    fn flush_page(&self, pid: PageId) -> Result<()> {
+        loop {
+            let page = self.mapping.write(pid);
+            let Some(job) = self.dirty_mini(&page) else {
+                return Ok(());
+            };
+            // SAFETY: we hold the page's write lock.
+            let mini = unsafe { mini_ref(&job.block) };
+            match self.merge(pid, job.header, Some(mini), None) {
+                Ok(split) => {
+                    self.after_flush_merge(&page, &job, split);
+                    return Ok(());
+                }
+                Err(Op::Restart | Op::WouldBlock) => {
+                    drop(page);
+                    crate::sync::thread::yield_now();
+                }
+                Err(Op::Fail(e)) => return Err(e),
+            }
+        }
     }
 }
 
@@ -2229,58 +2286,16 @@ impl Evictor for Core {
                 jobs.push((i, page, header));
             }
         }
-        let nos: Vec<PageNo> = jobs
+        let batch: Vec<MergeJob> = jobs
             .iter()
-            .filter(|(_, _, h)| !h.mirror)
-            .map(|(_, _, h)| h.leaf)
+            .map(|&(i, _, header)| MergeJob {
+                block: blocks[i],
+                header,
+            })
             .collect();
-        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
-        if !nos.is_empty() && self.read_leaves(&nos, &mut pages).is_err() {
-            // Evict them one by one: that finds and records the page that fails.
-            for (i, page, header) in jobs {
-                // SAFETY: we hold the page's write lock.
-                let mini = unsafe { mini_ref(&blocks[i]) };
-                let merged = self.merge(header.pid, header, Some(mini), None);
-                decisions[i] = self.finish_eviction(&page, header, merged);
-            }
-            return decisions;
-        }
-        let mut pages = pages.into_iter();
-        let mut writes = Vec::with_capacity(jobs.len());
-        for (i, page, header) in jobs {
-            // SAFETY: we hold the page's write lock.
-            let mini = unsafe { mini_ref(&blocks[i]) };
-            let leaf = (!header.mirror).then(|| pages.next().expect("one page per job"));
-            match self.plan_merge(header, Some(mini), None, leaf) {
-                Ok(MergePlan::Write(new)) => writes.push((i, page, header, new)),
-                Ok(MergePlan::Split { records, chunks }) => {
-                    let split = self.split_leaf(header.pid, header.leaf, &records, &chunks);
-                    decisions[i] = self.finish_eviction(&page, header, split.map(|()| true));
-                }
-                Err(e) => decisions[i] = self.finish_eviction(&page, header, Err(e)),
-            }
-        }
-        if writes.is_empty() {
-            return decisions;
-        }
-        for (_, _, header, _) in &writes {
-            self.note_leaf_write(header.pid);
-        }
-        let mut reqs: Vec<(PageNo, &mut Page)> = writes
-            .iter_mut()
-            .map(|(_, _, header, new)| (header.leaf, &mut **new))
-            .collect();
-        let written = self.write_leaves(&mut reqs);
-        drop(reqs);
-        if let Err(e) = &written {
-            // As a failed single write: the tree is poisoned, writers needing room learn
-            // why, and the dirty records stay in memory.
-            *self.evict_error.lock() = Some(e.to_string());
-            self.evict_failures.fetch_add(1, Ordering::Release);
-            return decisions;
-        }
-        for (i, page, header, _) in &writes {
-            decisions[*i] = self.finish_eviction(page, *header, Ok(false));
+        let merged = self.merge_batch(&batch);
+        for ((i, page, header), merged) in jobs.into_iter().zip(merged) {
+            decisions[i] = self.finish_eviction(&page, header, merged);
         }
         decisions
     }
@@ -2311,6 +2326,76 @@ impl Core {
             }
             Err(Op::Restart) | Err(Op::WouldBlock) => EvictDecision::Busy,
         }
+    }
+
+    /// Merges the dirty records of several mini-pages into their leaf pages with batched
+    /// IO: the leaf pages are read with one `read_pages` call and the merged pages that
+    /// fit one page written with one `write_pages` call; a page that must split is
+    /// written on its own (the split also changes inner nodes). Answers, per job in order,
+    /// what `merge` would: whether the leaf split, or why the merge failed. The caller
+    /// holds every job's page write lock, and took the locks after the first with
+    /// try-locks only (or holds just one), so no thread waits for it while it waits.
+    ///
+    /// If the batch read fails, the pages are merged one by one, which finds and records
+    /// the page that fails. If the batch write fails, the tree is poisoned as for a
+    /// single failed write and every written job answers the failure (the first with the
+    /// store's error), so the dirty records stay in memory.
+    fn merge_batch(&self, jobs: &[MergeJob]) -> Vec<Result<bool, Op>> {
+        let nos: Vec<PageNo> = jobs
+            .iter()
+            .filter(|j| !j.header.mirror)
+            .map(|j| j.header.leaf)
+            .collect();
+        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+        if !nos.is_empty() && self.read_leaves(&nos, &mut pages).is_err() {
+            return jobs
+                .iter()
+                .map(|j| {
+                    // SAFETY: the caller holds the job's page write lock.
+                    let mini = unsafe { mini_ref(&j.block) };
+                    self.merge(j.header.pid, j.header, Some(mini), None)
+                })
+                .collect();
+        }
+        let mut pages = pages.into_iter();
+        let mut results = Vec::with_capacity(jobs.len());
+        let mut writes: Vec<(usize, Box<Page>)> = Vec::with_capacity(jobs.len());
+        for (i, job) in jobs.iter().enumerate() {
+            // SAFETY: the caller holds the job's page write lock.
+            let mini = unsafe { mini_ref(&job.block) };
+            let leaf = (!job.header.mirror).then(|| pages.next().expect("one page per job"));
+            results.push(match self.plan_merge(job.header, Some(mini), None, leaf) {
+                Ok(MergePlan::Write(new)) => {
+                    writes.push((i, new));
+                    Ok(false)
+                }
+                Ok(MergePlan::Split { records, chunks }) => self
+                    .split_leaf(job.header.pid, job.header.leaf, &records, &chunks)
+                    .map(|()| true),
+                Err(e) => Err(e),
+            });
+        }
+        if writes.is_empty() {
+            return results;
+        }
+        for &(i, _) in &writes {
+            self.note_leaf_write(jobs[i].header.pid);
+        }
+        let mut reqs: Vec<(PageNo, &mut Page)> = writes
+            .iter_mut()
+            .map(|(i, new)| (jobs[*i].header.leaf, &mut **new))
+            .collect();
+        if let Err(e) = self.write_leaves(&mut reqs) {
+            let cause = e.to_string();
+            let mut first = Some(e);
+            for &(i, _) in &writes {
+                let e = first.take().unwrap_or_else(|| Error::Poisoned {
+                    cause: cause.clone(),
+                });
+                results[i] = Err(Op::Fail(e));
+            }
+        }
+        results
     }
 
     /// Writes leaf pages whose ids' write locks the caller holds (and whose leaf-write
