@@ -31,6 +31,7 @@ fn small(memory_budget_bytes: u64, promotion_rate_percent: u8) -> Config {
 struct CountingStore {
     inner: MemoryStore,
     single_reads: AtomicU64,
+    single_writes: AtomicU64,
     batch_calls: AtomicU64,
     batch_pages: AtomicU64,
     largest_batch: AtomicU64,
@@ -44,6 +45,7 @@ impl PageStore for CountingStore {
         self.inner.read_page(no, page)
     }
     fn write_page(&self, no: PageNo, page: &mut Page) -> std::io::Result<()> {
+        self.single_writes.fetch_add(1, Ordering::Relaxed);
         self.inner.write_page(no, page)
     }
     fn read_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> std::io::Result<()> {
@@ -652,6 +654,35 @@ fn flush_merges_in_batches() {
     // Nothing is left to write, and readers see the flushed records.
     tree.flush().unwrap();
     assert_eq!(tree.stats().leaf_writes, after.leaf_writes);
+    let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
+        tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
+    assert!(scanned == model);
+}
+
+/// Leaf splits inside a batched eviction write their pages with the batch: the new
+/// right-hand pages of all the batch's splits in one `write_pages`, the left pages with
+/// the batch's other merged pages. Only merges outside eviction (a full mini-page) write
+/// single pages.
+#[test]
+fn splits_in_batched_evictions_write_in_batches() {
+    let mut rng = Rng(seed("splits_in_batched_evictions_write_in_batches"));
+    let store = Arc::new(CountingStore::default());
+    let tree = Tree::with_page_store(small(64 << 10, 0), Arc::clone(&store)).unwrap();
+    let mut model = BTreeMap::new();
+    for step in 0..30_000 {
+        let i = rng.below(1 << 40);
+        tree.insert(&key(i), &value(i, step)).unwrap();
+        model.insert(key(i), value(i, step));
+    }
+    let stats = tree.stats();
+    let single = store.single_writes.load(Ordering::Relaxed);
+    eprintln!("{single} single writes, {stats:?}");
+    assert!(stats.leaf_splits > 200, "{stats:?}");
+    assert!(
+        single < stats.leaf_splits / 2,
+        "{single} single-page writes for {} splits",
+        stats.leaf_splits
+    );
     let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
         tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
     assert!(scanned == model);

@@ -672,6 +672,28 @@ struct MergeJob {
     header: MiniHeader,
 }
 
+/// A split planned by a batched merge: its job, the records and chunks it writes, and
+/// its right-hand pages (numbered, built, not yet reachable).
+struct BatchSplit {
+    job: usize,
+    records: Vec<(Vec<u8>, Vec<u8>)>,
+    chunks: Vec<leaf::LeafChunk>,
+    right: Vec<(PageNo, Box<Page>)>,
+}
+
+/// Answers a failed batched write for every job in `jobs`: the first gets the store's
+/// error, the rest the poisoning it caused (the write poisoned the tree).
+fn fail_all(e: Error, jobs: impl Iterator<Item = usize>, results: &mut [Result<bool, Op>]) {
+    let cause = e.to_string();
+    let mut first = Some(e);
+    for i in jobs {
+        let e = first.take().unwrap_or_else(|| Error::Poisoned {
+            cause: cause.clone(),
+        });
+        results[i] = Err(Op::Fail(e));
+    }
+}
+
 enum MergePlan {
     Write(Box<Page>),
     Split {
@@ -1905,7 +1927,8 @@ impl Core {
     /// restart; (3) publish the new inner bytes, and unlock; (4) rewrite the left page in
     /// place. Until (3) nobody can reach the new pages; from (3) on, keys of the right
     /// ranges route to them. The caller holds the left page's write lock throughout, so
-    /// nobody reads the left page between (3) and (4).
+    /// nobody reads the left page between (3) and (4). `merge_batch` runs the same steps
+    /// for several splits, each step's IO batched across them.
     fn split_leaf(
         &self,
         pid: PageId,
@@ -1913,57 +1936,114 @@ impl Core {
         records: &[(Vec<u8>, Vec<u8>)],
         chunks: &[leaf::LeafChunk],
     ) -> Result<(), Op> {
-        let guard = epoch::pin();
-        // Any key of the page routes to it; the first chunk's low fence is one.
-        let probe = chunks[0].low.clone().unwrap_or_default();
-        let path = self.find_path(&probe, &guard)?;
-        {
-            let (parent, _) = path.last().expect("paths are never empty");
-            let n = NodeRef::trusted(parent.bytes(&guard));
-            if inner::child_ref(&n, inner::child_for(&n, &probe)) != pid.0 {
-                return Err(Op::Restart);
-            }
+        // A split that would restart does so before any IO.
+        self.split_path(pid, chunks, &epoch::pin())?;
+        // (1)
+        let mut right = self.build_right_pages(records, chunks)?;
+        let mut reqs: Vec<(PageNo, &mut Page)> =
+            right.iter_mut().map(|(no, p)| (*no, &mut **p)).collect();
+        if let Err(e) = self.write_leaves(&mut reqs) {
+            self.free_pages(&right);
+            return Err(Op::Fail(e));
         }
-
-        // (1) The new right-hand pages.
+        // (2), (3)
+        self.link_split(pid, chunks, &right)?;
+        // (4)
         let mut page = Page::boxed();
-        let mut children: Vec<(Vec<u8>, u64)> = Vec::with_capacity(chunks.len() - 1);
-        let mut new_pages = Vec::with_capacity(chunks.len() - 1);
-        let undo = |new_pages: &[(PageNo, PageId)]| {
-            for &(no, new_pid) in new_pages {
-                let _ = self.store.free(no);
-                self.mapping.release(self.mapping.write(new_pid));
-            }
-        };
+        leaf::build_leaf(page.payload_mut(), &chunks[0], records).expect("packed to fit");
+        self.write_leaf(pid, leaf_no, &mut page)?;
+        Ok(())
+    }
+
+    /// The inner nodes from the root to the parent of `pid`, found with the first
+    /// chunk's low fence (any key of the page routes to it), with their versions; a
+    /// restart if the parent no longer routes that key to `pid`.
+    fn split_path<'g>(
+        &'g self,
+        pid: PageId,
+        chunks: &[leaf::LeafChunk],
+        guard: &'g Guard,
+    ) -> Result<Vec<(&'g InnerNode, u64)>, Op> {
+        let probe = chunks[0].low.as_deref().unwrap_or_default();
+        let path = self.find_path(probe, guard)?;
+        let (parent, _) = path.last().expect("paths are never empty");
+        let n = NodeRef::trusted(parent.bytes(guard));
+        if inner::child_ref(&n, inner::child_for(&n, probe)) != pid.0 {
+            return Err(Op::Restart);
+        }
+        Ok(path)
+    }
+
+    /// Step (1) of a split without its IO: a new page number and page for every chunk
+    /// but the first, which keeps the old page.
+    fn build_right_pages(
+        &self,
+        records: &[(Vec<u8>, Vec<u8>)],
+        chunks: &[leaf::LeafChunk],
+    ) -> Result<Vec<(PageNo, Box<Page>)>, Op> {
+        let mut right = Vec::with_capacity(chunks.len() - 1);
         for chunk in &chunks[1..] {
             let no = match self.store.allocate() {
                 Ok(no) => no,
                 Err(e) => {
-                    undo(&new_pages);
+                    self.free_pages(&right);
                     let e = Error::from(e);
                     self.record_failure(&e);
                     return Err(Op::Fail(e));
                 }
             };
+            let mut page = Page::boxed();
             leaf::build_leaf(page.payload_mut(), chunk, records).expect("packed to fit");
-            if let Err(e) = self.write_new_leaf(no, &mut page) {
-                let _ = self.store.free(no);
-                undo(&new_pages);
-                return Err(Op::Fail(e));
+            right.push((no, page));
+        }
+        Ok(right)
+    }
+
+    /// Returns the page numbers of right-hand pages no separator points to.
+    fn free_pages(&self, right: &[(PageNo, Box<Page>)]) {
+        for &(no, _) in right {
+            let _ = self.store.free(no);
+        }
+    }
+
+    /// Steps (2) and (3) of a split whose right-hand pages are written: gives each a
+    /// page id and publishes their separators. On failure the right-hand pages and ids
+    /// are released and nothing was published.
+    fn link_split(
+        &self,
+        pid: PageId,
+        chunks: &[leaf::LeafChunk],
+        right: &[(PageNo, Box<Page>)],
+    ) -> Result<(), Op> {
+        let guard = epoch::pin();
+        let mut children: Vec<(Vec<u8>, u64)> = Vec::with_capacity(right.len());
+        let mut new_pids = Vec::with_capacity(right.len());
+        let undo = |new_pids: &[PageId]| {
+            for &new_pid in new_pids {
+                self.mapping.release(self.mapping.write(new_pid));
             }
+            self.free_pages(right);
+        };
+        for ((no, _), chunk) in right.iter().zip(&chunks[1..]) {
             let Some(new_pid) = self.mapping.allocate(Location::Leaf(no.0)) else {
-                let _ = self.store.free(no);
-                undo(&new_pages);
+                undo(&new_pids);
                 return Err(Op::Fail(Error::Unsupported(
                     "page id space exhausted".into(),
                 )));
             };
-            new_pages.push((no, new_pid));
+            new_pids.push(new_pid);
             children.push((
                 chunk.low.clone().expect("split chunks have a low fence"),
                 new_pid.0,
             ));
         }
+        let path = match self.split_path(pid, chunks, &guard) {
+            Ok(path) => path,
+            Err(e) => {
+                undo(&new_pids);
+                return Err(e);
+            }
+        };
 
         // (2) Lock bottom-up the inner nodes that may change. A node surely absorbs what
         // comes up if the bytes it could reclaim cover the incoming separators at their
@@ -1981,7 +2061,7 @@ impl Core {
                 Ok(g) => locks.push(g),
                 Err(Restart) => {
                     drop(locks);
-                    undo(&new_pages);
+                    undo(&new_pids);
                     return Err(Op::Restart);
                 }
             }
@@ -2096,10 +2176,6 @@ impl Core {
         }
         drop(locks);
         bump(&self.counters.leaf_splits);
-
-        // (4) The left page, in place.
-        leaf::build_leaf(page.payload_mut(), &chunks[0], records).expect("packed to fit");
-        self.write_leaf(pid, leaf_no, &mut page)?;
         Ok(())
     }
 
@@ -2329,9 +2405,12 @@ impl Core {
     }
 
     /// Merges the dirty records of several mini-pages into their leaf pages with batched
-    /// IO: the leaf pages are read with one `read_pages` call and the merged pages that
-    /// fit one page written with one `write_pages` call; a page that must split is
-    /// written on its own (the split also changes inner nodes). Answers, per job in order,
+    /// IO: the leaf pages are read with one `read_pages` call; the new right-hand pages
+    /// of every split with one `write_pages` call; then each split links its pages into
+    /// the inner nodes; and finally the merged pages and the splits' left pages are
+    /// written with one `write_pages` call. So a batch waits for at most three IO round
+    /// trips however many of its pages split (`split_leaf` alone takes three per
+    /// split, after the read). Answers, per job in order,
     /// what `merge` would: whether the leaf split, or why the merge failed. The caller
     /// holds every job's page write lock, and took the locks after the first with
     /// try-locks only (or holds just one), so no thread waits for it while it waits.
@@ -2358,8 +2437,10 @@ impl Core {
                 .collect();
         }
         let mut pages = pages.into_iter();
-        let mut results = Vec::with_capacity(jobs.len());
+        let mut results: Vec<Result<bool, Op>> = Vec::with_capacity(jobs.len());
+        // Pages to rewrite in place (merged pages, and the left pages of splits).
         let mut writes: Vec<(usize, Box<Page>)> = Vec::with_capacity(jobs.len());
+        let mut splits: Vec<BatchSplit> = Vec::new();
         for (i, job) in jobs.iter().enumerate() {
             // SAFETY: the caller holds the job's page write lock.
             let mini = unsafe { mini_ref(&job.block) };
@@ -2370,10 +2451,48 @@ impl Core {
                     Ok(false)
                 }
                 Ok(MergePlan::Split { records, chunks }) => self
-                    .split_leaf(job.header.pid, job.header.leaf, &records, &chunks)
-                    .map(|()| true),
+                    .split_path(job.header.pid, &chunks, &epoch::pin())
+                    .and_then(|_| self.build_right_pages(&records, &chunks))
+                    .map(|right| {
+                        splits.push(BatchSplit {
+                            job: i,
+                            records,
+                            chunks,
+                            right,
+                        });
+                        true
+                    }),
                 Err(e) => Err(e),
             });
+        }
+        // The splits' steps (1) with one `write_pages`, then (2) and (3) one by one; their
+        // left pages join the in-place writes, step (4).
+        if !splits.is_empty() {
+            let mut reqs: Vec<(PageNo, &mut Page)> = splits
+                .iter_mut()
+                .flat_map(|s| s.right.iter_mut().map(|(no, p)| (*no, &mut **p)))
+                .collect();
+            let written = self.write_leaves(&mut reqs);
+            drop(reqs);
+            if let Err(e) = written {
+                for split in &splits {
+                    self.free_pages(&split.right);
+                }
+                fail_all(e, splits.iter().map(|s| s.job), &mut results);
+                splits.clear();
+            }
+        }
+        for split in splits {
+            let pid = jobs[split.job].header.pid;
+            match self.link_split(pid, &split.chunks, &split.right) {
+                Ok(()) => {
+                    let mut left = Page::boxed();
+                    leaf::build_leaf(left.payload_mut(), &split.chunks[0], &split.records)
+                        .expect("packed to fit");
+                    writes.push((split.job, left));
+                }
+                Err(e) => results[split.job] = Err(e),
+            }
         }
         if writes.is_empty() {
             return results;
@@ -2386,20 +2505,14 @@ impl Core {
             .map(|(i, new)| (jobs[*i].header.leaf, &mut **new))
             .collect();
         if let Err(e) = self.write_leaves(&mut reqs) {
-            let cause = e.to_string();
-            let mut first = Some(e);
-            for &(i, _) in &writes {
-                let e = first.take().unwrap_or_else(|| Error::Poisoned {
-                    cause: cause.clone(),
-                });
-                results[i] = Err(Op::Fail(e));
-            }
+            fail_all(e, writes.iter().map(|&(i, _)| i), &mut results);
         }
         results
     }
 
-    /// Writes leaf pages whose ids' write locks the caller holds (and whose leaf-write
-    /// counters it bumped) with one `write_pages` call. A failure poisons the tree.
+    /// Writes leaf pages with one `write_pages` call: pages of ids whose write locks the
+    /// caller holds (and whose leaf-write counters it bumped), or new pages no reader can
+    /// reach yet. A failure poisons the tree.
     fn write_leaves(&self, reqs: &mut [(PageNo, &mut Page)]) -> Result<()> {
         for (_, page) in reqs.iter() {
             debug_assert!(NodeRef::parse(page.payload()).is_ok());
