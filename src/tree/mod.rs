@@ -663,8 +663,6 @@ enum Found {
     Absent,
 }
 
-/// What a merge writes: one leaf page, or the records of a leaf that must split and how
-/// they pack into pages.
 /// A mini-page whose dirty records go to its leaf page in a batched merge; the caller
 /// holds its page's write lock.
 struct MergeJob {
@@ -694,6 +692,8 @@ fn fail_all(e: Error, jobs: impl Iterator<Item = usize>, results: &mut [Result<b
     }
 }
 
+/// What a merge writes: one leaf page, or the records of a leaf that must split and how
+/// they pack into pages.
 enum MergePlan {
     Write(Box<Page>),
     Split {
@@ -1999,7 +1999,7 @@ impl Core {
         Ok(right)
     }
 
-    /// Returns the page numbers of right-hand pages no separator points to.
+    /// Gives right-hand pages that no separator points to back to the page store.
     fn free_pages(&self, right: &[(PageNo, Box<Page>)]) {
         for &(no, _) in right {
             let _ = self.store.free(no);
@@ -2409,9 +2409,9 @@ impl Core {
     /// of every split with one `write_pages` call; then each split links its pages into
     /// the inner nodes; and finally the merged pages and the splits' left pages are
     /// written with one `write_pages` call. So a batch waits for at most three IO round
-    /// trips however many of its pages split (`split_leaf` alone takes three per
-    /// split, after the read). Answers, per job in order,
-    /// what `merge` would: whether the leaf split, or why the merge failed. The caller
+    /// trips however many of its pages split (`split_leaf` alone takes three per split,
+    /// after the read). Answers, per job in order, what `merge` would: whether the leaf
+    /// split, or why the merge failed. The caller
     /// holds every job's page write lock, and took the locks after the first with
     /// try-locks only (or holds just one), so no thread waits for it while it waits.
     ///
