@@ -1437,10 +1437,18 @@ impl Core {
         })
     }
 
-    /// Writes the leaf page of `pid`, whose write lock the caller holds.
+    /// Writes the leaf page of `pid`, whose write lock the caller holds. A failure
+    /// poisons the tree.
     fn write_leaf(&self, pid: PageId, no: PageNo, page: &mut Page) -> Result<()> {
         self.note_leaf_write(pid);
-        self.write_new_leaf(no, page)
+        debug_assert!(NodeRef::parse(page.payload()).is_ok());
+        if let Err(e) = self.store.write_page(no, page) {
+            let e = Error::from(e);
+            self.record_failure(&e);
+            return Err(e);
+        }
+        bump(&self.counters.leaf_writes);
+        Ok(())
     }
 
     /// Bumps `pid`'s leaf-write counter. The caller holds `pid`'s write lock and is
@@ -1457,18 +1465,6 @@ impl Core {
     /// The leaf-write counter of `pid` (shared with the other ids of its stripe).
     fn leaf_version(&self, pid: PageId) -> &AtomicU64 {
         &self.counters.leaf_versions.0[(pid.0 % LEAF_VERSION_STRIPES as u64) as usize]
-    }
-
-    /// Writes a leaf page no reader can reach yet (the right-hand pages of a split).
-    fn write_new_leaf(&self, no: PageNo, page: &mut Page) -> Result<()> {
-        debug_assert!(NodeRef::parse(page.payload()).is_ok());
-        if let Err(e) = self.store.write_page(no, page) {
-            let e = Error::from(e);
-            self.record_failure(&e);
-            return Err(e);
-        }
-        bump(&self.counters.leaf_writes);
-        Ok(())
     }
 
     /// The block at a mapping-table offset. The caller holds the page's lock.
