@@ -617,6 +617,38 @@ fn copy_on_access_keeps_dirty_records_instead_of_merging() {
     assert!(scanned == model);
 }
 
+/// Regression (fuzz, session 5): with nearly the whole pool a copy-on-access region and
+/// values of up to half a leaf page, a full mini-page that cannot take the next record
+/// used to answer "restart, the next attempt merges"; the next attempt copied it out of
+/// the region, which shrank it below full size, grew it back, and restarted again,
+/// forever. A full mini-page that still has no room merges at once, so every write
+/// returns, with a bounded number of restarts.
+#[test]
+fn large_values_in_a_copy_on_access_pool_make_progress() {
+    let config = Config {
+        copy_on_access_percent: 98,
+        merge_threshold_bytes: 4096,
+        max_key_bytes: 512,
+        max_value_bytes: 2048,
+        ..small(96 << 10, 77)
+    };
+    let tree = Tree::in_memory(config).unwrap();
+    let mut rng = Rng(seed("large_values_in_a_copy_on_access_pool_make_progress"));
+    let mut model = BTreeMap::new();
+    for step in 0..3000u64 {
+        let i = rng.below(200);
+        let len = 16 + rng.below(2000) as usize;
+        let v = vec![(step % 251) as u8; len];
+        tree.insert(&key(i), &v).unwrap();
+        model.insert(key(i), v);
+    }
+    let stats = tree.stats();
+    assert!(stats.restarts < 3000, "{stats:?}");
+    let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
+        tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
+    assert!(scanned == model);
+}
+
 /// `flush` merges the dirty mini-pages of many pages with batched reads and writes, and
 /// leaves nothing dirty behind.
 #[test]

@@ -1675,9 +1675,14 @@ impl Core {
         } else if bigger.size_bytes() < MAX_MINI_BLOCK_BYTES {
             // Still no room (a large record): keep growing from the bigger block.
             self.grow_mini(page, bigger, header, key, value, record_type)
+        } else if !record_type.is_dirty() {
+            // Caching a read is not worth a merge: skip it.
+            Ok(())
         } else {
-            // Full size and still no room: the next attempt merges.
-            Err(Op::Restart)
+            // Full size and still no room: merge now. (Leaving it to the next attempt
+            // could loop: in the copy-on-access region that attempt copies the block,
+            // which can shrink it below full size, so it would grow again instead.)
+            self.merge_full(page, bigger, header, key, value, record_type)
         }
     }
 
