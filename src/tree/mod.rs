@@ -1570,9 +1570,6 @@ impl Core {
             && node_size < self.config.merge_threshold_bytes;
         if grow {
             self.grow_mini(page, block, header, key, value, record_type)
-        } else if !record_type.is_dirty() {
-            // Caching a read is not worth a merge: skip it.
-            Ok(())
         } else {
             self.merge_full(page, block, header, key, value, record_type)
         }
@@ -1675,9 +1672,6 @@ impl Core {
         } else if bigger.size_bytes() < MAX_MINI_BLOCK_BYTES {
             // Still no room (a large record): keep growing from the bigger block.
             self.grow_mini(page, bigger, header, key, value, record_type)
-        } else if !record_type.is_dirty() {
-            // Caching a read is not worth a merge: skip it.
-            Ok(())
         } else {
             // Full size and still no room: merge now. (Leaving it to the next attempt
             // could loop: in the copy-on-access region that attempt copies the block,
@@ -1688,7 +1682,8 @@ impl Core {
 
     /// The mini-page is full at the merge threshold (or is a full mirror): merge its
     /// dirty records and the new record into the leaf page, then keep only its hot clean
-    /// records (§5.5).
+    /// records (§5.5). A clean new record (a read being cached) is dropped instead: not
+    /// worth a merge.
     fn merge_full(
         &self,
         page: &mapping::WriteGuard<'_>,
@@ -1698,6 +1693,9 @@ impl Core {
         value: &[u8],
         record_type: RecordType,
     ) -> Result<(), Op> {
+        if !record_type.is_dirty() {
+            return Ok(());
+        }
         // SAFETY: we hold the page's write lock.
         let mini = unsafe { mini_ref(&block) };
         let split = self.merge(
