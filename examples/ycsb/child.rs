@@ -135,6 +135,7 @@ fn load(
     let next = AtomicU64::new(0);
     let failed: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     let (read0, write0) = proc_io();
+    let cpu0 = process_cpu_secs();
     let start = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..options.load_threads.max(1) {
@@ -169,6 +170,7 @@ fn load(
     // Loading includes making the loaded data reach the files.
     engine.flush().map_err(|e| format!("{name}: flush: {e}"))?;
     let secs = start.elapsed().as_secs_f64();
+    let cpu_secs = process_cpu_secs() - cpu0;
     bar.finish_and_clear();
     let (read1, write1) = proc_io();
     Ok(LoadRow {
@@ -180,6 +182,7 @@ fn load(
         data_bytes: engines::dir_size_bytes(&open.dir),
         read_bytes: read1 - read0,
         write_bytes: write1 - write0,
+        cpu_us_per_record: cpu_secs * 1e6 / options.records.max(1) as f64,
         peak_rss_bytes: peak_rss_bytes(),
         budget_bytes: engine.budget_bytes(),
     })

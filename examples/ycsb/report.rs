@@ -19,6 +19,9 @@ pub struct LoadRow {
     pub data_bytes: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
+    /// CPU time (user + system, all of the child's threads) per record loaded, in µs,
+    /// the final flush included.
+    pub cpu_us_per_record: f64,
     pub peak_rss_bytes: u64,
     pub budget_bytes: u64,
 }
@@ -99,6 +102,7 @@ impl LoadRow {
                 ("data_bytes", self.data_bytes.to_string()),
                 ("read_bytes", self.read_bytes.to_string()),
                 ("write_bytes", self.write_bytes.to_string()),
+                ("cpu_us_per_record", self.cpu_us_per_record.to_string()),
                 ("peak_rss_bytes", self.peak_rss_bytes.to_string()),
                 ("budget_bytes", self.budget_bytes.to_string()),
             ],
@@ -157,6 +161,7 @@ pub fn parse_line(line: &str) -> Option<Line> {
             data_bytes: get(&m, "data_bytes"),
             read_bytes: get(&m, "read_bytes"),
             write_bytes: get(&m, "write_bytes"),
+            cpu_us_per_record: get(&m, "cpu_us_per_record"),
             peak_rss_bytes: get(&m, "peak_rss_bytes"),
             budget_bytes: get(&m, "budget_bytes"),
         })),
@@ -267,6 +272,7 @@ pub fn load_table(loads: &[LoadRow]) -> String {
                 mib(l.data_bytes),
                 format!("{:.0}", l.read_bytes as f64 / l.records.max(1) as f64),
                 format!("{:.0}", l.write_bytes as f64 / l.records.max(1) as f64),
+                format!("{:.2}", l.cpu_us_per_record),
                 mib(l.peak_rss_bytes),
                 mib(l.budget_bytes),
                 l.mode.clone(),
@@ -281,6 +287,7 @@ pub fn load_table(loads: &[LoadRow]) -> String {
             "data MiB",
             "rd B/rec",
             "wr B/rec",
+            "cpu µs/rec",
             "peak RSS MiB",
             "budget MiB",
             "mode",
@@ -431,12 +438,12 @@ pub fn write_csv(dir: &Path, runs: &[RunRow], loads: &[LoadRow]) -> std::io::Res
     }
     std::fs::write(dir.join("results.csv"), out)?;
     let mut out = String::from(
-        "engine,mode,records,secs,ops_per_sec,data_bytes,read_bytes,write_bytes,peak_rss_bytes,budget_bytes\n",
+        "engine,mode,records,secs,ops_per_sec,data_bytes,read_bytes,write_bytes,cpu_us_per_record,peak_rss_bytes,budget_bytes\n",
     );
     for l in loads {
         let _ = writeln!(
             out,
-            "{},{},{},{:.3},{:.1},{},{},{},{},{}",
+            "{},{},{},{:.3},{:.1},{},{},{},{:.3},{},{}",
             csv_cell(&l.engine),
             csv_cell(&l.mode),
             l.records,
@@ -445,6 +452,7 @@ pub fn write_csv(dir: &Path, runs: &[RunRow], loads: &[LoadRow]) -> std::io::Res
             l.data_bytes,
             l.read_bytes,
             l.write_bytes,
+            l.cpu_us_per_record,
             l.peak_rss_bytes,
             l.budget_bytes
         );
@@ -621,12 +629,14 @@ mod tests {
         let load = LoadRow {
             engine: "bftree".into(),
             records: 99,
+            cpu_us_per_record: 2.5,
             ..LoadRow::default()
         };
         let Some(Line::Load(back)) = parse_line(&load.to_line()) else {
             panic!("not parsed");
         };
         assert_eq!(back.records, 99);
+        assert_eq!(back.cpu_us_per_record, 2.5);
         assert!(parse_line("progress: 10%").is_none());
     }
 
