@@ -42,13 +42,13 @@ use crate::config::{
 };
 use crate::error::{Error, Result};
 use crate::pool::{AllocError, Block, EvictDecision, Evictor, Pool, PoolConfig, PoolStats};
-use crate::storage::{MemoryStore, Page, PageNo, PageStore};
+use crate::storage::{MemoryStore, PAGE_PAYLOAD_SIZE, Page, PageNo, PageStore};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use admission::Doorkeeper;
 use inner::InnerNode;
-use leaf::MiniHeader;
+use leaf::{MiniHeader, RecordList};
 use mapping::{Location, MappingTable, PageId};
 use node::{Fences, NodeKind, NodeMut, NodeRef, RecordType, WriteError};
 use olc::Restart;
@@ -674,7 +674,7 @@ struct MergeJob {
 /// its right-hand pages (numbered, built, not yet reachable).
 struct BatchSplit {
     job: usize,
-    records: Vec<(Vec<u8>, Vec<u8>)>,
+    records: RecordList,
     chunks: Vec<leaf::LeafChunk>,
     right: Vec<(PageNo, Box<Page>)>,
 }
@@ -697,7 +697,7 @@ fn fail_all(e: Error, jobs: impl Iterator<Item = usize>, results: &mut [Result<b
 enum MergePlan {
     Write(Box<Page>),
     Split {
-        records: Vec<(Vec<u8>, Vec<u8>)>,
+        records: RecordList,
         chunks: Vec<leaf::LeafChunk>,
     },
 }
@@ -1833,7 +1833,7 @@ impl Core {
     ) -> Result<MergePlan, Op> {
         bump(&self.counters.merges);
         let mut page = leaf.unwrap_or_else(Page::boxed);
-        let mut merged: Vec<(Vec<u8>, Vec<u8>)>;
+        let mut merged: RecordList;
         let (low, high): (Option<Vec<u8>>, Option<Vec<u8>>);
         let mirror = header.mirror && mini.is_some();
         if mirror {
@@ -1841,32 +1841,37 @@ impl Core {
             let fence = owned_fence;
             low = fence(m.low_fence());
             high = fence(m.high_fence());
-            merged = m
-                .iter()
-                .filter(|r| r.record_type().exists())
-                .map(|r| (r.key(), r.value().to_vec()))
-                .collect();
+            merged = RecordList::with_capacity(m.len() + 1, m.node_size_bytes());
+            for r in m.iter().filter(|r| r.record_type().exists()) {
+                merged.push_view(&r, RecordType::Insert);
+            }
+            if let Some((k, v, t)) = extra {
+                if t.exists() {
+                    merged.upsert(k, v, RecordType::Insert);
+                } else if let Ok(i) = merged.search(k) {
+                    merged.remove(i);
+                }
+            }
         } else {
             let leaf = self.parse_leaf(header.leaf, &page)?;
             let fence = owned_fence;
             low = fence(leaf.low_fence());
             high = fence(leaf.high_fence());
-            let mut all: Vec<(Vec<u8>, Vec<u8>, RecordType)> = mini
-                .iter()
-                .flat_map(|m| m.iter())
-                .filter(|r| r.record_type().is_dirty())
-                .map(|r| (r.key(), r.value().to_vec(), r.record_type()))
-                .collect();
-            // The new record replaces the mini-page's version of its key, in key order.
-            if let Some((k, v, t)) = extra {
-                let record = (k.to_vec(), v.to_vec(), t);
-                match all.binary_search_by(|(ak, _, _)| ak.as_slice().cmp(k)) {
-                    Ok(i) => all[i] = record,
-                    Err(i) => all.insert(i, record),
+            let mut dirty = match mini {
+                Some(m) => RecordList::with_capacity(m.len() + 1, m.node_size_bytes()),
+                None => RecordList::with_capacity(1, 64),
+            };
+            for r in mini.iter().flat_map(|m| m.iter()) {
+                if r.record_type().is_dirty() {
+                    dirty.push_view(&r, r.record_type());
                 }
             }
+            // The new record replaces the mini-page's version of its key, in key order.
+            if let Some((k, v, t)) = extra {
+                dirty.upsert(k, v, t);
+            }
             #[cfg(debug_assertions)]
-            for (k, _, _) in &all {
+            for (k, _, _) in dirty.iter() {
                 let leaf = NodeRef::trusted(page.payload());
                 assert!(
                     leaf.covers(k),
@@ -1885,25 +1890,16 @@ impl Core {
             // compact copy: records placed in place sit out of offset order, and every
             // later read of such a page must prove their bytes disjoint with a bitmap
             // (a leaf page is read far more often than merged).
-            let mut work = page.clone();
-            let mut node = NodeMut::trusted(work.payload_mut());
-            if all.iter().all(|(k, v, t)| apply(&mut node, k, v, *t)) {
-                let applied = NodeRef::trusted(work.payload());
+            let mut work = [0u8; PAGE_PAYLOAD_SIZE];
+            work.copy_from_slice(page.payload());
+            let mut node = NodeMut::trusted(&mut work);
+            if dirty.iter().all(|(k, v, t)| apply(&mut node, k, v, t)) {
+                let applied = NodeRef::trusted(&work);
                 node::copy_into(&applied, page.payload_mut(), applied.fences(), |_| true)
                     .expect("a node's records fit a node of its size");
                 return Ok(MergePlan::Write(page));
             }
-            merged = merge_records(&NodeRef::trusted(page.payload()), &all);
-        }
-        if mirror && let Some((k, v, t)) = extra {
-            match merged.binary_search_by(|(rk, _)| rk.as_slice().cmp(k)) {
-                Ok(i) if t.exists() => merged[i].1 = v.to_vec(),
-                Ok(i) => {
-                    merged.remove(i);
-                }
-                Err(i) if t.exists() => merged.insert(i, (k.to_vec(), v.to_vec())),
-                Err(_) => {}
-            }
+            merged = merge_records(&NodeRef::trusted(page.payload()), &dirty);
         }
         let chunks = leaf::pack_leaves(&merged, low.as_deref(), high.as_deref());
         if chunks.len() == 1 {
@@ -1932,7 +1928,7 @@ impl Core {
         &self,
         pid: PageId,
         leaf_no: PageNo,
-        records: &[(Vec<u8>, Vec<u8>)],
+        records: &RecordList,
         chunks: &[leaf::LeafChunk],
     ) -> Result<(), Op> {
         // A split that would restart does so before any IO.
@@ -1977,7 +1973,7 @@ impl Core {
     /// but the first, which keeps the old page.
     fn build_right_pages(
         &self,
-        records: &[(Vec<u8>, Vec<u8>)],
+        records: &RecordList,
         chunks: &[leaf::LeafChunk],
     ) -> Result<Vec<(PageNo, Box<Page>)>, Op> {
         let mut right = Vec::with_capacity(chunks.len() - 1);
@@ -2563,38 +2559,30 @@ fn apply(node: &mut NodeMut<'_>, key: &[u8], value: &[u8], t: RecordType) -> boo
     }
 }
 
-/// The leaf's records with the dirty records applied, as an owned sorted list.
-fn merge_records(
-    leaf: &NodeRef<'_>,
-    dirty: &[(Vec<u8>, Vec<u8>, RecordType)],
-) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let mut out = Vec::with_capacity(leaf.len() + dirty.len());
-    let mut d = dirty.iter().peekable();
+/// The leaf's records with the dirty records applied, as one sorted list.
+fn merge_records(leaf: &NodeRef<'_>, dirty: &RecordList) -> RecordList {
+    let mut out = RecordList::with_capacity(leaf.len() + dirty.len(), leaf.node_size_bytes());
+    let mut d = 0;
     for r in leaf.iter() {
-        let k = r.key();
-        while let Some((dk, dv, dt)) = d.peek() {
-            if dk.as_slice() < k.as_slice() {
-                if dt.exists() {
-                    out.push((dk.clone(), dv.clone()));
-                }
-                d.next();
-            } else {
-                break;
+        // Dirty records below this leaf record: new keys (tombstones of absent keys drop).
+        while d < dirty.len() && r.cmp_key(dirty.key(d)).is_gt() {
+            if dirty.record_type(d).exists() {
+                out.push(dirty.key(d), dirty.value(d), RecordType::Insert);
             }
+            d += 1;
         }
-        match d.peek() {
-            Some((dk, dv, dt)) if *dk == k => {
-                if dt.exists() {
-                    out.push((k, dv.clone()));
-                }
-                d.next();
+        if d < dirty.len() && r.cmp_key(dirty.key(d)).is_eq() {
+            if dirty.record_type(d).exists() {
+                out.push(dirty.key(d), dirty.value(d), RecordType::Insert);
             }
-            _ => out.push((k, r.value().to_vec())),
+            d += 1;
+        } else {
+            out.push_view(&r, RecordType::Insert);
         }
     }
-    for (dk, dv, dt) in d {
-        if dt.exists() {
-            out.push((dk.clone(), dv.clone()));
+    for (k, v, t) in dirty.iter_range(d..dirty.len()) {
+        if t.exists() {
+            out.push(k, v, RecordType::Insert);
         }
     }
     out
