@@ -1374,6 +1374,35 @@ impl<'a> NodeMut<'a> {
         self.set_dead_bytes(0);
     }
 
+    /// Appends `r`, a record of a node with the same fences as this one (so the same
+    /// prefix, and `r` inside them), keeping its type and reference bit: the bulk copies'
+    /// path, which skips `push`'s range check and key re-encoding. The caller appends in
+    /// key order (checked in debug builds).
+    pub(super) fn push_same_fences(&mut self, r: &RecordView<'_>) -> Result<usize, WriteError> {
+        let node = self.as_ref();
+        debug_assert_eq!(
+            node.prefix(),
+            r.prefix(),
+            "push_same_fences: another prefix"
+        );
+        let n = node.len();
+        debug_assert!(
+            n == 0 || cmp_keys(node.key_suffix(n - 1), r.suffix()) == Ordering::Less,
+            "push_same_fences: keys must be strictly increasing"
+        );
+        let (first, count) = (node.first, node.count);
+        let need = KV_META_SIZE_BYTES + r.suffix().len() + r.value().len();
+        if node.free_space_bytes() < need {
+            self.reserve(need)?;
+        }
+        self.place_at(first + n, count, r.suffix(), r.value(), r.record_type());
+        if r.ref_bit() {
+            let meta = get_meta(self.buf, count);
+            put_meta(self.buf, count, meta.with_field(REF_SHIFT, 1, 1));
+        }
+        Ok(n)
+    }
+
     /// Appends a record whose key is greater than every key in the node. Used by the
     /// bulk builders, which receive records in key order.
     ///

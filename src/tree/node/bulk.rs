@@ -12,6 +12,16 @@ fn append_records(
     dst: &mut NodeMut<'_>,
     mut filter: impl FnMut(&RecordView<'_>) -> bool,
 ) -> Result<(), WriteError> {
+    // Same fences (growth, copy-on-access, compacting a merged page): every record of
+    // `src` lies inside them and keeps its stored suffix, so it is appended as stored.
+    if dst.as_ref().fences() == src.fences() {
+        for r in src.iter_from(range.start).take(range.len()) {
+            if filter(&r) {
+                dst.push_same_fences(&r)?;
+            }
+        }
+        return Ok(());
+    }
     let mut key = Vec::new();
     for r in src.iter_from(range.start).take(range.len()) {
         if !filter(&r) {
