@@ -176,6 +176,11 @@ pub struct Config {
     pub io_uring_sqpoll: bool,
     /// Back the pool with huge pages where the system allows (silent fallback).
     pub huge_pages: bool,
+    /// Run a background thread per tree that evicts ahead of writers, keeping 1/64 to
+    /// 1/32 of the pool free, so that a writer rarely waits for an eviction's leaf IO
+    /// (the paper evicts only in the thread that needs the room; that still happens
+    /// whenever the pool is full). Default on.
+    pub background_eviction: bool,
 }
 
 impl Default for Config {
@@ -192,6 +197,7 @@ impl Default for Config {
             backend: Backend::default(),
             io_uring_sqpoll: false,
             huge_pages: true,
+            background_eviction: true,
         }
     }
 }

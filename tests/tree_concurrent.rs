@@ -154,6 +154,7 @@ fn assert_happened(s: &TreeStats, wanted: &[&str]) {
             "mini_page_growths" => s.mini_page_growths,
             "merges" => s.merges,
             "evictions" => s.evictions,
+            "background_reclaimed_blocks" => s.background_reclaimed_blocks,
             "copy_on_access" => s.copy_on_access,
             "records_promoted" => s.records_promoted,
             "phantoms_promoted" => s.phantoms_promoted,
@@ -243,11 +244,12 @@ fn check_end(
 }
 
 /// The paths that every race of readers and writers on a tiny pool drives: merges and
-/// evictions, copy-on-access, promotion of records and phantoms read from leaf pages,
+/// evictions (the writers' own and the background evictor's), copy-on-access, promotion of records and phantoms read from leaf pages,
 /// mirrors made by scans, and leaf splits.
 const READ_WRITE_PATHS: &[&str] = &[
     "merges",
     "evictions",
+    "background_reclaimed_blocks",
     "copy_on_access",
     "records_promoted",
     "phantoms_promoted",

@@ -595,6 +595,16 @@ impl Pool {
         }
     }
 
+    /// Room at the tail, `capacity - (tail - head)`: what allocations past the free
+    /// lists can take before someone must evict. A snapshot (the head is loaded first,
+    /// so under concurrent eviction it can only understate the room).
+    pub fn tail_room_bytes(&self) -> u64 {
+        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Acquire);
+        self.capacity_bytes
+            .saturating_sub(tail.saturating_sub(head))
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> PoolStats {
         let c = &self.counters;

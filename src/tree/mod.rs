@@ -24,6 +24,7 @@
 mod admission;
 #[cfg(feature = "tokio-uring")]
 pub mod aio;
+mod background;
 pub(crate) mod inner;
 mod leaf;
 mod mapping;
@@ -34,6 +35,7 @@ mod scan;
 use std::cell::Cell;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
+use std::sync::Arc;
 
 use crossbeam_epoch::{self as epoch, Guard};
 
@@ -111,6 +113,10 @@ pub struct TreeStats {
     pub merges: u64,
     /// Mini-pages evicted from the pool's head.
     pub evictions: u64,
+    /// Pool blocks the background evictor reclaimed ([`Config::background_eviction`]):
+    /// mini-pages it evicted and freed blocks it passed. Also in the pool's
+    /// `reclaimed_blocks`.
+    pub background_reclaimed_blocks: u64,
     /// Mini-pages copied from the copy-on-access region to the tail.
     pub copy_on_access: u64,
     /// Records cached in a mini-page after a read from the leaf page.
@@ -166,6 +172,7 @@ struct Counters {
     mini_page_growths: AtomicU64,
     merges: AtomicU64,
     evictions: AtomicU64,
+    background_reclaimed_blocks: AtomicU64,
     copy_on_access: AtomicU64,
     records_promoted: AtomicU64,
     phantoms_promoted: AtomicU64,
@@ -236,7 +243,9 @@ const LEAF_VERSION_STRIPES: usize = 4096;
 /// # Ok::<(), bfdb::Error>(())
 /// ```
 pub struct Tree {
-    core: Core,
+    core: Arc<Core>,
+    /// The background evictor, if it runs (`Config::background_eviction`).
+    background: Option<background::Background>,
 }
 
 // Every operation takes `&self`: a `Tree` is shared between threads as it is.
@@ -265,6 +274,8 @@ struct Core {
     /// The second-miss filter deciding, with the promotion chance, which point reads
     /// cache what they read.
     doorkeeper: Doorkeeper,
+    /// Wakes the background evictor, if it runs.
+    background: background::Signal,
 }
 
 impl std::fmt::Debug for Tree {
@@ -357,24 +368,28 @@ impl Tree {
             .expect("one separator fits an inner node");
         let root = Box::into_raw(InnerNode::new(1, root_bytes));
         let doorkeeper = Doorkeeper::new(config.memory_budget_bytes);
-        Ok(Tree {
-            core: Core {
-                config,
-                inner_size_bytes,
-                root: AtomicPtr::new(root),
-                inner_nodes: Mutex::new(vec![root as usize]),
-                mapping,
-                pool,
-                store,
-                backend,
-                counters: Counters::default(),
-                failed: AtomicBool::new(false),
-                failure: Mutex::new(None),
-                evict_failures: AtomicU64::new(0),
-                evict_error: Mutex::new(None),
-                doorkeeper,
-            },
-        })
+        let core = Arc::new(Core {
+            config,
+            inner_size_bytes,
+            root: AtomicPtr::new(root),
+            inner_nodes: Mutex::new(vec![root as usize]),
+            mapping,
+            pool,
+            store,
+            backend,
+            counters: Counters::default(),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            evict_failures: AtomicU64::new(0),
+            evict_error: Mutex::new(None),
+            doorkeeper,
+            background: background::Signal::default(),
+        });
+        // Under shuttle every thread must be the scheduler's: no evictor thread there.
+        let background = (core.config.background_eviction && !cfg!(feature = "shuttle"))
+            .then(|| background::Background::start(&core))
+            .flatten();
+        Ok(Tree { core, background })
     }
 
     /// The value stored under `key`, if any.
@@ -488,6 +503,7 @@ impl Tree {
             mini_page_growths: load(&c.mini_page_growths),
             merges: load(&c.merges),
             evictions: load(&c.evictions),
+            background_reclaimed_blocks: load(&c.background_reclaimed_blocks),
             copy_on_access: load(&c.copy_on_access),
             records_promoted: load(&c.records_promoted),
             phantoms_promoted: load(&c.phantoms_promoted),
@@ -530,6 +546,8 @@ impl Drop for Tree {
     fn drop(&mut self) {
         // Best effort: a failure here has nowhere to go, and Drop must not panic. While
         // unwinding from a panic the tree's state is suspect: do not write it.
+        // Stop the evictor first, so the flush below is the last writer.
+        self.background = None;
         if !std::thread::panicking() {
             let _ = self.core.flush();
         }
@@ -1578,7 +1596,10 @@ impl Core {
     /// Allocates a block of at least `size` payload bytes; `WouldBlock` passes up.
     fn alloc(&self, size: usize) -> Result<Block, Op> {
         match self.pool.alloc(size, self) {
-            Ok(b) => Ok(b),
+            Ok(b) => {
+                self.after_alloc();
+                Ok(b)
+            }
             Err(AllocError::WouldBlock) => Err(Op::WouldBlock),
             Err(e) => Err(Op::Fail(Error::InvalidConfig(format!(
                 "mini-page allocation failed: {e}"
