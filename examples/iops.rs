@@ -179,6 +179,43 @@ fn store_iops(store: &FileStore, pages: u64, batch: usize, secs: f64) -> f64 {
     reads as f64 / start.elapsed().as_secs_f64()
 }
 
+/// Random 4 KiB page IO of `batch` pages at a time through `store` for `secs` seconds,
+/// single thread: `reads` and `writes` batches in turn (a merge reads its leaf pages, then
+/// writes them back). Returns (reads, writes) per second. Writes overwrite pages of the
+/// file, so the file does not grow.
+fn store_mixed_iops(
+    store: &FileStore,
+    pages: u64,
+    batch: usize,
+    (reads, writes): (usize, usize),
+    secs: f64,
+) -> (f64, f64) {
+    let mut rng = Rng(0x0fed_cba9_8765_4321);
+    let mut bufs: Vec<Box<Page>> = (0..batch).map(|_| Page::boxed()).collect();
+    let deadline = Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let (mut read, mut written) = (0u64, 0u64);
+    while start.elapsed() < deadline {
+        for (count, write) in [(reads, false), (writes, true)] {
+            for _ in 0..count {
+                let mut reqs: Vec<(PageNo, &mut Page)> = bufs
+                    .iter_mut()
+                    .map(|p| (PageNo(FIRST_PAGE + rng.below(pages)), &mut **p))
+                    .collect();
+                if write {
+                    store.write_pages(&mut reqs).expect("write_pages");
+                    written += batch as u64;
+                } else {
+                    store.read_pages(&mut reqs).expect("read_pages");
+                    read += batch as u64;
+                }
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    (read as f64 / secs, written as f64 / secs)
+}
+
 /// Random 4 KiB `O_DIRECT` reads on a bare ring at queue depth `depth`, `secs` seconds:
 /// into the caller's pages, or into registered buffers copied out to the caller's pages.
 fn raw_ring_iops(
@@ -311,6 +348,14 @@ fn iops_rows(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
             format!("io_uring, O_DIRECT, read_pages batch {batch}")
         };
         row(&name, store_iops(&uring, pages, batch, o.seconds));
+    }
+    // Writes, and reads and writes in turn, as the tree's merges issue them.
+    for (what, mix) in [("writes only", (0, 1)), ("reads, writes in turn", (1, 1))] {
+        let (r, w) = store_mixed_iops(&uring, pages, 32, mix, o.seconds);
+        println!(
+            "{:<48} {r:>12.0} reads/s + {w:.0} writes/s",
+            format!("io_uring, O_DIRECT, batch 32, {what}")
+        );
     }
     drop(uring);
     for (depth, registered) in [(1, false), (32, false), (32, true)] {
