@@ -616,6 +616,71 @@ fn background_evictor_works_ahead_of_a_writer() {
     assert_eq!(reclaimed[1], 0, "no evictor when it is off");
 }
 
+/// Writers that fill mini-pages to the merge threshold hand them to the background
+/// evictor, which merges them in batches while the writers grow them on; with the
+/// evictor off, the writers merge for themselves. The tree matches the model either way.
+#[test]
+fn writes_at_the_merge_threshold_merge_in_the_background() {
+    let mut rng = Rng(seed(
+        "writes_at_the_merge_threshold_merge_in_the_background",
+    ));
+    let mut merged_in_background = Vec::new();
+    for on in [true, false] {
+        let config = Config {
+            background_eviction: on,
+            ..small(4 << 20, 0)
+        };
+        let tree = Tree::in_memory(config).unwrap();
+        let mut model = BTreeMap::new();
+        // New keys in random order (most writes need room), with a pool that holds them
+        // all: mini-pages reach the threshold long before eviction reaches them.
+        for step in 0..40_000 {
+            let i = rng.below(1 << 30);
+            tree.insert(&key(i), &value(i, step)).unwrap();
+            model.insert(key(i), value(i, step));
+        }
+        let stats = tree.stats();
+        eprintln!("background eviction {on}: {stats:?}");
+        merged_in_background.push(stats.background_merges);
+        let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
+            tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
+        assert!(scanned == model, "background eviction {on}");
+    }
+    assert!(merged_in_background[0] > 0, "{merged_in_background:?}");
+    assert_eq!(
+        merged_in_background[1], 0,
+        "no background merges when it is off"
+    );
+}
+
+/// A mini-page full at the merge threshold first drops its clean records not read since
+/// the last pass, with no IO. A merge leaves the records it wrote in the mini-page as
+/// clean copies; without this, the next new key merged again, for that one record.
+#[test]
+fn a_full_mini_page_drops_cold_clean_records_before_merging() {
+    let config = Config {
+        background_eviction: false,
+        ..small(4 << 20, 0)
+    };
+    let tree = Tree::in_memory(config).unwrap();
+    // Keys of one leaf page: 16-byte keys and 16-byte values, about 60 of them fill a
+    // 2 KiB mini-page, and 110 stay under a leaf page.
+    let k = |i: u32| format!("key-{i:012}").into_bytes();
+    let v = |i: u32| format!("value-{i:010}").into_bytes();
+    for i in 0..110 {
+        tree.insert(&k(i), &v(i)).unwrap();
+    }
+    let stats = tree.stats();
+    assert_eq!(stats.leaf_splits, 0, "{stats:?}");
+    assert_eq!(
+        stats.merges, 1,
+        "one merge at the threshold, none right after: {stats:?}"
+    );
+    for i in 0..110 {
+        assert_eq!(tree.get(&k(i)).unwrap(), Some(v(i)));
+    }
+}
+
 /// Writes that land on mini-pages in the pool's copy-on-access region do no leaf IO:
 /// the copy keeps the dirty records, so every merge of a write-only workload whose
 /// mini-pages stay below the merge threshold comes from an eviction.

@@ -9,6 +9,11 @@
 //! writer's allocation rarely has to evict itself. Writers still evict when they find no
 //! room, as before: the thread only works ahead of them, and nothing waits for it.
 //!
+//! It also merges, in batches, the mini-pages that writers found full at the merge
+//! threshold: with the evictor running, such a writer grows its mini-page on (up to the
+//! largest block) and queues the page here instead of merging it itself, one leaf read
+//! and write while it holds the page's lock.
+//!
 //! The cost is that the pool runs slightly below full: at most the high-water mark
 //! (1/32 of the budget) is kept empty instead of caching records.
 
@@ -16,10 +21,14 @@ use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
+use crate::config::MINI_HEADER_BYTES;
+use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::spin_wait;
 
-use super::Core;
+use super::mapping::PageId;
+use super::{Core, FLUSH_BATCH_PAGES, MergeJob, bump, clean_after_merge, mapping};
+use super::{mini_ref, node_bytes_mut};
 
 /// Blocks the background evictor claims per step (a writer that evicts claims
 /// [`crate::pool::EVICT_BATCH_BLOCKS`]): more leaf pages per batched read and write,
@@ -29,6 +38,9 @@ const BATCH_BLOCKS: usize = 32;
 /// Steps in a row that reclaim nothing (every block busy, or the tree failing) before
 /// the evictor backs off and sleeps.
 const MAX_STALLED_STEPS: u32 = 64;
+
+/// Most pages waiting for a background merge; past it writers merge for themselves.
+const MERGE_QUEUE_MAX: usize = 1024;
 
 /// The longest the evictor sleeps between looks at the pool when nobody wakes it.
 const IDLE_SLEEP: Duration = Duration::from_millis(100);
@@ -41,6 +53,8 @@ pub(super) struct Signal {
     busy: AtomicBool,
     stop: AtomicBool,
     thread: OnceLock<Thread>,
+    /// Pages whose mini-pages reached the merge threshold, for the evictor to merge.
+    merges: Mutex<Vec<PageId>>,
 }
 
 /// Room at the pool's tail below which writers wake the evictor.
@@ -65,6 +79,81 @@ impl Core {
         {
             thread.unpark();
         }
+    }
+
+    /// Hands page `pid`, whose mini-page is full at the merge threshold, to the
+    /// background evictor; false if there is none or its queue is full (the writer then
+    /// merges for itself).
+    pub(super) fn queue_merge(&self, pid: PageId) -> bool {
+        let Some(thread) = self.background.thread.get() else {
+            return false;
+        };
+        {
+            let mut queue = self.background.merges.lock();
+            if queue.len() >= MERGE_QUEUE_MAX {
+                return false;
+            }
+            queue.push(pid);
+        }
+        if !self.background.busy.swap(true, Ordering::AcqRel) {
+            thread.unpark();
+        }
+        true
+    }
+
+    /// Merges the mini-pages queued by `queue_merge` that are still dirty and at the
+    /// threshold, `FLUSH_BATCH_PAGES` per batched read and write. Only try-locks: a page
+    /// someone holds is left to its writers (who merge it at full size) and to eviction.
+    /// Returns how many pages were queued.
+    fn merge_queued(&self) -> usize {
+        let mut pids = std::mem::take(&mut *self.background.merges.lock());
+        let queued = pids.len();
+        pids.sort_unstable_by_key(|p| p.0);
+        pids.dedup();
+        for chunk in pids.chunks(FLUSH_BATCH_PAGES) {
+            let mut locked = Vec::new();
+            let mut jobs = Vec::new();
+            for &pid in chunk {
+                let Some(page) = self.mapping.try_write(pid) else {
+                    continue;
+                };
+                let Some(job) = self.dirty_mini(&page) else {
+                    continue;
+                };
+                let node_size = job.block.size_bytes() - MINI_HEADER_BYTES;
+                if job.header.mirror || node_size < self.config.merge_threshold_bytes {
+                    continue;
+                }
+                locked.push(page);
+                jobs.push(job);
+            }
+            let results = self.merge_batch(&jobs);
+            for ((page, job), result) in locked.iter().zip(&jobs).zip(results) {
+                // A failed merge leaves the records dirty, for the writer or eviction;
+                // a failed write has poisoned the tree, which writers then report.
+                if let Ok(split) = result {
+                    self.after_background_merge(page, job, split);
+                }
+            }
+        }
+        queued
+    }
+
+    /// After the evictor merged a queued mini-page: if the leaf split, the mini-page is
+    /// dropped (its records may belong to other pages now); otherwise it keeps the
+    /// records read since the last pass, as clean copies, which makes room for writes.
+    fn after_background_merge(&self, page: &mapping::WriteGuard<'_>, job: &MergeJob, split: bool) {
+        bump(&self.counters.background_merges);
+        if split {
+            page.set_location(super::Location::Leaf(job.header.leaf.0));
+            self.retire(job.block);
+            return;
+        }
+        // SAFETY: we hold the page's write lock.
+        let mini = unsafe { mini_ref(&job.block) };
+        let bytes = clean_after_merge(&mini, false, None);
+        // SAFETY: as above; `mini` is no longer used.
+        unsafe { node_bytes_mut(&job.block) }.copy_from_slice(&bytes);
     }
 }
 
@@ -115,7 +204,17 @@ fn run(core: &Core) {
     let mut backoff = Duration::from_millis(1);
     while !signal.stop.load(Ordering::Acquire) {
         let mut stalled = 0;
-        while pool.tail_room_bytes() < high && !signal.stop.load(Ordering::Acquire) {
+        loop {
+            if signal.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let queued = core.merge_queued();
+            if pool.tail_room_bytes() >= high {
+                if queued == 0 {
+                    break;
+                }
+                continue;
+            }
             let reclaimed = pool.evict_many(BATCH_BLOCKS, core);
             if reclaimed > 0 {
                 core.counters
@@ -139,9 +238,10 @@ fn run(core: &Core) {
             continue;
         }
         signal.busy.store(false, Ordering::SeqCst);
-        // A writer that found the pool low after the loop's last look but before `busy`
-        // cleared did not wake us: look once more before sleeping.
-        if pool.tail_room_bytes() < low && !signal.busy.swap(true, Ordering::AcqRel) {
+        // A writer that found the pool low (or queued a merge) after the loop's last look
+        // but before `busy` cleared did not wake us: look once more before sleeping.
+        let work = pool.tail_room_bytes() < low || !signal.merges.lock().is_empty();
+        if work && !signal.busy.swap(true, Ordering::AcqRel) {
             continue;
         }
         std::thread::park_timeout(IDLE_SLEEP);

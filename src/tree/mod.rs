@@ -117,6 +117,9 @@ pub struct TreeStats {
     /// mini-pages it evicted and freed blocks it passed. Also in the pool's
     /// `reclaimed_blocks`.
     pub background_reclaimed_blocks: u64,
+    /// Mini-pages at the merge threshold that the background evictor merged (in batches)
+    /// while their writers went on growing them ([`Config::background_eviction`]).
+    pub background_merges: u64,
     /// Mini-pages copied from the copy-on-access region to the tail.
     pub copy_on_access: u64,
     /// Records cached in a mini-page after a read from the leaf page.
@@ -173,6 +176,7 @@ struct Counters {
     merges: AtomicU64,
     evictions: AtomicU64,
     background_reclaimed_blocks: AtomicU64,
+    background_merges: AtomicU64,
     copy_on_access: AtomicU64,
     records_promoted: AtomicU64,
     phantoms_promoted: AtomicU64,
@@ -504,6 +508,7 @@ impl Tree {
             merges: load(&c.merges),
             evictions: load(&c.evictions),
             background_reclaimed_blocks: load(&c.background_reclaimed_blocks),
+            background_merges: load(&c.background_merges),
             copy_on_access: load(&c.copy_on_access),
             records_promoted: load(&c.records_promoted),
             phantoms_promoted: load(&c.phantoms_promoted),
@@ -1583,14 +1588,30 @@ impl Core {
             Err(e) => unreachable!("a checked key fits its mini-page: {e:?}"),
         }
         let node_size = block.size_bytes() - MINI_HEADER_BYTES;
-        let grow = !header.mirror
-            && block.size_bytes() < MAX_MINI_BLOCK_BYTES
-            && node_size < self.config.merge_threshold_bytes;
-        if grow {
-            self.grow_mini(page, block, header, key, value, record_type)
-        } else {
-            self.merge_full(page, block, header, key, value, record_type)
+        let can_grow = !header.mirror && block.size_bytes() < MAX_MINI_BLOCK_BYTES;
+        if can_grow && node_size < self.config.merge_threshold_bytes {
+            return self.grow_mini(page, block, header, key, value, record_type);
         }
+        // At the merge threshold. Clean records not read since the last pass go first:
+        // dropping them costs no IO (a merge leaves the records it wrote as clean
+        // copies, so without this the next new key merged again, for that one record).
+        if !header.mirror && drop_cold_clean(&mut mini) {
+            match mini.upsert(key, value, record_type) {
+                Ok(up) => {
+                    mini.set_ref_bit(up.index(), record_type.is_dirty());
+                    return Ok(());
+                }
+                Err(WriteError::Full) => {}
+                Err(e) => unreachable!("a checked key fits its mini-page: {e:?}"),
+            }
+        }
+        // At the merge threshold. With a background evictor, a write grows the mini-page
+        // on and leaves the merge to it (batched, and the writer does not wait for the
+        // leaf IO); at full size, or without one, the writer merges now.
+        if can_grow && record_type.is_dirty() && self.queue_merge(page.id()) {
+            return self.grow_mini(page, block, header, key, value, record_type);
+        }
+        self.merge_full(page, block, header, key, value, record_type)
     }
 
     /// Allocates a block of at least `size` payload bytes; `WouldBlock` passes up.
@@ -1730,22 +1751,9 @@ impl Core {
             self.retire(block);
             return Ok(());
         }
-        // Everything dirty is in the leaf page now. A mirror keeps every live record (it
-        // still mirrors the leaf); a regular mini-page keeps only records read since
-        // the last pass, as clean copies.
-        let mut scratch = vec![0u8; block.size_bytes() - MINI_HEADER_BYTES];
         let mirror = header.mirror;
-        node::copy_into(&mini, &mut scratch, mini.fences(), |r| {
-            if mirror {
-                r.record_type().exists()
-            } else {
-                r.ref_bit() && r.cmp_key(key) != std::cmp::Ordering::Equal
-            }
-        })
-        .expect("a subset of a node fits the same size");
+        let mut scratch = clean_after_merge(&mini, mirror, Some(key));
         let mut rebuilt = NodeMut::trusted(&mut scratch);
-        mark_clean(&mut rebuilt);
-        rebuilt.clear_ref_bits();
         if mirror && record_type.exists() {
             // The new record is in the leaf page; the mirror must hold it too.
             if rebuilt.upsert(key, value, RecordType::Cache).is_err() {
@@ -2557,6 +2565,33 @@ fn mark_clean(node: &mut NodeMut<'_>) {
         };
         node.set_record_type(i, clean);
     }
+}
+
+/// Drops the clean records of a regular mini-page whose reference bit is clear (cached
+/// reads and merged writes not touched since the last pass); returns whether it dropped
+/// any. Dirty records and referenced clean ones stay, in place.
+fn drop_cold_clean(mini: &mut NodeMut<'_>) -> bool {
+    mini.retain(|r| r.record_type().is_dirty() || r.ref_bit())
+}
+
+/// A mini-page's node once its dirty records are in the leaf page: a mirror keeps every
+/// live record (it still mirrors the leaf); a regular mini-page keeps only the records
+/// read since the last pass, other than `except` (the record just merged), as clean
+/// copies with their reference bits cleared.
+fn clean_after_merge(mini: &NodeRef<'_>, mirror: bool, except: Option<&[u8]>) -> Vec<u8> {
+    let mut scratch = vec![0u8; mini.node_size_bytes()];
+    node::copy_into(mini, &mut scratch, mini.fences(), |r| {
+        if mirror {
+            r.record_type().exists()
+        } else {
+            r.ref_bit() && except.is_none_or(|k| r.cmp_key(k) != std::cmp::Ordering::Equal)
+        }
+    })
+    .expect("a subset of a node fits the same size");
+    let mut rebuilt = NodeMut::trusted(&mut scratch);
+    mark_clean(&mut rebuilt);
+    rebuilt.clear_ref_bits();
+    scratch
 }
 
 /// A fence as an owned key, `None` when unbounded or absent.

@@ -1374,6 +1374,20 @@ impl<'a> NodeMut<'a> {
         self.set_dead_bytes(0);
     }
 
+    /// Removes the records `keep` rejects and compacts the node; returns whether any was
+    /// removed. Fence records, types and reference bits of the kept records stay.
+    pub fn retain(&mut self, mut keep: impl FnMut(&RecordView<'_>) -> bool) -> bool {
+        let node = self.as_ref();
+        if node.iter().all(|r| keep(&r)) {
+            return false;
+        }
+        let mut scratch = vec![0u8; self.buf.len()];
+        bulk::copy_into(&node, &mut scratch, node.fences(), keep)
+            .expect("a subset of a node fits a node of its size");
+        self.buf.copy_from_slice(&scratch);
+        true
+    }
+
     /// Appends `r`, a record of a node with the same fences as this one (so the same
     /// prefix, and `r` inside them), keeping its type and reference bit: the bulk copies'
     /// path, which skips `push`'s range check and key re-encoding. The caller appends in
