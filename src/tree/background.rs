@@ -141,7 +141,8 @@ impl Core {
 
     /// After the evictor merged a queued mini-page: if the leaf split, the mini-page is
     /// dropped (its records may belong to other pages now); otherwise it keeps the
-    /// records read since the last pass, as clean copies, which makes room for writes.
+    /// records read or written since the last pass, as clean copies with their reference
+    /// bits cleared, which the next write that needs room drops (`drop_cold_clean`).
     fn after_background_merge(&self, page: &mapping::WriteGuard<'_>, job: &MergeJob, split: bool) {
         bump(&self.counters.background_merges);
         if split {
