@@ -218,7 +218,10 @@ fuzz_target!(|input: Input| {
         match r {
             Ok(b) => {
                 assert!(b.size_bytes() >= size.max(64), "{b:?} for {size} bytes");
-                assert!(b.size_bytes() <= size.max(64) * 5 / 4, "{b:?} for {size} bytes");
+                assert!(
+                    b.size_bytes() <= size.max(64) * 5 / 4,
+                    "{b:?} for {size} bytes"
+                );
                 assert_eq!(pool.class_size_bytes(size), Ok(b.size_bytes()));
                 Some(b)
             }
