@@ -1592,10 +1592,11 @@ impl Core {
         if can_grow && node_size < self.config.merge_threshold_bytes {
             return self.grow_mini(page, block, header, key, value, record_type);
         }
-        // At the merge threshold. Clean records not read since the last pass go first:
-        // dropping them costs no IO (a merge leaves the records it wrote as clean
-        // copies, so without this the next new key merged again, for that one record).
-        if !header.mirror && drop_cold_clean(&mut mini) {
+        // At the merge threshold. For a write, clean records not read since the last pass
+        // go first: dropping them costs no IO (a merge leaves the records it wrote as
+        // clean copies, so without this the next new key merged again, for that one
+        // record). A read being cached does not displace them; `merge_full` drops it.
+        if !header.mirror && record_type.is_dirty() && drop_cold_clean(&mut mini) {
             match mini.upsert(key, value, record_type) {
                 Ok(up) => {
                     mini.set_ref_bit(up.index(), record_type.is_dirty());
