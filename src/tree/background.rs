@@ -27,7 +27,7 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::spin_wait;
 
 use super::mapping::PageId;
-use super::{Core, FLUSH_BATCH_PAGES, MergeJob, bump, clean_after_merge, mapping};
+use super::{Core, FLUSH_BATCH_PAGES, MergeJob, bump, bump_by, clean_after_merge, mapping};
 use super::{mini_ref, node_bytes_mut};
 
 /// Blocks the background evictor claims per step (a writer that evicts claims
@@ -218,9 +218,7 @@ fn run(core: &Core) {
             }
             let reclaimed = pool.evict_many(BATCH_BLOCKS, core);
             if reclaimed > 0 {
-                core.counters
-                    .background_reclaimed_blocks
-                    .fetch_add(reclaimed as u64, Ordering::Relaxed);
+                bump_by(&core.counters.background_reclaimed_blocks, reclaimed);
                 stalled = 0;
                 backoff = Duration::from_millis(1);
             } else {

@@ -228,7 +228,9 @@ const LEAF_VERSION_STRIPES: usize = 4096;
 ///
 /// Every operation takes `&self`; share a `Tree` between threads with `Arc` or scoped
 /// threads. Keys are non-empty byte strings of at most [`Config::max_key_bytes`]; values
-/// are byte strings of at most [`Config::max_value_bytes`].
+/// are byte strings of at most [`Config::max_value_bytes`]. Unless
+/// [`Config::background_eviction`] is off, each tree runs one thread of its own
+/// (`bfdb-evictor`), which dropping the tree stops.
 ///
 /// ```
 /// let tree = bfdb::Tree::in_memory(bfdb::Config::default())?;
