@@ -634,10 +634,26 @@ fn writes_at_the_merge_threshold_merge_in_the_background() {
         let mut model = BTreeMap::new();
         // New keys in random order (most writes need room), with a pool that holds them
         // all: mini-pages reach the threshold long before eviction reaches them.
-        for step in 0..40_000 {
+        let mut step = 0;
+        let mut insert = |tree: &Tree, model: &mut BTreeMap<Vec<u8>, Vec<u8>>| {
             let i = rng.below(1 << 30);
             tree.insert(&key(i), &value(i, step)).unwrap();
             model.insert(key(i), value(i, step));
+            step += 1;
+        };
+        for _ in 0..40_000 {
+            insert(&tree, &mut model);
+        }
+        // With the cores busy (tests run in parallel) the evictor may not have run yet:
+        // go on writing, pausing between batches, until it has merged something.
+        for _ in 0..5000 {
+            if !on || tree.stats().background_merges > 0 {
+                break;
+            }
+            for _ in 0..50 {
+                insert(&tree, &mut model);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let stats = tree.stats();
         eprintln!("background eviction {on}: {stats:?}");

@@ -1803,7 +1803,10 @@ impl Core {
         // at once (the class rounding may leave none), but never more than the old block.
         let target = need.max(block.size_bytes().min(need + need / 8));
         let moved = match self.pool.alloc(target, self) {
-            Ok(b) => b,
+            Ok(b) => {
+                self.after_alloc();
+                b
+            }
             // Best effort: the block stays where it is.
             Err(_) => return Some(block),
         };
