@@ -1581,13 +1581,8 @@ impl Core {
             // A mirror holds every record of its leaf: the key is absent already.
             return Ok(());
         }
-        match mini.upsert(key, value, record_type) {
-            Ok(up) => {
-                mini.set_ref_bit(up.index(), record_type.is_dirty());
-                return Ok(());
-            }
-            Err(WriteError::Full) => {}
-            Err(e) => unreachable!("a checked key fits its mini-page: {e:?}"),
+        if place(&mut mini, key, value, record_type) {
+            return Ok(());
         }
         let node_size = block.size_bytes() - MINI_HEADER_BYTES;
         let can_grow = !header.mirror && block.size_bytes() < MAX_MINI_BLOCK_BYTES;
@@ -1598,15 +1593,12 @@ impl Core {
         // go first: dropping them costs no IO (a merge leaves the records it wrote as
         // clean copies, so without this the next new key merged again, for that one
         // record). A read being cached does not displace them; `merge_full` drops it.
-        if !header.mirror && record_type.is_dirty() && drop_cold_clean(&mut mini) {
-            match mini.upsert(key, value, record_type) {
-                Ok(up) => {
-                    mini.set_ref_bit(up.index(), record_type.is_dirty());
-                    return Ok(());
-                }
-                Err(WriteError::Full) => {}
-                Err(e) => unreachable!("a checked key fits its mini-page: {e:?}"),
-            }
+        if !header.mirror
+            && record_type.is_dirty()
+            && drop_cold_clean(&mut mini)
+            && place(&mut mini, key, value, record_type)
+        {
+            return Ok(());
         }
         // At the merge threshold. With a background evictor, a write grows the mini-page
         // on and leaves the merge to it (batched, and the writer does not wait for the
@@ -2570,6 +2562,19 @@ fn mark_clean(node: &mut NodeMut<'_>) {
             RecordType::Phantom
         };
         node.set_record_type(i, clean);
+    }
+}
+
+/// Puts a record into a mini-page if it has room (a write's reference bit set, a cached
+/// read's clear); false if the mini-page is full.
+fn place(mini: &mut NodeMut<'_>, key: &[u8], value: &[u8], record_type: RecordType) -> bool {
+    match mini.upsert(key, value, record_type) {
+        Ok(up) => {
+            mini.set_ref_bit(up.index(), record_type.is_dirty());
+            true
+        }
+        Err(WriteError::Full) => false,
+        Err(e) => unreachable!("a checked key fits its mini-page: {e:?}"),
     }
 }
 
