@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bfdb::storage::{MemoryStore, Page, PageNo, PageStore, StoreStats};
-use bfdb::{Config, Tree};
+use bfdb::{Config, Tree, TreeStats};
 
 mod common;
 use common::{Rng, check_racing_scan, key, parse_value, seed, value, write_next_version};
@@ -577,6 +577,16 @@ fn batched_evictions_match_model() {
     assert!(scanned == model);
 }
 
+/// The end of a background-evictor test: the tree matches the model; returns its stats.
+fn check_after_background(tree: &Tree, model: &BTreeMap<Vec<u8>, Vec<u8>>, on: bool) -> TreeStats {
+    let stats = tree.stats();
+    eprintln!("background eviction {on}: {stats:?}");
+    let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
+        tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
+    assert!(scanned == *model, "background eviction {on}");
+    stats
+}
+
 /// The background evictor works ahead of a single writer and reader on a file-backed
 /// tree: it reclaims pool blocks while they run, and the tree matches the model. With
 /// the evictor off it reclaims nothing.
@@ -604,13 +614,13 @@ fn background_evictor_works_ahead_of_a_writer() {
                 let j = rng.below(n);
                 assert_eq!(tree.get(&key(j)).unwrap().as_ref(), model.get(&key(j)));
             }
+            // With the cores busy (tests run in parallel) the evictor may not have run
+            // yet: past the planned writes, pause now and then until it has.
+            if step >= 59_000 && on && tree.stats().background_reclaimed_blocks == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
-        let stats = tree.stats();
-        eprintln!("background eviction {on}: {stats:?}");
-        reclaimed.push(stats.background_reclaimed_blocks);
-        let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
-            tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
-        assert!(scanned == model, "background eviction {on}");
+        reclaimed.push(check_after_background(&tree, &model, on).background_reclaimed_blocks);
     }
     assert!(reclaimed[0] > 0, "the evictor never ran: {reclaimed:?}");
     assert_eq!(reclaimed[1], 0, "no evictor when it is off");
@@ -655,12 +665,7 @@ fn writes_at_the_merge_threshold_merge_in_the_background() {
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        let stats = tree.stats();
-        eprintln!("background eviction {on}: {stats:?}");
-        merged_in_background.push(stats.background_merges);
-        let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
-            tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
-        assert!(scanned == model, "background eviction {on}");
+        merged_in_background.push(check_after_background(&tree, &model, on).background_merges);
     }
     assert!(merged_in_background[0] > 0, "{merged_in_background:?}");
     assert_eq!(
@@ -708,6 +713,8 @@ fn copy_on_access_keeps_dirty_records_instead_of_merging() {
     let config = Config {
         copy_on_access_percent: 50,
         merge_threshold_bytes: 4096,
+        // Single-threaded: no evictor thread changes which mini-pages reach full size.
+        background_eviction: false,
         ..small(128 << 10, 0)
     };
     let tree = Tree::in_memory(config).unwrap();
@@ -728,8 +735,11 @@ fn copy_on_access_keeps_dirty_records_instead_of_merging() {
         merges > 100,
         "the pool is too small to hold the writes: {after:?}"
     );
+    // A mini-page that reaches full size before eviction reaches it merges itself
+    // (depending on the seed, one in a few thousand here); merging on copy made three
+    // times as many merges as evictions (5,695 for 1,967).
     assert!(
-        merges <= evictions,
+        merges <= evictions + evictions / 100,
         "{merges} merges but {evictions} evictions: some copy merged: {after:?}"
     );
     let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
