@@ -302,6 +302,20 @@ fn shuttle_eviction_racing_growth_random() {
     shuttle::check_random(eviction_racing_growth_and_copy_on_access, iterations());
 }
 
+/// Regression, a schedule that livelocked: a writer growing page P's mini-page found no
+/// pool room because the block pinning the pool's head was P's own mini-page, which no
+/// eviction can take while the writer holds P; it gave up and let go of P, the other
+/// writer of P took it and met the same wall, and so on in turn. Growth now merges
+/// instead when the pool has no room (a merge needs none).
+#[test]
+fn shuttle_eviction_racing_growth_own_block_at_head() {
+    shuttle::check_random_with_seed(
+        eviction_racing_growth_and_copy_on_access,
+        9_816_307_261_761_311_760,
+        1,
+    );
+}
+
 #[test]
 fn shuttle_eviction_racing_growth_pct() {
     shuttle::check_pct(eviction_racing_growth_and_copy_on_access, iterations(), 3);

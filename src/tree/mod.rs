@@ -32,7 +32,6 @@ pub mod node;
 mod olc;
 mod scan;
 
-use std::cell::Cell;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::Arc;
@@ -120,6 +119,10 @@ pub struct TreeStats {
     /// Mini-pages at the merge threshold that the background evictor merged (in batches)
     /// while their writers went on growing them ([`Config::background_eviction`]).
     pub background_merges: u64,
+    /// Mini-pages merged instead of grown because the pool had no room for the bigger
+    /// block (the block pinning its head may be the growing mini-page itself, which
+    /// nobody else can evict while its writer holds the page). Also in `merges`.
+    pub merges_without_room: u64,
     /// Mini-pages copied from the copy-on-access region to the tail.
     pub copy_on_access: u64,
     /// Records cached in a mini-page after a read from the leaf page.
@@ -177,6 +180,7 @@ struct Counters {
     evictions: AtomicU64,
     background_reclaimed_blocks: AtomicU64,
     background_merges: AtomicU64,
+    merges_without_room: AtomicU64,
     copy_on_access: AtomicU64,
     records_promoted: AtomicU64,
     phantoms_promoted: AtomicU64,
@@ -511,6 +515,7 @@ impl Tree {
             evictions: load(&c.evictions),
             background_reclaimed_blocks: load(&c.background_reclaimed_blocks),
             background_merges: load(&c.background_merges),
+            merges_without_room: load(&c.merges_without_room),
             copy_on_access: load(&c.copy_on_access),
             records_promoted: load(&c.records_promoted),
             phantoms_promoted: load(&c.phantoms_promoted),
@@ -584,8 +589,9 @@ fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+#[cfg(not(feature = "shuttle"))]
 thread_local! {
-    static RNG: Cell<u64> = Cell::new({
+    static RNG: std::cell::Cell<u64> = std::cell::Cell::new({
         let addr = &0u8 as *const u8 as u64;
         let time = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -604,11 +610,18 @@ fn owned_bounds<K: AsRef<[u8]>, R: RangeBounds<K>>(range: &R) -> (Bound<Vec<u8>>
     (own(range.start_bound()), own(range.end_bound()))
 }
 
-/// A cheap per-thread coin with `percent` chance of heads (xorshift64*).
+/// A cheap per-thread coin with `percent` chance of heads (xorshift64*). Under shuttle
+/// the coin is shuttle's, so a failing schedule's seed replays the same tosses.
 fn chance(percent: u8) -> bool {
     if percent == 0 {
         return false;
     }
+    #[cfg(feature = "shuttle")]
+    {
+        use shuttle::rand::RngCore;
+        shuttle::rand::thread_rng().next_u64() % 100 < u64::from(percent)
+    }
+    #[cfg(not(feature = "shuttle"))]
     RNG.with(|r| {
         let mut x = r.get();
         x ^= x >> 12;
@@ -1688,7 +1701,16 @@ impl Core {
         // otherwise a fixed step up: small steps keep the block's empty tail small.
         let need = MINI_HEADER_BYTES + live_bytes + leaf::record_cost(key.len(), value.len());
         let stepped = block.size_bytes() * MINI_GROWTH_PERCENT / 100;
-        let bigger = self.alloc(need.max(stepped).min(MAX_MINI_BLOCK_BYTES))?;
+        let bigger = match self.alloc(need.max(stepped).min(MAX_MINI_BLOCK_BYTES)) {
+            Ok(b) => b,
+            // No room: the block pinning the pool's head may be this very mini-page, which
+            // nobody can evict while we hold its page. A merge needs no pool room.
+            Err(Op::WouldBlock) if record_type.is_dirty() => {
+                bump(&self.counters.merges_without_room);
+                return self.merge_full(page, block, header, key, value, record_type);
+            }
+            Err(e) => return Err(e),
+        };
         // SAFETY: the new block is unpublished: ours alone.
         let new = unsafe { block_bytes(&bigger) };
         header.write(new);
