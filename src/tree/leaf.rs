@@ -120,6 +120,10 @@ impl RecordList {
         self.spans.len()
     }
 
+    pub(crate) fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
     /// Stores a record made of `key_parts` (concatenated) and `value`, and returns its span.
     fn store(&mut self, key_parts: [&[u8]; 2], value: &[u8], t: RecordType) -> Span {
         let at = self.bytes.len();
@@ -233,12 +237,29 @@ pub(crate) struct LeafChunk {
     pub(crate) records: std::ops::Range<usize>,
 }
 
-/// Splits sorted records into as few leaf pages as fit, balanced by bytes; the first
-/// chunk keeps `low`, the last `high`, and neighbours share a suffix-truncated separator.
+/// How a split spreads records over its pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fill {
+    /// About the same bytes in every page: right for inserts in random key order, which
+    /// land in both halves alike.
+    Balanced,
+    /// Every page full but the last: the new records all lie above the page's old
+    /// ones (keys inserted in ascending order), so no later insert lands in the lower
+    /// pages, and half-full ones would stay half full.
+    Ascending,
+    /// Every page full but the first: the new records all lie below the old ones
+    /// (descending order).
+    Descending,
+}
+
+/// Splits sorted records into as few leaf pages as fit, spread as `fill` says; the
+/// first chunk keeps `low`, the last `high`, and neighbours share a suffix-truncated
+/// separator.
 pub(crate) fn pack_leaves(
     records: &RecordList,
     low: Option<&[u8]>,
     high: Option<&[u8]>,
+    fill: Fill,
 ) -> Vec<LeafChunk> {
     // Every chunk's range lies inside [low, high), so every chunk's prefix is at least
     // the common prefix of `low` and `high`: costing keys without it is a tight upper
@@ -256,6 +277,12 @@ pub(crate) fn pack_leaves(
     let fence_bound = |l: Option<&[u8]>, h: Option<&[u8]>| {
         2 * KV_META_SIZE_BYTES + l.map_or(0, <[u8]>::len) + h.map_or(0, <[u8]>::len)
     };
+    if fill != Fill::Balanced
+        && !records.is_empty()
+        && let Some(chunks) = pack_full(records, (low, high), fill)
+    {
+        return chunks;
+    }
     // Try 1, 2, 3, ... pages until every chunk's worst-case size fits.
     let mut pages = 1;
     loop {
@@ -274,6 +301,99 @@ pub(crate) fn pack_leaves(
             "a single record always fits a leaf page"
         );
     }
+}
+
+/// Packs every page as full as it goes but one end's (`Fill::Ascending`: the last page
+/// takes what is left; `Fill::Descending`: the first), each page's size computed
+/// exactly: its fences and the records' keys without the prefix those fences give.
+/// `None` if a single record does not fit next to its fences (the caller balances).
+fn pack_full(
+    records: &RecordList,
+    (low, high): (Option<&[u8]>, Option<&[u8]>),
+    fill: Fill,
+) -> Option<Vec<LeafChunk>> {
+    let n = records.len();
+    // full[i]: the records before i at full key length.
+    let mut full = Vec::with_capacity(n + 1);
+    full.push(0usize);
+    for i in 0..n {
+        let (k, v) = records.lens(i);
+        full.push(full[i] + record_cost(k, v));
+    }
+    // The separator between records i - 1 and i: a prefix of key i.
+    let sep = |i: usize| {
+        let (a, b) = (records.key(i - 1), records.key(i));
+        &b[..(node::common_prefix_len(a, b) + 1).min(b.len())]
+    };
+    let fits = |from: usize, to: usize, lo: Option<&[u8]>, hi: Option<&[u8]>| {
+        let fences = Fences::Range { low: lo, high: hi };
+        let prefix = fences.prefix().len();
+        NODE_META_SIZE_BYTES + fences.size_bytes() + full[to] - full[from] - (to - from) * prefix
+            <= PAGE_PAYLOAD_SIZE
+    };
+    // Chunk boundaries: ends[j] is where chunk j ends (exclusive).
+    let mut ends = Vec::new();
+    if fill == Fill::Descending {
+        let mut end = n;
+        while end > 0 {
+            let hi = if end == n { high } else { Some(sep(end)) };
+            let mut from = end;
+            while from > 0 {
+                let lo = if from - 1 == 0 {
+                    low
+                } else {
+                    Some(sep(from - 1))
+                };
+                if !fits(from - 1, end, lo, hi) {
+                    break;
+                }
+                from -= 1;
+            }
+            if from == end {
+                return None;
+            }
+            ends.push(end);
+            end = from;
+        }
+        ends.reverse();
+    } else {
+        let mut start = 0;
+        while start < n {
+            let lo = if start == 0 { low } else { Some(sep(start)) };
+            let mut to = start;
+            while to < n {
+                let hi = if to + 1 == n { high } else { Some(sep(to + 1)) };
+                if !fits(start, to + 1, lo, hi) {
+                    break;
+                }
+                to += 1;
+            }
+            if to == start {
+                return None;
+            }
+            ends.push(to);
+            start = to;
+        }
+    }
+    let mut chunks = Vec::with_capacity(ends.len());
+    let mut start = 0;
+    for end in ends {
+        chunks.push(LeafChunk {
+            low: if start == 0 {
+                low.map(<[u8]>::to_vec)
+            } else {
+                Some(sep(start).to_vec())
+            },
+            high: if end == n {
+                high.map(<[u8]>::to_vec)
+            } else {
+                Some(sep(end).to_vec())
+            },
+            records: start..end,
+        });
+        start = end;
+    }
+    Some(chunks)
 }
 
 type CostFn<'a> = dyn Fn(usize) -> usize + 'a;
@@ -521,7 +641,7 @@ mod tests {
             let records: RecordList = (0..n as u32)
                 .map(|i| (format!("key{i:09}").into_bytes(), vec![7u8; 20]))
                 .collect();
-            let chunks = pack_leaves(&records, None, None);
+            let chunks = pack_leaves(&records, None, None, Fill::Balanced);
             assert_eq!(chunks.len(), 2, "{n} records of {one_page} per page");
             let sizes: Vec<usize> = chunks.iter().map(|c| c.records.len()).collect();
             assert!(sizes.iter().all(|&k| k + 2 >= n / 2), "{n}: {sizes:?}");
@@ -533,11 +653,56 @@ mod tests {
     }
 
     #[test]
+    fn packing_full_fills_all_pages_but_one_end() {
+        // Keys share "key00" within a page once the fences bound it, so a full page holds
+        // more records than the full-key count `one_page`.
+        let one_page = (PAGE_PAYLOAD_SIZE - NODE_META_SIZE_BYTES) / record_cost(12, 20);
+        for n in [1, 2, one_page, one_page + 1, 2 * one_page + 7, 5 * one_page] {
+            let records: RecordList = (0..n as u32)
+                .map(|i| (format!("key{i:09}").into_bytes(), vec![7u8; 20]))
+                .collect();
+            for (fill, low, high) in [
+                (Fill::Ascending, Some(&b"k"[..]), None),
+                (Fill::Descending, None, Some(&b"l"[..])),
+                (Fill::Ascending, Some(&b"key"[..]), Some(&b"kez"[..])),
+            ] {
+                let chunks = pack_leaves(&records, low, high, fill);
+                assert_eq!(chunks.first().unwrap().low.as_deref(), low);
+                assert_eq!(chunks.last().unwrap().high.as_deref(), high);
+                assert_eq!(chunks.first().unwrap().records.start, 0);
+                assert_eq!(chunks.last().unwrap().records.end, n);
+                for w in chunks.windows(2) {
+                    assert_eq!(w[0].high, w[1].low);
+                    assert_eq!(w[0].records.end, w[1].records.start);
+                }
+                let mut payload = vec![0u8; PAGE_PAYLOAD_SIZE];
+                for c in &chunks {
+                    build_leaf(&mut payload, c, &records).unwrap();
+                }
+                // Every page but the one end's is full: about as many records as a page
+                // holds at full key length, or more (its fences may give it a prefix); a
+                // balanced split of n records would give n / pages.
+                let full = match fill {
+                    Fill::Descending => &chunks[1..],
+                    _ => &chunks[..chunks.len() - 1],
+                };
+                for c in full {
+                    assert!(
+                        c.records.len() + 1 >= one_page,
+                        "{fill:?} {n}: {:?}",
+                        c.records
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn packing_balances_and_fits() {
         let records: RecordList = (0..400u32)
             .map(|i| (format!("key{i:06}").into_bytes(), vec![7u8; 20]))
             .collect();
-        let chunks = pack_leaves(&records, None, None);
+        let chunks = pack_leaves(&records, None, None, Fill::Balanced);
         assert!(chunks.len() >= 3, "400 * 37 bytes needs at least 3 pages");
         assert_eq!(chunks.first().unwrap().low, None);
         assert_eq!(chunks.last().unwrap().high, None);

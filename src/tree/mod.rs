@@ -610,6 +610,26 @@ fn owned_bounds<K: AsRef<[u8]>, R: RangeBounds<K>>(range: &R) -> (Bound<Vec<u8>>
     (own(range.start_bound()), own(range.end_bound()))
 }
 
+/// How a leaf that overflows in a merge should split: when every record merged in lies
+/// above the leaf's records (keys arriving in ascending order, as in a sorted bulk load)
+/// the lower pages will take no more inserts, so they are packed full; likewise below
+/// (descending order). Otherwise the pages are balanced.
+fn split_fill(leaf: &NodeRef<'_>, dirty: &RecordList) -> leaf::Fill {
+    let (Some(last), false) = (leaf.len().checked_sub(1), dirty.is_empty()) else {
+        return leaf::Fill::Balanced;
+    };
+    let mut key = Vec::new();
+    leaf.key_into(last, &mut key);
+    if dirty.key(0) > key.as_slice() {
+        return leaf::Fill::Ascending;
+    }
+    leaf.key_into(0, &mut key);
+    if dirty.key(dirty.len() - 1) < key.as_slice() {
+        return leaf::Fill::Descending;
+    }
+    leaf::Fill::Balanced
+}
+
 /// A cheap per-thread coin with `percent` chance of heads (xorshift64*). Under shuttle
 /// the coin is shuttle's, so a failing schedule's seed replays the same tosses.
 fn chance(percent: u8) -> bool {
@@ -1884,6 +1904,8 @@ impl Core {
         let mut page = leaf.unwrap_or_else(Page::boxed);
         let mut merged: RecordList;
         let (low, high): (Option<Vec<u8>>, Option<Vec<u8>>);
+        // A mirror's new records are not told apart from its leaf's: balanced.
+        let mut fill = leaf::Fill::Balanced;
         let mirror = header.mirror && mini.is_some();
         if mirror {
             let m = mini.expect("checked");
@@ -1948,9 +1970,11 @@ impl Core {
                     .expect("a node's records fit a node of its size");
                 return Ok(MergePlan::Write(page));
             }
-            merged = merge_records(&NodeRef::trusted(page.payload()), &dirty);
+            let leaf = NodeRef::trusted(page.payload());
+            fill = split_fill(&leaf, &dirty);
+            merged = merge_records(&leaf, &dirty);
         }
-        let chunks = leaf::pack_leaves(&merged, low.as_deref(), high.as_deref());
+        let chunks = leaf::pack_leaves(&merged, low.as_deref(), high.as_deref(), fill);
         if chunks.len() == 1 {
             leaf::build_leaf(page.payload_mut(), &chunks[0], &merged)
                 .expect("packing checked the size");
