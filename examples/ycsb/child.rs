@@ -151,7 +151,7 @@ fn load(
                         (vec![0; options.key_bytes], vec![0; options.value_bytes])
                     });
                     for (i, (k, v)) in (first..end).zip(batch.iter_mut()) {
-                        key_into(i, k);
+                        key_into(options.insert_order, i, k);
                         value_into(i, 0, v);
                     }
                     if let Err(e) = engine.load_batch(&batch) {
@@ -241,30 +241,38 @@ fn worker(
         let t0 = Instant::now();
         let result = match op {
             Op::Read => {
-                key_into(chooser.existing_index(&mut rng), &mut key);
+                key_into(
+                    options.insert_order,
+                    chooser.existing_index(&mut rng),
+                    &mut key,
+                );
                 engine.get(&key, &mut out).map(|found| {
                     not_found += !found as u64;
                 })
             }
             Op::Update => {
                 let i = chooser.existing_index(&mut rng);
-                key_into(i, &mut key);
+                key_into(options.insert_order, i, &mut key);
                 value_into(i, rng.next_u64(), &mut value);
                 engine.update(&key, &value)
             }
             Op::Insert => {
                 let i = chooser.new_index();
-                key_into(i, &mut key);
+                key_into(options.insert_order, i, &mut key);
                 value_into(i, 0, &mut value);
                 engine.insert(&key, &value)
             }
             Op::Scan => {
-                key_into(chooser.existing_index(&mut rng), &mut key);
+                key_into(
+                    options.insert_order,
+                    chooser.existing_index(&mut rng),
+                    &mut key,
+                );
                 engine.scan(&key, options.scan_length).map(drop)
             }
             Op::ReadModifyWrite => {
                 let i = chooser.existing_index(&mut rng);
-                key_into(i, &mut key);
+                key_into(options.insert_order, i, &mut key);
                 engine.get(&key, &mut out).and_then(|found| {
                     not_found += !found as u64;
                     value_into(i, rng.next_u64(), &mut value);

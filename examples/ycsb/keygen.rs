@@ -72,15 +72,31 @@ pub fn scramble(index: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// How record indexes map to keys (YCSB's `insertorder`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum InsertOrder {
+    /// Keys scrambled over the key space: the load inserts in random key order.
+    #[default]
+    Hashed,
+    /// Keys in index order: the load inserts in ascending key order (a sorted bulk load),
+    /// and the records a distribution makes hot are neighbours.
+    Ordered,
+}
+
 /// Writes the key of record `index` into `out` (`out.len()` is the key width, at least 8):
-/// a constant `user000…` prefix, as YCSB's keys have, then the scrambled index big-endian.
-pub fn key_into(index: u64, out: &mut [u8]) {
+/// a constant `user000…` prefix, as YCSB's keys have, then the index big-endian,
+/// scrambled unless `order` is `Ordered`.
+pub fn key_into(order: InsertOrder, index: u64, out: &mut [u8]) {
     debug_assert!(out.len() >= 8, "keys are at least 8 bytes");
     let split = out.len() - 8;
     for (i, b) in out[..split].iter_mut().enumerate() {
         *b = if i < 4 { b"user"[i] } else { b'0' };
     }
-    out[split..].copy_from_slice(&scramble(index).to_be_bytes());
+    let n = match order {
+        InsertOrder::Hashed => scramble(index),
+        InsertOrder::Ordered => index,
+    };
+    out[split..].copy_from_slice(&n.to_be_bytes());
 }
 
 /// Fills `out` with a value for record `index`, version `version`: cheap and different per
@@ -384,14 +400,19 @@ mod tests {
     fn keys_are_fixed_width_and_ordered_by_scrambled_index() {
         let mut a = [0u8; 16];
         let mut b = [0u8; 16];
-        key_into(1, &mut a);
-        key_into(2, &mut b);
+        key_into(InsertOrder::Hashed, 1, &mut a);
+        key_into(InsertOrder::Hashed, 2, &mut b);
         assert_eq!(&a[..8], b"user0000");
         assert_eq!(a[..8], b[..8]);
         assert_eq!(a.cmp(&b), scramble(1).cmp(&scramble(2)));
         let mut k8 = [0u8; 8];
-        key_into(7, &mut k8);
+        key_into(InsertOrder::Hashed, 7, &mut k8);
         assert_eq!(k8, scramble(7).to_be_bytes());
+        // Ordered: index order is key order.
+        key_into(InsertOrder::Ordered, 255, &mut a);
+        key_into(InsertOrder::Ordered, 256, &mut b);
+        assert!(a < b);
+        assert_eq!(a[8..], 255u64.to_be_bytes());
     }
 
     #[test]

@@ -31,7 +31,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{ArgAction, Parser};
 
-use keygen::{Distribution, Workload};
+use keygen::{Distribution, InsertOrder, Workload};
 use report::{Line, LoadRow, RunRow};
 
 /// Compares bfdb's Tree with other key-value engines on YCSB-like workloads.
@@ -55,6 +55,11 @@ pub struct Options {
     /// Value width in bytes.
     #[arg(long, default_value_t = 16)]
     pub value_bytes: usize,
+    /// Key order of the records: `hashed` (scrambled: the load inserts in random key
+    /// order) or `ordered` (the load inserts in ascending key order), as YCSB's
+    /// `insertorder`.
+    #[arg(long, value_enum, default_value = "hashed")]
+    pub insert_order: InsertOrder,
     /// Which records the operations touch.
     #[arg(long, value_enum, default_value = "zipf")]
     pub distribution: Distribution,
@@ -415,11 +420,16 @@ fn parent(options: &Options) -> Result<(), String> {
     let _ = writeln!(header, "machine: {}", machine());
     let _ = writeln!(
         header,
-        "records: {} × ({} B key + {} B value) = {} MiB raw; budget {} MiB; {regime}",
+        "records: {} × ({} B key + {} B value) = {} MiB raw, loaded in {} key order; \
+         budget {} MiB; {regime}",
         options.records,
         options.key_bytes,
         options.value_bytes,
         report::mib(raw_bytes),
+        match options.insert_order {
+            InsertOrder::Hashed => "random (hashed)",
+            InsertOrder::Ordered => "ascending (ordered)",
+        },
         options.memory_mib
     );
     let _ = writeln!(
