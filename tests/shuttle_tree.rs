@@ -5,8 +5,10 @@
 //!
 //! Sizes are shrunk (a 64 KiB pool, a 256-byte merge threshold, 200-byte values, so a leaf
 //! holds about 18 records) so that mini-page growth, merges, evictions and leaf splits
-//! happen within a few operations per thread. A failing schedule is printed by shuttle
-//! and replays with `shuttle::replay`. Iterations: `BFDB_SHUTTLE_ITERATIONS` (default 40).
+//! happen within a few operations per thread. A failing random schedule prints its seed;
+//! `SHUTTLE_RANDOM_SEED=<seed>` with `BFDB_SHUTTLE_ITERATIONS=1` replays it exactly (the
+//! tree's promotion coin is shuttle's under the feature), and a seed worth keeping becomes
+//! a `check_random_with_seed` test. Iterations: `BFDB_SHUTTLE_ITERATIONS` (default 40).
 #![cfg(feature = "shuttle")]
 
 use std::collections::BTreeSet;
