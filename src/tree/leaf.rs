@@ -81,11 +81,12 @@ pub(crate) fn record_cost(key_len: usize, value_len: usize) -> usize {
     KV_META_SIZE_BYTES + key_len + value_len
 }
 
-/// The shortest key `s` with `left < s <= right` (suffix truncation of separators).
-pub(crate) fn separator(left: &[u8], right: &[u8]) -> Vec<u8> {
+/// The shortest key `s` with `left < s <= right` (suffix truncation of separators): a
+/// prefix of `right`.
+pub(crate) fn separator<'a>(left: &[u8], right: &'a [u8]) -> &'a [u8] {
     debug_assert!(left < right);
     let common = node::common_prefix_len(left, right);
-    right[..(common + 1).min(right.len())].to_vec()
+    &right[..(common + 1).min(right.len())]
 }
 
 /// Records in strictly increasing key order, owned in one byte buffer: what a merge
@@ -320,11 +321,8 @@ fn pack_full(
         let (k, v) = records.lens(i);
         full.push(full[i] + record_cost(k, v));
     }
-    // The separator between records i - 1 and i: a prefix of key i.
-    let sep = |i: usize| {
-        let (a, b) = (records.key(i - 1), records.key(i));
-        &b[..(node::common_prefix_len(a, b) + 1).min(b.len())]
-    };
+    // The separator between records i - 1 and i.
+    let sep = |i: usize| separator(records.key(i - 1), records.key(i));
     let fits = |from: usize, to: usize, lo: Option<&[u8]>, hi: Option<&[u8]>| {
         let fences = Fences::Range { low: lo, high: hi };
         let prefix = fences.prefix().len();
@@ -423,7 +421,7 @@ fn try_pack(
             end += 1;
         }
         let (chunk_high, next_low) = if end < records.len() {
-            let sep = separator(records.key(end - 1), records.key(end));
+            let sep = separator(records.key(end - 1), records.key(end)).to_vec();
             (Some(sep.clone()), Some(sep))
         } else {
             (high.map(<[u8]>::to_vec), None)

@@ -618,16 +618,13 @@ fn split_fill(leaf: &NodeRef<'_>, dirty: &RecordList) -> leaf::Fill {
     let (Some(last), false) = (leaf.len().checked_sub(1), dirty.is_empty()) else {
         return leaf::Fill::Balanced;
     };
-    let mut key = Vec::new();
-    leaf.key_into(last, &mut key);
-    if dirty.key(0) > key.as_slice() {
-        return leaf::Fill::Ascending;
+    if leaf.record(last).cmp_key(dirty.key(0)).is_lt() {
+        leaf::Fill::Ascending
+    } else if leaf.record(0).cmp_key(dirty.key(dirty.len() - 1)).is_gt() {
+        leaf::Fill::Descending
+    } else {
+        leaf::Fill::Balanced
     }
-    leaf.key_into(0, &mut key);
-    if dirty.key(dirty.len() - 1) < key.as_slice() {
-        return leaf::Fill::Descending;
-    }
-    leaf::Fill::Balanced
 }
 
 /// A cheap per-thread coin with `percent` chance of heads (xorshift64*). Under shuttle
@@ -1759,9 +1756,9 @@ impl Core {
         }
     }
 
-    /// The mini-page is full at the merge threshold (or is a full mirror): merge its
-    /// dirty records and the new record into the leaf page, then keep only its hot clean
-    /// records (§5.5). A clean new record (a read being cached) is dropped instead: not
+    /// The mini-page is full at the merge threshold (or is a full mirror, or cannot grow
+    /// for want of pool room): merge its dirty records and the new record into the leaf
+    /// page, then keep only its hot clean records (§5.5). A clean new record (a read being cached) is dropped instead: not
     /// worth a merge.
     fn merge_full(
         &self,
