@@ -155,8 +155,10 @@ fn get_many_matches_model() {
 fn get_many_reads_each_leaf_page_once_in_one_call() {
     let store = Arc::new(CountingStore::default());
     let tree = Tree::with_page_store(small(64 << 10, 0), Arc::clone(&store)).unwrap();
-    load(&tree, 10_000);
-    let keys: Vec<Vec<u8>> = (0..10_000).step_by(7).map(key).collect();
+    // A sorted load packs its leaf pages full: 20,000 keys make ~250 of them, so the
+    // reads below need two or more calls.
+    load(&tree, 20_000);
+    let keys: Vec<Vec<u8>> = (0..20_000).step_by(7).map(key).collect();
     // Evict what is cached by writing and flushing unrelated keys first.
     for i in 0..2000 {
         tree.insert(&format!("zz{i:06}").into_bytes(), &[0; 200])
@@ -167,7 +169,7 @@ fn get_many_reads_each_leaf_page_once_in_one_call() {
     let before_pages = store.batch_pages.load(Ordering::Relaxed);
     let before_single = store.single_reads.load(Ordering::Relaxed);
     let got = tree.get_many(&keys).unwrap();
-    for (i, v) in (0..10_000).step_by(7).zip(&got) {
+    for (i, v) in (0..20_000).step_by(7).zip(&got) {
         let expect = (i % 3 != 1).then(|| value(i, 0));
         assert_eq!(v.as_ref(), expect.as_ref(), "key {i}");
     }
