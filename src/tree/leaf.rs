@@ -665,18 +665,7 @@ mod tests {
                 (Fill::Ascending, Some(&b"key"[..]), Some(&b"kez"[..])),
             ] {
                 let chunks = pack_leaves(&records, low, high, fill);
-                assert_eq!(chunks.first().unwrap().low.as_deref(), low);
-                assert_eq!(chunks.last().unwrap().high.as_deref(), high);
-                assert_eq!(chunks.first().unwrap().records.start, 0);
-                assert_eq!(chunks.last().unwrap().records.end, n);
-                for w in chunks.windows(2) {
-                    assert_eq!(w[0].high, w[1].low);
-                    assert_eq!(w[0].records.end, w[1].records.start);
-                }
-                let mut payload = vec![0u8; PAGE_PAYLOAD_SIZE];
-                for c in &chunks {
-                    build_leaf(&mut payload, c, &records).unwrap();
-                }
+                check_chunks(&chunks, &records, low, high);
                 // Every page but the one end's is full: about as many records as a page
                 // holds at full key length, or more (its fences may give it a prefix); a
                 // balanced split of n records would give n / pages.
@@ -702,15 +691,28 @@ mod tests {
             .collect();
         let chunks = pack_leaves(&records, None, None, Fill::Balanced);
         assert!(chunks.len() >= 3, "400 * 37 bytes needs at least 3 pages");
-        assert_eq!(chunks.first().unwrap().low, None);
-        assert_eq!(chunks.last().unwrap().high, None);
+        check_chunks(&chunks, &records, None, None);
+    }
+
+    /// The chunks cover the records in order, chain their fences from `low` to `high`,
+    /// and each builds into a leaf page.
+    fn check_chunks(
+        chunks: &[LeafChunk],
+        records: &RecordList,
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+    ) {
+        assert_eq!(chunks.first().unwrap().low.as_deref(), low);
+        assert_eq!(chunks.last().unwrap().high.as_deref(), high);
+        assert_eq!(chunks.first().unwrap().records.start, 0);
+        assert_eq!(chunks.last().unwrap().records.end, records.len());
         for w in chunks.windows(2) {
             assert_eq!(w[0].high, w[1].low);
             assert_eq!(w[0].records.end, w[1].records.start);
         }
         let mut payload = vec![0u8; PAGE_PAYLOAD_SIZE];
-        for c in &chunks {
-            build_leaf(&mut payload, c, &records).unwrap();
+        for c in chunks {
+            build_leaf(&mut payload, c, records).unwrap();
         }
     }
 }
