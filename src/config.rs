@@ -206,6 +206,10 @@ impl Default for Config {
 pub(crate) const MINI_HEADER_BYTES: usize = 16;
 /// The largest mini-page block payload: a full mirror of a leaf page plus the header.
 pub(crate) const MAX_MINI_BLOCK_BYTES: usize = 4096;
+/// The block of the mirror a writer keeps of the open end of a sorted-order split
+/// (the largest pool block): two leaf pages' worth, so that the pages split off it are
+/// packed full even when the open end is unbounded and so stores its keys whole.
+pub(crate) const OPEN_END_MIRROR_BYTES: usize = 2 * MAX_MINI_BLOCK_BYTES;
 
 impl Config {
     /// Checks that the values can work together.

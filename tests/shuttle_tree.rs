@@ -12,6 +12,8 @@
 #![cfg(feature = "shuttle")]
 
 use std::collections::BTreeSet;
+// The tests' own counters, outside the schedules: std's atomics, not shuttle's.
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bfdb::{Config, Tree};
 use shuttle::sync::Arc;
@@ -228,6 +230,59 @@ fn eviction_racing_growth_and_copy_on_access() {
     assert!(s.mini_page_growths > 0, "{s:?}");
 }
 
+/// Two writers each insert a stream of ascending keys, one just below the other's (as
+/// the driver's loaders do), while a reader reads and scans keys present before: the
+/// splits keep their open ends as mirrors (a new page's mirror is published while the
+/// page is being linked, under its lock), and no insert is lost, no read misses. Adds the
+/// open ends mirrored to `mirrored`.
+fn sorted_streams_racing_reads(mirrored: &AtomicU64) {
+    let stream_key = |w: u32, i: u32| format!("s{w}{i:04}").into_bytes();
+    let tree = Arc::new(Tree::in_memory(config()).unwrap());
+    for i in 0..20 {
+        tree.insert(&key(i), &value(i, 9)).unwrap();
+    }
+    let writers: Vec<_> = (0..2u32)
+        .map(|w| {
+            let tree = tree.clone();
+            thread::spawn(move || {
+                for i in 0..60u32 {
+                    tree.insert(&stream_key(w, i), &value(i, w)).unwrap();
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let tree = tree.clone();
+        thread::spawn(move || {
+            for i in 0..6 {
+                assert_eq!(tree.get(&key(i)).unwrap(), Some(value(i, 9)), "key {i}");
+            }
+            // The pre-inserted keys sort below the streams' ("k..." < "s..."): a scan of
+            // them sees exactly those, in order, whatever the streams do meanwhile.
+            let seen: Vec<Vec<u8>> = tree.range(..&b"s"[..]).map(|r| r.unwrap().0).collect();
+            let mut want: Vec<Vec<u8>> = (0..20).map(key).collect();
+            want.sort();
+            assert_eq!(seen, want);
+        })
+    };
+    for w in writers {
+        w.join().unwrap();
+    }
+    reader.join().unwrap();
+    for w in 0..2u32 {
+        for i in 0..60u32 {
+            assert_eq!(
+                tree.get(&stream_key(w, i)).unwrap(),
+                Some(value(i, w)),
+                "lost insert {w}/{i}"
+            );
+        }
+    }
+    let all = tree.range::<&[u8], _>(..).count();
+    assert_eq!(all, 20 + 2 * 60);
+    mirrored.fetch_add(tree.stats().open_end_mirrors, Ordering::Relaxed);
+}
+
 /// A flush (batched: the first page of a batch locked waiting, the rest with try-locks)
 /// races two writers that update and insert keys (growth, merges at the threshold,
 /// splits): no schedule deadlocks, no write is lost, and a flush after the writers leaves
@@ -346,4 +401,19 @@ fn shuttle_scan_racing_writers_random() {
 #[test]
 fn shuttle_scan_racing_writers_pct() {
     shuttle::check_pct(scan_racing_writers, iterations(), 3);
+}
+
+#[test]
+fn shuttle_sorted_streams_racing_reads_random() {
+    static MIRRORED: AtomicU64 = AtomicU64::new(0);
+    shuttle::check_random(|| sorted_streams_racing_reads(&MIRRORED), iterations());
+    let mirrored = MIRRORED.load(Ordering::Relaxed);
+    eprintln!("open ends mirrored over the schedules: {mirrored}");
+    assert!(mirrored > 0, "no schedule mirrored an open end");
+}
+
+#[test]
+fn shuttle_sorted_streams_racing_reads_pct() {
+    static MIRRORED: AtomicU64 = AtomicU64::new(0);
+    shuttle::check_pct(|| sorted_streams_racing_reads(&MIRRORED), iterations(), 3);
 }

@@ -149,6 +149,11 @@ enum Op {
     /// Upserts `count % 100` keys: the key followed by a two-byte big-endian counter, with
     /// values of `len` bytes. Grows the tree fast enough for inner splits.
     Fill(KeySpec, u8, u16),
+    /// Upserts `2 * count % 200` keys in key order, ascending or (with the flag) descending:
+    /// the key followed by a two-byte big-endian counter, with values of `len` bytes. A
+    /// sorted stream, into the middle of the tree or at its end, whose splits keep their
+    /// open end as a mirror.
+    Run(KeySpec, u8, u16, bool),
     Flush,
 }
 
@@ -165,6 +170,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(lo, hi, same, walk)| Op::Range { lo, hi, same, walk }),
         2 => (key_spec(), walk()).prop_map(|(k, w)| Op::Prefix(k, w)),
         1 => (key_spec(), any::<u8>(), any::<u16>()).prop_map(|(k, n, v)| Op::Fill(k, n, v)),
+        1 => (key_spec(), any::<u8>(), any::<u16>(), any::<bool>())
+            .prop_map(|(k, n, v, down)| Op::Run(k, n, v, down)),
         1 => Just(Op::Flush),
     ]
 }
@@ -428,6 +435,18 @@ fn run_ops(config: &Config, leaves: Leaves, ops: &[Op]) -> Result<TreeStats, Tes
                     model.insert(k, v);
                 }
             }
+            Op::Run(k, count, len, descending) => {
+                let base = k.build(max_key - 2);
+                let count = u16::from(*count) * 2 % 200;
+                for j in 0..count {
+                    let i = if *descending { count - 1 - j } else { j };
+                    let mut k = base.clone();
+                    k.extend_from_slice(&i.to_be_bytes());
+                    let v = value(step + usize::from(i), *len, max_value);
+                    tree.insert(&k, &v).map_err(|e| fail(step, e))?;
+                    model.insert(k, v);
+                }
+            }
             Op::Flush => tree.flush().map_err(|e| fail(step, e))?,
         }
     }
@@ -462,6 +481,7 @@ fn add(sum: &mut TreeStats, s: &TreeStats) {
     sum.records_promoted += s.records_promoted;
     sum.phantoms_promoted += s.phantoms_promoted;
     sum.mirrors_created += s.mirrors_created;
+    sum.open_end_mirrors += s.open_end_mirrors;
     sum.leaf_splits += s.leaf_splits;
     sum.inner_splits += s.inner_splits;
     sum.leaf_reads += s.leaf_reads;
@@ -508,6 +528,10 @@ fn run_model(cases: u32, max_ops: usize, leaves: Leaves) {
     assert!(s.records_promoted > 0, "no record promoted");
     assert!(s.phantoms_promoted > 0, "no phantom promoted");
     assert!(s.mirrors_created > 0, "no mirror created");
+    assert!(
+        s.open_end_mirrors > 0,
+        "no open end of a sorted split mirrored"
+    );
     assert!(s.leaf_splits > 0, "no leaf split");
     assert!(s.inner_splits > 0, "no inner split");
     assert!(s.leaf_reads > 0 && s.leaf_writes > 0, "no leaf IO");
@@ -674,6 +698,7 @@ fn every_mechanism_happens() {
     assert!(s.records_promoted > 0, "records_promoted");
     assert!(s.phantoms_promoted > 0, "phantoms_promoted");
     assert!(s.mirrors_created > 0, "mirrors_created");
+    assert!(s.open_end_mirrors > 0, "open_end_mirrors");
     assert!(s.leaf_splits > 0, "leaf_splits");
     assert!(s.inner_splits > 0, "inner_splits");
     assert!(s.leaf_reads > 0, "leaf_reads");

@@ -304,6 +304,87 @@ pub(crate) fn pack_leaves(
     }
 }
 
+/// Packs a sorted-order split (`fill` not balanced) whose open end, the page that the
+/// next records of that order land in, must hold record `open`: the pages on the stream's
+/// far side of it are packed full as by `pack_leaves`, a page boundary falls right past
+/// `open` (ascending: above it; descending: below), and the records beyond the boundary
+/// (old records on the stream's near side: another stream's, or older data) get pages of
+/// their own, balanced, unless they fit in the open end's page. Without the boundary a
+/// stream inserting into the middle of a page (below older records) found its next key
+/// in a page packed full, which then split again, balanced. Returns the chunks and the
+/// index of the open end's.
+pub(crate) fn pack_open(
+    records: &RecordList,
+    low: Option<&[u8]>,
+    high: Option<&[u8]>,
+    fill: Fill,
+    open: usize,
+) -> (Vec<LeafChunk>, usize) {
+    let n = records.len();
+    let at = match fill {
+        Fill::Ascending => open + 1,
+        _ => open,
+    };
+    if fill == Fill::Balanced || at == 0 || at >= n {
+        let chunks = pack_leaves(records, low, high, fill);
+        let open = chunks
+            .iter()
+            .position(|c| open < c.records.end)
+            .unwrap_or(0);
+        return (chunks, open);
+    }
+    let sep = separator(records.key(at - 1), records.key(at)).to_vec();
+    // Packs `range` of the records between the fences `lo` and `hi`.
+    let pack = |range: std::ops::Range<usize>, lo: Option<&[u8]>, hi: Option<&[u8]>, fill| {
+        let part: RecordList = records
+            .iter_range(range.clone())
+            .map(|(k, v, _)| (k, v))
+            .collect();
+        let mut chunks = pack_leaves(&part, lo, hi, fill);
+        for c in &mut chunks {
+            c.records = c.records.start + range.start..c.records.end + range.start;
+        }
+        chunks
+    };
+    if fill == Fill::Ascending {
+        let mut chunks = pack(0..at, low, Some(&sep), fill);
+        let last = chunks.pop().expect("a packing has a chunk");
+        let joined = pack(
+            last.records.start..n,
+            last.low.as_deref(),
+            high,
+            Fill::Balanced,
+        );
+        let open = chunks.len();
+        if joined.len() == 1 {
+            chunks.extend(joined);
+        } else {
+            chunks.push(last);
+            chunks.extend(pack(at..n, Some(&sep), high, Fill::Balanced));
+        }
+        (chunks, open)
+    } else {
+        let mut right = pack(at..n, Some(&sep), high, fill);
+        let first = right.remove(0);
+        let joined = pack(
+            0..first.records.end,
+            low,
+            first.high.as_deref(),
+            Fill::Balanced,
+        );
+        let mut chunks = if joined.len() == 1 {
+            joined
+        } else {
+            let mut left = pack(0..at, low, Some(&sep), Fill::Balanced);
+            left.push(first);
+            left
+        };
+        let open = chunks.len() - 1;
+        chunks.extend(right);
+        (chunks, open)
+    }
+}
+
 /// Packs every page as full as it goes but one end's (`Fill::Ascending`: the last page
 /// takes what is left; `Fill::Descending`: the first), each page's size computed
 /// exactly: its fences and the records' keys without the prefix those fences give.
@@ -682,6 +763,70 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn packing_an_open_end_puts_a_boundary_past_it() {
+        let one_page = (PAGE_PAYLOAD_SIZE - NODE_META_SIZE_BYTES) / record_cost(12, 20);
+        let n = 3 * one_page;
+        let records: RecordList = (0..n as u32)
+            .map(|i| (format!("key{i:09}").into_bytes(), vec![7u8; 20]))
+            .collect();
+        let (low, high) = (Some(&b"k"[..]), None);
+        // A stream ascending into the middle: a boundary right above the open record,
+        // full pages below it, the records above on pages of their own.
+        for open in [one_page / 2, one_page + 3, 2 * one_page - 1] {
+            let (chunks, at) = pack_open(&records, low, high, Fill::Ascending, open);
+            check_chunks(&chunks, &records, low, high);
+            // (Unless everything above fits in the open end's page.)
+            let end = chunks[at].records.end;
+            assert!(
+                end == open + 1 || end == n,
+                "{open}: boundary past it, not {end}"
+            );
+            assert!(chunks[at].records.contains(&open));
+            for c in &chunks[..at] {
+                assert!(c.records.len() + 1 >= one_page, "{open}: {:?}", c.records);
+            }
+        }
+        // Descending: a boundary right below the open record, full pages above it.
+        for open in [one_page / 2, one_page + 3, 2 * one_page - 1] {
+            let (chunks, at) = pack_open(&records, low, high, Fill::Descending, open);
+            check_chunks(&chunks, &records, low, high);
+            // (Unless everything below fits in the open end's page: at 1/2 a page.)
+            let start = chunks[at].records.start;
+            assert!(
+                start == open || start == 0,
+                "{open}: boundary below it, not {start}"
+            );
+            assert!(chunks[at].records.contains(&open));
+            for c in &chunks[at + 1..] {
+                assert!(c.records.len() + 1 >= one_page, "{open}: {:?}", c.records);
+            }
+        }
+        // Where the far side is pages long, the boundary is exact.
+        let (chunks, at) = pack_open(&records, low, high, Fill::Ascending, one_page / 2);
+        assert_eq!(chunks[at].records.end, one_page / 2 + 1);
+        let (chunks, at) = pack_open(&records, low, high, Fill::Descending, 2 * one_page);
+        assert_eq!(chunks[at].records.start, 2 * one_page);
+        // A few records beyond the open end share its page instead of getting their own.
+        let open = n - 3;
+        let (chunks, at) = pack_open(&records, low, high, Fill::Ascending, open);
+        check_chunks(&chunks, &records, low, high);
+        assert_eq!(
+            at,
+            chunks.len() - 1,
+            "the open end's page takes the last 2 records"
+        );
+        let (chunks, at) = pack_open(&records, low, high, Fill::Descending, 2);
+        check_chunks(&chunks, &records, low, high);
+        assert_eq!(at, 0, "the open end's page takes the first 2 records");
+        // At the very end it is a plain sorted-order packing.
+        let (chunks, at) = pack_open(&records, low, high, Fill::Ascending, n - 1);
+        assert_eq!(at, chunks.len() - 1);
+        let plain = pack_leaves(&records, low, high, Fill::Ascending);
+        let ranges = |c: &[LeafChunk]| c.iter().map(|c| c.records.clone()).collect::<Vec<_>>();
+        assert_eq!(ranges(&chunks), ranges(&plain));
     }
 
     #[test]

@@ -39,7 +39,8 @@ use std::sync::Arc;
 use crossbeam_epoch::{self as epoch, Guard};
 
 use crate::config::{
-    ActiveBackend, Config, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, open_file_store,
+    ActiveBackend, Config, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, OPEN_END_MIRROR_BYTES,
+    open_file_store,
 };
 use crate::error::{Error, Result};
 use crate::pool::{AllocError, Block, EvictDecision, Evictor, Pool, PoolConfig, PoolStats};
@@ -131,6 +132,9 @@ pub struct TreeStats {
     pub phantoms_promoted: u64,
     /// Mini-pages turned into full mirrors of their leaf page by scans.
     pub mirrors_created: u64,
+    /// Mirrors kept of the open end of a sorted-order split: the page that the next
+    /// records in the same key order land in, so that its next merge reads no leaf page.
+    pub open_end_mirrors: u64,
     /// Leaf-page splits.
     pub leaf_splits: u64,
     /// Inner-node splits (including the root's).
@@ -185,6 +189,7 @@ struct Counters {
     records_promoted: AtomicU64,
     phantoms_promoted: AtomicU64,
     mirrors_created: AtomicU64,
+    open_end_mirrors: AtomicU64,
     leaf_splits: AtomicU64,
     inner_splits: AtomicU64,
     leaf_reads: AtomicU64,
@@ -351,7 +356,7 @@ impl Tree {
             capacity_bytes: config.memory_budget_bytes,
             copy_on_access_percent: config.copy_on_access_percent,
             huge_pages: config.huge_pages,
-            max_block_size_bytes: MAX_MINI_BLOCK_BYTES as u32,
+            max_block_size_bytes: OPEN_END_MIRROR_BYTES as u32,
         })?;
         // One empty leaf page covering every key, under a root with one child.
         let leaf_no = store.allocate()?;
@@ -520,6 +525,7 @@ impl Tree {
             records_promoted: load(&c.records_promoted),
             phantoms_promoted: load(&c.phantoms_promoted),
             mirrors_created: load(&c.mirrors_created),
+            open_end_mirrors: load(&c.open_end_mirrors),
             leaf_splits: load(&c.leaf_splits),
             inner_splits: load(&c.inner_splits),
             leaf_reads: load(&c.leaf_reads),
@@ -610,20 +616,125 @@ fn owned_bounds<K: AsRef<[u8]>, R: RangeBounds<K>>(range: &R) -> (Bound<Vec<u8>>
     (own(range.start_bound()), own(range.end_bound()))
 }
 
-/// How a leaf that overflows in a merge should split: when every record merged in lies
-/// above the leaf's records (keys arriving in ascending order, as in a sorted bulk load)
-/// the lower pages will take no more inserts, so they are packed full; likewise below
-/// (descending order). Otherwise the pages are balanced.
-fn split_fill(leaf: &NodeRef<'_>, dirty: &RecordList) -> leaf::Fill {
-    let (Some(last), false) = (leaf.len().checked_sub(1), dirty.is_empty()) else {
-        return leaf::Fill::Balanced;
-    };
-    if leaf.record(last).cmp_key(dirty.key(0)).is_lt() {
-        leaf::Fill::Ascending
-    } else if leaf.record(0).cmp_key(dirty.key(dirty.len() - 1)).is_gt() {
-        leaf::Fill::Descending
-    } else {
-        leaf::Fill::Balanced
+/// What a merge brings to a leaf page, as far as the shape of its split goes.
+#[derive(Default)]
+struct Arrivals {
+    /// Records merged in: the mini-page's dirty ones and the write being merged.
+    new: usize,
+    /// How many of them lie above all of the leaf's records, and how many below.
+    above: usize,
+    below: usize,
+    /// No record of the leaf lies between the lowest and the highest new record.
+    contiguous: bool,
+    /// The lowest and the highest new key.
+    bottom: Vec<u8>,
+    top: Vec<u8>,
+    /// The write being merged is the highest new record, or the lowest.
+    latest_top: bool,
+    latest_bottom: bool,
+}
+
+/// Fewest new records, with no old record between them, that make a run: a stream of
+/// inserts in key order into the middle of a page.
+const RUN_MIN_RECORDS: usize = 8;
+
+impl Arrivals {
+    /// The records merged into a leaf page: its mini-page's `dirty` ones (which include
+    /// `latest`, the write being merged, if any). `None` for an empty leaf.
+    fn into_leaf(leaf: &NodeRef<'_>, dirty: &RecordList, latest: Option<&[u8]>) -> Option<Self> {
+        let last = leaf.len().checked_sub(1)?;
+        let n = dirty.len().checked_sub(1)?;
+        let (first, last) = (leaf.record(0), leaf.record(last));
+        // The index of the first leaf record at or above `key` (past it: above it).
+        let bound = |key: &[u8], past: bool| match leaf.search(key) {
+            Ok(i) => i + usize::from(past),
+            Err(i) => i,
+        };
+        let (bottom, top) = (dirty.key(0), dirty.key(n));
+        Some(Arrivals {
+            new: n + 1,
+            above: (0..=n)
+                .filter(|&i| last.cmp_key(dirty.key(i)).is_lt())
+                .count(),
+            below: (0..=n)
+                .filter(|&i| first.cmp_key(dirty.key(i)).is_gt())
+                .count(),
+            contiguous: bound(top, false) <= bound(bottom, true),
+            bottom: bottom.to_vec(),
+            top: top.to_vec(),
+            latest_top: latest == Some(top),
+            latest_bottom: latest == Some(bottom),
+        })
+    }
+
+    /// The records merged by a mirror: its dirty ones and `latest`, the write being
+    /// merged; its clean (`Cache`) records are its leaf page's. `None` if it has no
+    /// clean or no new records.
+    fn into_mirror(mirror: &NodeRef<'_>, latest: Option<&[u8]>) -> Option<Self> {
+        let clean =
+            |r: &node::RecordView<'_>| !r.record_type().is_dirty() && r.record_type().exists();
+        let first_clean = mirror.iter().position(|r| clean(&r))?;
+        let last_clean = mirror.len() - 1 - mirror.iter().rev().position(|r| clean(&r))?;
+        let mut a = Arrivals::default();
+        let mut dirty = None::<(usize, usize)>;
+        for (i, r) in mirror.iter().enumerate() {
+            if r.record_type().is_dirty() {
+                a.new += 1;
+                a.above += usize::from(i > last_clean);
+                a.below += usize::from(i < first_clean);
+                dirty = Some(dirty.map_or((i, i), |(first, _)| (first, i)));
+            }
+        }
+        if let Some((first, last)) = dirty {
+            a.bottom = mirror.record(first).key();
+            a.top = mirror.record(last).key();
+        }
+        if let Some(k) = latest {
+            a.new += 1;
+            a.above += usize::from(mirror.record(last_clean).cmp_key(k).is_lt());
+            a.below += usize::from(mirror.record(first_clean).cmp_key(k).is_gt());
+            if dirty.is_none() || node::cmp_keys(k, &a.bottom).is_le() {
+                a.bottom = k.to_vec();
+                a.latest_bottom = true;
+            }
+            if dirty.is_none() || node::cmp_keys(k, &a.top).is_ge() {
+                a.top = k.to_vec();
+                a.latest_top = true;
+            }
+        }
+        if a.new == 0 {
+            return None;
+        }
+        a.contiguous = !mirror
+            .iter()
+            .any(|r| clean(&r) && r.cmp_key(&a.bottom).is_gt() && r.cmp_key(&a.top).is_lt());
+        Some(a)
+    }
+
+    /// How the leaf should split, and the key whose page is its open end (the page the
+    /// next records in the same order land in; `None` for a balanced split).
+    ///
+    /// When the new records lie above the leaf's (keys arriving in ascending order, as in
+    /// a sorted bulk load) the lower pages will take no more inserts, so they are packed
+    /// full; likewise below (descending order). At least 7 of 8 new records on one side
+    /// do: concurrent loaders of a sorted input insert slightly out of order, and a
+    /// straggler must not turn the split balanced, leaving a half-full page that takes no
+    /// more records. Random-order inserts land above a leaf of `n` records with chance
+    /// 1/(n+1) each, so a split of a leaf holding more than a handful stays balanced. A
+    /// run of at least `RUN_MIN_RECORDS` new records with no old one between them is a
+    /// stream of inserts into the middle of the page (the driver's loaders each insert
+    /// 1,000 consecutive keys, below the other's): ascending if the write being merged
+    /// is its highest, descending if its lowest.
+    fn shape(self) -> (leaf::Fill, Option<Vec<u8>>) {
+        let mostly = |side: usize| side > 0 && side * 8 >= self.new * 7;
+        let run = self.contiguous && self.new >= RUN_MIN_RECORDS;
+        if mostly(self.above) || (run && self.latest_top) {
+            (leaf::Fill::Ascending, Some(self.top))
+        } else if mostly(self.below) || (run && self.latest_bottom) {
+            (leaf::Fill::Descending, Some(self.bottom))
+        } else {
+            (leaf::Fill::Balanced, None)
+        }
     }
 }
 
@@ -754,7 +865,36 @@ enum MergePlan {
     Split {
         records: RecordList,
         chunks: Vec<leaf::LeafChunk>,
+        /// The chunk the next records in the split's key order land in (sorted-order
+        /// splits only).
+        open: Option<usize>,
     },
+}
+
+/// What `merge` did to the leaf page.
+enum Merged {
+    /// Rewrote it in place.
+    InPlace,
+    /// Split it; for a sorted-order split, with the page the next records land in.
+    Split(Option<OpenEnd>),
+}
+
+impl Merged {
+    fn split(&self) -> bool {
+        matches!(self, Merged::Split(_))
+    }
+}
+
+/// The open end of a sorted-order split when it is the first page, which keeps the
+/// split page's id (descending keys, or a run in the page's lower part): it takes the
+/// next records of that order while the pages packed full take none. The writer that
+/// split keeps it in the pool as a mirror (`Core::mirror_open_end`) once its old
+/// mini-page is gone. (An open end among the new right-hand pages is mirrored by
+/// `split_leaf` before anyone can reach it.)
+struct OpenEnd {
+    leaf: PageNo,
+    /// The page as written.
+    page: Box<Page>,
 }
 
 /// Pages whose dirty mini-pages `flush` merges with one batched read and write.
@@ -1138,7 +1278,10 @@ impl Core {
         if !mini.iter().any(|r| r.record_type().is_dirty()) {
             return false;
         }
-        if self.merge(page.id(), header, Some(mini), None).is_err() {
+        if self
+            .merge(page.id(), header, Some(mini), None, false)
+            .is_err()
+        {
             return false;
         }
         page.set_location(Location::Leaf(leaf_no.0));
@@ -1774,15 +1917,19 @@ impl Core {
         }
         // SAFETY: we hold the page's write lock.
         let mini = unsafe { mini_ref(&block) };
-        let split = self.merge(
+        let merged = self.merge(
             page.id(),
             header,
             Some(mini),
             Some((key, value, record_type)),
+            true,
         )?;
-        if split {
+        if let Merged::Split(open) = merged {
             page.set_location(Location::Leaf(header.leaf.0));
             self.retire(block);
+            if let Some(open) = open {
+                self.mirror_open_end(page, open.leaf, &open.page);
+            }
             return Ok(());
         }
         let mirror = header.mirror;
@@ -1802,6 +1949,38 @@ impl Core {
         // SAFETY: we hold the page's write lock; `mini` is no longer used.
         unsafe { node_bytes_mut(&block) }.copy_from_slice(&scratch);
         Ok(())
+    }
+
+    /// Keeps the open end of a sorted-order split (`page`, whose write lock the caller
+    /// holds and which maps to its leaf page `leaf_no`, just written as `written`) as a
+    /// mirror, so that the next records of that key order land in a mirror and the next
+    /// merge reads no leaf page. Best effort, never evicts: without an unused block the
+    /// page stays as it is.
+    ///
+    /// Departure: the paper turns a mini-page past 2 KiB into a mirror on any write;
+    /// bfdb does it only for the open end of a sorted-order split, the one page such a
+    /// load keeps writing (the "Tree departures" table).
+    fn mirror_open_end(&self, page: &mapping::WriteGuard<'_>, leaf_no: PageNo, written: &Page) {
+        debug_assert_eq!(page.location(), Location::Leaf(leaf_no.0));
+        let Ok(block) = self.pool.try_alloc(OPEN_END_MIRROR_BYTES) else {
+            return;
+        };
+        // SAFETY: a fresh, unpublished block: ours alone.
+        let bytes = unsafe { block_bytes(&block) };
+        MiniHeader {
+            pid: page.id(),
+            leaf: leaf_no,
+            mirror: true,
+        }
+        .write(bytes);
+        let leaf = NodeRef::trusted(written.payload());
+        if leaf::build_mirror(&mut bytes[MINI_HEADER_BYTES..], &leaf, None).is_err() {
+            // SAFETY: never published, so nobody else knows the block.
+            unsafe { self.pool.free(block) };
+            return;
+        }
+        self.publish(page, block);
+        bump(&self.counters.open_end_mirrors);
     }
 
     /// Copies a mini-page out of the copy-on-access region to the tail (§5.5), keeping its
@@ -1867,7 +2046,8 @@ impl Core {
         header: MiniHeader,
         mini: Option<NodeRef<'_>>,
         extra: Option<(&[u8], &[u8], RecordType)>,
-    ) -> Result<bool, Op> {
+        keep_open: bool,
+    ) -> Result<Merged, Op> {
         let leaf = if header.mirror && mini.is_some() {
             None
         } else {
@@ -1878,11 +2058,16 @@ impl Core {
         match self.plan_merge(header, mini, extra, leaf)? {
             MergePlan::Write(mut page) => {
                 self.write_leaf(pid, header.leaf, &mut page)?;
-                Ok(false)
+                Ok(Merged::InPlace)
             }
-            MergePlan::Split { records, chunks } => {
-                self.split_leaf(pid, header.leaf, &records, &chunks)?;
-                Ok(true)
+            MergePlan::Split {
+                records,
+                chunks,
+                open,
+            } => {
+                let open = keep_open.then_some(open).flatten();
+                let open = self.split_leaf(pid, header.leaf, &records, &chunks, open)?;
+                Ok(Merged::Split(open))
             }
         }
     }
@@ -1901,11 +2086,11 @@ impl Core {
         let mut page = leaf.unwrap_or_else(Page::boxed);
         let mut merged: RecordList;
         let (low, high): (Option<Vec<u8>>, Option<Vec<u8>>);
-        // A mirror's new records are not told apart from its leaf's: balanced.
-        let mut fill = leaf::Fill::Balanced;
+        let shape;
         let mirror = header.mirror && mini.is_some();
         if mirror {
             let m = mini.expect("checked");
+            shape = Arrivals::into_mirror(&m, extra.map(|(k, _, _)| k)).map(Arrivals::shape);
             let fence = owned_fence;
             low = fence(m.low_fence());
             high = fence(m.high_fence());
@@ -1968,18 +2153,33 @@ impl Core {
                 return Ok(MergePlan::Write(page));
             }
             let leaf = NodeRef::trusted(page.payload());
-            fill = split_fill(&leaf, &dirty);
+            shape =
+                Arrivals::into_leaf(&leaf, &dirty, extra.map(|(k, _, _)| k)).map(Arrivals::shape);
             merged = merge_records(&leaf, &dirty);
         }
+        let (fill, open_key) = shape.unwrap_or((leaf::Fill::Balanced, None));
         let chunks = leaf::pack_leaves(&merged, low.as_deref(), high.as_deref(), fill);
         if chunks.len() == 1 {
             leaf::build_leaf(page.payload_mut(), &chunks[0], &merged)
                 .expect("packing checked the size");
             return Ok(MergePlan::Write(page));
         }
+        // A sorted-order split: repacked so that a page boundary falls right past the
+        // open end's key (or its place, if it is a tombstone's).
+        let (chunks, open) = match open_key {
+            Some(k) => {
+                let (Ok(i) | Err(i)) = merged.search(&k);
+                let at = i.min(merged.len() - 1);
+                let (chunks, open) =
+                    leaf::pack_open(&merged, low.as_deref(), high.as_deref(), fill, at);
+                (chunks, Some(open))
+            }
+            None => (chunks, None),
+        };
         Ok(MergePlan::Split {
             records: merged,
             chunks,
+            open,
         })
     }
 
@@ -1994,13 +2194,20 @@ impl Core {
     /// ranges route to them. The caller holds the left page's write lock throughout, so
     /// nobody reads the left page between (3) and (4). `merge_batch` runs the same steps
     /// for several splits, each step's IO batched across them.
+    ///
+    /// `open` (a writer's merge) is the chunk of a sorted-order split that the next
+    /// records of that order land in, kept in the pool as a mirror: a new right-hand page
+    /// is mirrored as it is linked, before anyone can reach it; the first page, which
+    /// keeps `pid`, is returned, for the caller to mirror once it has dropped the page's
+    /// old mini-page.
     fn split_leaf(
         &self,
         pid: PageId,
         leaf_no: PageNo,
         records: &RecordList,
         chunks: &[leaf::LeafChunk],
-    ) -> Result<(), Op> {
+        open: Option<usize>,
+    ) -> Result<Option<OpenEnd>, Op> {
         // A split that would restart does so before any IO.
         self.split_path(pid, chunks, &epoch::pin())?;
         // (1)
@@ -2012,12 +2219,19 @@ impl Core {
             return Err(Op::Fail(e));
         }
         // (2), (3)
-        self.link_split(pid, chunks, &right)?;
+        let hold = open.and_then(|j| j.checked_sub(1));
+        if let Some((j, guard)) = hold.zip(self.link_split(pid, chunks, &right, hold)?) {
+            let (no, page) = &right[j];
+            self.mirror_open_end(&guard, *no, page);
+        }
         // (4)
         let mut page = Page::boxed();
         leaf::build_leaf(page.payload_mut(), &chunks[0], records).expect("packed to fit");
         self.write_leaf(pid, leaf_no, &mut page)?;
-        Ok(())
+        Ok((open == Some(0)).then_some(OpenEnd {
+            leaf: leaf_no,
+            page,
+        }))
     }
 
     /// The inner nodes from the root to the parent of `pid`, found with the first
@@ -2073,13 +2287,15 @@ impl Core {
 
     /// Steps (2) and (3) of a split whose right-hand pages are written: gives each a
     /// page id and publishes their separators. On failure the right-hand pages and ids
-    /// are released and nothing was published.
+    /// are released and nothing was published. With `hold` (an index into `right`),
+    /// returns that new page's write lock, taken before the page could be reached.
     fn link_split(
         &self,
         pid: PageId,
         chunks: &[leaf::LeafChunk],
         right: &[(PageNo, Box<Page>)],
-    ) -> Result<(), Op> {
+        hold: Option<usize>,
+    ) -> Result<Option<mapping::WriteGuard<'_>>, Op> {
         let guard = epoch::pin();
         let mut children: Vec<(Vec<u8>, u64)> = Vec::with_capacity(right.len());
         let mut new_pids = Vec::with_capacity(right.len());
@@ -2233,6 +2449,11 @@ impl Core {
             }
         }
         self.inner_nodes.lock().extend(created);
+        // Nothing can fail from here on, so no `undo` (which locks the new ids) follows.
+        // Until the publication below no thread knows the new ids: the lock is free.
+        let held = hold
+            .and_then(|j| new_pids.get(j))
+            .and_then(|&new_pid| self.mapping.try_write(new_pid));
         for (node, bytes) in publish {
             node.replace(bytes, &guard);
         }
@@ -2241,7 +2462,7 @@ impl Core {
         }
         drop(locks);
         bump(&self.counters.leaf_splits);
-        Ok(())
+        Ok(held)
     }
 
     // ----------------------------------------------------------------------------------
@@ -2353,9 +2574,9 @@ impl Core {
             };
             // SAFETY: we hold the page's write lock.
             let mini = unsafe { mini_ref(&job.block) };
-            match self.merge(pid, job.header, Some(mini), None) {
-                Ok(split) => {
-                    self.after_flush_merge(&page, &job, split);
+            match self.merge(pid, job.header, Some(mini), None, false) {
+                Ok(merged) => {
+                    self.after_flush_merge(&page, &job, merged.split());
                     return Ok(());
                 }
                 Err(Op::Restart | Op::WouldBlock) => {
@@ -2392,8 +2613,8 @@ impl Evictor for Core {
         if self.failed.load(Ordering::Acquire) {
             return EvictDecision::Busy;
         }
-        let merged = self.merge(header.pid, header, Some(mini), None);
-        self.finish_eviction(&page, header, merged)
+        let merged = self.merge(header.pid, header, Some(mini), None, false);
+        self.finish_eviction(&page, header, merged.map(|m| m.split()))
     }
 
     /// Evicts several mini-pages with batched IO: the leaf pages their dirty records
@@ -2497,7 +2718,8 @@ impl Core {
                 .map(|j| {
                     // SAFETY: the caller holds the job's page write lock.
                     let mini = unsafe { mini_ref(&j.block) };
-                    self.merge(j.header.pid, j.header, Some(mini), None)
+                    self.merge(j.header.pid, j.header, Some(mini), None, false)
+                        .map(|m| m.split())
                 })
                 .collect();
         }
@@ -2515,7 +2737,9 @@ impl Core {
                     writes.push((i, new));
                     Ok(false)
                 }
-                Ok(MergePlan::Split { records, chunks }) => self
+                Ok(MergePlan::Split {
+                    records, chunks, ..
+                }) => self
                     .split_path(job.header.pid, &chunks, &epoch::pin())
                     .and_then(|_| self.build_right_pages(&records, &chunks))
                     .map(|right| {
@@ -2549,8 +2773,8 @@ impl Core {
         }
         for split in splits {
             let pid = jobs[split.job].header.pid;
-            match self.link_split(pid, &split.chunks, &split.right) {
-                Ok(()) => {
+            match self.link_split(pid, &split.chunks, &split.right, None) {
+                Ok(_) => {
                     let mut left = Page::boxed();
                     leaf::build_leaf(left.payload_mut(), &split.chunks[0], &split.records)
                         .expect("packed to fit");
@@ -2758,8 +2982,8 @@ mod tests {
                 // SAFETY: we hold the page's write lock.
                 let mini = unsafe { mini_ref(block) };
                 assert!(matches!(
-                    core.merge(header.pid, header, Some(mini), None),
-                    Ok(false)
+                    core.merge(header.pid, header, Some(mini), None, false),
+                    Ok(Merged::InPlace)
                 ));
                 page.set_location(Location::Leaf(header.leaf.0));
                 core.retire(*block);
