@@ -482,6 +482,7 @@ fn add(sum: &mut TreeStats, s: &TreeStats) {
     sum.phantoms_promoted += s.phantoms_promoted;
     sum.mirrors_created += s.mirrors_created;
     sum.open_end_mirrors += s.open_end_mirrors;
+    sum.open_end_demotions += s.open_end_demotions;
     sum.leaf_splits += s.leaf_splits;
     sum.inner_splits += s.inner_splits;
     sum.leaf_reads += s.leaf_reads;

@@ -135,6 +135,9 @@ pub struct TreeStats {
     /// Mirrors kept of the open end of a sorted-order split: the page that the next
     /// records in the same key order land in, so that its next merge reads no leaf page.
     pub open_end_mirrors: u64,
+    /// Open-end mirrors turned back into plain mini-pages (or dropped) because newer
+    /// open ends replaced them: their streams had moved on.
+    pub open_end_demotions: u64,
     /// Leaf-page splits.
     pub leaf_splits: u64,
     /// Inner-node splits (including the root's).
@@ -190,6 +193,7 @@ struct Counters {
     phantoms_promoted: AtomicU64,
     mirrors_created: AtomicU64,
     open_end_mirrors: AtomicU64,
+    open_end_demotions: AtomicU64,
     leaf_splits: AtomicU64,
     inner_splits: AtomicU64,
     leaf_reads: AtomicU64,
@@ -291,7 +295,16 @@ struct Core {
     doorkeeper: Doorkeeper,
     /// Wakes the background evictor, if it runs.
     background: background::Signal,
+    /// Pages given an open-end mirror, oldest first, at most `OPEN_ENDS_MAX`.
+    open_ends: Mutex<std::collections::VecDeque<PageId>>,
 }
+
+/// Most open-end mirrors kept at once (`Core::mirror_open_end`): about as many sorted
+/// streams as a tree is loaded with at a time. A stream that moves on (a loader done
+/// with its run of keys) leaves its open end behind; past this many, the oldest is
+/// demoted to a plain mini-page of its dirty records, so stale 8 KiB mirrors do not
+/// fill the pool.
+const OPEN_ENDS_MAX: usize = 16;
 
 impl std::fmt::Debug for Tree {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -399,6 +412,7 @@ impl Tree {
             evict_error: Mutex::new(None),
             doorkeeper,
             background: background::Signal::default(),
+            open_ends: Mutex::new(std::collections::VecDeque::new()),
         });
         // Under shuttle every thread must be the scheduler's: no evictor thread there.
         let background = (core.config.background_eviction && !cfg!(feature = "shuttle"))
@@ -526,6 +540,7 @@ impl Tree {
             phantoms_promoted: load(&c.phantoms_promoted),
             mirrors_created: load(&c.mirrors_created),
             open_end_mirrors: load(&c.open_end_mirrors),
+            open_end_demotions: load(&c.open_end_demotions),
             leaf_splits: load(&c.leaf_splits),
             inner_splits: load(&c.inner_splits),
             leaf_reads: load(&c.leaf_reads),
@@ -1981,6 +1996,74 @@ impl Core {
         }
         self.publish(page, block);
         bump(&self.counters.open_end_mirrors);
+        let stale = {
+            // A descending stream's open end keeps its page id from split to split.
+            let mut open_ends = self.open_ends.lock();
+            open_ends.retain(|&pid| pid != page.id());
+            open_ends.push_back(page.id());
+            (open_ends.len() > OPEN_ENDS_MAX)
+                .then(|| open_ends.pop_front())
+                .flatten()
+        };
+        if let Some(pid) = stale {
+            self.demote_open_end(pid);
+        }
+    }
+
+    /// Turns the open-end mirror of page `pid`, if it still has one, into a plain
+    /// mini-page of its dirty records (its clean ones are its leaf page's), or drops it
+    /// if it has none; no IO. Best effort: only a try-lock (the caller holds page locks)
+    /// and `try_alloc`; a busy page or a full pool leaves the mirror to age out through
+    /// the pool's head like any mini-page.
+    fn demote_open_end(&self, pid: PageId) {
+        let Some(page) = self.mapping.try_write(pid) else {
+            return;
+        };
+        let Location::Mini(offset) = page.location() else {
+            return;
+        };
+        let block = self.block(offset);
+        // SAFETY: we hold the page's write lock.
+        let header = unsafe { MiniHeader::of(&block) };
+        // Only an open-end mirror has a block this large (copy-on-access may have moved
+        // it to a smaller one: then it is an ordinary mirror, and stays).
+        if !header.mirror || block.size_bytes() < OPEN_END_MIRROR_BYTES {
+            return;
+        }
+        // SAFETY: as above.
+        let mirror = unsafe { mini_ref(&block) };
+        let dirty = |r: &node::RecordView<'_>| r.record_type().is_dirty();
+        if !mirror.iter().any(|r| dirty(&r)) {
+            page.set_location(Location::Leaf(header.leaf.0));
+            self.retire(block);
+            bump(&self.counters.open_end_demotions);
+            return;
+        }
+        let fences = mini_fences(mirror.prefix(), mirror.prefix().len());
+        let need = MINI_HEADER_BYTES
+            + leaf::empty_node_bytes(&fences)
+            + mirror
+                .iter()
+                .filter(|r| dirty(r))
+                .map(|r| leaf::record_cost(r.suffix().len(), r.value().len()))
+                .sum::<usize>();
+        let Ok(small) = self.pool.try_alloc(need) else {
+            return;
+        };
+        // SAFETY: a fresh, unpublished block: ours alone.
+        let bytes = unsafe { block_bytes(&small) };
+        MiniHeader {
+            mirror: false,
+            ..header
+        }
+        .write(bytes);
+        node::copy_into(&mirror, &mut bytes[MINI_HEADER_BYTES..], fences, |r| {
+            dirty(r)
+        })
+        .expect("sized for the dirty records");
+        self.publish(&page, small);
+        self.retire(block);
+        bump(&self.counters.open_end_demotions);
     }
 
     /// Copies a mini-page out of the copy-on-access region to the tail (§5.5), keeping its
