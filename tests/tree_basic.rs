@@ -469,3 +469,46 @@ fn sorted_loads_fill_leaf_pages() {
         );
     }
 }
+
+/// A load that frees most of what it allocates (two sorted streams: open ends mirrored,
+/// split off, demoted) moves the pool's tail far along its first lap while little of the
+/// pool stays in use. Point reads after it still cache whole pages as mirrors: the pool
+/// has room while it is on its first lap and under 80% in use. (Until session 8 the room
+/// was the tail's position alone, and reads after such a load cached single records.)
+#[test]
+fn reads_mirror_pages_after_a_load_that_freed_its_blocks() {
+    const RUN: u64 = 100;
+    const N: u64 = 680 * RUN;
+    let budget: u64 = 512 << 10;
+    let tree = Tree::in_memory(Config {
+        memory_budget_bytes: budget,
+        background_eviction: false,
+        ..Config::default()
+    })
+    .unwrap();
+    let key = |i: u64| -> [u8; 16] {
+        let mut key = [0u8; 16];
+        key[8..].copy_from_slice(&i.to_be_bytes());
+        key
+    };
+    for pair in (0..N).step_by(2 * RUN as usize) {
+        for j in 0..RUN {
+            for i in [pair + j, pair + RUN + j] {
+                tree.insert(&key(i), &i.to_le_bytes().repeat(2)).unwrap();
+            }
+        }
+    }
+    tree.flush().unwrap();
+    let loaded = tree.stats();
+    let pool = &loaded.pool;
+    assert!(
+        pool.tail_bytes > budget / 100 * 80 && pool.tail_bytes < budget,
+        "the load should leave the tail past 80% of the first lap: {pool:?}"
+    );
+    assert!(pool.bytes_in_use < budget / 2, "{pool:?}");
+    for i in (0..N).step_by(97) {
+        assert_eq!(tree.get(&key(i)).unwrap(), Some(i.to_le_bytes().repeat(2)));
+    }
+    let read = tree.stats();
+    assert!(read.mirrors_created > loaded.mirrors_created, "{read:?}");
+}

@@ -326,6 +326,9 @@ pub struct PoolStats {
     pub would_blocks: u64,
     /// Bytes (headers included) of blocks currently handed out: `Reserved` or `Live`.
     pub bytes_in_use: u64,
+    /// How far the tail has moved since the pool was made: every block and pad ever
+    /// handed out from the tail. Below the capacity, the pool is on its first lap.
+    pub tail_bytes: u64,
 }
 
 /// The pool's addresses at one moment (loaded head first, so the inequalities hold).
@@ -605,6 +608,12 @@ impl Pool {
             .saturating_sub(tail.saturating_sub(head))
     }
 
+    /// Bytes of blocks handed out and not yet freed or evicted, headers included (the
+    /// `bytes_in_use` of [`Pool::stats`], alone: one load).
+    pub fn bytes_in_use(&self) -> u64 {
+        self.counters.bytes_in_use.load(Ordering::Relaxed)
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> PoolStats {
         let c = &self.counters;
@@ -618,6 +627,7 @@ impl Pool {
             busy_retries: get(&c.busy_retries),
             would_blocks: get(&c.would_blocks),
             bytes_in_use: get(&c.bytes_in_use),
+            tail_bytes: self.tail.load(Ordering::Acquire),
         }
     }
 

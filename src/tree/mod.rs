@@ -1311,16 +1311,22 @@ impl Core {
     /// only from scans): while the data fits in the budget, record-by-record caching
     /// makes every read of a not-yet-cached record pay a leaf-page read and check, and a
     /// page reaches the pool one record at a time. bfdb mirrors the whole leaf page
-    /// instead as long as the tail of the pool has not passed
-    /// `MIRROR_ROOM_PERCENT` of its capacity on the first lap. Once the pool is that
-    /// full, it never is again below it (the tail only grows), and reads go back to the
-    /// paper's record caching, which is what a budget smaller than the data needs;
-    /// the mirrors made early age out through the head like any clean mini-page.
+    /// instead while the pool is on its first lap (its tail has not reached its
+    /// capacity) and the bytes in use are below `MIRROR_ROOM_PERCENT` of it. Once the
+    /// tail has wrapped, it never is on its first lap again (the tail only grows), and
+    /// reads go back to the paper's record caching, which is what a budget smaller than
+    /// the data needs; the mirrors made early age out through the head like any clean
+    /// mini-page. (The room was the tail's position alone until session 8: a sorted load
+    /// frees most of what it allocates, and the open ends it kept in the pool moved the
+    /// tail to 67% of the first lap where it had been at 41%, which left reads right
+    /// after it a third of the mirrors.)
     fn mirror_room(&self) -> bool {
         const MIRROR_ROOM_PERCENT: u64 = 80;
+        let block = MAX_MINI_BLOCK_BYTES as u64;
+        let capacity = self.pool.capacity_bytes();
         self.config.promotion_rate_percent > 0
-            && self.pool.addresses().tail + MAX_MINI_BLOCK_BYTES as u64
-                <= self.pool.capacity_bytes() / 100 * MIRROR_ROOM_PERCENT
+            && self.pool.addresses().tail + block <= capacity
+            && self.pool.bytes_in_use() + block <= capacity / 100 * MIRROR_ROOM_PERCENT
     }
 
     /// Replaces the page's mini-page (if any) by a mirror of `leaf`, the leaf page just
