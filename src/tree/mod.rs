@@ -2046,14 +2046,10 @@ impl Core {
             return;
         }
         let fences = mini_fences(mirror.prefix(), mirror.prefix().len());
-        let need = MINI_HEADER_BYTES
-            + leaf::empty_node_bytes(&fences)
-            + mirror
-                .iter()
-                .filter(|r| dirty(r))
-                .map(|r| leaf::record_cost(r.suffix().len(), r.value().len()))
-                .sum::<usize>();
-        let Ok(small) = self.pool.try_alloc(need) else {
+        let Ok(small) = self
+            .pool
+            .try_alloc(mini_block_bytes(&mirror, &fences, dirty))
+        else {
             return;
         };
         // SAFETY: a fresh, unpublished block: ours alone.
@@ -2092,12 +2088,7 @@ impl Core {
             bump(&self.counters.copy_on_access);
             return None;
         }
-        let kept_bytes: usize = mini
-            .iter()
-            .filter(|r| keep(r))
-            .map(|r| leaf::record_cost(r.suffix().len(), r.value().len()))
-            .sum();
-        let need = MINI_HEADER_BYTES + leaf::empty_node_bytes(&mini.fences()) + kept_bytes;
+        let need = mini_block_bytes(&mini, &mini.fences(), keep);
         // An eighth of room to spare, so the next cached record does not force a growth
         // at once (the class rounding may leave none), but never more than the old block.
         let target = need.max(block.size_bytes().min(need + need / 8));
@@ -3009,6 +3000,21 @@ fn merge_records(leaf: &NodeRef<'_>, dirty: &RecordList) -> RecordList {
         }
     }
     out
+}
+
+/// The block size a mini-page needs for the records of `mini` that `keep` keeps, under
+/// `fences` that give the same prefix as `mini`'s (the stored suffixes do not change).
+fn mini_block_bytes(
+    mini: &NodeRef<'_>,
+    fences: &Fences<'_>,
+    keep: impl Fn(&node::RecordView<'_>) -> bool,
+) -> usize {
+    let records: usize = mini
+        .iter()
+        .filter(|r| keep(r))
+        .map(|r| leaf::record_cost(r.suffix().len(), r.value().len()))
+        .sum();
+    MINI_HEADER_BYTES + leaf::empty_node_bytes(fences) + records
 }
 
 /// Fences for a new regular mini-page: the leaf's key prefix, if it has one.
