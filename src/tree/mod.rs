@@ -2238,24 +2238,27 @@ impl Core {
             merged = merge_records(&leaf, &dirty);
         }
         let (fill, open_key) = shape.unwrap_or((leaf::Fill::Balanced, None));
-        let chunks = leaf::pack_leaves(&merged, low.as_deref(), high.as_deref(), fill);
+        // Balanced first: it finds cheaply whether one page holds everything. A sorted
+        // split is then packed around its open end's key (or its place, if it is a
+        // tombstone's), with a page boundary right past it.
+        let mut chunks = leaf::pack_leaves(
+            &merged,
+            low.as_deref(),
+            high.as_deref(),
+            leaf::Fill::Balanced,
+        );
+        let mut open = None;
+        if let (Some(k), true) = (open_key, chunks.len() > 1) {
+            let (Ok(i) | Err(i)) = merged.search(&k);
+            let at = i.min(merged.len() - 1);
+            let (sorted, at) = leaf::pack_open(&merged, low.as_deref(), high.as_deref(), fill, at);
+            (chunks, open) = (sorted, Some(at));
+        }
         if chunks.len() == 1 {
             leaf::build_leaf(page.payload_mut(), &chunks[0], &merged)
                 .expect("packing checked the size");
             return Ok(MergePlan::Write(page));
         }
-        // A sorted-order split: repacked so that a page boundary falls right past the
-        // open end's key (or its place, if it is a tombstone's).
-        let (chunks, open) = match open_key {
-            Some(k) => {
-                let (Ok(i) | Err(i)) = merged.search(&k);
-                let at = i.min(merged.len() - 1);
-                let (chunks, open) =
-                    leaf::pack_open(&merged, low.as_deref(), high.as_deref(), fill, at);
-                (chunks, Some(open))
-            }
-            None => (chunks, None),
-        };
         Ok(MergePlan::Split {
             records: merged,
             chunks,
