@@ -886,6 +886,14 @@ enum MergePlan {
     },
 }
 
+/// Why `Core::build_mirror` made no mirror.
+enum MirrorRefused {
+    /// The pool has no unused block (a mirror never evicts).
+    NoRoom,
+    /// The mini-page's dirty records do not fit next to the leaf page's records.
+    TooFull,
+}
+
 /// What `merge` did to the leaf page.
 enum Merged {
     /// Rewrote it in place.
@@ -1348,37 +1356,61 @@ impl Core {
             Location::Leaf(_) => None,
             Location::Empty => return false,
         };
-        let Ok(block) = self.pool.try_alloc(MAX_MINI_BLOCK_BYTES) else {
-            return false;
-        };
-        // SAFETY: a fresh, unpublished block: ours alone.
-        let bytes = unsafe { block_bytes(&block) };
-        MiniHeader {
-            pid: page.id(),
-            leaf: leaf_no,
-            mirror: true,
-        }
-        .write(bytes);
         // SAFETY: we hold the page's write lock, so the old mini-page is live and
         // unchanged while we read it.
         let mini = old.map(|b| unsafe { mini_ref(&b) });
-        if leaf::build_mirror(&mut bytes[MINI_HEADER_BYTES..], leaf, mini.as_ref()).is_err() {
-            // SAFETY: never published, so nobody else knows the block.
-            unsafe { self.pool.free(block) };
-            // The dirty records do not fit next to the leaf's. Merge them into the leaf
-            // page now, as eviction would (splitting it if needed), so that the next
-            // read of the page finds no dirty records and mirrors it. A failed merge
-            // leaves the page as it was; eviction retries it later.
-            // A split may have moved the key to another page: caching it here could put
-            // it in the wrong one, so after a merge the read caches nothing.
-            return old.is_some_and(|old| self.merge_for_mirror(page, old, leaf_no));
-        }
+        let block =
+            match self.build_mirror(page, leaf_no, leaf, mini.as_ref(), MAX_MINI_BLOCK_BYTES) {
+                Ok(block) => block,
+                Err(MirrorRefused::NoRoom) => return false,
+                // The dirty records do not fit next to the leaf's. Merge them into the leaf
+                // page now, as eviction would (splitting it if needed), so that the next
+                // read of the page finds no dirty records and mirrors it. A failed merge
+                // leaves the page as it was; eviction retries it later.
+                // A split may have moved the key to another page: caching it here could put
+                // it in the wrong one, so after a merge the read caches nothing.
+                Err(MirrorRefused::TooFull) => {
+                    return old.is_some_and(|old| self.merge_for_mirror(page, old, leaf_no));
+                }
+            };
         self.publish(page, block);
         if let Some(old) = old {
             self.retire(old);
         }
         bump(&self.counters.mirrors_created);
         true
+    }
+
+    /// A new, unpublished mirror of page `page`'s leaf page `leaf` (number `leaf_no`)
+    /// and the dirty records of its mini-page `mini`, in a block of `block_bytes`
+    /// (`leaf::build_mirror`). Never evicts: `NoRoom` if the pool has no unused block;
+    /// `TooFull` if the dirty records do not fit next to the leaf's.
+    fn build_mirror(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        leaf_no: PageNo,
+        leaf: &NodeRef<'_>,
+        mini: Option<&NodeRef<'_>>,
+        block_bytes: usize,
+    ) -> Result<Block, MirrorRefused> {
+        let block = self
+            .pool
+            .try_alloc(block_bytes)
+            .map_err(|_| MirrorRefused::NoRoom)?;
+        // SAFETY: a fresh, unpublished block: ours alone.
+        let bytes = unsafe { self::block_bytes(&block) };
+        MiniHeader {
+            pid: page.id(),
+            leaf: leaf_no,
+            mirror: true,
+        }
+        .write(bytes);
+        if leaf::build_mirror(&mut bytes[MINI_HEADER_BYTES..], leaf, mini).is_err() {
+            // SAFETY: never published, so nobody else knows the block.
+            unsafe { self.pool.free(block) };
+            return Err(MirrorRefused::TooFull);
+        }
+        Ok(block)
     }
 
     /// Caches what the leaf page said about `key` (the record in `out`, or a phantom for
@@ -1983,23 +2015,10 @@ impl Core {
     /// load keeps writing (the "Tree departures" table).
     fn mirror_open_end(&self, page: &mapping::WriteGuard<'_>, leaf_no: PageNo, written: &Page) {
         debug_assert_eq!(page.location(), Location::Leaf(leaf_no.0));
-        let Ok(block) = self.pool.try_alloc(OPEN_END_MIRROR_BYTES) else {
+        let leaf = NodeRef::trusted(written.payload());
+        let Ok(block) = self.build_mirror(page, leaf_no, &leaf, None, OPEN_END_MIRROR_BYTES) else {
             return;
         };
-        // SAFETY: a fresh, unpublished block: ours alone.
-        let bytes = unsafe { block_bytes(&block) };
-        MiniHeader {
-            pid: page.id(),
-            leaf: leaf_no,
-            mirror: true,
-        }
-        .write(bytes);
-        let leaf = NodeRef::trusted(written.payload());
-        if leaf::build_mirror(&mut bytes[MINI_HEADER_BYTES..], &leaf, None).is_err() {
-            // SAFETY: never published, so nobody else knows the block.
-            unsafe { self.pool.free(block) };
-            return;
-        }
         self.publish(page, block);
         bump(&self.counters.open_end_mirrors);
         let stale = {
