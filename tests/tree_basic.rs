@@ -292,6 +292,39 @@ fn cursor_lends_what_range_yields() {
     }
 }
 
+/// A tree with no background evictor (the runs below are deterministic).
+fn tree_without_evictor(memory_budget_bytes: u64) -> Tree {
+    Tree::in_memory(Config {
+        memory_budget_bytes,
+        background_eviction: false,
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+/// Key `i`: 8 zero bytes, then `i` big-endian (so keys sort as their numbers).
+fn be_key(i: u64) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[8..].copy_from_slice(&i.to_be_bytes());
+    key
+}
+
+/// Loads keys `0..n` as two sorted streams: runs of `run` consecutive keys, the runs of a
+/// pair inserted in turns, one key each (the driver's load with two threads). Returns
+/// what was written.
+fn load_two_streams(tree: &Tree, run: u64, n: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut model = BTreeMap::new();
+    for pair in (0..n).step_by(2 * run as usize) {
+        for j in 0..run {
+            for i in [pair + j, pair + run + j] {
+                tree.insert(&be_key(i), &i.to_le_bytes().repeat(2)).unwrap();
+                model.insert(be_key(i).to_vec(), i.to_le_bytes().repeat(2));
+            }
+        }
+    }
+    model
+}
+
 /// Two loaders of one sorted input, each inserting runs of 1,000 consecutive keys, the
 /// runs interleaved (the driver's load with two threads: one inserts into the middle of a
 /// page, below the other's newest keys): the pages still come out full, and merges read
@@ -300,28 +333,9 @@ fn cursor_lends_what_range_yields() {
 /// raw, and read 779 leaf pages for 536 splits; this code ~383 pages and ~69 reads.)
 #[test]
 fn interleaved_sorted_streams_fill_pages() {
-    const RUN: u64 = 1000;
-    const N: u64 = 60 * RUN;
-    let tree = Tree::in_memory(Config {
-        memory_budget_bytes: 1 << 20,
-        background_eviction: false,
-        ..Config::default()
-    })
-    .unwrap();
-    let key = |i: u64| -> [u8; 16] {
-        let mut key = [0u8; 16];
-        key[8..].copy_from_slice(&i.to_be_bytes());
-        key
-    };
-    let mut model = BTreeMap::new();
-    for pair in (0..N).step_by(2 * RUN as usize) {
-        for j in 0..RUN {
-            for i in [pair + j, pair + RUN + j] {
-                tree.insert(&key(i), &i.to_le_bytes().repeat(2)).unwrap();
-                model.insert(key(i).to_vec(), i.to_le_bytes().repeat(2));
-            }
-        }
-    }
+    const N: u64 = 60_000;
+    let tree = tree_without_evictor(1 << 20);
+    let model = load_two_streams(&tree, 1000, N);
     let loaded = tree.stats();
     assert!(loaded.leaf_reads * 4 <= loaded.leaf_splits, "{loaded:?}");
     // Each run leaves its open end behind when its loader moves on; only the newest 16
@@ -352,12 +366,7 @@ fn interleaved_sorted_streams_fill_pages() {
 #[test]
 fn demoted_open_ends_keep_their_writes() {
     const STREAMS: u64 = 40;
-    let tree = Tree::in_memory(Config {
-        memory_budget_bytes: 1 << 20,
-        background_eviction: false,
-        ..Config::default()
-    })
-    .unwrap();
+    let tree = tree_without_evictor(1 << 20);
     let key = |stream: u64, i: u64| -> Vec<u8> {
         let mut key = b"stream".to_vec();
         key.extend_from_slice(&stream.to_be_bytes());
@@ -412,21 +421,13 @@ fn sorted_loads_fill_leaf_pages() {
     let raw_bytes = N * 32;
     let mut pages = Vec::new();
     for order in ["ascending", "descending", "random"] {
-        let tree = Tree::in_memory(Config {
-            memory_budget_bytes: 1 << 20,
-            background_eviction: false,
-            ..Config::default()
-        })
-        .unwrap();
+        let tree = tree_without_evictor(1 << 20);
         let key_at = |i: u64| -> [u8; 16] {
-            let k = match order {
+            be_key(match order {
                 "ascending" => i,
                 "descending" => N - 1 - i,
                 _ => i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % N.next_power_of_two() + N,
-            };
-            let mut key = [0u8; 16];
-            key[8..].copy_from_slice(&k.to_be_bytes());
-            key
+            })
         };
         for i in 0..N {
             tree.insert(&key_at(i), &i.to_le_bytes().repeat(2)).unwrap();
@@ -477,27 +478,10 @@ fn sorted_loads_fill_leaf_pages() {
 /// was the tail's position alone, and reads after such a load cached single records.)
 #[test]
 fn reads_mirror_pages_after_a_load_that_freed_its_blocks() {
-    const RUN: u64 = 100;
-    const N: u64 = 680 * RUN;
+    const N: u64 = 68_000;
     let budget: u64 = 512 << 10;
-    let tree = Tree::in_memory(Config {
-        memory_budget_bytes: budget,
-        background_eviction: false,
-        ..Config::default()
-    })
-    .unwrap();
-    let key = |i: u64| -> [u8; 16] {
-        let mut key = [0u8; 16];
-        key[8..].copy_from_slice(&i.to_be_bytes());
-        key
-    };
-    for pair in (0..N).step_by(2 * RUN as usize) {
-        for j in 0..RUN {
-            for i in [pair + j, pair + RUN + j] {
-                tree.insert(&key(i), &i.to_le_bytes().repeat(2)).unwrap();
-            }
-        }
-    }
+    let tree = tree_without_evictor(budget);
+    load_two_streams(&tree, 100, N);
     tree.flush().unwrap();
     let loaded = tree.stats();
     let pool = &loaded.pool;
@@ -507,7 +491,10 @@ fn reads_mirror_pages_after_a_load_that_freed_its_blocks() {
     );
     assert!(pool.bytes_in_use < budget / 2, "{pool:?}");
     for i in (0..N).step_by(97) {
-        assert_eq!(tree.get(&key(i)).unwrap(), Some(i.to_le_bytes().repeat(2)));
+        assert_eq!(
+            tree.get(&be_key(i)).unwrap(),
+            Some(i.to_le_bytes().repeat(2))
+        );
     }
     let read = tree.stats();
     assert!(read.mirrors_created > loaded.mirrors_created, "{read:?}");
