@@ -325,6 +325,16 @@ fn load_two_streams(tree: &Tree, run: u64, n: u64) -> BTreeMap<Vec<u8>, Vec<u8>>
     model
 }
 
+/// A scan of the whole tree returns exactly the model's records, in order.
+fn assert_full_scan(tree: &Tree, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
+    let all: Vec<(Vec<u8>, Vec<u8>)> = tree.range::<&[u8], _>(..).map(|r| r.unwrap()).collect();
+    assert_eq!(all.len(), model.len());
+    assert!(
+        all.iter().map(|(k, v)| (k, v)).eq(model.iter()),
+        "a scan differs from the model"
+    );
+}
+
 /// Two loaders of one sorted input, each inserting runs of 1,000 consecutive keys, the
 /// runs interleaved (the driver's load with two threads: one inserts into the middle of a
 /// page, below the other's newest keys): the pages still come out full, and merges read
@@ -344,14 +354,7 @@ fn interleaved_sorted_streams_fill_pages() {
     assert!(loaded.open_end_demotions > 0, "{loaded:?}");
     assert!(loaded.pool.bytes_in_use < 300 << 10, "{loaded:?}");
     tree.flush().unwrap();
-    let all: Vec<(Vec<u8>, Vec<u8>)> = tree.range::<&[u8], _>(..).map(|r| r.unwrap()).collect();
-    assert!(
-        all.iter().eq(model
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect::<Vec<_>>()
-            .iter())
-    );
+    assert_full_scan(&tree, &model);
     let pages = tree.stats().leaf_pages;
     assert!(
         pages * 4096 <= N * 32,
@@ -397,17 +400,9 @@ fn demoted_open_ends_keep_their_writes() {
     for (k, v) in model.iter().step_by(5) {
         assert_eq!(tree.get(k).unwrap().as_ref(), Some(v));
     }
-    let all: Vec<(Vec<u8>, Vec<u8>)> = tree.range::<&[u8], _>(..).map(|r| r.unwrap()).collect();
-    assert!(
-        all.iter().eq(model
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect::<Vec<_>>()
-            .iter())
-    );
+    assert_full_scan(&tree, &model);
     tree.flush().unwrap();
-    let all: Vec<(Vec<u8>, Vec<u8>)> = tree.range::<&[u8], _>(..).map(|r| r.unwrap()).collect();
-    assert_eq!(all.len(), model.len());
+    assert_full_scan(&tree, &model);
 }
 
 /// Keys loaded in ascending or descending order fill their leaf pages: a split whose new
