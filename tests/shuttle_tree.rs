@@ -47,24 +47,38 @@ fn value(i: u32, writer: u32) -> Vec<u8> {
     v
 }
 
+/// A tree holding keys `0..n`, written by "writer 9".
+fn preloaded(n: u32) -> Arc<Tree> {
+    let tree = Arc::new(Tree::in_memory(config()).unwrap());
+    for i in 0..n {
+        tree.insert(&key(i), &value(i, 9)).unwrap();
+    }
+    tree
+}
+
+/// Starts writers 0 and 1, each running `write(tree, writer)`.
+fn spawn_two_writers<F>(tree: &Arc<Tree>, write: F) -> Vec<thread::JoinHandle<()>>
+where
+    F: Fn(&Tree, u32) + Copy + Send + 'static,
+{
+    (0..2u32)
+        .map(|w| {
+            let tree = tree.clone();
+            thread::spawn(move || write(&tree, w))
+        })
+        .collect()
+}
+
 /// Two writers insert disjoint keys (forcing splits) while a reader reads keys that
 /// were present before it started: no insert is lost, and the reader never misses.
 fn splits_racing_reads() {
-    let tree = Arc::new(Tree::in_memory(config()).unwrap());
-    for i in 0..20 {
-        tree.insert(&key(i), &value(i, 9)).unwrap();
-    }
-    let writers: Vec<_> = (0..2u32)
-        .map(|w| {
-            let tree = tree.clone();
-            thread::spawn(move || {
-                for i in 0..20u32 {
-                    let i = 100 + w * 100 + i;
-                    tree.insert(&key(i), &value(i, w)).unwrap();
-                }
-            })
-        })
-        .collect();
+    let tree = preloaded(20);
+    let writers = spawn_two_writers(&tree, |tree, w| {
+        for i in 0..20u32 {
+            let i = 100 + w * 100 + i;
+            tree.insert(&key(i), &value(i, w)).unwrap();
+        }
+    });
     let reader = {
         let tree = tree.clone();
         thread::spawn(move || {
@@ -237,20 +251,12 @@ fn eviction_racing_growth_and_copy_on_access() {
 /// open ends mirrored to `mirrored`.
 fn sorted_streams_racing_reads(mirrored: &AtomicU64) {
     let stream_key = |w: u32, i: u32| format!("s{w}{i:04}").into_bytes();
-    let tree = Arc::new(Tree::in_memory(config()).unwrap());
-    for i in 0..20 {
-        tree.insert(&key(i), &value(i, 9)).unwrap();
-    }
-    let writers: Vec<_> = (0..2u32)
-        .map(|w| {
-            let tree = tree.clone();
-            thread::spawn(move || {
-                for i in 0..60u32 {
-                    tree.insert(&stream_key(w, i), &value(i, w)).unwrap();
-                }
-            })
-        })
-        .collect();
+    let tree = preloaded(20);
+    let writers = spawn_two_writers(&tree, move |tree, w| {
+        for i in 0..60u32 {
+            tree.insert(&stream_key(w, i), &value(i, w)).unwrap();
+        }
+    });
     let reader = {
         let tree = tree.clone();
         thread::spawn(move || {
