@@ -149,7 +149,8 @@ pub struct Config {
     /// Percent chance that a point read served from a leaf page caches the record (or a
     /// phantom for a miss) in the mini-page; a key whose leaf-page read is the second
     /// within a recent window (a small bit array, the "doorkeeper") is cached whatever
-    /// the chance says, so hot records are cached on their second read. The paper's
+    /// the chance says, so hot records are cached on their second read, and while the
+    /// pool is under 90% in use every read is cached (that evicts nothing). The paper's
     /// default is 1%; bfdb's is 20%. 0 disables caching point reads, and mirroring leaf
     /// pages while the pool has room.
     pub promotion_rate_percent: u8,

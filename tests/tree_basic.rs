@@ -494,3 +494,47 @@ fn reads_mirror_pages_after_a_load_that_freed_its_blocks() {
     let read = tree.stats();
     assert!(read.mirrors_created > loaded.mirrors_created, "{read:?}");
 }
+
+#[test]
+fn reads_cache_every_record_while_the_pool_has_room() {
+    // Keys in random order (an odd multiplier permutes the u64s), 2.5x the budget.
+    const N: u64 = 40_000;
+    let budget: u64 = 512 << 10;
+    let tree = Tree::in_memory(Config {
+        memory_budget_bytes: budget,
+        background_eviction: false,
+        // Almost never by chance: a first read is cached only for the pool's room.
+        promotion_rate_percent: 1,
+        ..Config::default()
+    })
+    .unwrap();
+    let scrambled = |i: u64| be_key(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    for i in 0..N {
+        tree.insert(&scrambled(i), &i.to_le_bytes().repeat(2))
+            .unwrap();
+    }
+    tree.flush().unwrap();
+    let loaded = tree.stats();
+    let pool = &loaded.pool;
+    // Past the first lap (no mirrors) and with room left after the flush.
+    assert!(pool.tail_bytes > budget, "{pool:?}");
+    assert!(pool.bytes_in_use < budget / 100 * 80, "{pool:?}");
+    for i in (0..N).step_by(211) {
+        assert_eq!(
+            tree.get(&scrambled(i)).unwrap(),
+            Some(i.to_le_bytes().repeat(2))
+        );
+    }
+    let read = tree.stats();
+    let leaf_reads = read.leaf_reads - loaded.leaf_reads;
+    let promoted = read.records_promoted - loaded.records_promoted;
+    assert!(
+        leaf_reads >= 50,
+        "too few reads reached a leaf page: {read:?}"
+    );
+    assert_eq!(read.mirrors_created, loaded.mirrors_created);
+    assert!(
+        promoted * 10 >= leaf_reads * 9,
+        "{promoted} of {leaf_reads} first reads cached"
+    );
+}

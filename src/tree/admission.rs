@@ -11,6 +11,10 @@
 //! array; the second finds them set. The array is cleared once a window of first reads
 //! has been recorded, which keeps it mostly empty and its false positives rare.
 //!
+//! The filter only decides which records may push others out: while the pool is under
+//! 90% in use, every read that reaches a leaf page caches its record (`record_room` in
+//! the tree), since doing so evicts nothing.
+//!
 //! The array has 8 bits per 128 bytes of pool (`budget / 128` bytes, allocated outside
 //! the pool next to the mapping table: 128 KiB for a 16 MiB budget), about the room of
 //! three cached records per 8 bits, and its window is an eighth of its bits, so at most
