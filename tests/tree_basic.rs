@@ -538,3 +538,45 @@ fn reads_cache_every_record_while_the_pool_has_room() {
         "{promoted} of {leaf_reads} first reads cached"
     );
 }
+
+#[test]
+fn one_thread_alternating_between_trees_reads_each_trees_own_records() {
+    // Each tree grows several level-1 inner nodes, so a thread's locate hint (the
+    // level-1 node its last descent ended in) points into one tree while it works on
+    // the other, and into inner nodes that split under it. Keys in random order.
+    const N: u64 = 150_000;
+    let trees: Vec<Tree> = (0..2).map(|_| tree_without_evictor(1 << 20)).collect();
+    let key = |i: u64| be_key(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let value = |t: usize, i: u64| {
+        [t as u8; 4]
+            .iter()
+            .chain(&i.to_le_bytes())
+            .copied()
+            .collect::<Vec<u8>>()
+    };
+    for i in 0..N {
+        for (t, tree) in trees.iter().enumerate() {
+            tree.insert(&key(i), &value(t, i)).unwrap();
+        }
+        if i % 101 == 0 {
+            for (t, tree) in trees.iter().enumerate().rev() {
+                assert_eq!(tree.get(&key(i / 2)).unwrap(), Some(value(t, i / 2)));
+            }
+        }
+    }
+    for (t, tree) in trees.iter().enumerate() {
+        assert!(
+            tree.stats().inner_splits > 0,
+            "tree {t} has one level-1 node"
+        );
+        for i in (0..N).step_by(7) {
+            assert_eq!(tree.get(&key(i)).unwrap(), Some(value(t, i)));
+        }
+    }
+    // A dropped tree's hint must not be followed into a new tree.
+    drop(trees);
+    let fresh = tree_without_evictor(1 << 20);
+    fresh.insert(&key(7), b"fresh").unwrap();
+    assert_eq!(fresh.get(&key(7)).unwrap().as_deref(), Some(&b"fresh"[..]));
+    assert_eq!(fresh.get(&key(8)).unwrap(), None);
+}

@@ -297,6 +297,19 @@ struct Core {
     background: background::Signal,
     /// Pages given an open-end mirror, oldest first, at most `OPEN_ENDS_MAX`.
     open_ends: Mutex<std::collections::VecDeque<PageId>>,
+    /// This tree among every tree of the process, for `LOCATE_HINT`; never reused.
+    id: u64,
+}
+
+/// The ids of trees (`Core::id`); 0 is no tree.
+static NEXT_TREE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+thread_local! {
+    /// The level-1 inner node this thread's last descent ended in, with the id of its
+    /// tree: where `find_leaf` starts looking for a key before descending from the
+    /// root (`Core::locate_from_hint`).
+    static LOCATE_HINT: std::cell::Cell<(u64, *const InnerNode)> =
+        const { std::cell::Cell::new((0, std::ptr::null())) };
 }
 
 /// Most open-end mirrors kept at once (`Core::mirror_open_end`): about as many sorted
@@ -413,6 +426,7 @@ impl Tree {
             doorkeeper,
             background: background::Signal::default(),
             open_ends: Mutex::new(std::collections::VecDeque::new()),
+            id: NEXT_TREE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         });
         // Under shuttle every thread must be the scheduler's: no evictor thread there.
         let background = (core.config.background_eviction && !cfg!(feature = "shuttle"))
@@ -1058,6 +1072,11 @@ impl Core {
         target: Target<'_>,
         guard: &Guard,
     ) -> Result<Option<LeafPath<'t>>, Restart> {
+        if let Target::Holding(key) = target
+            && let Some(path) = self.locate_from_hint(key, guard)
+        {
+            return Ok(Some(path));
+        }
         let mut node = self.root();
         let mut version = node.version.read_begin()?;
         loop {
@@ -1093,6 +1112,7 @@ impl Core {
             if node.level == 1 {
                 let prefix_len = child_prefix_len(&n, index);
                 node.version.validate(version)?;
+                LOCATE_HINT.set((self.id, node));
                 return Ok(Some(LeafPath {
                     parent: node,
                     parent_version: version,
@@ -1107,6 +1127,45 @@ impl Core {
             node = next;
             version = next_version;
         }
+    }
+
+    /// The page holding `key` found from the level-1 inner node this thread's last
+    /// descent of this tree ended in, without descending from the root; `None` when that
+    /// node no longer covers `key` (or is being changed), and the caller descends.
+    ///
+    /// Any level-1 node whose fences cover `key` routes it to the right page: inner nodes
+    /// are never freed or merged while the tree lives, a split narrows a node's fences
+    /// in the same publication that hands the rest to its new sibling, and a node's bytes
+    /// are authoritative for the range its fences give (the argument that lets a
+    /// descent start from a stale root pointer). The page is then validated with this
+    /// node's version exactly as after a descent (`lock_leaf`). A sorted load or a scan
+    /// of neighbouring keys stays under one level-1 node for many operations and skips
+    /// the searches above it; a random key misses at the cost of one fence check.
+    fn locate_from_hint<'t>(&'t self, key: &[u8], guard: &Guard) -> Option<LeafPath<'t>> {
+        let (tree, node) = LOCATE_HINT.get();
+        if tree != self.id {
+            return None;
+        }
+        // SAFETY: the hint was set by a descent of this tree (tree ids are never
+        // reused) to one of its inner nodes, and inner nodes are freed only when the tree
+        // drops, which it cannot have done while `self` is borrowed.
+        let node: &'t InnerNode = unsafe { &*node };
+        let version = node.version.read_begin().ok()?;
+        let n = NodeRef::trusted(node.bytes(guard));
+        if !n.covers(key) {
+            return None;
+        }
+        let index = inner::child_for(&n, key);
+        let pid = PageId(inner::child_ref(&n, index));
+        let prefix_len = child_prefix_len(&n, index);
+        node.version.validate(version).ok()?;
+        Some(LeafPath {
+            parent: node,
+            parent_version: version,
+            pid,
+            index,
+            prefix_len,
+        })
     }
 
     /// The inner nodes from the root down to the level-1 node routing `key`, with the
