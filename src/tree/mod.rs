@@ -101,6 +101,28 @@ struct LeafPath<'t> {
     prefix_len: usize,
 }
 
+impl<'t> LeafPath<'t> {
+    /// The path to child `index` of the level-1 node `node`, whose bytes `n` were read
+    /// at `version`; a restart if the node changed since.
+    fn at(
+        node: &'t InnerNode,
+        version: u64,
+        n: &NodeRef<'_>,
+        index: usize,
+    ) -> Result<LeafPath<'t>, Restart> {
+        let pid = PageId(inner::child_ref(n, index));
+        let prefix_len = child_prefix_len(n, index);
+        node.version.validate(version)?;
+        Ok(LeafPath {
+            parent: node,
+            parent_version: version,
+            pid,
+            index,
+            prefix_len,
+        })
+    }
+}
+
 /// Counters describing what the tree has done, from [`Tree::stats`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -1108,20 +1130,12 @@ impl Core {
                 node.version.validate(version)?;
                 return Ok(None);
             };
-            let child = inner::child_ref(&n, index);
             if node.level == 1 {
-                let prefix_len = child_prefix_len(&n, index);
-                node.version.validate(version)?;
+                let path = LeafPath::at(node, version, &n, index)?;
                 LOCATE_HINT.set((self.id, node));
-                return Ok(Some(LeafPath {
-                    parent: node,
-                    parent_version: version,
-                    pid: PageId(child),
-                    index,
-                    prefix_len,
-                }));
+                return Ok(Some(path));
             }
-            let next = self.inner_at(child);
+            let next = self.inner_at(inner::child_ref(&n, index));
             let next_version = next.version.read_begin()?;
             node.version.validate(version)?;
             node = next;
@@ -1155,17 +1169,7 @@ impl Core {
         if !n.covers(key) {
             return None;
         }
-        let index = inner::child_for(&n, key);
-        let pid = PageId(inner::child_ref(&n, index));
-        let prefix_len = child_prefix_len(&n, index);
-        node.version.validate(version).ok()?;
-        Some(LeafPath {
-            parent: node,
-            parent_version: version,
-            pid,
-            index,
-            prefix_len,
-        })
+        LeafPath::at(node, version, &n, inner::child_for(&n, key)).ok()
     }
 
     /// The inner nodes from the root down to the level-1 node routing `key`, with the
@@ -1391,11 +1395,17 @@ impl Core {
     /// after it a third of the mirrors.)
     fn mirror_room(&self) -> bool {
         const MIRROR_ROOM_PERCENT: u64 = 80;
-        let block = MAX_MINI_BLOCK_BYTES as u64;
-        let capacity = self.pool.capacity_bytes();
         self.config.promotion_rate_percent > 0
-            && self.pool.addresses().tail + block <= capacity
-            && self.pool.bytes_in_use() + block <= capacity / 100 * MIRROR_ROOM_PERCENT
+            && self.pool.addresses().tail + MAX_MINI_BLOCK_BYTES as u64
+                <= self.pool.capacity_bytes()
+            && self.pool_in_use_below(MIRROR_ROOM_PERCENT)
+    }
+
+    /// Whether the pool's bytes in use, with one more block of the largest class, stay
+    /// below `percent` of its capacity.
+    fn pool_in_use_below(&self, percent: u64) -> bool {
+        self.pool.bytes_in_use() + MAX_MINI_BLOCK_BYTES as u64
+            <= self.pool.capacity_bytes() / 100 * percent
     }
 
     /// Whether the pool has room to spare for a read's record, so that caching it needs
@@ -1415,8 +1425,7 @@ impl Core {
     /// bytes per operation.
     fn record_room(&self) -> bool {
         const RECORD_ROOM_PERCENT: u64 = 90;
-        let block = MAX_MINI_BLOCK_BYTES as u64;
-        self.pool.bytes_in_use() + block <= self.pool.capacity_bytes() / 100 * RECORD_ROOM_PERCENT
+        self.pool_in_use_below(RECORD_ROOM_PERCENT)
     }
 
     /// Replaces the page's mini-page (if any) by a mirror of `leaf`, the leaf page just
