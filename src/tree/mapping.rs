@@ -29,7 +29,7 @@
 
 use std::ptr::NonNull;
 
-use crate::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
 use crate::sync::{Mutex, spin_wait};
 
 const LOCATION_BITS: u32 = 48;
@@ -90,14 +90,19 @@ impl Location {
     }
 }
 
-type Chunk = [AtomicU64; CHUNK_ENTRIES];
+type Chunk<T> = [T; CHUNK_ENTRIES];
+
+/// Bytes per unit of a fill hint: a 4,080-byte leaf payload fits in 255 units.
+pub(crate) const FILL_UNIT_BYTES: usize = 16;
 
 /// The indirection array from `PageId` to location-and-lock words.
 ///
 /// Chunks are allocated on first use and never move or shrink while the table lives, so a
 /// `&AtomicU64` into a chunk stays valid for the table's lifetime.
 pub(crate) struct MappingTable {
-    chunks: Box<[AtomicPtr<Chunk>]>,
+    chunks: Box<[AtomicPtr<Chunk<AtomicU64>>]>,
+    /// Each id's leaf fill hint ([`MappingTable::fill_hint`]), chunked like `chunks`.
+    fills: Box<[AtomicPtr<Chunk<AtomicU8>>]>,
     /// Next never-used id, and ids given back for reuse.
     ids: Mutex<IdAllocator>,
 }
@@ -121,6 +126,9 @@ impl MappingTable {
     pub(crate) fn new() -> Self {
         MappingTable {
             chunks: (0..MAX_CHUNKS)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            fills: (0..MAX_CHUNKS)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             ids: Mutex::new(IdAllocator::default()),
@@ -194,45 +202,64 @@ impl MappingTable {
         try_lock_once(word, try_write_word).then(|| WriteGuard { word, id })
     }
 
-    fn word(&self, id: PageId) -> &AtomicU64 {
-        let index = id.0 as usize;
-        let chunk_index = index / CHUNK_ENTRIES;
-        assert!(chunk_index < MAX_CHUNKS, "page id {} out of range", id.0);
-        let chunk = self.chunk(chunk_index);
-        &chunk[index % CHUNK_ENTRIES]
+    /// How full `id`'s leaf page was when last written, in bytes (rounded up to
+    /// [`FILL_UNIT_BYTES`]); 0 for a page never written. A hint, not a fact: it is set
+    /// after the write it describes and read without the page's lock, so it may be
+    /// stale, and a caller that acts on it checks the page itself.
+    pub(crate) fn fill_hint(&self, id: PageId) -> usize {
+        usize::from(entry(&self.fills, id, || AtomicU8::new(0)).load(Ordering::Relaxed))
+            * FILL_UNIT_BYTES
     }
 
-    fn chunk(&self, chunk_index: usize) -> &Chunk {
-        let slot = &self.chunks[chunk_index];
-        let mut ptr = slot.load(Ordering::Acquire);
-        if ptr.is_null() {
-            let fresh = new_chunk();
-            match slot.compare_exchange(
-                std::ptr::null_mut(),
-                fresh.as_ptr(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => ptr = fresh.as_ptr(),
-                Err(existing) => {
-                    // SAFETY: `fresh` came from `new_chunk` (a leaked Box) and lost the race,
-                    // so no one else has seen it; turning it back into a Box frees it once.
-                    drop(unsafe { Box::from_raw(fresh.as_ptr()) });
-                    ptr = existing;
-                }
-            }
-        }
-        // SAFETY: a non-null slot holds a chunk leaked from a Box by `new_chunk`; chunks are
-        // freed only in `Drop for MappingTable`, which takes `&mut self`, so the reference
-        // cannot outlive the chunk.
-        unsafe { &*ptr }
+    /// Records that `id`'s leaf page now uses `used_bytes` ([`Self::fill_hint`]).
+    pub(crate) fn set_fill_hint(&self, id: PageId, used_bytes: usize) {
+        let units = used_bytes
+            .div_ceil(FILL_UNIT_BYTES)
+            .min(usize::from(u8::MAX));
+        let units = u8::try_from(units).expect("clamped to a u8");
+        entry(&self.fills, id, || AtomicU8::new(0)).store(units, Ordering::Relaxed);
+    }
+
+    fn word(&self, id: PageId) -> &AtomicU64 {
+        entry(&self.chunks, id, || AtomicU64::new(0))
     }
 }
 
-fn new_chunk() -> NonNull<Chunk> {
+/// `id`'s entry in a chunked array of `slots`, allocating its chunk (every entry `zero()`)
+/// on first use.
+fn entry<T>(slots: &[AtomicPtr<Chunk<T>>], id: PageId, zero: fn() -> T) -> &T {
+    let index = id.0 as usize;
+    let chunk_index = index / CHUNK_ENTRIES;
+    assert!(chunk_index < MAX_CHUNKS, "page id {} out of range", id.0);
+    let slot = &slots[chunk_index];
+    let mut ptr = slot.load(Ordering::Acquire);
+    if ptr.is_null() {
+        let fresh = new_chunk(zero);
+        match slot.compare_exchange(
+            std::ptr::null_mut(),
+            fresh.as_ptr(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => ptr = fresh.as_ptr(),
+            Err(existing) => {
+                // SAFETY: `fresh` came from `new_chunk` (a leaked Box) and lost the race,
+                // so no one else has seen it; turning it back into a Box frees it once.
+                drop(unsafe { Box::from_raw(fresh.as_ptr()) });
+                ptr = existing;
+            }
+        }
+    }
+    // SAFETY: a non-null slot holds a chunk leaked from a Box by `new_chunk`; chunks are
+    // freed only in `Drop for MappingTable`, which takes `&mut self`, so the reference
+    // cannot outlive the chunk.
+    unsafe { &(*ptr)[index % CHUNK_ENTRIES] }
+}
+
+fn new_chunk<T>(zero: fn() -> T) -> NonNull<Chunk<T>> {
     // Built on the heap directly: a 512 KiB array would not fit comfortably on the stack.
-    let boxed: Box<[AtomicU64]> = (0..CHUNK_ENTRIES).map(|_| AtomicU64::new(0)).collect();
-    let boxed: Box<Chunk> = boxed
+    let boxed: Box<[T]> = (0..CHUNK_ENTRIES).map(|_| zero()).collect();
+    let boxed: Box<Chunk<T>> = boxed
         .try_into()
         .unwrap_or_else(|_| unreachable!("the slice has CHUNK_ENTRIES elements"));
     NonNull::from(Box::leak(boxed))
@@ -240,13 +267,20 @@ fn new_chunk() -> NonNull<Chunk> {
 
 impl Drop for MappingTable {
     fn drop(&mut self) {
-        for slot in self.chunks.iter() {
-            let ptr = slot.load(Ordering::Acquire);
-            if !ptr.is_null() {
-                // SAFETY: non-null slots hold chunks leaked by `new_chunk`, each stored in
-                // exactly one slot; `&mut self` means no guard or reference into it remains.
-                drop(unsafe { Box::from_raw(ptr) });
-            }
+        free_chunks(&self.chunks);
+        free_chunks(&self.fills);
+    }
+}
+
+/// Frees the chunks of `slots`. The caller is the table's `Drop`: with `&mut` access no
+/// guard or reference into a chunk remains.
+fn free_chunks<T>(slots: &[AtomicPtr<Chunk<T>>]) {
+    for slot in slots {
+        let ptr = slot.load(Ordering::Acquire);
+        if !ptr.is_null() {
+            // SAFETY: non-null slots hold chunks leaked by `new_chunk`, each stored in
+            // exactly one slot, and the caller guarantees no reference into them remains.
+            drop(unsafe { Box::from_raw(ptr) });
         }
     }
 }
