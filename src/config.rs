@@ -182,6 +182,14 @@ pub struct Config {
     /// (the paper evicts only in the thread that needs the room; that still happens
     /// whenever the pool is full). Default on.
     pub background_eviction: bool,
+    /// A leaf page that overflows in a merge first moves records into a neighbour (a
+    /// sibling under the same inner node) that has room, instead of splitting (B*-tree
+    /// redistribution). Leaf pages then end about 80% full after inserts in random key
+    /// order instead of about 69%, so the data file is about a seventh smaller and scans
+    /// read fewer pages, at the cost of reading and writing the neighbour's page. The
+    /// neighbour is chosen by a per-page fill hint, so a full one is never read. Default
+    /// on.
+    pub leaf_redistribution: bool,
 }
 
 impl Default for Config {
@@ -199,6 +207,7 @@ impl Default for Config {
             io_uring_sqpoll: false,
             huge_pages: true,
             background_eviction: true,
+            leaf_redistribution: true,
         }
     }
 }

@@ -289,6 +289,60 @@ fn sorted_streams_racing_reads(mirrored: &AtomicU64) {
     mirrored.fetch_add(tree.stats().open_end_mirrors, Ordering::Relaxed);
 }
 
+/// Two writers insert keys in random order into a tree whose pages have room (a
+/// random-order preload leaves them partly full), so overflowing pages move records into
+/// a neighbour (redistribution: the neighbour try-locked and written first, the parent's
+/// separator then replaced) as well as split; meanwhile a reader reads every preloaded
+/// key twice and scans them. No insert is lost, no read misses, a scan sees each key
+/// once, in order. Adds the redistributions to `redistributed`.
+fn redistribution_racing_reads(redistributed: &AtomicU64) {
+    let tree = preloaded(40);
+    let writers = spawn_two_writers(&tree, |tree, w| {
+        for i in 0..16u32 {
+            let i = 1000 + w * 100 + i;
+            tree.insert(&key(i), &value(i, w)).unwrap();
+        }
+    });
+    let reader = {
+        let tree = tree.clone();
+        thread::spawn(move || {
+            for round in 0..2 {
+                for i in 0..40 {
+                    assert_eq!(
+                        tree.get(&key(i)).unwrap(),
+                        Some(value(i, 9)),
+                        "round {round}: key {i}"
+                    );
+                }
+            }
+            let mut want: BTreeSet<Vec<u8>> = (0..40).map(key).collect();
+            for record in tree.range::<&[u8], _>(..) {
+                let (k, _) = record.unwrap();
+                want.remove(&k);
+            }
+            assert!(want.is_empty(), "the scan missed {want:?}");
+        })
+    };
+    for w in writers {
+        w.join().unwrap();
+    }
+    reader.join().unwrap();
+    for w in 0..2u32 {
+        for i in 0..16u32 {
+            let i = 1000 + w * 100 + i;
+            assert_eq!(
+                tree.get(&key(i)).unwrap(),
+                Some(value(i, w)),
+                "lost insert {i}"
+            );
+        }
+    }
+    let keys: Vec<Vec<u8>> = tree.range::<&[u8], _>(..).map(|r| r.unwrap().0).collect();
+    assert_eq!(keys.len(), 40 + 2 * 16);
+    assert!(keys.windows(2).all(|w| w[0] < w[1]), "scan out of order");
+    redistributed.fetch_add(tree.stats().leaf_redistributions, Ordering::Relaxed);
+}
+
 /// A flush (batched: the first page of a batch locked waiting, the rest with try-locks)
 /// races two writers that update and insert keys (growth, merges at the threshold,
 /// splits): no schedule deadlocks, no write is lost, and a flush after the writers leaves
@@ -422,4 +476,23 @@ fn shuttle_sorted_streams_racing_reads_random() {
 fn shuttle_sorted_streams_racing_reads_pct() {
     static MIRRORED: AtomicU64 = AtomicU64::new(0);
     shuttle::check_pct(|| sorted_streams_racing_reads(&MIRRORED), iterations(), 3);
+}
+
+#[test]
+fn shuttle_redistribution_racing_reads_random() {
+    static REDISTRIBUTED: AtomicU64 = AtomicU64::new(0);
+    shuttle::check_random(|| redistribution_racing_reads(&REDISTRIBUTED), iterations());
+    let redistributed = REDISTRIBUTED.load(Ordering::Relaxed);
+    eprintln!("redistributions over the schedules: {redistributed}");
+    assert!(redistributed > 0, "no schedule redistributed");
+}
+
+#[test]
+fn shuttle_redistribution_racing_reads_pct() {
+    static REDISTRIBUTED: AtomicU64 = AtomicU64::new(0);
+    shuttle::check_pct(
+        || redistribution_racing_reads(&REDISTRIBUTED),
+        iterations(),
+        3,
+    );
 }

@@ -160,6 +160,7 @@ fn assert_happened(s: &TreeStats, wanted: &[&str]) {
             "phantoms_promoted" => s.phantoms_promoted,
             "mirrors_created" => s.mirrors_created,
             "leaf_splits" => s.leaf_splits,
+            "leaf_redistributions" => s.leaf_redistributions,
             "inner_splits" => s.inner_splits,
             "restarts" => s.restarts,
             other => panic!("unknown counter {other}"),
@@ -255,6 +256,7 @@ const READ_WRITE_PATHS: &[&str] = &[
     "phantoms_promoted",
     "mirrors_created",
     "leaf_splits",
+    "leaf_redistributions",
 ];
 
 /// Equality of two scans, reporting the first difference instead of two huge vectors.
@@ -484,6 +486,7 @@ fn disjoint_writers(n_threads: usize, ops: usize) {
             "evictions",
             "copy_on_access",
             "leaf_splits",
+            "leaf_redistributions",
             "inner_splits",
         ],
     );
@@ -604,6 +607,7 @@ fn overlapping_writers(n_threads: usize, ops: usize) {
             "evictions",
             "copy_on_access",
             "leaf_splits",
+            "leaf_redistributions",
         ],
     );
 }
@@ -890,6 +894,7 @@ fn scans_during_writes(n_scanners: usize, n_writers: usize, ops: usize) {
             "copy_on_access",
             "mirrors_created",
             "leaf_splits",
+            "leaf_redistributions",
         ],
     );
 }

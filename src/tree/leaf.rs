@@ -206,6 +206,17 @@ impl RecordList {
         (s.key_len as usize, s.value_len as usize)
     }
 
+    /// Bytes the records cost in a node whose keys share a prefix of `prefix_len`
+    /// bytes (their metas, stored key suffixes and values).
+    pub(crate) fn cost_bytes(&self, prefix_len: usize) -> usize {
+        (0..self.len())
+            .map(|i| {
+                let (k, v) = self.lens(i);
+                record_cost(k - prefix_len, v)
+            })
+            .sum()
+    }
+
     /// `(key, value, type)` of records `range`, in key order.
     pub(crate) fn iter_range(
         &self,
@@ -274,7 +285,7 @@ pub(crate) fn pack_leaves(
         let (k, v) = records.lens(i);
         record_cost(k - prefix_len, v)
     };
-    let total: usize = (0..records.len()).map(cost).sum();
+    let total = records.cost_bytes(prefix_len);
     let fence_bound = |l: Option<&[u8]>, h: Option<&[u8]>| {
         2 * KV_META_SIZE_BYTES + l.map_or(0, <[u8]>::len) + h.map_or(0, <[u8]>::len)
     };

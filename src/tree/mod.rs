@@ -162,6 +162,9 @@ pub struct TreeStats {
     pub open_end_demotions: u64,
     /// Leaf-page splits.
     pub leaf_splits: u64,
+    /// Overflowing leaf pages that moved records into a neighbour instead of splitting
+    /// ([`Config::leaf_redistribution`]).
+    pub leaf_redistributions: u64,
     /// Inner-node splits (including the root's).
     pub inner_splits: u64,
     /// Leaf pages read from the page store.
@@ -217,6 +220,7 @@ struct Counters {
     open_end_mirrors: AtomicU64,
     open_end_demotions: AtomicU64,
     leaf_splits: AtomicU64,
+    leaf_redistributions: AtomicU64,
     inner_splits: AtomicU64,
     leaf_reads: AtomicU64,
     leaf_writes: AtomicU64,
@@ -578,6 +582,7 @@ impl Tree {
             open_end_mirrors: load(&c.open_end_mirrors),
             open_end_demotions: load(&c.open_end_demotions),
             leaf_splits: load(&c.leaf_splits),
+            leaf_redistributions: load(&c.leaf_redistributions),
             inner_splits: load(&c.inner_splits),
             leaf_reads: load(&c.leaf_reads),
             leaf_writes: load(&c.leaf_writes),
@@ -896,6 +901,69 @@ struct BatchSplit {
     right: Vec<(PageNo, Box<Page>)>,
 }
 
+/// A neighbour locked for a redistribution (`Core::pick_neighbour`).
+struct Neighbour<'t> {
+    page: mapping::WriteGuard<'t>,
+    /// Its leaf page and whether its mini-page is a mirror (made up when it has none).
+    header: MiniHeader,
+    /// Its mini-page, if it has one.
+    block: Option<Block>,
+    /// Whether it lies left of the overflowing page.
+    left: bool,
+}
+
+/// What a redistribution writes (`Core::plan_redistribution`), its neighbour still locked.
+struct Redistribution<'t> {
+    neighbour: Neighbour<'t>,
+    /// The overflowing page, which gives records.
+    giving_pid: PageId,
+    /// A key of the giving page's old range, which finds the two pages' parent.
+    probe: Vec<u8>,
+    /// The neighbour's page as its own merge would write it: written back if the parent
+    /// cannot take the new separator.
+    restore: Box<Page>,
+    /// The two new pages, left then right.
+    pages: [Box<Page>; 2],
+    separator: Vec<u8>,
+}
+
+impl<'t> Redistribution<'t> {
+    /// The overflowing page's new page, once the neighbour's lock may go.
+    fn into_giving(self) -> Box<Page> {
+        let [left, right] = self.pages;
+        if self.neighbour.left { right } else { left }
+    }
+
+    /// The neighbour's lock, leaf page and old page, for writing it back.
+    fn into_restore(self) -> (mapping::WriteGuard<'t>, PageNo, Box<Page>) {
+        (
+            self.neighbour.page,
+            self.neighbour.header.leaf,
+            self.restore,
+        )
+    }
+
+    /// The overflowing page's new page.
+    fn giving(&mut self) -> &mut Page {
+        let i = usize::from(self.neighbour.left);
+        &mut self.pages[i]
+    }
+
+    /// The neighbour's new page.
+    fn receiving(&mut self) -> &mut Page {
+        let i = usize::from(!self.neighbour.left);
+        &mut self.pages[i]
+    }
+}
+
+/// The prefix length shared by every key between two fences (0 if one is unbounded).
+fn chunk_prefix_len(low: &Option<Vec<u8>>, high: &Option<Vec<u8>>) -> usize {
+    match (low, high) {
+        (Some(l), Some(h)) => node::common_prefix_len(l, h),
+        _ => 0,
+    }
+}
+
 /// Answers a failed batched write for every job in `jobs`: the first gets the store's
 /// error, the rest the poisoning it caused (the write poisoned the tree).
 fn fail_all(e: Error, jobs: impl Iterator<Item = usize>, results: &mut [Result<bool, Op>]) {
@@ -958,6 +1026,13 @@ struct OpenEnd {
 
 /// Pages whose dirty mini-pages `flush` merges with one batched read and write.
 const FLUSH_BATCH_PAGES: usize = 32;
+
+/// A leaf page that overflows moves records into a neighbour only if the two then hold
+/// at most this share of two pages ([`Config::leaf_redistribution`]). Lower, more splits;
+/// higher, the two pages are nearly full and soon overflow again, each time at the cost
+/// of the neighbour's IO. A simulation of random inserts (docs/design.md) gave pages
+/// 80.8% full at 90%.
+const REDISTRIBUTE_FILL_PERCENT: usize = 90;
 
 /// Distinct leaf pages `get_many` reads in one batch (bounds its buffers to 512 KiB).
 const GET_MANY_BATCH_PAGES: usize = 128;
@@ -1789,6 +1864,7 @@ impl Core {
             self.record_failure(&e);
             return Err(e);
         }
+        self.mapping.set_fill_hint(pid, leaf_used_bytes(page));
         bump(&self.counters.leaf_writes);
         Ok(())
     }
@@ -2245,6 +2321,7 @@ impl Core {
             self.read_leaf(header.leaf, &mut page)?;
             Some(page)
         };
+        bump(&self.counters.merges);
         match self.plan_merge(header, mini, extra, leaf)? {
             MergePlan::Write(mut page) => {
                 self.write_leaf(pid, header.leaf, &mut page)?;
@@ -2255,6 +2332,9 @@ impl Core {
                 chunks,
                 open,
             } => {
+                if open.is_none() && self.redistribute(pid, header.leaf, &records, &chunks)? {
+                    return Ok(Merged::Split(None));
+                }
                 let open = keep_open.then_some(open).flatten();
                 let open = self.split_leaf(pid, header.leaf, &records, &chunks, open)?;
                 Ok(Merged::Split(open))
@@ -2264,7 +2344,8 @@ impl Core {
 
     /// Computes what `merge` writes: the new leaf page, or the records and chunks of a
     /// split. `leaf` is the leaf page as read under the page's write lock (`None` for a
-    /// mirror, whose live records are the leaf's).
+    /// mirror, whose live records are the leaf's). The callers count the merge; a
+    /// redistribution's plan for its neighbour is not one.
     fn plan_merge(
         &self,
         header: MiniHeader,
@@ -2272,7 +2353,6 @@ impl Core {
         extra: Option<(&[u8], &[u8], RecordType)>,
         leaf: Option<Box<Page>>,
     ) -> Result<MergePlan, Op> {
-        bump(&self.counters.merges);
         let mut page = leaf.unwrap_or_else(Page::boxed);
         let mut merged: RecordList;
         let (low, high): (Option<Vec<u8>>, Option<Vec<u8>>);
@@ -2506,6 +2586,8 @@ impl Core {
                 )));
             };
             new_pids.push(new_pid);
+            self.mapping
+                .set_fill_hint(new_pid, leaf_used_bytes(&right[new_pids.len() - 1].1));
             children.push((
                 chunk.low.clone().expect("split chunks have a low fence"),
                 new_pid.0,
@@ -2656,6 +2738,253 @@ impl Core {
         drop(locks);
         bump(&self.counters.leaf_splits);
         Ok(held)
+    }
+
+    /// Picks and locks the neighbour that an overflowing page `pid` (split by `chunks` of
+    /// `records`, its write lock held by the caller) could give records to instead of
+    /// splitting ([`Config::leaf_redistribution`]): the emptier sibling under the same
+    /// level-1 inner node by its fill hint, if the two pages would fill at most
+    /// `REDISTRIBUTE_FILL_PERCENT` of two pages. Only a try-lock (the caller holds page
+    /// locks); `None` for a split. A page never written has a hint of 0 and may be picked
+    /// wrongly: `plan_redistribution` checks the real bytes.
+    fn pick_neighbour(
+        &self,
+        pid: PageId,
+        records: &RecordList,
+        chunks: &[leaf::LeafChunk],
+    ) -> Option<Neighbour<'_>> {
+        if !self.config.leaf_redistribution || chunks.len() != 2 {
+            return None;
+        }
+        let guard = epoch::pin();
+        let probe = chunks[0].low.as_deref().unwrap_or_default();
+        let path = self.find_path(probe, &guard).ok()?;
+        let (parent, _) = path.last().expect("paths are never empty");
+        let n = NodeRef::trusted(parent.bytes(&guard));
+        let index = inner::child_for(&n, probe);
+        if inner::child_ref(&n, index) != pid.0 {
+            return None;
+        }
+        let own_bytes = records.cost_bytes(chunk_prefix_len(&chunks[0].low, &chunks[1].high));
+        let limit = 2 * PAGE_PAYLOAD_SIZE * REDISTRIBUTE_FILL_PERCENT / 100;
+        let (other, other_pid) = [index.checked_sub(1), Some(index + 1)]
+            .into_iter()
+            .flatten()
+            .filter(|&i| i < n.len())
+            .map(|i| (i, PageId(inner::child_ref(&n, i))))
+            .filter(|&(_, p)| self.mapping.fill_hint(p) + own_bytes <= limit)
+            .min_by_key(|&(_, p)| self.mapping.fill_hint(p))?;
+        let page = self.mapping.try_write(other_pid)?;
+        let (header, block) = match page.location() {
+            Location::Leaf(no) => {
+                let header = MiniHeader {
+                    pid: other_pid,
+                    leaf: PageNo(no),
+                    mirror: false,
+                };
+                (header, None)
+            }
+            Location::Mini(offset) => {
+                let block = self.block(offset);
+                // SAFETY: we hold the neighbour's write lock.
+                (unsafe { MiniHeader::of(&block) }, Some(block))
+            }
+            Location::Empty => return None,
+        };
+        Some(Neighbour {
+            page,
+            header,
+            block,
+            left: other < index,
+        })
+    }
+
+    /// With the neighbour's leaf page as read (`None` for a mirror, whose live records
+    /// are its leaf's), packs both pages' live records, balanced, into two new pages;
+    /// `None` (releasing the neighbour) if they do not make two pages or if records
+    /// would move towards the overflowing page (its neighbour held more than its hint
+    /// said): only the neighbour receives, which the write order relies on.
+    fn plan_redistribution<'t>(
+        &self,
+        pid: PageId,
+        neighbour: Neighbour<'t>,
+        leaf: Option<Box<Page>>,
+        records: &RecordList,
+        chunks: &[leaf::LeafChunk],
+    ) -> Option<Redistribution<'t>> {
+        // SAFETY: we hold the neighbour's write lock.
+        let mini = neighbour.block.as_ref().map(|b| unsafe { mini_ref(b) });
+        let Ok(MergePlan::Write(restore)) = self.plan_merge(neighbour.header, mini, None, leaf)
+        else {
+            return None;
+        };
+        let theirs = NodeRef::trusted(restore.payload());
+        let mut all =
+            RecordList::with_capacity(records.len() + theirs.len(), 2 * PAGE_PAYLOAD_SIZE);
+        let push_theirs = |all: &mut RecordList| {
+            for r in theirs.iter() {
+                all.push_view(&r, RecordType::Insert);
+            }
+        };
+        let (low, high) = if neighbour.left {
+            push_theirs(&mut all);
+            for (k, v, _) in records.iter() {
+                all.push(k, v, RecordType::Insert);
+            }
+            (owned_fence(theirs.low_fence()), chunks[1].high.clone())
+        } else {
+            for (k, v, _) in records.iter() {
+                all.push(k, v, RecordType::Insert);
+            }
+            push_theirs(&mut all);
+            (chunks[0].low.clone(), owned_fence(theirs.high_fence()))
+        };
+        let packed = leaf::pack_leaves(&all, low.as_deref(), high.as_deref(), leaf::Fill::Balanced);
+        let [left, right] = &packed[..] else {
+            return None;
+        };
+        let separator = right.low.clone().expect("a second chunk has a low fence");
+        // The old separator between the two pages: records move to the neighbour only if
+        // the new one lies on the overflowing page's side of it.
+        let towards_neighbour = if neighbour.left {
+            chunks[0]
+                .low
+                .as_deref()
+                .is_some_and(|old| separator.as_slice() > old)
+        } else {
+            chunks[1]
+                .high
+                .as_deref()
+                .is_some_and(|old| separator.as_slice() < old)
+        };
+        if !towards_neighbour {
+            return None;
+        }
+        let mut pages = [Page::boxed(), Page::boxed()];
+        for (page, chunk) in pages.iter_mut().zip([left, right]) {
+            leaf::build_leaf(page.payload_mut(), chunk, &all).expect("packed to fit");
+        }
+        let r = Redistribution {
+            neighbour,
+            giving_pid: pid,
+            probe: chunks[0].low.clone().unwrap_or_default(),
+            restore,
+            pages,
+            separator,
+        };
+        // Before any IO: the parent must hold the two pages side by side and have room
+        // for the new separator. (A parent too full for it would otherwise make every
+        // retry write the neighbour and write it back: an eviction retrying its head
+        // block did so forever.)
+        self.parent_with_separator(&r, &epoch::pin())?;
+        Some(r)
+    }
+
+    /// The parent of the giving page `r.giving_pid` with `r`'s separator in place of the
+    /// old one between it and its neighbour: the parent, the version its bytes were read
+    /// at, and the new bytes. `None` if the parent no longer holds the two pages side by
+    /// side (found afresh with `r.probe`, a key of the giving page's old range) or has no
+    /// room for a longer separator.
+    fn parent_with_separator<'g>(
+        &'g self,
+        r: &Redistribution<'_>,
+        guard: &'g Guard,
+    ) -> Option<(&'g InnerNode, u64, Box<[u8]>)> {
+        let path = self.find_path(&r.probe, guard).ok()?;
+        let &(parent, version) = path.last().expect("paths are never empty");
+        let n = NodeRef::trusted(parent.bytes(guard));
+        let index = inner::child_for(&n, &r.probe);
+        let other = if r.neighbour.left {
+            index.checked_sub(1)?
+        } else {
+            Some(index + 1).filter(|&i| i < n.len())?
+        };
+        let other_pid = r.neighbour.page.id();
+        if inner::child_ref(&n, index) != r.giving_pid.0
+            || inner::child_ref(&n, other) != other_pid.0
+        {
+            return None;
+        }
+        // The right page's separator is replaced; it keeps its place among the others,
+        // which lie outside the two pages' range.
+        let right_index = index.max(other);
+        let child = inner::child_ref(&n, right_index).to_le_bytes();
+        let mut bytes: Box<[u8]> = parent.bytes(guard).into();
+        let mut copy = NodeMut::trusted(&mut bytes);
+        copy.remove(right_index);
+        (copy.insert(&r.separator, &child, RecordType::Insert) == Ok(right_index))
+            .then_some((parent, version, bytes))
+    }
+
+    /// Publishes a redistribution's new separator, once the neighbour's new page is
+    /// written: only then may keys be routed to it. The parent's version lock is held
+    /// only to publish. Returns whether it published; if not, the parent changed since
+    /// `plan_redistribution` checked it (a concurrent split or redistribution under it),
+    /// and the caller writes the neighbour's page back as it was (`restore`) and
+    /// restarts. On success the neighbour's mini-page is dropped: its records are in its
+    /// new page, and its prefix may not be the new page's.
+    fn link_redistribution(&self, r: &Redistribution<'_>) -> bool {
+        let guard = epoch::pin();
+        let Some((parent, version, bytes)) = self.parent_with_separator(r, &guard) else {
+            return false;
+        };
+        let Ok(lock) = parent.version.upgrade(version) else {
+            return false;
+        };
+        parent.replace(bytes, &guard);
+        drop(lock);
+        if let Some(block) = r.neighbour.block {
+            let page = &r.neighbour.page;
+            page.set_location(Location::Leaf(r.neighbour.header.leaf.0));
+            self.retire(block);
+        }
+        bump(&self.counters.leaf_redistributions);
+        true
+    }
+
+    /// A single merge's redistribution (`merge`; `merge_batch` runs the same steps with
+    /// batched IO): returns whether it redistributed, `Err(Op::Restart)` if it wrote the
+    /// neighbour but could not publish (the neighbour is written back as it was).
+    ///
+    /// Write order: the neighbour's page first, then the parent, then the giving page.
+    /// Until the parent is published every record moves only into the neighbour's page
+    /// (a copy: the giving page still has it and keys still route there); after it, the
+    /// neighbour's page has them. So a failed write (which poisons the tree) never
+    /// leaves a key routed to a page that lacks it. Both page locks are held throughout:
+    /// a reader routed by the old separator restarts when it finds the parent's version
+    /// moved, and one that read a leaf page without its lock finds its leaf-write
+    /// counter moved.
+    fn redistribute(
+        &self,
+        pid: PageId,
+        leaf_no: PageNo,
+        records: &RecordList,
+        chunks: &[leaf::LeafChunk],
+    ) -> Result<bool, Op> {
+        let Some(neighbour) = self.pick_neighbour(pid, records, chunks) else {
+            return Ok(false);
+        };
+        let leaf = if neighbour.header.mirror {
+            None
+        } else {
+            let mut page = Page::boxed();
+            // A failed read splits instead; the neighbour's next merge reports it.
+            if self.read_leaf(neighbour.header.leaf, &mut page).is_err() {
+                return Ok(false);
+            }
+            Some(page)
+        };
+        let Some(mut r) = self.plan_redistribution(pid, neighbour, leaf, records, chunks) else {
+            return Ok(false);
+        };
+        let (other_pid, other_no) = (r.neighbour.page.id(), r.neighbour.header.leaf);
+        self.write_leaf(other_pid, other_no, r.receiving())?;
+        if !self.link_redistribution(&r) {
+            self.write_leaf(other_pid, other_no, &mut r.restore)?;
+            return Err(Op::Restart);
+        }
+        self.write_leaf(pid, leaf_no, r.giving())?;
+        Ok(true)
     }
 
     // ----------------------------------------------------------------------------------
@@ -2921,38 +3250,90 @@ impl Core {
         // Pages to rewrite in place (merged pages, and the left pages of splits).
         let mut writes: Vec<(usize, Box<Page>)> = Vec::with_capacity(jobs.len());
         let mut splits: Vec<BatchSplit> = Vec::new();
+        // Overflowing pages with a neighbour locked to take records instead of a split.
+        let mut pending: Vec<(usize, Neighbour<'_>, RecordList, Vec<leaf::LeafChunk>)> = Vec::new();
+        let split = |i: usize,
+                     records: RecordList,
+                     chunks: Vec<leaf::LeafChunk>,
+                     splits: &mut Vec<BatchSplit>|
+         -> Result<bool, Op> {
+            self.split_path(jobs[i].header.pid, &chunks, &epoch::pin())?;
+            let right = self.build_right_pages(&records, &chunks)?;
+            splits.push(BatchSplit {
+                job: i,
+                records,
+                chunks,
+                right,
+            });
+            Ok(true)
+        };
         for (i, job) in jobs.iter().enumerate() {
             // SAFETY: the caller holds the job's page write lock.
             let mini = unsafe { mini_ref(&job.block) };
             let leaf = (!job.header.mirror).then(|| pages.next().expect("one page per job"));
+            bump(&self.counters.merges);
             results.push(match self.plan_merge(job.header, Some(mini), None, leaf) {
                 Ok(MergePlan::Write(new)) => {
                     writes.push((i, new));
                     Ok(false)
                 }
                 Ok(MergePlan::Split {
-                    records, chunks, ..
-                }) => self
-                    .split_path(job.header.pid, &chunks, &epoch::pin())
-                    .and_then(|_| self.build_right_pages(&records, &chunks))
-                    .map(|right| {
-                        splits.push(BatchSplit {
-                            job: i,
-                            records,
-                            chunks,
-                            right,
-                        });
-                        true
-                    }),
+                    records,
+                    chunks,
+                    open,
+                }) => match open
+                    .is_none()
+                    .then(|| self.pick_neighbour(job.header.pid, &records, &chunks))
+                    .flatten()
+                {
+                    Some(neighbour) => {
+                        pending.push((i, neighbour, records, chunks));
+                        Ok(true)
+                    }
+                    None => split(i, records, chunks, &mut splits),
+                },
                 Err(e) => Err(e),
             });
         }
-        // The splits' steps (1) with one `write_pages`, then (2) and (3) one by one; their
-        // left pages join the in-place writes, step (4).
-        if !splits.is_empty() {
+        // The neighbours' leaf pages in one batched read; a redistribution that does not
+        // work out splits after all.
+        let mut redistributions: Vec<(usize, Redistribution<'_>)> = Vec::new();
+        if !pending.is_empty() {
+            let nos: Vec<PageNo> = pending
+                .iter()
+                .filter(|(_, n, _, _)| !n.header.mirror)
+                .map(|(_, n, _, _)| n.header.leaf)
+                .collect();
+            let mut leaves: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+            let read = nos.is_empty() || self.read_leaves(&nos, &mut leaves).is_ok();
+            let mut leaves = leaves.into_iter();
+            for (i, neighbour, records, chunks) in pending {
+                let leaf = (!neighbour.header.mirror).then(|| leaves.next().expect("one each"));
+                let pid = jobs[i].header.pid;
+                let planned = read
+                    .then(|| self.plan_redistribution(pid, neighbour, leaf, &records, &chunks))
+                    .flatten();
+                match planned {
+                    Some(r) => redistributions.push((i, r)),
+                    None => results[i] = split(i, records, chunks, &mut splits),
+                }
+            }
+        }
+        // The splits' steps (1) and the neighbours' new pages with one `write_pages`;
+        // then the splits' steps (2) and (3) and the redistributions' parents one by one;
+        // the left pages of splits and the giving pages of redistributions join the
+        // in-place writes, step (4).
+        if !splits.is_empty() || !redistributions.is_empty() {
+            for (_, r) in &redistributions {
+                self.note_leaf_write(r.neighbour.page.id());
+            }
             let mut reqs: Vec<(PageNo, &mut Page)> = splits
                 .iter_mut()
                 .flat_map(|s| s.right.iter_mut().map(|(no, p)| (*no, &mut **p)))
+                .chain(redistributions.iter_mut().map(|(_, r)| {
+                    let no = r.neighbour.header.leaf;
+                    (no, r.receiving())
+                }))
                 .collect();
             let written = self.write_leaves(&mut reqs);
             drop(reqs);
@@ -2960,8 +3341,11 @@ impl Core {
                 for split in &splits {
                     self.free_pages(&split.right);
                 }
-                fail_all(e, splits.iter().map(|s| s.job), &mut results);
+                let failed = splits.iter().map(|s| s.job);
+                let failed = failed.chain(redistributions.iter().map(|(i, _)| *i));
+                fail_all(e, failed.collect::<Vec<_>>().into_iter(), &mut results);
                 splits.clear();
+                redistributions.clear();
             }
         }
         for split in splits {
@@ -2976,18 +3360,43 @@ impl Core {
                 Err(e) => results[split.job] = Err(e),
             }
         }
-        if writes.is_empty() {
+        // Neighbours written back as they were, their locks held until then.
+        let mut restores: Vec<(mapping::WriteGuard<'_>, PageNo, Box<Page>)> = Vec::new();
+        for (i, mut r) in redistributions {
+            self.mapping
+                .set_fill_hint(r.neighbour.page.id(), leaf_used_bytes(r.receiving()));
+            if self.link_redistribution(&r) {
+                writes.push((i, r.into_giving()));
+            } else {
+                results[i] = Err(Op::Restart);
+                restores.push(r.into_restore());
+            }
+        }
+        if writes.is_empty() && restores.is_empty() {
             return results;
         }
         for &(i, _) in &writes {
             self.note_leaf_write(jobs[i].header.pid);
         }
+        for (page, _, _) in &restores {
+            self.note_leaf_write(page.id());
+        }
         let mut reqs: Vec<(PageNo, &mut Page)> = writes
             .iter_mut()
             .map(|(i, new)| (jobs[*i].header.leaf, &mut **new))
+            .chain(restores.iter_mut().map(|(_, no, p)| (*no, &mut **p)))
             .collect();
         if let Err(e) = self.write_leaves(&mut reqs) {
             fail_all(e, writes.iter().map(|&(i, _)| i), &mut results);
+            return results;
+        }
+        for (i, page) in &writes {
+            self.mapping
+                .set_fill_hint(jobs[*i].header.pid, leaf_used_bytes(page));
+        }
+        for (page, _, restored) in &restores {
+            self.mapping
+                .set_fill_hint(page.id(), leaf_used_bytes(restored));
         }
         results
     }
@@ -3010,6 +3419,11 @@ impl Core {
         }
         Ok(())
     }
+}
+
+/// Bytes of a leaf page's payload in use: what its fill hint records.
+fn leaf_used_bytes(page: &Page) -> usize {
+    PAGE_PAYLOAD_SIZE - NodeRef::trusted(page.payload()).reclaimable_space_bytes()
 }
 
 /// Turns every record into its clean form once the leaf page holds it: `Insert` becomes
