@@ -81,6 +81,15 @@ pub(crate) fn record_cost(key_len: usize, value_len: usize) -> usize {
     KV_META_SIZE_BYTES + key_len + value_len
 }
 
+/// The prefix every key between two fences shares: their common prefix, or none if one
+/// is unbounded.
+pub(crate) fn fences_prefix_len(low: Option<&[u8]>, high: Option<&[u8]>) -> usize {
+    match (low, high) {
+        (Some(l), Some(h)) => node::common_prefix_len(l, h),
+        _ => 0,
+    }
+}
+
 /// The shortest key `s` with `left < s <= right` (suffix truncation of separators): a
 /// prefix of `right`.
 pub(crate) fn separator<'a>(left: &[u8], right: &'a [u8]) -> &'a [u8] {
@@ -206,15 +215,16 @@ impl RecordList {
         (s.key_len as usize, s.value_len as usize)
     }
 
-    /// Bytes the records cost in a node whose keys share a prefix of `prefix_len`
-    /// bytes (their metas, stored key suffixes and values).
+    /// Bytes record `i` costs in a node whose keys share a prefix of `prefix_len` bytes:
+    /// its meta, stored key suffix and value.
+    fn cost(&self, i: usize, prefix_len: usize) -> usize {
+        let (k, v) = self.lens(i);
+        record_cost(k - prefix_len, v)
+    }
+
+    /// What all the records cost in such a node.
     pub(crate) fn cost_bytes(&self, prefix_len: usize) -> usize {
-        (0..self.len())
-            .map(|i| {
-                let (k, v) = self.lens(i);
-                record_cost(k - prefix_len, v)
-            })
-            .sum()
+        (0..self.len()).map(|i| self.cost(i, prefix_len)).sum()
     }
 
     /// `(key, value, type)` of records `range`, in key order.
@@ -277,14 +287,8 @@ pub(crate) fn pack_leaves(
     // the common prefix of `low` and `high`: costing keys without it is a tight upper
     // bound. (Costing full keys made a page of long shared-prefix keys "need" dozens of
     // pages, and sent dozens of separators to one inner node.)
-    let prefix_len = match (low, high) {
-        (Some(l), Some(h)) => node::common_prefix_len(l, h),
-        _ => 0,
-    };
-    let cost = |i: usize| {
-        let (k, v) = records.lens(i);
-        record_cost(k - prefix_len, v)
-    };
+    let prefix_len = fences_prefix_len(low, high);
+    let cost = |i: usize| records.cost(i, prefix_len);
     let total = records.cost_bytes(prefix_len);
     let fence_bound = |l: Option<&[u8]>, h: Option<&[u8]>| {
         2 * KV_META_SIZE_BYTES + l.map_or(0, <[u8]>::len) + h.map_or(0, <[u8]>::len)

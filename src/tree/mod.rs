@@ -956,14 +956,6 @@ impl<'t> Redistribution<'t> {
     }
 }
 
-/// The prefix length shared by every key between two fences (0 if one is unbounded).
-fn chunk_prefix_len(low: &Option<Vec<u8>>, high: &Option<Vec<u8>>) -> usize {
-    match (low, high) {
-        (Some(l), Some(h)) => node::common_prefix_len(l, h),
-        _ => 0,
-    }
-}
-
 /// Answers a failed batched write for every job in `jobs`: the first gets the store's
 /// error, the rest the poisoning it caused (the write poisoned the tree).
 fn fail_all(e: Error, jobs: impl Iterator<Item = usize>, results: &mut [Result<bool, Op>]) {
@@ -2765,7 +2757,10 @@ impl Core {
         if inner::child_ref(&n, index) != pid.0 {
             return None;
         }
-        let own_bytes = records.cost_bytes(chunk_prefix_len(&chunks[0].low, &chunks[1].high));
+        let own_bytes = records.cost_bytes(leaf::fences_prefix_len(
+            chunks[0].low.as_deref(),
+            chunks[1].high.as_deref(),
+        ));
         let limit = 2 * PAGE_PAYLOAD_SIZE * REDISTRIBUTE_FILL_PERCENT / 100;
         let (other, other_pid) = [index.checked_sub(1), Some(index + 1)]
             .into_iter()
