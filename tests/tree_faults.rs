@@ -64,6 +64,48 @@ fn failed_writes_poison_writes_but_reads_go_on() {
     assert_eq!((ok, err), (model.len(), 0));
 }
 
+/// A write that fails anywhere in a stretch of merges that redistribute and split
+/// poisons the tree, and every acknowledged record still reads back: a redistribution
+/// writes the neighbour's page, then publishes the parent's separator, then writes the
+/// giving page, so no key is ever routed to a page that lacks it, whichever write fails.
+#[test]
+fn failed_writes_during_redistributions_lose_no_record() {
+    let mut redistributed = 0;
+    for n in 0..40 {
+        let (tree, store, mut model) = loaded(100 + n);
+        let before = tree.stats().leaf_redistributions;
+        store.fail_writes_after(n);
+        insert_until_refused(&tree, &mut model, "the armed fault hits");
+        redistributed += tree.stats().leaf_redistributions - before;
+        let (ok, err) = check_reads(&tree, &model);
+        assert_eq!((ok, err), (model.len(), 0), "writes failing after {n}");
+    }
+    assert!(redistributed > 0, "no redistribution ran before a failure");
+}
+
+/// Known bug, open (found in session 10, with and without redistribution): after a
+/// failed write has poisoned the tree, a full scan can miss a record that point reads
+/// and scans starting near it find (in about one run of this test in two, at some
+/// failure point below 40). The scan that misses it starts on a page before the record's;
+/// the suspect is a page whose leaf write failed after a split or redistribution had
+/// published its new separator, so its leaf page on disk still has its old, wider high
+/// fence, which the scan resumes from (`merge_page` returns the leaf page's fences).
+#[test]
+#[ignore = "known bug: a scan after a failed write can skip a record (design.md, open points)"]
+fn scans_after_failed_writes_see_every_record() {
+    for n in 0..40 {
+        let (tree, store, mut model) = loaded(100 + n);
+        store.fail_writes_after(n);
+        insert_until_refused(&tree, &mut model, "the armed fault hits");
+        let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
+            tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
+        assert!(
+            scanned == model,
+            "writes failing after {n}: the scan differs"
+        );
+    }
+}
+
 #[test]
 fn corrupt_leaf_pages_are_reported_not_misread() {
     let (tree, store, model) = loaded(3);

@@ -3338,7 +3338,7 @@ impl Core {
                 }
                 let failed = splits.iter().map(|s| s.job);
                 let failed = failed.chain(redistributions.iter().map(|(i, _)| *i));
-                fail_all(e, failed.collect::<Vec<_>>().into_iter(), &mut results);
+                fail_all(e, failed, &mut results);
                 splits.clear();
                 redistributions.clear();
             }
