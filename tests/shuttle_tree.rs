@@ -69,13 +69,15 @@ where
         .collect()
 }
 
-/// Two writers insert disjoint keys (forcing splits) while a reader reads keys that
-/// were present before it started: no insert is lost, and the reader never misses.
-fn splits_racing_reads() {
-    let tree = preloaded(20);
-    let writers = spawn_two_writers(&tree, |tree, w| {
-        for i in 0..20u32 {
-            let i = 100 + w * 100 + i;
+/// Two writers insert `per_writer` new keys each (writer `w` the keys from
+/// `first + 100 * w` on) into a tree holding keys `0..preload`, while a reader reads every
+/// preloaded key twice and, with `scan`, then scans for them: no insert is lost, the
+/// reader never misses, the scan sees every preloaded key. Returns the tree.
+fn inserts_racing_reads(preload: u32, first: u32, per_writer: u32, scan: bool) -> Arc<Tree> {
+    let tree = preloaded(preload);
+    let writers = spawn_two_writers(&tree, move |tree, w| {
+        for i in 0..per_writer {
+            let i = first + w * 100 + i;
             tree.insert(&key(i), &value(i, w)).unwrap();
         }
     });
@@ -83,7 +85,7 @@ fn splits_racing_reads() {
         let tree = tree.clone();
         thread::spawn(move || {
             for round in 0..2 {
-                for i in 0..20 {
+                for i in 0..preload {
                     let got = tree.get(&key(i)).unwrap();
                     assert_eq!(
                         got,
@@ -92,6 +94,13 @@ fn splits_racing_reads() {
                     );
                 }
             }
+            if scan {
+                let mut want: BTreeSet<Vec<u8>> = (0..preload).map(key).collect();
+                for record in tree.range::<&[u8], _>(..) {
+                    want.remove(&record.unwrap().0);
+                }
+                assert!(want.is_empty(), "the scan missed {want:?}");
+            }
         })
     };
     for w in writers {
@@ -99,8 +108,8 @@ fn splits_racing_reads() {
     }
     reader.join().unwrap();
     for w in 0..2u32 {
-        for i in 0..20u32 {
-            let i = 100 + w * 100 + i;
+        for i in 0..per_writer {
+            let i = first + w * 100 + i;
             assert_eq!(
                 tree.get(&key(i)).unwrap(),
                 Some(value(i, w)),
@@ -108,6 +117,13 @@ fn splits_racing_reads() {
             );
         }
     }
+    tree
+}
+
+/// Two writers insert disjoint keys (forcing splits) while a reader reads keys that
+/// were present before it started: no insert is lost, and the reader never misses.
+fn splits_racing_reads() {
+    let tree = inserts_racing_reads(20, 100, 20, false);
     assert!(
         tree.stats().leaf_splits > 0,
         "the schedule must include splits"
@@ -296,47 +312,7 @@ fn sorted_streams_racing_reads(mirrored: &AtomicU64) {
 /// key twice and scans them. No insert is lost, no read misses, a scan sees each key
 /// once, in order. Adds the redistributions to `redistributed`.
 fn redistribution_racing_reads(redistributed: &AtomicU64) {
-    let tree = preloaded(40);
-    let writers = spawn_two_writers(&tree, |tree, w| {
-        for i in 0..16u32 {
-            let i = 1000 + w * 100 + i;
-            tree.insert(&key(i), &value(i, w)).unwrap();
-        }
-    });
-    let reader = {
-        let tree = tree.clone();
-        thread::spawn(move || {
-            for round in 0..2 {
-                for i in 0..40 {
-                    assert_eq!(
-                        tree.get(&key(i)).unwrap(),
-                        Some(value(i, 9)),
-                        "round {round}: key {i}"
-                    );
-                }
-            }
-            let mut want: BTreeSet<Vec<u8>> = (0..40).map(key).collect();
-            for record in tree.range::<&[u8], _>(..) {
-                let (k, _) = record.unwrap();
-                want.remove(&k);
-            }
-            assert!(want.is_empty(), "the scan missed {want:?}");
-        })
-    };
-    for w in writers {
-        w.join().unwrap();
-    }
-    reader.join().unwrap();
-    for w in 0..2u32 {
-        for i in 0..16u32 {
-            let i = 1000 + w * 100 + i;
-            assert_eq!(
-                tree.get(&key(i)).unwrap(),
-                Some(value(i, w)),
-                "lost insert {i}"
-            );
-        }
-    }
+    let tree = inserts_racing_reads(40, 1000, 16, true);
     let keys: Vec<Vec<u8>> = tree.range::<&[u8], _>(..).map(|r| r.unwrap().0).collect();
     assert_eq!(keys.len(), 40 + 2 * 16);
     assert!(keys.windows(2).all(|w| w[0] < w[1]), "scan out of order");
