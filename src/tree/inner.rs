@@ -11,6 +11,14 @@
 //! atomic pointer store while holding the node's version lock, and retire the old buffer
 //! through crossbeam-epoch. Readers therefore never race with a write at the byte level;
 //! the version lock tells them when what they read is no longer current (restart).
+//!
+//! The only way to see a node's bytes is an [`InnerSnapshot`]: the version and the
+//! buffer published at it, each read once, so every index a reader computes refers to
+//! the buffer it will use (two loads of the pointer could see two buffers, split
+//! between them). A snapshot's bytes stay valid while its epoch guard is pinned, but
+//! they are only *current* while [`InnerSnapshot::validate`] succeeds; a writer turns a
+//! snapshot into an [`InnerLock`], which fails if the node changed since the snapshot,
+//! and publishes through the lock alone.
 //! `InnerNode` structs themselves are never freed while the tree lives (inner nodes do
 //! not merge), so a child pointer read from any published bytes stays dereferenceable.
 
@@ -19,12 +27,12 @@ use std::ptr;
 use crossbeam_epoch::Guard;
 
 use super::node::{self, Fences, NodeKind, NodeRef, RecordType};
-use super::olc::VersionLock;
+use super::olc::{self, Restart, VersionLock};
 use crate::sync::atomic::{AtomicPtr, Ordering};
 
 /// One inner node.
 pub(crate) struct InnerNode {
-    pub(crate) version: VersionLock,
+    version: VersionLock,
     /// 1 when children are `PageId`s (the last inner level), else children are inner
     /// nodes one level down. Never changes.
     pub(crate) level: u32,
@@ -50,8 +58,31 @@ impl InnerNode {
         })
     }
 
+    /// An optimistic read of the node: its version, then its bytes. `Err(Restart)` if
+    /// the node is obsolete. Waits while a writer holds the lock.
+    pub(crate) fn snapshot<'n, 'g>(
+        &'n self,
+        guard: &'g Guard,
+    ) -> Result<InnerSnapshot<'n, 'g>, Restart>
+    where
+        'n: 'g,
+    {
+        let version = self.version.read_begin()?;
+        Ok(InnerSnapshot {
+            node: self,
+            version,
+            bytes: self.load(guard),
+        })
+    }
+
+    /// `Ok` if no writer changed the node since a snapshot at `version`.
+    pub(crate) fn validate(&self, version: u64) -> Result<(), Restart> {
+        self.version.validate(version)
+    }
+
     /// The node's current bytes, immutable and valid for as long as `guard` is pinned.
-    pub(crate) fn bytes<'g>(&'g self, _guard: &'g Guard) -> &'g [u8] {
+    /// Private: a reader that loads the pointer twice may get two buffers.
+    fn load<'g>(&'g self, _guard: &'g Guard) -> &'g [u8] {
         let p = self.bytes.load(Ordering::Acquire);
         // SAFETY: `p` came from `Box::<[u8]>::into_raw` of `size_bytes` bytes; buffers
         // are never written after publication and are freed only through
@@ -61,7 +92,7 @@ impl InnerNode {
     }
 
     /// Publishes `new` as the node's bytes. The caller holds the version lock.
-    pub(crate) fn replace(&self, new: Box<[u8]>, guard: &Guard) {
+    fn replace(&self, new: Box<[u8]>, guard: &Guard) {
         assert_eq!(new.len(), self.size_bytes, "inner nodes keep their size");
         debug_assert!(NodeRef::parse(&new).is_ok());
         let old = self
@@ -80,6 +111,80 @@ impl InnerNode {
                 )));
             });
         }
+    }
+}
+
+/// One optimistic read of an inner node: the version it was read at and the buffer
+/// published at that version, each loaded once ([`InnerNode::snapshot`]). The node lives
+/// for `'n` (inner nodes live as long as their tree), the bytes for `'g`, the epoch guard
+/// they were read under.
+#[derive(Clone, Copy)]
+pub(crate) struct InnerSnapshot<'n, 'g> {
+    node: &'n InnerNode,
+    version: u64,
+    bytes: &'g [u8],
+}
+
+impl<'n, 'g> InnerSnapshot<'n, 'g> {
+    /// The node read.
+    pub(crate) fn node(&self) -> &'n InnerNode {
+        self.node
+    }
+
+    /// The version the bytes were read at.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The bytes as a node; what it says is current only if [`Self::validate`] passes
+    /// after it was read.
+    pub(crate) fn view(&self) -> NodeRef<'g> {
+        NodeRef::trusted(self.bytes)
+    }
+
+    /// `Ok` if no writer changed the node since the snapshot.
+    pub(crate) fn validate(&self) -> Result<(), Restart> {
+        self.node.version.validate(self.version)
+    }
+
+    /// Takes the node's version lock, failing if anyone wrote since the snapshot: the
+    /// snapshot's bytes are then the node's bytes until the lock drops.
+    pub(crate) fn lock(self) -> Result<InnerLock<'n, 'g>, Restart> {
+        let lock = self.node.version.upgrade(self.version)?;
+        Ok(InnerLock {
+            snapshot: self,
+            _lock: lock,
+        })
+    }
+}
+
+/// An inner node's version lock, taken from a snapshot that is therefore current. The
+/// lock is released, bumping the version, when this drops.
+pub(crate) struct InnerLock<'n, 'g> {
+    snapshot: InnerSnapshot<'n, 'g>,
+    _lock: olc::WriteGuard<'n>,
+}
+
+impl<'n, 'g> InnerLock<'n, 'g> {
+    /// The node locked.
+    pub(crate) fn node(&self) -> &'n InnerNode {
+        self.snapshot.node
+    }
+
+    /// The node's bytes as locked (before any [`Self::publish`] through this lock).
+    pub(crate) fn view(&self) -> NodeRef<'g> {
+        self.snapshot.view()
+    }
+
+    /// The node's bytes as locked, to copy.
+    pub(crate) fn bytes(&self) -> &'g [u8] {
+        self.snapshot.bytes
+    }
+
+    /// Publishes `new` as the node's bytes; readers see it at once and find the version
+    /// moved when the lock drops.
+    pub(crate) fn publish(&self, new: Box<[u8]>, guard: &Guard) {
+        self.snapshot.node.replace(new, guard);
     }
 }
 
@@ -175,13 +280,17 @@ mod tests {
         let b = build(512, None, None, &[(b"".to_vec(), 8)]).unwrap();
         let node = InnerNode::new(1, a);
         let guard = crossbeam_epoch::pin();
-        let before = node.bytes(&guard);
-        node.replace(b, &guard);
-        // The old bytes are still readable while the guard is pinned.
-        assert_eq!(child_ref(&NodeRef::parse(before).unwrap(), 0), 7);
-        assert_eq!(
-            child_ref(&NodeRef::parse(node.bytes(&guard)).unwrap(), 0),
-            8
-        );
+        let before = node.snapshot(&guard).unwrap();
+        let lock = before.lock().unwrap();
+        lock.publish(b, &guard);
+        drop(lock);
+        // The old bytes are still readable while the guard is pinned, but no longer
+        // current.
+        assert_eq!(child_ref(&before.view(), 0), 7);
+        assert_eq!(before.validate(), Err(Restart));
+        assert!(before.lock().is_err());
+        let after = node.snapshot(&guard).unwrap();
+        assert_eq!(child_ref(&after.view(), 0), 8);
+        assert_eq!(after.validate(), Ok(()));
     }
 }

@@ -49,7 +49,7 @@ use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use admission::Doorkeeper;
-use inner::InnerNode;
+use inner::{InnerLock, InnerNode, InnerSnapshot};
 use leaf::{MiniHeader, RecordList};
 use mapping::{Location, MappingTable, PageId};
 use node::{Fences, NodeKind, NodeMut, NodeRef, RecordType, WriteError};
@@ -102,24 +102,36 @@ struct LeafPath<'t> {
 }
 
 impl<'t> LeafPath<'t> {
-    /// The path to child `index` of the level-1 node `node`, whose bytes `n` were read
-    /// at `version`; a restart if the node changed since.
-    fn at(
-        node: &'t InnerNode,
-        version: u64,
-        n: &NodeRef<'_>,
-        index: usize,
-    ) -> Result<LeafPath<'t>, Restart> {
-        let pid = PageId(inner::child_ref(n, index));
-        let prefix_len = child_prefix_len(n, index);
-        node.version.validate(version)?;
+    /// The path to child `index` of the level-1 node read as `parent`; a restart if the
+    /// node changed since.
+    fn at(parent: &InnerSnapshot<'t, '_>, index: usize) -> Result<LeafPath<'t>, Restart> {
+        let n = parent.view();
+        let pid = PageId(inner::child_ref(&n, index));
+        let prefix_len = child_prefix_len(&n, index);
+        parent.validate()?;
         Ok(LeafPath {
-            parent: node,
-            parent_version: version,
+            parent: parent.node(),
+            parent_version: parent.version(),
             pid,
             index,
             prefix_len,
         })
+    }
+
+    /// `Ok` if the parent did not change since the traversal: the page it routed to
+    /// still covers the traversal's key.
+    fn validate(&self) -> Result<(), Restart> {
+        self.parent.validate(self.parent_version)
+    }
+
+    /// The parent as the traversal saw it, if it has not changed since: `index` is then
+    /// still `pid`'s position in it.
+    fn parent_snapshot<'g>(&self, guard: &'g Guard) -> Option<InnerSnapshot<'t, 'g>>
+    where
+        't: 'g,
+    {
+        let snapshot = self.parent.snapshot(guard).ok()?;
+        (snapshot.version() == self.parent_version).then_some(snapshot)
     }
 }
 
@@ -1136,7 +1148,7 @@ impl Core {
                 }
             };
             let page = lock(&self.mapping, path.pid);
-            if path.parent.version.validate(path.parent_version).is_err() {
+            if path.validate().is_err() {
                 bump(&self.counters.restarts);
                 continue;
             }
@@ -1166,11 +1178,9 @@ impl Core {
         {
             return Ok(Some(path));
         }
-        let mut node = self.root();
-        let mut version = node.version.read_begin()?;
+        let mut node = self.root().snapshot(guard)?;
         loop {
-            let bytes = node.bytes(guard);
-            let n = NodeRef::trusted(bytes);
+            let n = node.view();
             // The root may have been split (it then no longer covers everything), and a
             // reader may hold a stale root pointer: fences tell.
             let index = match target {
@@ -1194,19 +1204,17 @@ impl Core {
                 }
             };
             let Some(index) = index else {
-                node.version.validate(version)?;
+                node.validate()?;
                 return Ok(None);
             };
-            if node.level == 1 {
-                let path = LeafPath::at(node, version, &n, index)?;
-                LOCATE_HINT.set((self.id, node));
+            if node.node().level == 1 {
+                let path = LeafPath::at(&node, index)?;
+                LOCATE_HINT.set((self.id, node.node()));
                 return Ok(Some(path));
             }
-            let next = self.inner_at(inner::child_ref(&n, index));
-            let next_version = next.version.read_begin()?;
-            node.version.validate(version)?;
+            let next = self.inner_at(inner::child_ref(&n, index)).snapshot(guard)?;
+            node.validate()?;
             node = next;
-            version = next_version;
         }
     }
 
@@ -1231,40 +1239,37 @@ impl Core {
         // reused) to one of its inner nodes, and inner nodes are freed only when the tree
         // drops, which it cannot have done while `self` is borrowed.
         let node: &'t InnerNode = unsafe { &*node };
-        let version = node.version.read_begin().ok()?;
-        let n = NodeRef::trusted(node.bytes(guard));
+        let snapshot = node.snapshot(guard).ok()?;
+        let n = snapshot.view();
         if !n.covers(key) {
             return None;
         }
-        LeafPath::at(node, version, &n, inner::child_for(&n, key)).ok()
+        LeafPath::at(&snapshot, inner::child_for(&n, key)).ok()
     }
 
-    /// The inner nodes from the root down to the level-1 node routing `key`, with the
-    /// versions seen. Used by splits, which then upgrade what they change.
+    /// Snapshots of the inner nodes from the root down to the level-1 node routing
+    /// `key`. Used by splits and redistributions, which then lock what they change.
     fn find_path<'g>(
         &'g self,
         key: &[u8],
         guard: &'g Guard,
-    ) -> Result<Vec<(&'g InnerNode, u64)>, Restart> {
+    ) -> Result<Vec<InnerSnapshot<'g, 'g>>, Restart> {
         let mut path = Vec::with_capacity(8);
-        let mut node = self.root();
-        let mut version = node.version.read_begin()?;
+        let mut node = self.root().snapshot(guard)?;
         loop {
-            let n = NodeRef::trusted(node.bytes(guard));
+            let n = node.view();
             if !n.covers(key) {
                 return Err(Restart);
             }
             let child = inner::child_ref(&n, inner::child_for(&n, key));
-            path.push((node, version));
-            if node.level == 1 {
-                node.version.validate(version)?;
+            path.push(node);
+            if node.node().level == 1 {
+                node.validate()?;
                 return Ok(path);
             }
-            let next = self.inner_at(child);
-            let next_version = next.version.read_begin()?;
-            node.version.validate(version)?;
+            let next = self.inner_at(child).snapshot(guard)?;
+            node.validate()?;
             node = next;
-            version = next_version;
         }
     }
 
@@ -1312,7 +1317,7 @@ impl Core {
                 Some(result) => result,
                 None => {
                     let page = self.mapping.write(path.pid);
-                    if path.parent.version.validate(path.parent_version).is_err() {
+                    if path.validate().is_err() {
                         bump(&self.counters.restarts);
                         continue;
                     }
@@ -2507,11 +2512,10 @@ impl Core {
         pid: PageId,
         chunks: &[leaf::LeafChunk],
         guard: &'g Guard,
-    ) -> Result<Vec<(&'g InnerNode, u64)>, Op> {
+    ) -> Result<Vec<InnerSnapshot<'g, 'g>>, Op> {
         let probe = chunks[0].low.as_deref().unwrap_or_default();
         let path = self.find_path(probe, guard)?;
-        let (parent, _) = path.last().expect("paths are never empty");
-        let n = NodeRef::trusted(parent.bytes(guard));
+        let n = path.last().expect("paths are never empty").view();
         if inner::child_ref(&n, inner::child_for(&n, probe)) != pid.0 {
             return Err(Op::Restart);
         }
@@ -2597,25 +2601,22 @@ impl Core {
         // comes up if the bytes it could reclaim cover the incoming separators at their
         // worst (meta, full key, 8-byte child); otherwise its parent is locked too, since
         // it may split and send one separator of at most `max_key_bytes` further up.
-        let mut locks = Vec::with_capacity(path.len());
-        let mut plan: Vec<&InnerNode> = Vec::with_capacity(path.len());
+        let mut plan: Vec<InnerLock<'_, '_>> = Vec::with_capacity(path.len());
         let mut incoming_bytes: usize = children
             .iter()
             .map(|(k, _)| node::KV_META_SIZE_BYTES + k.len() + 8)
             .sum();
         let mut root_splits = true;
-        for &(node, version) in path.iter().rev() {
-            match node.version.upgrade(version) {
-                Ok(g) => locks.push(g),
+        for &node in path.iter().rev() {
+            match node.lock() {
+                Ok(lock) => plan.push(lock),
                 Err(Restart) => {
-                    drop(locks);
+                    drop(plan);
                     undo(&new_pids);
                     return Err(Op::Restart);
                 }
             }
-            plan.push(node);
-            let n = NodeRef::trusted(node.bytes(&guard));
-            if n.reclaimable_space_bytes() >= incoming_bytes {
+            if node.view().reclaimable_space_bytes() >= incoming_bytes {
                 root_splits = false;
                 break;
             }
@@ -2626,13 +2627,13 @@ impl Core {
         // publish them all: nothing that can fail (or panic) runs between the first
         // publication and the last, so readers never see half a split.
         let mut pending = children;
-        let mut publish: Vec<(&InnerNode, Box<[u8]>)> = Vec::with_capacity(plan.len());
+        let mut publish: Vec<(&InnerLock<'_, '_>, Box<[u8]>)> = Vec::with_capacity(plan.len());
         let mut created: Vec<usize> = Vec::new();
         let mut new_root = None;
         for (depth, node) in plan.iter().enumerate() {
             // Fast path: the separators fit into a copy of the node, one insert each,
             // instead of a rebuild that re-appends every separator the node holds.
-            let mut copy: Box<[u8]> = node.bytes(&guard).into();
+            let mut copy: Box<[u8]> = node.bytes().into();
             let mut into_copy = NodeMut::trusted(&mut copy);
             let fits = pending.iter().all(|(k, child)| {
                 match into_copy.insert(k, &child.to_le_bytes(), RecordType::Insert) {
@@ -2645,7 +2646,7 @@ impl Core {
                 publish.push((node, copy));
                 break;
             }
-            let n = NodeRef::trusted(node.bytes(&guard));
+            let n = node.view();
             let mut entries = inner::records(&n);
             for (k, child) in pending.drain(..) {
                 match entries.binary_search_by(|(rk, _)| rk.as_slice().cmp(&k)) {
@@ -2697,18 +2698,19 @@ impl Core {
                 &right_entries,
             )
             .expect("half a node fits");
-            let right_node = Box::into_raw(InnerNode::new(node.level, right));
+            let level = node.node().level;
+            let right_node = Box::into_raw(InnerNode::new(level, right));
             created.push(right_node as usize);
             publish.push((node, left));
             if last {
                 // The root split: a new root above the two halves.
                 let root_entries = vec![
-                    (Vec::new(), *node as *const InnerNode as usize as u64),
+                    (Vec::new(), node.node() as *const InnerNode as usize as u64),
                     (sep, right_node as usize as u64),
                 ];
                 let bytes = inner::build(self.inner_size_bytes, None, None, &root_entries)
                     .expect("two separators fit");
-                let root = Box::into_raw(InnerNode::new(node.level + 1, bytes));
+                let root = Box::into_raw(InnerNode::new(level + 1, bytes));
                 created.push(root as usize);
                 new_root = Some(root);
             } else {
@@ -2721,13 +2723,13 @@ impl Core {
         let held = hold
             .and_then(|j| new_pids.get(j))
             .and_then(|&new_pid| self.mapping.try_write(new_pid));
-        for (node, bytes) in publish {
-            node.replace(bytes, &guard);
+        for (lock, bytes) in publish {
+            lock.publish(bytes, &guard);
         }
         if let Some(root) = new_root {
             self.root.store(root, Ordering::Release);
         }
-        drop(locks);
+        drop(plan);
         bump(&self.counters.leaf_splits);
         Ok(held)
     }
@@ -2751,8 +2753,7 @@ impl Core {
         let guard = epoch::pin();
         let probe = chunks[0].low.as_deref().unwrap_or_default();
         let path = self.find_path(probe, &guard).ok()?;
-        let (parent, _) = path.last().expect("paths are never empty");
-        let n = NodeRef::trusted(parent.bytes(&guard));
+        let n = path.last().expect("paths are never empty").view();
         let index = inner::child_for(&n, probe);
         if inner::child_ref(&n, index) != pid.0 {
             return None;
@@ -2876,18 +2877,21 @@ impl Core {
     }
 
     /// The parent of the giving page `r.giving_pid` with `r`'s separator in place of the
-    /// old one between it and its neighbour: the parent, the version its bytes were read
-    /// at, and the new bytes. `None` if the parent no longer holds the two pages side by
-    /// side (found afresh with `r.probe`, a key of the giving page's old range) or has no
-    /// room for a longer separator.
+    /// old one between it and its neighbour: the parent as read, and the new bytes.
+    /// `None` if the parent no longer holds the two pages side by side (found afresh
+    /// with `r.probe`, a key of the giving page's old range) or has no room for a longer
+    /// separator. Everything is computed from one snapshot of the parent: a split
+    /// published meanwhile fails the caller's lock, never an index.
     fn parent_with_separator<'g>(
         &'g self,
         r: &Redistribution<'_>,
         guard: &'g Guard,
-    ) -> Option<(&'g InnerNode, u64, Box<[u8]>)> {
+    ) -> Option<(InnerSnapshot<'g, 'g>, Box<[u8]>)> {
         let path = self.find_path(&r.probe, guard).ok()?;
-        let &(parent, version) = path.last().expect("paths are never empty");
-        let n = NodeRef::trusted(parent.bytes(guard));
+        let parent = *path.last().expect("paths are never empty");
+        #[cfg(test)]
+        hooks::fire_parent_read();
+        let n = parent.view();
         let index = inner::child_for(&n, &r.probe);
         let other = if r.neighbour.left {
             index.checked_sub(1)?
@@ -2904,11 +2908,11 @@ impl Core {
         // which lie outside the two pages' range.
         let right_index = index.max(other);
         let child = inner::child_ref(&n, right_index).to_le_bytes();
-        let mut bytes: Box<[u8]> = parent.bytes(guard).into();
+        let mut bytes: Box<[u8]> = n.as_bytes().into();
         let mut copy = NodeMut::trusted(&mut bytes);
         copy.remove(right_index);
         (copy.insert(&r.separator, &child, RecordType::Insert) == Ok(right_index))
-            .then_some((parent, version, bytes))
+            .then_some((parent, bytes))
     }
 
     /// Publishes a redistribution's new separator, once the neighbour's new page is
@@ -2920,13 +2924,13 @@ impl Core {
     /// new page, and its prefix may not be the new page's.
     fn link_redistribution(&self, r: &Redistribution<'_>) -> bool {
         let guard = epoch::pin();
-        let Some((parent, version, bytes)) = self.parent_with_separator(r, &guard) else {
+        let Some((parent, bytes)) = self.parent_with_separator(r, &guard) else {
             return false;
         };
-        let Ok(lock) = parent.version.upgrade(version) else {
+        let Ok(lock) = parent.lock() else {
             return false;
         };
-        parent.replace(bytes, &guard);
+        lock.publish(bytes, &guard);
         drop(lock);
         if let Some(block) = r.neighbour.block {
             let page = &r.neighbour.page;
@@ -3579,9 +3583,125 @@ fn child_prefix_len(n: &NodeRef<'_>, i: usize) -> usize {
     }
 }
 
+/// Test hooks: points in the code where a test runs its own code, to widen a race's
+/// window deterministically.
+#[cfg(test)]
+mod hooks {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static PARENT_READ: RefCell<Option<Box<dyn FnOnce()>>> = RefCell::new(None);
+    }
+
+    /// Runs `f` once, on this thread, right after the next optimistic read of a
+    /// redistribution's parent (`Core::parent_with_separator`).
+    pub(super) fn on_parent_read(f: impl FnOnce() + 'static) {
+        PARENT_READ.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+    }
+
+    pub(super) fn fire_parent_read() {
+        if let Some(f) = PARENT_READ.with(|h| h.borrow_mut().take()) {
+            f();
+        }
+    }
+}
+
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests {
     use super::*;
+
+    /// Regression: `parent_with_separator` read the parent's bytes twice without its
+    /// version lock, once to find the two pages and once to copy, so a split of the
+    /// parent published in between (here: the hook replaces the parent by its left
+    /// half, as an inner split does) made it remove a record index past the end of the
+    /// new buffer (`record index 131 out of range 0..95`, seen in
+    /// `tests/tree_file.rs`). A redistribution whose parent changed under it must give
+    /// up (the caller writes the neighbour back and restarts), never panic or publish.
+    #[test]
+    fn redistribution_survives_a_parent_split_between_its_reads() {
+        let tree = Tree::in_memory(Config {
+            memory_budget_bytes: 1 << 20,
+            background_eviction: false,
+            ..Config::default()
+        })
+        .unwrap();
+        let value = [7u8; 100];
+        let key = |i: u32| format!("key{i:06}").into_bytes();
+        for i in 0..4000 {
+            tree.insert(&key(i), &value).unwrap();
+        }
+        tree.flush().unwrap();
+        let core: &'static Core = Box::leak(Box::new(Arc::clone(&tree.core)));
+        let guard = epoch::pin();
+        let path = core.find_path(b"", &guard).unwrap();
+        let parent = *path.last().unwrap();
+        let original: Box<[u8]> = parent.view().as_bytes().into();
+        let n = NodeRef::trusted(&original);
+        assert!(n.len() >= 3, "the test needs a parent of three pages");
+        // The last page gives to its left neighbour.
+        let index = n.len() - 1;
+        let (mut probe, mut neighbour_low) = (Vec::new(), Vec::new());
+        n.key_into(index, &mut probe);
+        n.key_into(index - 1, &mut neighbour_low);
+        let mut separator = neighbour_low.clone();
+        separator.push(0);
+        let other_pid = PageId(inner::child_ref(&n, index - 1));
+        let page = core.mapping.try_write(other_pid).unwrap();
+        let Location::Leaf(leaf_no) = page.location() else {
+            panic!("flushed pages are on disk");
+        };
+        let r = Redistribution {
+            neighbour: Neighbour {
+                page,
+                header: MiniHeader {
+                    pid: other_pid,
+                    leaf: PageNo(leaf_no),
+                    mirror: false,
+                },
+                block: None,
+                left: true,
+            },
+            giving_pid: PageId(inner::child_ref(&n, index)),
+            probe: probe.clone(),
+            restore: Page::boxed(),
+            pages: [Page::boxed(), Page::boxed()],
+            separator,
+        };
+
+        // The parent's left half, up to the giving page, as a split leaves it.
+        let entries = inner::records(&n);
+        let left_half = inner::build(
+            original.len(),
+            owned_fence(n.low_fence()).as_deref(),
+            Some(&probe),
+            &entries[..index],
+        )
+        .unwrap();
+        // Publishes `bytes` as the leftmost level-1 node's, under its version lock.
+        let replace = move |bytes: Box<[u8]>| {
+            let guard = epoch::pin();
+            let path = core.find_path(b"", &guard).unwrap();
+            let lock = path.last().unwrap().lock().unwrap();
+            lock.publish(bytes, &guard);
+        };
+        hooks::on_parent_read(move || replace(left_half));
+        assert!(
+            !core.link_redistribution(&r),
+            "a stale parent must not publish"
+        );
+        assert_eq!(
+            parent.node().snapshot(&guard).unwrap().view().len(),
+            index,
+            "the split's bytes stay published"
+        );
+        drop(r);
+        replace(original.clone());
+        drop(guard);
+        for i in 0..4000 {
+            assert_eq!(tree.get(&key(i)).unwrap().as_deref(), Some(&value[..]));
+        }
+        assert_eq!(tree.range::<&[u8], _>(..).count(), 4000);
+    }
 
     /// An evictor that plays the page's owner inside the callback: it takes the page
     /// lock, merges the mini-page, points the page at its leaf and frees the block, as a

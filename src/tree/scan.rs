@@ -666,7 +666,7 @@ impl Core {
                 }
                 None if promote && self.check_writable().is_ok() => {
                     let page = self.mapping.write(path.pid);
-                    if path.parent.version.validate(path.parent_version).is_err() {
+                    if path.validate().is_err() {
                         bump(&self.counters.restarts);
                         continue;
                     }
@@ -677,7 +677,7 @@ impl Core {
                 }
                 None => {
                     let page = self.mapping.read(path.pid);
-                    if path.parent.version.validate(path.parent_version).is_err() {
+                    if path.validate().is_err() {
                         bump(&self.counters.restarts);
                         continue;
                     }
@@ -882,7 +882,12 @@ impl Core {
         }
         {
             let guard = epoch::pin();
-            let n = NodeRef::trusted(path.parent.bytes(&guard));
+            // The parent as the traversal saw it, else `path.index` may not be the
+            // page's position any more (a split since): prefetch nothing.
+            let Some(parent) = path.parent_snapshot(&guard) else {
+                return Vec::new();
+            };
+            let n = parent.view();
             let mut low = Vec::new();
             match direction {
                 Direction::Forward => {
@@ -908,9 +913,9 @@ impl Core {
                     }
                 }
             }
-            // The bytes may be newer than the traversal's (a split since): then the
-            // children read are not the neighbours; prefetch nothing.
-            if path.parent.version.validate(path.parent_version).is_err() {
+            // Keys were read from the snapshot: they are the neighbours' only if the
+            // parent did not change meanwhile.
+            if parent.validate().is_err() {
                 return Vec::new();
             }
         }
