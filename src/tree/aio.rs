@@ -35,8 +35,11 @@ use std::sync::Arc;
 use tokio_uring::buf::{IoBuf, IoBufMut};
 use tokio_uring::fs::File;
 
+use super::leaf_io::LeafTicket;
+use super::read::Probe;
 use super::scan::{Bounds, Direction, FetchStep, is_empty};
-use super::{Core, LeafTicket, Probe, Tree, bump};
+use super::stats::bump;
+use super::{Core, Tree};
 use crate::error::{Error, Result};
 use crate::storage::{PAGE_SIZE, Page, PageKind};
 

@@ -17,18 +17,20 @@
 //! The cost is that the pool runs slightly below full: at most the high-water mark
 //! (1/32 of the budget) is kept empty instead of caching records.
 
-use std::sync::{Arc, OnceLock};
-use std::thread::{JoinHandle, Thread};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::config::MINI_HEADER_BYTES;
-use crate::sync::Mutex;
-use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::atomic::Ordering;
 use crate::sync::spin_wait;
 
-use super::mapping::PageId;
-use super::{Core, FLUSH_BATCH_PAGES, MergeJob, bump, bump_by, clean_after_merge, mapping};
-use super::{mini_ref, node_bytes_mut};
+use super::flush::FLUSH_BATCH_PAGES;
+use super::merge::MergeJob;
+use super::mini::{clean_after_merge, mini_ref, node_bytes_mut};
+use super::signal::{high_water_bytes, low_water_bytes};
+use super::stats::{bump, bump_by};
+use super::{Core, mapping};
 
 /// Blocks the background evictor claims per step (a writer that evicts claims
 /// [`crate::pool::EVICT_BATCH_BLOCKS`]): more leaf pages per batched read and write,
@@ -39,68 +41,10 @@ const BATCH_BLOCKS: usize = 32;
 /// the evictor backs off and sleeps.
 const MAX_STALLED_STEPS: u32 = 64;
 
-/// Most pages waiting for a background merge; past it writers merge for themselves.
-const MERGE_QUEUE_MAX: usize = 1024;
-
 /// The longest the evictor sleeps between looks at the pool when nobody wakes it.
 const IDLE_SLEEP: Duration = Duration::from_millis(100);
 
-/// How the tree's writers and its background evictor signal each other (part of `Core`).
-#[derive(Default)]
-pub(super) struct Signal {
-    /// Set while the evictor works or has been woken; a writer that finds the pool low
-    /// wakes it only when this was clear, so allocations rarely touch the thread.
-    busy: AtomicBool,
-    stop: AtomicBool,
-    thread: OnceLock<Thread>,
-    /// Pages whose mini-pages reached the merge threshold, for the evictor to merge.
-    merges: Mutex<Vec<PageId>>,
-}
-
-/// Room at the pool's tail below which writers wake the evictor.
-fn low_water_bytes(capacity: u64) -> u64 {
-    capacity / 64
-}
-
-/// Room at the pool's tail at which the evictor stops.
-fn high_water_bytes(capacity: u64) -> u64 {
-    capacity / 32
-}
-
 impl Core {
-    /// Called after a writer's allocation: wakes the background evictor if the pool's
-    /// tail is short of room and the evictor is not already on it.
-    pub(super) fn after_alloc(&self) {
-        let Some(thread) = self.background.thread.get() else {
-            return;
-        };
-        if self.pool.tail_room_bytes() < low_water_bytes(self.pool.capacity_bytes())
-            && !self.background.busy.swap(true, Ordering::AcqRel)
-        {
-            thread.unpark();
-        }
-    }
-
-    /// Hands page `pid`, whose mini-page is full at the merge threshold, to the
-    /// background evictor; false if there is none or its queue is full (the writer then
-    /// merges for itself).
-    pub(super) fn queue_merge(&self, pid: PageId) -> bool {
-        let Some(thread) = self.background.thread.get() else {
-            return false;
-        };
-        {
-            let mut queue = self.background.merges.lock();
-            if queue.len() >= MERGE_QUEUE_MAX {
-                return false;
-            }
-            queue.push(pid);
-        }
-        if !self.background.busy.swap(true, Ordering::AcqRel) {
-            thread.unpark();
-        }
-        true
-    }
-
     /// Merges the mini-pages queued by `queue_merge` that are still dirty and at the
     /// threshold, `FLUSH_BATCH_PAGES` per batched read and write. Only try-locks: a page
     /// someone holds is left to its writers (who merge it at full size) and to eviction.

@@ -1,0 +1,114 @@
+//! TODO-DOC evict
+
+use crate::error::Result;
+use crate::pool::{Block, EvictDecision, Evictor};
+use crate::sync::atomic::Ordering;
+
+use super::leaf::MiniHeader;
+use super::mapping::{self, Location};
+use super::merge::MergeJob;
+use super::mini::mini_ref;
+use super::stats::bump;
+use super::{Core, Op};
+
+impl Evictor for Core {
+    /// Merges a mini-page at the pool's head into its leaf page and points the mapping
+    /// table back at the leaf. Only try-locks: the evicting thread may hold page locks.
+    fn evict(&self, block: &Block) -> EvictDecision {
+        // SAFETY: the block is `Evicting`: published, and if its page frees it meanwhile
+        // it only becomes `Dead`, whose memory is not reused before we return.
+        let header = unsafe { MiniHeader::of(block) };
+        let Some(page) = self.mapping.try_write(header.pid) else {
+            return EvictDecision::Busy;
+        };
+        if page.location() != Location::Mini(block.offset()) {
+            // Between our claim and the lock, the page's owner moved its mini-page
+            // (growth, copy-on-access, mirror) or dropped it, and freed this block,
+            // which is now `Dead`: the pool reclaims it when we answer `Busy`.
+            return EvictDecision::Busy;
+        }
+        // SAFETY: we hold the page's write lock.
+        let mini = unsafe { mini_ref(block) };
+        if !mini.iter().any(|r| r.record_type().is_dirty()) {
+            return self.finish_eviction(&page, header, Ok(false));
+        }
+        if self.failed.load(Ordering::Acquire) {
+            return EvictDecision::Busy;
+        }
+        let merged = self.merge(header.pid, header, Some(mini), None, false);
+        self.finish_eviction(&page, header, merged.map(|m| m.split()))
+    }
+
+    /// Evicts several mini-pages with batched IO: the leaf pages their dirty records
+    /// merge into are read with one `read_pages` call, and the merged pages written with
+    /// one `write_pages` call. A page that must split is written on its own (the split
+    /// also changes inner nodes). Only try-locks, like `evict`; the page locks it gets
+    /// are held until the batch is written, which delays only readers of those pages.
+    fn evict_batch(&self, blocks: &[Block]) -> Vec<EvictDecision> {
+        if blocks.len() < 2 || self.counters.single_evictions.load(Ordering::Relaxed) {
+            return blocks.iter().map(|b| self.evict(b)).collect();
+        }
+        let mut decisions = vec![EvictDecision::Busy; blocks.len()];
+        // Locked pages whose dirty records must be merged.
+        let mut jobs: Vec<(usize, mapping::WriteGuard<'_>, MiniHeader)> = Vec::new();
+        for (i, block) in blocks.iter().enumerate() {
+            // SAFETY: as in `evict`, the block is `Evicting`.
+            let header = unsafe { MiniHeader::of(block) };
+            // Two blocks of one page cannot both be its mini-page: the second try-lock
+            // fails (we hold the first) and answers `Busy`, as it would alone.
+            let Some(page) = self.mapping.try_write(header.pid) else {
+                continue;
+            };
+            if page.location() != Location::Mini(block.offset()) {
+                continue;
+            }
+            // SAFETY: we hold the page's write lock.
+            let mini = unsafe { mini_ref(block) };
+            if !mini.iter().any(|r| r.record_type().is_dirty()) {
+                decisions[i] = self.finish_eviction(&page, header, Ok(false));
+            } else if !self.failed.load(Ordering::Acquire) {
+                jobs.push((i, page, header));
+            }
+        }
+        let batch: Vec<MergeJob> = jobs
+            .iter()
+            .map(|&(i, _, header)| MergeJob {
+                block: blocks[i],
+                header,
+            })
+            .collect();
+        let merged = self.merge_batch(&batch);
+        for ((i, page, header), merged) in jobs.into_iter().zip(merged) {
+            decisions[i] = self.finish_eviction(&page, header, merged);
+        }
+        decisions
+    }
+}
+
+impl Core {
+    /// Ends the eviction of a mini-page whose dirty records `merged` went (or failed to
+    /// go) to the leaf page: on success points the page at its leaf page and answers
+    /// `Evicted`; on failure records an operating error and answers `Busy`, so the dirty
+    /// records stay in memory. The caller holds the page's write lock.
+    pub(super) fn finish_eviction(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        header: MiniHeader,
+        merged: Result<bool, Op>,
+    ) -> EvictDecision {
+        match merged {
+            Ok(_) => {
+                page.set_location(Location::Leaf(header.leaf.0));
+                bump(&self.counters.evictions);
+                EvictDecision::Evicted
+            }
+            Err(Op::Fail(e)) => {
+                // The dirty records stay in memory; writers that need room learn why.
+                *self.evict_error.lock() = Some(e.to_string());
+                self.evict_failures.fetch_add(1, Ordering::Release);
+                EvictDecision::Busy
+            }
+            Err(Op::Restart) | Err(Op::WouldBlock) => EvictDecision::Busy,
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! TODO-DOC flush
+
+use crate::error::{Error, Result};
+
+use super::leaf::MiniHeader;
+use super::mapping::{self, Location, PageId};
+use super::merge::MergeJob;
+use super::mini::{mark_clean, mini_mut, mini_ref};
+use super::{Core, Op};
+
+/// Pages whose dirty mini-pages `flush` merges with one batched read and write.
+pub(super) const FLUSH_BATCH_PAGES: usize = 32;
+
+impl Core {
+    pub(super) fn flush(&self) -> Result<()> {
+        self.check_writable()?;
+        // Visit every page in id order and merge the dirty records of its mini-page into
+        // its leaf page, up to `FLUSH_BATCH_PAGES` pages per batched read and write. The
+        // first page of a batch is locked waiting (flush then holds no other lock, so
+        // this cannot deadlock), the others with try-locks: a page locked elsewhere ends
+        // the batch, and the next batch waits for it. Mini-pages stay cached; their
+        // merged records become clean copies.
+        let high_water = self.mapping.high_water();
+        let mut next = 0;
+        let mut failure = None;
+        while next < high_water && failure.is_none() {
+            let mut locked = Vec::new();
+            let mut jobs = Vec::new();
+            while next < high_water && jobs.len() < FLUSH_BATCH_PAGES {
+                let pid = PageId(next);
+                let page = if jobs.is_empty() {
+                    self.mapping.write(pid)
+                } else {
+                    match self.mapping.try_write(pid) {
+                        Some(page) => page,
+                        None => break,
+                    }
+                };
+                next += 1;
+                if let Some(job) = self.dirty_mini(&page) {
+                    locked.push(page);
+                    jobs.push(job);
+                }
+            }
+            let merged = self.merge_batch(&jobs);
+            let mut again = Vec::new();
+            // Every answer is acted on before an error is returned: a page whose leaf
+            // split must stop mapping its mini-page.
+            for ((page, job), merged) in locked.into_iter().zip(&jobs).zip(merged) {
+                match merged {
+                    Ok(split) => self.after_flush_merge(&page, job, split),
+                    // The split could not lock its inner nodes: try again alone.
+                    Err(Op::Restart | Op::WouldBlock) => again.push(page.id()),
+                    Err(Op::Fail(e)) => {
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
+            for pid in again {
+                if failure.is_none()
+                    && let Err(e) = self.flush_page(pid)
+                {
+                    failure = Some(e);
+                }
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        self.check_writable()?;
+        self.store.sync().map_err(|e| {
+            let e = Error::from(e);
+            self.record_failure(&e);
+            e
+        })
+    }
+
+    /// The page's mini-page as a merge job, if it holds dirty records. The caller holds
+    /// the page's write lock.
+    pub(super) fn dirty_mini(&self, page: &mapping::WriteGuard<'_>) -> Option<MergeJob> {
+        let Location::Mini(offset) = page.location() else {
+            return None;
+        };
+        let block = self.block(offset);
+        // SAFETY: the caller holds the page's write lock.
+        let mini = unsafe { mini_ref(&block) };
+        if !mini.iter().any(|r| r.record_type().is_dirty()) {
+            return None;
+        }
+        // SAFETY: as above.
+        let header = unsafe { MiniHeader::of(&block) };
+        Some(MergeJob { block, header })
+    }
+
+    /// After flush merged a mini-page's dirty records: if the leaf split, the mini-page
+    /// is dropped (its records may belong to other pages now); otherwise its records
+    /// become clean copies. The caller holds the page's write lock.
+    pub(super) fn after_flush_merge(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        job: &MergeJob,
+        split: bool,
+    ) {
+        if split {
+            page.set_location(Location::Leaf(job.header.leaf.0));
+            self.retire(job.block);
+        } else {
+            // SAFETY: the caller holds the page's write lock.
+            mark_clean(&mut unsafe { mini_mut(&job.block) });
+        }
+    }
+
+    /// Merges one page's dirty records into its leaf page for flush, waiting for its
+    /// lock and retrying while a split cannot lock its inner nodes.
+    pub(super) fn flush_page(&self, pid: PageId) -> Result<()> {
+        loop {
+            let page = self.mapping.write(pid);
+            let Some(job) = self.dirty_mini(&page) else {
+                return Ok(());
+            };
+            // SAFETY: we hold the page's write lock.
+            let mini = unsafe { mini_ref(&job.block) };
+            match self.merge(pid, job.header, Some(mini), None, false) {
+                Ok(merged) => {
+                    self.after_flush_merge(&page, &job, merged.split());
+                    return Ok(());
+                }
+                Err(Op::Restart | Op::WouldBlock) => {
+                    drop(page);
+                    crate::sync::thread::yield_now();
+                }
+                Err(Op::Fail(e)) => return Err(e),
+            }
+        }
+    }
+}

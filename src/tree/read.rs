@@ -1,0 +1,465 @@
+//! TODO-DOC read
+
+use crate::config::MAX_MINI_BLOCK_BYTES;
+use crate::error::Result;
+use crate::pool::Block;
+use crate::storage::{Page, PageNo};
+
+use super::leaf::MiniHeader;
+use super::leaf_io::LeafTicket;
+use super::mapping::{self, Location, MappingTable, PageId};
+use super::mini::{mini_mut, mini_ref};
+use super::mirror::MirrorRefused;
+use super::node::{NodeRef, RecordType};
+use super::stats::bump;
+use super::{Core, Op};
+
+/// What the leaf level found for a key under a page lock.
+#[derive(Clone, Copy)]
+pub(super) enum Found {
+    /// The key's record, from the mini-page or the leaf page.
+    Value,
+    /// The key is absent (tombstone, phantom, mirror miss or leaf miss).
+    Absent,
+}
+
+/// What a probe of the mini-pages found.
+pub(crate) enum Probe {
+    /// Answered without the leaf page: whether the key exists (its value is in `out`).
+    Done(bool),
+    /// The leaf page must be read.
+    Leaf(LeafTicket),
+}
+
+/// Looks `key` up in a leaf node, appending its value to `out` if present.
+pub(super) fn search_leaf(leaf: &NodeRef<'_>, key: &[u8], out: &mut Vec<u8>) -> Found {
+    match leaf.search(key) {
+        Ok(i) => {
+            out.extend_from_slice(leaf.value(i));
+            Found::Value
+        }
+        Err(_) => Found::Absent,
+    }
+}
+
+/// A cheap per-thread coin with `percent` chance of heads (xorshift64*). Under shuttle
+/// the coin is shuttle's, so a failing schedule's seed replays the same tosses.
+pub(super) fn chance(percent: u8) -> bool {
+    if percent == 0 {
+        return false;
+    }
+    #[cfg(feature = "shuttle")]
+    {
+        use shuttle::rand::RngCore;
+        shuttle::rand::thread_rng().next_u64() % 100 < u64::from(percent)
+    }
+    #[cfg(not(feature = "shuttle"))]
+    RNG.with(|r| {
+        let mut x = r.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        r.set(x);
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) % 100 < u64::from(percent)
+    })
+}
+
+#[cfg(not(feature = "shuttle"))]
+thread_local! {
+    pub(super) static RNG: std::cell::Cell<u64> = std::cell::Cell::new({
+        let addr = &0u8 as *const u8 as u64;
+        let time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        (addr ^ time.rotate_left(17)) | 1
+    });
+}
+
+/// Distinct leaf pages `get_many` reads in one batch (bounds its buffers to 512 KiB).
+pub(super) const GET_MANY_BATCH_PAGES: usize = 128;
+
+impl Core {
+    pub(super) fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        // No lock is held across the leaf page's IO: the mini-page is probed under the
+        // page's read lock, the leaf page read without it, and the answer (and the
+        // record cached from it) validated by the page's leaf-write counter under the
+        // lock again. Other reads and writes of a hot page go on during the IO.
+        let ticket = match self.probe(key, out)? {
+            Probe::Done(exists) => return Ok(exists),
+            Probe::Leaf(ticket) => ticket,
+        };
+        let promote = self.promote_point_read(key);
+        let mut page = Page::zeroed();
+        // A failed read may have met a page being rewritten (a torn page fails its
+        // checksum): the locked read below reports real errors.
+        if self.store.read_page(ticket.leaf, &mut page).is_ok() {
+            bump(&self.counters.leaf_reads);
+            if let Some(exists) = self.finish_read(key, &ticket, &page, out, promote)? {
+                return Ok(exists);
+            }
+            bump(&self.counters.stale_leaf_reads);
+        }
+        out.clear();
+        self.get_under_lock(key, out, promote)
+    }
+
+    /// Reads `key` holding its page's lock across the leaf page's IO: the fallback when
+    /// a read without the lock went stale. A read that caches what the leaf page says
+    /// takes the page's write lock *before* reading the leaf page, so the leaf cannot
+    /// change between the read and the insertion of the cached record.
+    pub(super) fn get_under_lock(
+        &self,
+        key: &[u8],
+        out: &mut Vec<u8>,
+        promote: bool,
+    ) -> Result<bool> {
+        loop {
+            // The read lock is released before the write lock is taken.
+            let (path, shared) = {
+                let (path, page) = self.lock_leaf_of(key, MappingTable::read);
+                let shared = self.get_locked(page.location(), key, out, !promote)?;
+                (path, shared)
+            };
+            let (found, touched) = match shared {
+                Some(result) => result,
+                None => {
+                    let page = self.mapping.write(path.pid);
+                    if path.validate().is_err() {
+                        bump(&self.counters.restarts);
+                        continue;
+                    }
+                    self.get_promoting(&page, path.prefix_len, key, out)?
+                }
+            };
+            if let Some(block) = touched {
+                self.touch(path.pid, block, key);
+            }
+            return Ok(matches!(found, Found::Value));
+        }
+    }
+
+    /// Reads `key` under a page lock. Also returns the mini-page block when the hit
+    /// there needs maintenance (reference bit, copy-on-access) after unlocking.
+    /// `Ok(None)`: the mini-page does not know the key and `read_leaf` is false.
+    pub(super) fn get_locked(
+        &self,
+        location: Location,
+        key: &[u8],
+        out: &mut Vec<u8>,
+        read_leaf: bool,
+    ) -> Result<Option<(Found, Option<Block>)>> {
+        let leaf_no = match location {
+            Location::Mini(offset) => {
+                let block = self.block(offset);
+                // SAFETY: we hold the page's lock, so the block is live and unchanged.
+                let header = unsafe { MiniHeader::of(&block) };
+                // SAFETY: as above.
+                let mini = unsafe { mini_ref(&block) };
+                match mini.search(key) {
+                    Ok(i) => {
+                        let r = mini.record(i);
+                        let found = if r.record_type().exists() {
+                            out.extend_from_slice(r.value());
+                            Found::Value
+                        } else {
+                            Found::Absent
+                        };
+                        let maintain = !r.ref_bit() || self.pool.in_copy_on_access_region(&block);
+                        return Ok(Some((found, maintain.then_some(block))));
+                    }
+                    Err(_) if header.mirror => return Ok(Some((Found::Absent, None))),
+                    Err(_) => header.leaf,
+                }
+            }
+            Location::Leaf(no) => PageNo(no),
+            Location::Empty => unreachable!("a routed page id is in use"),
+        };
+        if !read_leaf {
+            return Ok(None);
+        }
+        let mut page = Page::zeroed();
+        let leaf = self.read_leaf(leaf_no, &mut page)?;
+        Ok(Some((search_leaf(&leaf, key, out), None)))
+    }
+
+    /// Reads `key` under the page's write lock and caches what the leaf page said (the
+    /// record, or a phantom for a miss) in the mini-page.
+    pub(super) fn get_promoting(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        prefix_len: usize,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(Found, Option<Block>)> {
+        let location = page.location();
+        if let Some(hit) = self.get_locked(location, key, out, false)? {
+            return Ok(hit);
+        }
+        let mut leaf_page = Page::boxed();
+        let leaf_no = self.leaf_of(location);
+        let leaf = self.read_leaf(leaf_no, &mut leaf_page)?;
+        let found = search_leaf(&leaf, key, out);
+        if !self.mirror_read(page, location, leaf_no, &leaf) {
+            self.cache_read(page, prefix_len, key, found, out)?;
+        }
+        Ok((found, None))
+    }
+
+    /// Whether a scan that reaches a leaf page should cache it: always while the pool
+    /// has mirror room, else by the scan promotion chance.
+    pub(super) fn promote_scan(&self) -> bool {
+        self.config.scan_promotion_rate_percent > 0
+            && (self.mirror_room() || chance(self.config.scan_promotion_rate_percent))
+    }
+
+    /// Whether a point read of `key` that reaches its leaf page should cache what it
+    /// reads: always while the pool has mirror room or room for records; else when the
+    /// key's leaf-page read is the second in the doorkeeper's window (`admission`), or by
+    /// the promotion chance. Call it once per leaf-page read: it records the read (unless
+    /// the pool's room already decided).
+    pub(crate) fn promote_point_read(&self, key: &[u8]) -> bool {
+        if self.config.promotion_rate_percent == 0 {
+            return false;
+        }
+        self.mirror_room()
+            || self.record_room()
+            || self.doorkeeper.seen_again(key)
+            || chance(self.config.promotion_rate_percent)
+    }
+
+    /// Replaces the page's mini-page (if any) by a mirror of `leaf`, the leaf page just
+    /// read under the page's write lock, when the pool has mirror room; best effort,
+    /// never evicts. Returns true when the read must cache nothing more: the page is a
+    /// mirror now, or its mini-page was merged to make room for one.
+    pub(super) fn mirror_read(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        location: Location,
+        leaf_no: PageNo,
+        leaf: &NodeRef<'_>,
+    ) -> bool {
+        if !self.mirror_room() || self.check_writable().is_err() {
+            return false;
+        }
+        let old = match location {
+            Location::Mini(offset) => Some(self.block(offset)),
+            Location::Leaf(_) => None,
+            Location::Empty => return false,
+        };
+        // SAFETY: we hold the page's write lock, so the old mini-page is live and
+        // unchanged while we read it.
+        let mini = old.map(|b| unsafe { mini_ref(&b) });
+        let block =
+            match self.build_mirror(page, leaf_no, leaf, mini.as_ref(), MAX_MINI_BLOCK_BYTES) {
+                Ok(block) => block,
+                Err(MirrorRefused::NoRoom) => return false,
+                // The dirty records do not fit next to the leaf's. Merge them into the leaf
+                // page now, as eviction would (splitting it if needed), so that the next
+                // read of the page finds no dirty records and mirrors it. A failed merge
+                // leaves the page as it was; eviction retries it later.
+                // A split may have moved the key to another page: caching it here could put
+                // it in the wrong one, so after a merge the read caches nothing.
+                Err(MirrorRefused::TooFull) => {
+                    return old.is_some_and(|old| self.merge_for_mirror(page, old, leaf_no));
+                }
+            };
+        self.publish(page, block);
+        if let Some(old) = old {
+            self.retire(old);
+        }
+        bump(&self.counters.mirrors_created);
+        true
+    }
+
+    /// Caches what the leaf page said about `key` (the record in `out`, or a phantom for
+    /// a miss) in the mini-page. The caller holds the page's write lock and read the leaf
+    /// page under it, or validated a read made without it. Best effort: if the pool
+    /// cannot make room without blocking, nothing is cached.
+    pub(super) fn cache_read(
+        &self,
+        page: &mapping::WriteGuard<'_>,
+        prefix_len: usize,
+        key: &[u8],
+        found: Found,
+        out: &[u8],
+    ) -> Result<()> {
+        if self.check_writable().is_err() {
+            return Ok(());
+        }
+        let (value, record_type) = match found {
+            Found::Value => (out, RecordType::Cache),
+            Found::Absent => (&[][..], RecordType::Phantom),
+        };
+        match self.put_in_mini(page, prefix_len, key, value, record_type) {
+            Ok(()) => bump(if matches!(found, Found::Value) {
+                &self.counters.records_promoted
+            } else {
+                &self.counters.phantoms_promoted
+            }),
+            Err(Op::Fail(e)) => return Err(e),
+            Err(Op::Restart | Op::WouldBlock) => {}
+        }
+        Ok(())
+    }
+
+    /// Answers `key` from its mini-page if it can, under the page's read lock; otherwise
+    /// returns a ticket for reading the leaf page later without the lock.
+    pub(crate) fn probe(&self, key: &[u8], out: &mut Vec<u8>) -> Result<Probe> {
+        let (path, page) = self.lock_leaf_of(key, MappingTable::read);
+        let location = page.location();
+        Ok(match self.get_locked(location, key, out, false)? {
+            Some((found, touched)) => {
+                drop(page);
+                if let Some(block) = touched {
+                    self.touch(path.pid, block, key);
+                }
+                Probe::Done(matches!(found, Found::Value))
+            }
+            None => Probe::Leaf(self.ticket(path.pid, location, path.prefix_len)),
+        })
+    }
+
+    /// Finishes a read of `key` that `probe` sent to the leaf page, with `leaf_page` as
+    /// read (without the lock) after the ticket was taken. `Ok(None)`: the read is stale,
+    /// do it again under the lock. With `promote`, caches what the leaf said under the
+    /// write lock, as [`Core::get`] does.
+    pub(crate) fn finish_read(
+        &self,
+        key: &[u8],
+        ticket: &LeafTicket,
+        leaf_page: &Page,
+        out: &mut Vec<u8>,
+        promote: bool,
+    ) -> Result<Option<bool>> {
+        out.clear();
+        if promote && self.check_writable().is_ok() {
+            let page = self.mapping.write(ticket.pid);
+            let location = page.location();
+            if !self.ticket_valid(ticket, location) {
+                return Ok(None);
+            }
+            // The mini-page may have learnt the key since the probe: it is newer.
+            if let Some((found, touched)) = self.get_locked(location, key, out, false)? {
+                drop(page);
+                if let Some(block) = touched {
+                    self.touch(ticket.pid, block, key);
+                }
+                return Ok(Some(matches!(found, Found::Value)));
+            }
+            let leaf = self.parse_leaf(ticket.leaf, leaf_page)?;
+            let found = search_leaf(&leaf, key, out);
+            if !self.mirror_read(&page, location, ticket.leaf, &leaf) {
+                self.cache_read(&page, ticket.prefix_len, key, found, out)?;
+            }
+            return Ok(Some(matches!(found, Found::Value)));
+        }
+        let page = self.mapping.read(ticket.pid);
+        let location = page.location();
+        if !self.ticket_valid(ticket, location) {
+            return Ok(None);
+        }
+        if let Some((found, touched)) = self.get_locked(location, key, out, false)? {
+            drop(page);
+            if let Some(block) = touched {
+                self.touch(ticket.pid, block, key);
+            }
+            return Ok(Some(matches!(found, Found::Value)));
+        }
+        let found = search_leaf(&self.parse_leaf(ticket.leaf, leaf_page)?, key, out);
+        Ok(Some(matches!(found, Found::Value)))
+    }
+
+    /// Point reads of many keys: mini-pages first, then every leaf page still needed in
+    /// one batched read per `GET_MANY_BATCH_PAGES` distinct pages.
+    pub(super) fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut results: Vec<Option<Vec<u8>>> = Vec::with_capacity(keys.len());
+        // Keys waiting for a leaf page: index, ticket, promotion coin.
+        let mut pending: Vec<(usize, LeafTicket, bool)> = Vec::new();
+        let mut leaves: Vec<PageNo> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let mut out = Vec::new();
+            match self.probe(key.as_ref(), &mut out)? {
+                Probe::Done(exists) => results.push(exists.then_some(out)),
+                Probe::Leaf(ticket) => {
+                    let promote = self.promote_point_read(key.as_ref());
+                    results.push(None);
+                    if !leaves.contains(&ticket.leaf) {
+                        leaves.push(ticket.leaf);
+                    }
+                    pending.push((i, ticket, promote));
+                }
+            }
+            if leaves.len() == GET_MANY_BATCH_PAGES {
+                self.finish_many(keys, &mut pending, &mut leaves, &mut results)?;
+            }
+        }
+        self.finish_many(keys, &mut pending, &mut leaves, &mut results)?;
+        Ok(results)
+    }
+
+    /// Reads the leaf pages `leaves` in one batch and answers the `pending` keys from
+    /// them; a key whose page changed meanwhile is read again under its lock.
+    pub(super) fn finish_many<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        pending: &mut Vec<(usize, LeafTicket, bool)>,
+        leaves: &mut Vec<PageNo>,
+        results: &mut [Option<Vec<u8>>],
+    ) -> Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        leaves.sort_unstable();
+        let mut pages: Vec<Box<Page>> = leaves.iter().map(|_| Page::boxed()).collect();
+        // A failed batch may have failed on a page read while a writer rewrote it (a
+        // torn page fails its checksum): every key then goes the locked way, which
+        // reports a real error.
+        let read_ok = self.read_leaves(leaves, &mut pages).is_ok();
+        for (i, ticket, promote) in pending.drain(..) {
+            let key = keys[i].as_ref();
+            let mut out = Vec::new();
+            let mut found = None;
+            if read_ok {
+                let slot = leaves
+                    .binary_search(&ticket.leaf)
+                    .expect("every pending leaf was read");
+                found = self.finish_read(key, &ticket, &pages[slot], &mut out, promote)?;
+                if found.is_none() {
+                    bump(&self.counters.stale_leaf_reads);
+                }
+            }
+            let exists = match found {
+                Some(exists) => exists,
+                None => {
+                    out.clear();
+                    self.get_under_lock(key, &mut out, promote)?
+                }
+            };
+            results[i] = exists.then_some(out);
+        }
+        leaves.clear();
+        Ok(())
+    }
+
+    /// After a mini-page hit: set the record's reference bit, and copy the mini-page to
+    /// the tail if it sits in the copy-on-access region. Best effort, never waits.
+    pub(super) fn touch(&self, pid: PageId, block: Block, key: &[u8]) {
+        let Some(page) = self.mapping.try_write(pid) else {
+            return;
+        };
+        // The same offset is not enough: after the pool wraps a lap, another block (of
+        // another size) may sit there. The block at the offset must be this one.
+        if page.location() != Location::Mini(block.offset()) || self.block(block.offset()) != block
+        {
+            return;
+        }
+        // SAFETY: we hold the page's write lock; no other view of the block is alive.
+        let mut mini = unsafe { mini_mut(&block) };
+        if let Ok(i) = mini.as_ref().search(key) {
+            mini.set_ref_bit(i, true);
+        }
+        if self.pool.in_copy_on_access_region(&block) {
+            let _ = self.copy_to_tail(&page, block);
+        }
+    }
+}
