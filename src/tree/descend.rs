@@ -1,4 +1,15 @@
-//! TODO-DOC descend
+//! Finding a key's page: the descent through the inner nodes under optimistic latch
+//! coupling (Bf-Tree §3.4), the per-thread locate hint that starts at the level-1 node
+//! the thread's last descent ended in, and taking the page's lock with the parent's
+//! version validated afterwards (`lock_leaf`).
+//!
+//! Every inner node is read through one [`InnerSnapshot`](super::inner::InnerSnapshot),
+//! so an index found in its bytes always refers to those bytes. Invariant: a
+//! [`LeafPath`] names a page and the parent version that routed to it; a page lock taken
+//! on it is trusted only once that version still validates (a split updates the parent
+//! before it releases the page's lock).
+//!
+//! Uses: `inner`, `olc`, `mapping`, `stats`.
 
 use crossbeam_epoch::{self as epoch, Guard};
 

@@ -1,4 +1,8 @@
-//! TODO-DOC evict
+//! Eviction from the pool's head (Bf-Tree §4.3): the pool's `Evictor` callback, which
+//! merges a dirty mini-page into its leaf page (batched across the claimed blocks) and
+//! points the page at its leaf page before the block is reclaimed. Only try-locks.
+//!
+//! Uses: `merge`, `mini`, `leaf`, `mapping`, `stats`.
 
 use crate::error::Result;
 use crate::pool::{Block, EvictDecision, Evictor};

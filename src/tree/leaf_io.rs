@@ -1,4 +1,12 @@
-//! TODO-DOC leaf_io
+//! The one place leaf pages are read from and written to the page store: the checked
+//! reads (`read_leaf`, batched `read_leaves`), the writes (`write_leaf`, batched
+//! `write_leaves`) with their leaf-write counters and fill hints, and the tickets a
+//! reader uses to read a leaf page without its page lock and check afterwards that no
+//! write raced it. A failed write poisons the tree here. This is the gate where a
+//! future write-ahead log's rule (a leaf page reflecting a log record reaches disk only
+//! after the record is durable) belongs.
+//!
+//! Uses: `mini` (to find a mini-page's leaf page), `leaf`, `mapping`, `stats`.
 
 use crate::error::{Error, Result};
 use crate::storage::{PAGE_PAYLOAD_SIZE, Page, PageNo};

@@ -1,6 +1,10 @@
-//! TODO-DOC merge
-
-use crossbeam_epoch::{self as epoch};
+//! Merges: a mini-page's dirty records written into its leaf page (Bf-Tree §4.3), one
+//! page at a time (`merge`, `merge_full`) or batched across many pages with each step's
+//! IO in one call (`merge_batch`). A merge that overflows redistributes into a
+//! neighbour or splits.
+//!
+//! Uses: `plan`, `split`, `redistribute`, `mirror`, `leaf_io`, `mini`, `leaf`, `node`,
+//! `mapping`, `stats`.
 
 use crate::error::{Error, Result};
 use crate::pool::Block;
@@ -14,6 +18,7 @@ use super::mirror::OpenEnd;
 use super::node::{NodeMut, NodeRef, RecordType};
 use super::plan::MergePlan;
 use super::redistribute::{Neighbour, Redistribution};
+use super::split::PlannedSplit;
 use super::stats::bump;
 use super::{Core, Op};
 
@@ -36,15 +41,6 @@ impl Merged {
 pub(super) struct MergeJob {
     pub(super) block: Block,
     pub(super) header: MiniHeader,
-}
-
-/// A split planned by a batched merge: its job, the records and chunks it writes, and
-/// its right-hand pages (numbered, built, not yet reachable).
-pub(super) struct BatchSplit {
-    pub(super) job: usize,
-    pub(super) records: RecordList,
-    pub(super) chunks: Vec<leaf::LeafChunk>,
-    pub(super) right: Vec<(PageNo, Box<Page>)>,
 }
 
 /// Answers a failed batched write for every job in `jobs`: the first gets the store's
@@ -101,7 +97,7 @@ impl Core {
                     return Ok(Merged::Split(None));
                 }
                 let open = keep_open.then_some(open).flatten();
-                let open = self.split_leaf(pid, header.leaf, &records, &chunks, open)?;
+                let open = self.split_leaf(pid, header.leaf, records, chunks, open)?;
                 Ok(Merged::Split(open))
             }
         }
@@ -196,22 +192,15 @@ impl Core {
         let mut results: Vec<Result<bool, Op>> = Vec::with_capacity(jobs.len());
         // Pages to rewrite in place (merged pages, and the left pages of splits).
         let mut writes: Vec<(usize, Box<Page>)> = Vec::with_capacity(jobs.len());
-        let mut splits: Vec<BatchSplit> = Vec::new();
+        let mut splits: Vec<(usize, PlannedSplit)> = Vec::new();
         // Overflowing pages with a neighbour locked to take records instead of a split.
         let mut pending: Vec<(usize, Neighbour<'_>, RecordList, Vec<leaf::LeafChunk>)> = Vec::new();
         let split = |i: usize,
                      records: RecordList,
                      chunks: Vec<leaf::LeafChunk>,
-                     splits: &mut Vec<BatchSplit>|
+                     splits: &mut Vec<(usize, PlannedSplit)>|
          -> Result<bool, Op> {
-            self.split_path(jobs[i].header.pid, &chunks, &epoch::pin())?;
-            let right = self.build_right_pages(&records, &chunks)?;
-            splits.push(BatchSplit {
-                job: i,
-                records,
-                chunks,
-                right,
-            });
+            splits.push((i, self.plan_split(jobs[i].header.pid, records, chunks)?));
             Ok(true)
         };
         for (i, job) in jobs.iter().enumerate() {
@@ -276,7 +265,7 @@ impl Core {
             }
             let mut reqs: Vec<(PageNo, &mut Page)> = splits
                 .iter_mut()
-                .flat_map(|s| s.right.iter_mut().map(|(no, p)| (*no, &mut **p)))
+                .flat_map(|(_, s)| s.right_writes())
                 .chain(redistributions.iter_mut().map(|(_, r)| {
                     let no = r.neighbour.header.leaf;
                     (no, r.receiving())
@@ -285,26 +274,20 @@ impl Core {
             let written = self.write_leaves(&mut reqs);
             drop(reqs);
             if let Err(e) = written {
-                for split in &splits {
-                    self.free_pages(&split.right);
+                for (_, split) in &splits {
+                    self.abandon_split(split);
                 }
-                let failed = splits.iter().map(|s| s.job);
+                let failed = splits.iter().map(|&(i, _)| i);
                 let failed = failed.chain(redistributions.iter().map(|(i, _)| *i));
                 fail_all(e, failed, &mut results);
                 splits.clear();
                 redistributions.clear();
             }
         }
-        for split in splits {
-            let pid = jobs[split.job].header.pid;
-            match self.link_split(pid, &split.chunks, &split.right, None) {
-                Ok(_) => {
-                    let mut left = Page::boxed();
-                    leaf::build_leaf(left.payload_mut(), &split.chunks[0], &split.records)
-                        .expect("packed to fit");
-                    writes.push((split.job, left));
-                }
-                Err(e) => results[split.job] = Err(e),
+        for (i, split) in splits {
+            match self.link_split(&split, None) {
+                Ok(_) => writes.push((i, split.left_page())),
+                Err(e) => results[i] = Err(e),
             }
         }
         // Neighbours written back as they were, their locks held until then.

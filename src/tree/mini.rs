@@ -1,4 +1,15 @@
-//! TODO-DOC mini
+//! Mini-pages in the pool: their byte views, allocation (with the background evictor's
+//! wake-up), publication in the mapping table, retirement, and copy-to-tail of a hot
+//! mini-page (Bf-Tree §4). Also the pure edits of a mini-page's records (`place`,
+//! `apply`, marking records clean, dropping cold clean ones).
+//!
+//! Invariants: a block is read or written only under its page's lock (or, for a
+//! Reserved block, by the thread that reserved it); a block is published with one store
+//! to the page's mapping word and retired only after it is unpublished, so the evictor,
+//! which finds blocks from the pool's head, sees either the page's mini-page or a block
+//! it may skip.
+//!
+//! Uses: `leaf` (the mini-page header), `node`, `mapping`, `signal`, `stats`.
 
 use crate::config::MINI_HEADER_BYTES;
 use crate::error::{Error, Result};

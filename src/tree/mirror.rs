@@ -1,4 +1,9 @@
-//! TODO-DOC mirror
+//! Mirrors: mini-pages that hold a whole leaf page's records (Bf-Tree §4.4's cached leaf
+//! pages, made by reads while the pool has room, and the open end of a sorted load kept
+//! in the pool across its splits), and the room rules that decide when reads may cache.
+//! Stale open ends are demoted to plain mini-pages of their dirty records.
+//!
+//! Uses: `mini`, `leaf`, `node`, `mapping`, `stats`.
 
 use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, OPEN_END_MIRROR_BYTES};
 use crate::error::Result;
@@ -81,7 +86,7 @@ impl Core {
     /// tail has wrapped, it never is on its first lap again (the tail only grows), and
     /// reads go back to the paper's record caching, which is what a budget smaller than
     /// the data needs; the mirrors made early age out through the head like any clean
-    /// mini-page. (The room was the tail's position alone until session 8: a sorted load
+    /// mini-page. (The room was once the tail's position alone (before 61825c4): a sorted load
     /// frees most of what it allocates, and the open ends it kept in the pool moved the
     /// tail to 67% of the first lap where it had been at 41%, which left reads right
     /// after it a third of the mirrors.)
@@ -109,7 +114,7 @@ impl Core {
     /// pushed out. After a load and its flush the pool was 62% in use (clean copies of
     /// the last records written), and reads cached only the 26-28% of their leaf-page
     /// reads that the doorkeeper or the chance let through, while the rest of the pool
-    /// stayed empty for 30 s and more (docs/benchmarks.md, session 9). The mark sits
+    /// stayed empty for 30 s and more (docs/benchmarks-history.md, 3ebdc76). The mark sits
     /// below where a full pool settles (93-94% in use in read phases with this mark, 97%
     /// during a load: free-list blocks of other classes and the evictor's reserve are
     /// not in use), so that in steady state the filter decides again. At 95% the pool

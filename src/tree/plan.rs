@@ -1,4 +1,9 @@
-//! TODO-DOC plan
+//! Merge plans, computed without IO or side effects on the tree: what a mini-page's
+//! dirty records (and a write being merged) make of its leaf page — one page rewritten in
+//! place, or a split into chunks, packed balanced or around a sorted load's open end
+//! (`Arrivals`). The merge, split and redistribution layers above carry plans out.
+//!
+//! Uses: `leaf_io` (to parse a leaf page read), `leaf`, `mini`, `node`.
 
 use crate::error::Result;
 use crate::storage::{PAGE_PAYLOAD_SIZE, Page};

@@ -1,4 +1,11 @@
-//! TODO-DOC read
+//! Point reads: a key is looked up in its page's mini-page first (which is
+//! authoritative for what it holds), then in the leaf page; what a read finds on disk may
+//! be cached in the pool (a record, or the whole page as a mirror) by the admission
+//! rules. Also the batched `get_many`, which reads the leaf pages of many keys in one
+//! batch without their page locks and validates each with its ticket.
+//!
+//! Uses: `write` (caching a record), `mirror`, `leaf_io`, `mini`, `descend`, `leaf`,
+//! `node`, `mapping`, `stats`.
 
 use crate::config::MAX_MINI_BLOCK_BYTES;
 use crate::error::Result;

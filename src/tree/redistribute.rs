@@ -1,4 +1,12 @@
-//! TODO-DOC redistribute
+//! B*-tree redistribution: an overflowing leaf page that has a sibling with room under
+//! the same level-1 node gives it records instead of splitting. Write order: the
+//! neighbour's new page, then the parent's separator (published under the parent's
+//! version lock, computed from one snapshot of it), then the giving page; so a failed
+//! write never routes a key to a page that lacks it (docs/design.md, "merge →
+//! redistribution").
+//!
+//! Uses: `descend`, `leaf_io`, `plan`, `mini`, `inner`, `leaf`, `node`, `mapping`,
+//! `stats`.
 
 use crossbeam_epoch::{self as epoch, Guard};
 

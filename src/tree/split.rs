@@ -1,4 +1,14 @@
-//! TODO-DOC split
+//! Leaf splits: the one protocol ([`PlannedSplit`]) shared by a single merge and a
+//! batched one — plan and build the right-hand pages, write them, link them into the
+//! parent (splitting inner nodes up to the root as needed), rewrite the left page.
+//!
+//! Invariant: nothing can reach a right-hand page before its separator is published,
+//! and every inner node that changes is locked (from a snapshot taken on the way down)
+//! before the first publication; nothing that can fail runs between the first
+//! publication and the last, so readers never see half a split.
+//!
+//! Uses: `descend`, `leaf_io`, `mirror` (open ends), `plan`, `inner`, `leaf`, `node`,
+//! `mapping`, `stats`.
 
 use crossbeam_epoch::{self as epoch, Guard};
 
@@ -12,23 +22,60 @@ use super::leaf_io::leaf_used_bytes;
 use super::mapping::{self, Location, PageId};
 use super::mirror::OpenEnd;
 use super::node::{self, NodeMut, RecordType, WriteError};
-use super::olc::Restart;
 use super::plan::owned_fence;
 use super::stats::bump;
 use super::{Core, Op};
 
+/// A split of page `pid` planned and built but not yet reachable: the records and the
+/// chunks they pack into, and a numbered, built page for every chunk but the first
+/// (which keeps the old page). The one protocol of a split, for a single merge
+/// (`Core::split_leaf`) and a batched one (`Core::merge_batch`), which batches each
+/// step's IO across its splits:
+///
+/// 1. [`Core::plan_split`] checks the parent still routes to `pid` (a split that would
+///    restart does so before any IO) and builds the right-hand pages;
+/// 2. the caller writes [`PlannedSplit::right_writes`] (or gives the plan up with
+///    [`Core::abandon_split`] if that fails);
+/// 3. [`Core::link_split`] gives the new pages ids and publishes their separators;
+/// 4. the caller rewrites the old page with [`PlannedSplit::left_page`].
+///
+/// Until (3) nobody can reach the new pages; from (3) on, keys of the right ranges route
+/// to them. The caller holds the left page's write lock throughout, so nobody reads the
+/// left page between (3) and (4).
+pub(super) struct PlannedSplit {
+    pid: PageId,
+    records: RecordList,
+    chunks: Vec<leaf::LeafChunk>,
+    right: Vec<(PageNo, Box<Page>)>,
+}
+
+impl PlannedSplit {
+    /// Step (1)'s writes: the right-hand pages, each at its new page number.
+    pub(super) fn right_writes(&mut self) -> impl Iterator<Item = (PageNo, &mut Page)> + '_ {
+        self.right.iter_mut().map(|(no, p)| (*no, &mut **p))
+    }
+
+    /// Step (4)'s page: the first chunk, which keeps the old page number.
+    pub(super) fn left_page(&self) -> Box<Page> {
+        let mut page = Page::boxed();
+        leaf::build_leaf(page.payload_mut(), &self.chunks[0], &self.records)
+            .expect("packed to fit");
+        page
+    }
+}
+
+/// New inner-node bytes for a split's step (3), built under the locks and not yet
+/// published: an index into the locked nodes with its new bytes, the inner nodes created
+/// (right halves, and a new root), and the new root if the root split.
+struct InnerUpdates {
+    publish: Vec<(usize, Box<[u8]>)>,
+    created: Vec<usize>,
+    new_root: Option<*mut InnerNode>,
+}
+
 impl Core {
-    /// Writes the chunks of a split leaf (the first keeps `leaf_no` and `pid`) and inserts
-    /// the new pages' separators into the parent, splitting inner nodes up to the root
-    /// as needed.
-    ///
-    /// Order: (1) write the new right-hand leaf pages; (2) upgrade the version locks of
-    /// every inner node that must change — if any upgrade fails, free the new pages and
-    /// restart; (3) publish the new inner bytes, and unlock; (4) rewrite the left page in
-    /// place. Until (3) nobody can reach the new pages; from (3) on, keys of the right
-    /// ranges route to them. The caller holds the left page's write lock throughout, so
-    /// nobody reads the left page between (3) and (4). `merge_batch` runs the same steps
-    /// for several splits, each step's IO batched across them.
+    /// A whole split of page `pid` (steps (1) to (4) of [`PlannedSplit`]), its IO one
+    /// page at a time.
     ///
     /// `open` (a writer's merge) is the chunk of a sorted-order split that the next
     /// records of that order land in, kept in the pool as a mirror: a new right-hand page
@@ -39,29 +86,22 @@ impl Core {
         &self,
         pid: PageId,
         leaf_no: PageNo,
-        records: &RecordList,
-        chunks: &[leaf::LeafChunk],
+        records: RecordList,
+        chunks: Vec<leaf::LeafChunk>,
         open: Option<usize>,
     ) -> Result<Option<OpenEnd>, Op> {
-        // A split that would restart does so before any IO.
-        self.split_path(pid, chunks, &epoch::pin())?;
-        // (1)
-        let mut right = self.build_right_pages(records, chunks)?;
-        let mut reqs: Vec<(PageNo, &mut Page)> =
-            right.iter_mut().map(|(no, p)| (*no, &mut **p)).collect();
+        let mut split = self.plan_split(pid, records, chunks)?;
+        let mut reqs: Vec<(PageNo, &mut Page)> = split.right_writes().collect();
         if let Err(e) = self.write_leaves(&mut reqs) {
-            self.free_pages(&right);
+            self.abandon_split(&split);
             return Err(Op::Fail(e));
         }
-        // (2), (3)
         let hold = open.and_then(|j| j.checked_sub(1));
-        if let Some((j, guard)) = hold.zip(self.link_split(pid, chunks, &right, hold)?) {
-            let (no, page) = &right[j];
+        if let Some((j, guard)) = hold.zip(self.link_split(&split, hold)?) {
+            let (no, page) = &split.right[j];
             self.mirror_open_end(&guard, *no, page);
         }
-        // (4)
-        let mut page = Page::boxed();
-        leaf::build_leaf(page.payload_mut(), &chunks[0], records).expect("packed to fit");
+        let mut page = split.left_page();
         self.write_leaf(pid, leaf_no, &mut page)?;
         Ok((open == Some(0)).then_some(OpenEnd {
             leaf: leaf_no,
@@ -69,10 +109,51 @@ impl Core {
         }))
     }
 
+    /// Step (1) of a split without its IO: checks that the parent still routes to `pid`
+    /// (else a restart, before any IO) and builds a numbered page for every chunk but the
+    /// first.
+    pub(super) fn plan_split(
+        &self,
+        pid: PageId,
+        records: RecordList,
+        chunks: Vec<leaf::LeafChunk>,
+    ) -> Result<PlannedSplit, Op> {
+        self.split_path(pid, &chunks, &epoch::pin())?;
+        let mut split = PlannedSplit {
+            pid,
+            records,
+            chunks,
+            right: Vec::new(),
+        };
+        for chunk in &split.chunks[1..] {
+            let no = match self.store.allocate() {
+                Ok(no) => no,
+                Err(e) => {
+                    self.abandon_split(&split);
+                    let e = Error::from(e);
+                    self.record_failure(&e);
+                    return Err(Op::Fail(e));
+                }
+            };
+            let mut page = Page::boxed();
+            leaf::build_leaf(page.payload_mut(), chunk, &split.records).expect("packed to fit");
+            split.right.push((no, page));
+        }
+        Ok(split)
+    }
+
+    /// Gives a split's right-hand pages, which no separator points to, back to the page
+    /// store.
+    pub(super) fn abandon_split(&self, split: &PlannedSplit) {
+        for &(no, _) in &split.right {
+            let _ = self.store.free(no);
+        }
+    }
+
     /// The inner nodes from the root to the parent of `pid`, found with the first
-    /// chunk's low fence (any key of the page routes to it), with their versions; a
-    /// restart if the parent no longer routes that key to `pid`.
-    pub(super) fn split_path<'g>(
+    /// chunk's low fence (any key of the page routes to it); a restart if the parent no
+    /// longer routes that key to `pid`.
+    fn split_path<'g>(
         &'g self,
         pid: PageId,
         chunks: &[leaf::LeafChunk],
@@ -87,59 +168,26 @@ impl Core {
         Ok(path)
     }
 
-    /// Step (1) of a split without its IO: a new page number and page for every chunk
-    /// but the first, which keeps the old page.
-    pub(super) fn build_right_pages(
-        &self,
-        records: &RecordList,
-        chunks: &[leaf::LeafChunk],
-    ) -> Result<Vec<(PageNo, Box<Page>)>, Op> {
-        let mut right = Vec::with_capacity(chunks.len() - 1);
-        for chunk in &chunks[1..] {
-            let no = match self.store.allocate() {
-                Ok(no) => no,
-                Err(e) => {
-                    self.free_pages(&right);
-                    let e = Error::from(e);
-                    self.record_failure(&e);
-                    return Err(Op::Fail(e));
-                }
-            };
-            let mut page = Page::boxed();
-            leaf::build_leaf(page.payload_mut(), chunk, records).expect("packed to fit");
-            right.push((no, page));
-        }
-        Ok(right)
-    }
-
-    /// Gives right-hand pages that no separator points to back to the page store.
-    pub(super) fn free_pages(&self, right: &[(PageNo, Box<Page>)]) {
-        for &(no, _) in right {
-            let _ = self.store.free(no);
-        }
-    }
-
     /// Steps (2) and (3) of a split whose right-hand pages are written: gives each a
     /// page id and publishes their separators. On failure the right-hand pages and ids
-    /// are released and nothing was published. With `hold` (an index into `right`),
-    /// returns that new page's write lock, taken before the page could be reached.
+    /// are released and nothing was published. With `hold` (an index into the right-hand
+    /// pages), returns that new page's write lock, taken before the page could be
+    /// reached.
     pub(super) fn link_split(
         &self,
-        pid: PageId,
-        chunks: &[leaf::LeafChunk],
-        right: &[(PageNo, Box<Page>)],
+        split: &PlannedSplit,
         hold: Option<usize>,
     ) -> Result<Option<mapping::WriteGuard<'_>>, Op> {
         let guard = epoch::pin();
-        let mut children: Vec<(Vec<u8>, u64)> = Vec::with_capacity(right.len());
-        let mut new_pids = Vec::with_capacity(right.len());
+        let mut children: Vec<(Vec<u8>, u64)> = Vec::with_capacity(split.right.len());
+        let mut new_pids = Vec::with_capacity(split.right.len());
         let undo = |new_pids: &[PageId]| {
             for &new_pid in new_pids {
                 self.mapping.release(self.mapping.write(new_pid));
             }
-            self.free_pages(right);
+            self.abandon_split(split);
         };
-        for ((no, _), chunk) in right.iter().zip(&chunks[1..]) {
+        for ((no, page), chunk) in split.right.iter().zip(&split.chunks[1..]) {
             let Some(new_pid) = self.mapping.allocate(Location::Leaf(no.0)) else {
                 undo(&new_pids);
                 return Err(Op::Fail(Error::Unsupported(
@@ -147,54 +195,85 @@ impl Core {
                 )));
             };
             new_pids.push(new_pid);
-            self.mapping
-                .set_fill_hint(new_pid, leaf_used_bytes(&right[new_pids.len() - 1].1));
+            self.mapping.set_fill_hint(new_pid, leaf_used_bytes(page));
             children.push((
                 chunk.low.clone().expect("split chunks have a low fence"),
                 new_pid.0,
             ));
         }
-        let path = match self.split_path(pid, chunks, &guard) {
+        let path = match self.split_path(split.pid, &split.chunks, &guard) {
             Ok(path) => path,
             Err(e) => {
                 undo(&new_pids);
                 return Err(e);
             }
         };
+        // (2)
+        let Some((plan, root_splits)) = self.lock_for_split(&path, &children) else {
+            undo(&new_pids);
+            return Err(Op::Restart);
+        };
+        // (3) Build every new inner buffer bottom-up through the locked nodes, then
+        // publish them all: nothing that can fail (or panic) runs between the first
+        // publication and the last, so readers never see half a split.
+        let updates = self.inner_updates(&plan, children, root_splits);
+        self.inner_nodes.lock().extend(updates.created);
+        // Nothing can fail from here on, so no `undo` (which locks the new ids) follows.
+        // Until the publication below no thread knows the new ids: the lock is free.
+        let held = hold
+            .and_then(|j| new_pids.get(j))
+            .and_then(|&new_pid| self.mapping.try_write(new_pid));
+        for (i, bytes) in updates.publish {
+            plan[i].publish(bytes, &guard);
+        }
+        if let Some(root) = updates.new_root {
+            self.root.store(root, Ordering::Release);
+        }
+        drop(plan);
+        bump(&self.counters.leaf_splits);
+        Ok(held)
+    }
 
-        // (2) Lock bottom-up the inner nodes that may change. A node surely absorbs what
-        // comes up if the bytes it could reclaim cover the incoming separators at their
-        // worst (meta, full key, 8-byte child); otherwise its parent is locked too, since
-        // it may split and send one separator of at most `max_key_bytes` further up.
-        let mut plan: Vec<InnerLock<'_, '_>> = Vec::with_capacity(path.len());
+    /// Step (2): locks bottom-up the inner nodes of `path` that may change, and says
+    /// whether the root may split. A node surely absorbs what comes up if the bytes it
+    /// could reclaim cover the incoming separators at their worst (meta, full key, 8-byte
+    /// child); otherwise its parent is locked too, since it may split and send one
+    /// separator of at most `max_key_bytes` further up. `None` (a restart) if a node
+    /// changed since the snapshot.
+    fn lock_for_split<'n, 'g>(
+        &self,
+        path: &[InnerSnapshot<'n, 'g>],
+        children: &[(Vec<u8>, u64)],
+    ) -> Option<(Vec<InnerLock<'n, 'g>>, bool)> {
+        let mut plan = Vec::with_capacity(path.len());
         let mut incoming_bytes: usize = children
             .iter()
             .map(|(k, _)| node::KV_META_SIZE_BYTES + k.len() + 8)
             .sum();
-        let mut root_splits = true;
         for &node in path.iter().rev() {
-            match node.lock() {
-                Ok(lock) => plan.push(lock),
-                Err(Restart) => {
-                    drop(plan);
-                    undo(&new_pids);
-                    return Err(Op::Restart);
-                }
-            }
+            plan.push(node.lock().ok()?);
             if node.view().reclaimable_space_bytes() >= incoming_bytes {
-                root_splits = false;
-                break;
+                return Some((plan, false));
             }
             incoming_bytes = node::KV_META_SIZE_BYTES + self.config.max_key_bytes + 8;
         }
+        Some((plan, true))
+    }
 
-        // (3) Build every new inner buffer bottom-up through the locked nodes, then
-        // publish them all: nothing that can fail (or panic) runs between the first
-        // publication and the last, so readers never see half a split.
-        let mut pending = children;
-        let mut publish: Vec<(&InnerLock<'_, '_>, Box<[u8]>)> = Vec::with_capacity(plan.len());
-        let mut created: Vec<usize> = Vec::new();
-        let mut new_root = None;
+    /// Step (3) without publication: the new bytes of the locked nodes `plan` (bottom
+    /// up) once `pending` separators arrive at the first, splitting nodes that overflow
+    /// and sending their new separators up.
+    fn inner_updates(
+        &self,
+        plan: &[InnerLock<'_, '_>],
+        mut pending: Vec<(Vec<u8>, u64)>,
+        root_splits: bool,
+    ) -> InnerUpdates {
+        let mut updates = InnerUpdates {
+            publish: Vec::with_capacity(plan.len()),
+            created: Vec::new(),
+            new_root: None,
+        };
         for (depth, node) in plan.iter().enumerate() {
             // Fast path: the separators fit into a copy of the node, one insert each,
             // instead of a rebuild that re-appends every separator the node holds.
@@ -208,7 +287,7 @@ impl Core {
                 }
             });
             if fits {
-                publish.push((node, copy));
+                updates.publish.push((depth, copy));
                 break;
             }
             let n = node.view();
@@ -219,10 +298,8 @@ impl Core {
                     Err(i) => entries.insert(i, (k, child)),
                 }
             }
-            let fence = owned_fence;
-            let low = fence(n.low_fence());
-            let high = fence(n.high_fence());
-            let last = depth + 1 == plan.len();
+            let low = owned_fence(n.low_fence());
+            let high = owned_fence(n.high_fence());
             if let Some(bytes) = inner::build(
                 self.inner_size_bytes,
                 low.as_deref(),
@@ -233,40 +310,20 @@ impl Core {
                 // length (and above level 1 at `max_key_bytes`), but a node stores keys
                 // after its fences' shared prefix: a node planned to split may absorb,
                 // and the nodes above are released unchanged.
-                publish.push((node, bytes));
+                updates.publish.push((depth, bytes));
                 break;
             }
+            let last = depth + 1 == plan.len();
             assert!(
                 !last || root_splits,
                 "the room check guarantees the topmost planned node absorbs"
             );
-            // Split this inner node in two halves of about equal bytes. Halving by
-            // record count can put every long separator in one half, which then does
-            // not fit.
             bump(&self.counters.inner_splits);
-            let cost = |(k, _): &(Vec<u8>, u64)| node::KV_META_SIZE_BYTES + k.len() + 8;
-            let half_bytes = entries.iter().map(cost).sum::<usize>() / 2;
-            let (mut mid, mut left_bytes) = (0, 0);
-            while mid + 1 < entries.len() && left_bytes + cost(&entries[mid]) <= half_bytes {
-                left_bytes += cost(&entries[mid]);
-                mid += 1;
-            }
-            let mid = mid.max(1);
-            let sep = entries[mid].0.clone();
-            let right_entries = entries.split_off(mid);
-            let left = inner::build(self.inner_size_bytes, low.as_deref(), Some(&sep), &entries)
-                .expect("half a node fits");
-            let right = inner::build(
-                self.inner_size_bytes,
-                Some(&sep),
-                high.as_deref(),
-                &right_entries,
-            )
-            .expect("half a node fits");
+            let (left, sep, right) = self.split_inner(entries, low.as_deref(), high.as_deref());
             let level = node.node().level;
             let right_node = Box::into_raw(InnerNode::new(level, right));
-            created.push(right_node as usize);
-            publish.push((node, left));
+            updates.created.push(right_node as usize);
+            updates.publish.push((depth, left));
             if last {
                 // The root split: a new root above the two halves.
                 let root_entries = vec![
@@ -276,26 +333,38 @@ impl Core {
                 let bytes = inner::build(self.inner_size_bytes, None, None, &root_entries)
                     .expect("two separators fit");
                 let root = Box::into_raw(InnerNode::new(level + 1, bytes));
-                created.push(root as usize);
-                new_root = Some(root);
+                updates.created.push(root as usize);
+                updates.new_root = Some(root);
             } else {
                 pending.push((sep, right_node as usize as u64));
             }
         }
-        self.inner_nodes.lock().extend(created);
-        // Nothing can fail from here on, so no `undo` (which locks the new ids) follows.
-        // Until the publication below no thread knows the new ids: the lock is free.
-        let held = hold
-            .and_then(|j| new_pids.get(j))
-            .and_then(|&new_pid| self.mapping.try_write(new_pid));
-        for (lock, bytes) in publish {
-            lock.publish(bytes, &guard);
+        updates
+    }
+
+    /// Splits an inner node's `entries` (between fences `low` and `high`) in two halves
+    /// of about equal bytes: the left bytes, the separator, the right bytes. Halving by
+    /// record count can put every long separator in one half, which then does not fit.
+    fn split_inner(
+        &self,
+        mut entries: Vec<(Vec<u8>, u64)>,
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+    ) -> (Box<[u8]>, Vec<u8>, Box<[u8]>) {
+        let cost = |(k, _): &(Vec<u8>, u64)| node::KV_META_SIZE_BYTES + k.len() + 8;
+        let half_bytes = entries.iter().map(cost).sum::<usize>() / 2;
+        let (mut mid, mut left_bytes) = (0, 0);
+        while mid + 1 < entries.len() && left_bytes + cost(&entries[mid]) <= half_bytes {
+            left_bytes += cost(&entries[mid]);
+            mid += 1;
         }
-        if let Some(root) = new_root {
-            self.root.store(root, Ordering::Release);
-        }
-        drop(plan);
-        bump(&self.counters.leaf_splits);
-        Ok(held)
+        let mid = mid.max(1);
+        let sep = entries[mid].0.clone();
+        let right_entries = entries.split_off(mid);
+        let left = inner::build(self.inner_size_bytes, low, Some(&sep), &entries)
+            .expect("half a node fits");
+        let right = inner::build(self.inner_size_bytes, Some(&sep), high, &right_entries)
+            .expect("half a node fits");
+        (left, sep, right)
     }
 }

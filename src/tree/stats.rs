@@ -1,4 +1,10 @@
-//! TODO-DOC stats
+//! What the tree counts: [`TreeStats`] (public, a snapshot from [`Tree::stats`]) and the
+//! relaxed counters behind it, with the striped leaf-write counters (`LeafVersions`) that
+//! let a reader which read a leaf page without its page lock tell whether a write raced
+//! it. The bottom layer: every other file may bump a counter; this one uses nothing of
+//! the tree.
+//!
+//! [`Tree::stats`]: super::Tree::stats
 
 use crate::pool::PoolStats;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,4 +1,12 @@
-//! TODO-DOC write
+//! Writes: an insert, update or delete lands in the page's mini-page (created, grown or
+//! merged as needed; Bf-Tree §4.2), never in the leaf page directly.
+//!
+//! Invariant: a writer holding a page lock never waits for another page lock; an
+//! allocation that must evict does so only with try-locks, and one that cannot make room
+//! drops every lock and restarts.
+//!
+//! Uses: `merge` (a full mini-page), `mini`, `descend`, `signal`, `leaf`, `node`,
+//! `mapping`, `stats`.
 
 use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
 use crate::error::{Error, Result};
@@ -73,20 +81,22 @@ impl Core {
         value: &[u8],
         record_type: RecordType,
     ) -> Result<(), Op> {
-        let block = match page.location() {
-            Location::Leaf(no) => {
-                return self.create_mini(page, prefix_len, PageNo(no), key, value, record_type);
+        let block = loop {
+            let block = match page.location() {
+                Location::Leaf(no) => {
+                    return self.create_mini(page, prefix_len, PageNo(no), key, value, record_type);
+                }
+                Location::Mini(offset) => self.block(offset),
+                Location::Empty => unreachable!("a routed page id is in use"),
+            };
+            if !self.pool.in_copy_on_access_region(&block) {
+                break block;
             }
-            Location::Mini(offset) => self.block(offset),
-            Location::Empty => unreachable!("a routed page id is in use"),
-        };
-        let block = if self.pool.in_copy_on_access_region(&block) {
-            match self.copy_to_tail(page, block) {
-                Some(moved) => moved,
-                None => return self.put_in_mini(page, prefix_len, key, value, record_type),
+            // Nothing in the mini-page was worth keeping: the page maps to its leaf page
+            // now, and the next turn creates a mini-page for the record.
+            if let Some(moved) = self.copy_to_tail(page, block) {
+                break moved;
             }
-        } else {
-            block
         };
         // SAFETY: we hold the page's write lock; this is the only view of the block.
         let header = unsafe { MiniHeader::of(&block) };
@@ -127,57 +137,63 @@ impl Core {
         self.merge_full(page, block, header, key, value, record_type)
     }
 
+    /// Moves the page's mini-page `block` into a bigger block and places the record
+    /// there, growing again while a large record still does not fit; at full size, or
+    /// when the pool has no room, merges instead. The caller holds the page's write lock.
     pub(super) fn grow_mini(
         &self,
         page: &mapping::WriteGuard<'_>,
-        block: Block,
+        mut block: Block,
         header: MiniHeader,
         key: &[u8],
         value: &[u8],
         record_type: RecordType,
     ) -> Result<(), Op> {
-        // SAFETY: we hold the page's write lock: nobody changes the old block.
-        let old = unsafe { mini_ref(&block) };
-        let live_bytes = old.node_size_bytes() - old.reclaimable_space_bytes();
-        // Room for the new record for sure (its full key bounds its stored suffix), and
-        // otherwise a fixed step up: small steps keep the block's empty tail small.
-        let need = MINI_HEADER_BYTES + live_bytes + leaf::record_cost(key.len(), value.len());
-        let stepped = block.size_bytes() * MINI_GROWTH_PERCENT / 100;
-        let bigger = match self.alloc(need.max(stepped).min(MAX_MINI_BLOCK_BYTES)) {
-            Ok(b) => b,
-            // No room: the block pinning the pool's head may be this very mini-page, which
-            // nobody can evict while we hold its page. A merge needs no pool room.
-            Err(Op::WouldBlock) if record_type.is_dirty() => {
-                bump(&self.counters.merges_without_room);
-                return self.merge_full(page, block, header, key, value, record_type);
+        loop {
+            // SAFETY: we hold the page's write lock: nobody changes the old block.
+            let old = unsafe { mini_ref(&block) };
+            let live_bytes = old.node_size_bytes() - old.reclaimable_space_bytes();
+            // Room for the new record for sure (its full key bounds its stored suffix), and
+            // otherwise a fixed step up: small steps keep the block's empty tail small.
+            let need = MINI_HEADER_BYTES + live_bytes + leaf::record_cost(key.len(), value.len());
+            let stepped = block.size_bytes() * MINI_GROWTH_PERCENT / 100;
+            let bigger = match self.alloc(need.max(stepped).min(MAX_MINI_BLOCK_BYTES)) {
+                Ok(b) => b,
+                // No room: the block pinning the pool's head may be this very mini-page,
+                // which nobody can evict while we hold its page. A merge needs no pool room.
+                Err(Op::WouldBlock) if record_type.is_dirty() => {
+                    bump(&self.counters.merges_without_room);
+                    return self.merge_full(page, block, header, key, value, record_type);
+                }
+                Err(e) => return Err(e),
+            };
+            // SAFETY: the new block is unpublished: ours alone.
+            let new = unsafe { block_bytes(&bigger) };
+            header.write(new);
+            let mut mini =
+                node::copy_into(&old, &mut new[MINI_HEADER_BYTES..], old.fences(), |_| true)
+                    .expect("a bigger block holds the old node's live records");
+            let placed = match mini.upsert(key, value, record_type) {
+                Ok(up) => {
+                    mini.set_ref_bit(up.index(), record_type.is_dirty());
+                    true
+                }
+                Err(_) => false,
+            };
+            self.publish(page, bigger);
+            self.retire(block);
+            bump(&self.counters.mini_page_growths);
+            if placed {
+                return Ok(());
             }
-            Err(e) => return Err(e),
-        };
-        // SAFETY: the new block is unpublished: ours alone.
-        let new = unsafe { block_bytes(&bigger) };
-        header.write(new);
-        let mut mini = node::copy_into(&old, &mut new[MINI_HEADER_BYTES..], old.fences(), |_| true)
-            .expect("a bigger block holds the old node's live records");
-        let placed = match mini.upsert(key, value, record_type) {
-            Ok(up) => {
-                mini.set_ref_bit(up.index(), record_type.is_dirty());
-                true
+            if bigger.size_bytes() >= MAX_MINI_BLOCK_BYTES {
+                // Full size and still no room: merge now. (Leaving it to the next attempt
+                // could loop: in the copy-on-access region that attempt copies the block,
+                // which can shrink it below full size, so it would grow again instead.)
+                return self.merge_full(page, bigger, header, key, value, record_type);
             }
-            Err(_) => false,
-        };
-        self.publish(page, bigger);
-        self.retire(block);
-        bump(&self.counters.mini_page_growths);
-        if placed {
-            Ok(())
-        } else if bigger.size_bytes() < MAX_MINI_BLOCK_BYTES {
             // Still no room (a large record): keep growing from the bigger block.
-            self.grow_mini(page, bigger, header, key, value, record_type)
-        } else {
-            // Full size and still no room: merge now. (Leaving it to the next attempt
-            // could loop: in the copy-on-access region that attempt copies the block,
-            // which can shrink it below full size, so it would grow again instead.)
-            self.merge_full(page, bigger, header, key, value, record_type)
+            block = bigger;
         }
     }
 }
