@@ -14,7 +14,8 @@
 //! `--child ENGINE`), so no engine inherits another's memory or page cache. The child loads
 //! the records, then runs each workload at each thread count and prints one line per
 //! result; the parent prints the table and the ratios against bfdb, and writes CSV files
-//! and PNG bar charts under `--out`. With `--cgroup` (root, cgroup v1 memory controller)
+//! and PNG bar charts under `--out`: one per workload family (load, read, write, scan, mix),
+//! each on its own axis, and one per thread count with throughput relative to bf-tree. With `--cgroup` (root, cgroup v1 memory controller)
 //! each child is capped at the memory budget plus `--cgroup-allowance-mib`, so the OS page
 //! cache cannot give a buffered engine more memory than the budget.
 
@@ -118,8 +119,9 @@ pub struct Options {
     /// (thread stacks, histograms, inner nodes and the mapping table, the binary).
     #[arg(long, default_value_t = 64)]
     pub cgroup_allowance_mib: u64,
-    /// Directory for results.csv, load.csv, summary.txt and the PNG charts (default
-    /// target/ycsb/<UTC timestamp>).
+    /// Directory for results.csv, load.csv, summary.txt and the PNG charts: <family>.png
+    /// per workload family and vs-bftree-<N>threads.png (default target/ycsb/<UTC
+    /// timestamp>).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Print the engine's own counters (bfdb's `TreeStats`) on stderr after the load and
@@ -545,7 +547,7 @@ fn parent(options: &Options) -> Result<(), String> {
         "{} records, {} MiB budget, {:?}",
         options.records, options.memory_mib, options.distribution
     );
-    match report::draw_charts(&out, &runs, &title, with_text) {
+    match report::draw_charts(&out, &runs, &loads, &title, with_text) {
         Ok(files) if !files.is_empty() => println!(
             "charts: {}{}",
             files
