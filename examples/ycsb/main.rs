@@ -37,7 +37,14 @@ use report::{Line, LoadRow, RunRow};
 
 /// Compares bfdb's Tree with other key-value engines on YCSB-like workloads.
 #[derive(Parser, Clone, Debug)]
-#[command(version, about, args_override_self = true)]
+#[command(
+    version,
+    // Not the crate's description (which names parts not built yet): what this driver does.
+    about = "YCSB-like benchmark of bfdb's Tree (a Bf-Tree range index) against the Bf-Tree \
+             reference crate, RwLock<BTreeMap> and, behind cargo features, RocksDB, sled, fjall \
+             and redb",
+    args_override_self = true
+)]
 pub struct Options {
     /// Engines to compare, in order: bfdb, bftree, btreemap, and with the cargo features of
     /// the same names rocksdb, sled, fjall, redb.
@@ -330,11 +337,17 @@ fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildO
         let Ok(line) = line else { break };
         match report::parse_line(&line) {
             Some(Line::Load(l)) => {
+                let per_record = |bytes: u64| bytes as f64 / l.records.max(1) as f64;
                 println!(
-                    "  {engine}: loaded {} records in {:.1} s ({} ops/s), {} MiB on disk, {}",
+                    "  {engine}: loaded {} records in {:.1} s: {} records/s, \
+                     {:.0} B/record read, {:.0} B/record written, {:.2} µs/record CPU, \
+                     {} MiB on disk, {}",
                     l.records,
                     l.secs,
                     report::si(l.ops_per_sec),
+                    per_record(l.read_bytes),
+                    per_record(l.write_bytes),
+                    l.cpu_us_per_record,
                     report::mib(l.data_bytes),
                     l.mode
                 );
@@ -343,8 +356,8 @@ fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildO
             Some(Line::Run(mut r)) => {
                 r.cgroup = cgroup.is_some();
                 println!(
-                    "  {engine}: {:<6} {:>3} threads {:>9} ops/s  p50 {:.2} µs  p99 {:.2} µs  \
-                     {:.0} B read, {:.0} B written, {:.1} µs CPU per op",
+                    "  {engine}: {:<6} {:>3} threads {:>7} ops/s  latency p50 {:.2} µs/op, \
+                     p99 {:.2} µs/op  {:.0} B/op read, {:.0} B/op written  {:.1} µs/op CPU",
                     r.workload,
                     r.threads,
                     report::si(r.ops_per_sec),
