@@ -14,7 +14,8 @@
 //! `--child ENGINE`), so no engine inherits another's memory or page cache. The child loads
 //! the records, then runs each workload at each thread count and prints one line per
 //! result; the parent prints the table and the ratios against bfdb, and writes CSV files
-//! and PNG bar charts under `--out`. With `--cgroup` (root, cgroup v1 memory controller)
+//! and PNG bar charts under `--out`: one per workload family (load, read, write, scan, mix),
+//! each on its own axis, and one per thread count with throughput relative to bf-tree. With `--cgroup` (root, cgroup v1 memory controller)
 //! each child is capped at the memory budget plus `--cgroup-allowance-mib`, so the OS page
 //! cache cannot give a buffered engine more memory than the budget.
 
@@ -36,7 +37,14 @@ use report::{Line, LoadRow, RunRow};
 
 /// Compares bfdb's Tree with other key-value engines on YCSB-like workloads.
 #[derive(Parser, Clone, Debug)]
-#[command(version, about, args_override_self = true)]
+#[command(
+    version,
+    // Not the crate's description (which names parts not built yet): what this driver does.
+    about = "YCSB-like benchmark of bfdb's Tree (a Bf-Tree range index) against the Bf-Tree \
+             reference crate, RwLock<BTreeMap> and, behind cargo features, RocksDB, sled, fjall \
+             and redb",
+    args_override_self = true
+)]
 pub struct Options {
     /// Engines to compare, in order: bfdb, bftree, btreemap, and with the cargo features of
     /// the same names rocksdb, sled, fjall, redb.
@@ -118,8 +126,9 @@ pub struct Options {
     /// (thread stacks, histograms, inner nodes and the mapping table, the binary).
     #[arg(long, default_value_t = 64)]
     pub cgroup_allowance_mib: u64,
-    /// Directory for results.csv, load.csv, summary.txt and the PNG charts (default
-    /// target/ycsb/<UTC timestamp>).
+    /// Directory for results.csv, load.csv, summary.txt and the PNG charts: <family>.png
+    /// per workload family and vs-bftree-<N>threads.png (default target/ycsb/<UTC
+    /// timestamp>).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Print the engine's own counters (bfdb's `TreeStats`) on stderr after the load and
@@ -328,11 +337,17 @@ fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildO
         let Ok(line) = line else { break };
         match report::parse_line(&line) {
             Some(Line::Load(l)) => {
+                let per_record = |bytes: u64| bytes as f64 / l.records.max(1) as f64;
                 println!(
-                    "  {engine}: loaded {} records in {:.1} s ({} ops/s), {} MiB on disk, {}",
+                    "  {engine}: loaded {} records in {:.1} s: {} records/s, \
+                     {:.0} B/record read, {:.0} B/record written, {:.2} µs/record CPU, \
+                     {} MiB on disk, {}",
                     l.records,
                     l.secs,
                     report::si(l.ops_per_sec),
+                    per_record(l.read_bytes),
+                    per_record(l.write_bytes),
+                    l.cpu_us_per_record,
                     report::mib(l.data_bytes),
                     l.mode
                 );
@@ -341,8 +356,8 @@ fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildO
             Some(Line::Run(mut r)) => {
                 r.cgroup = cgroup.is_some();
                 println!(
-                    "  {engine}: {:<6} {:>3} threads {:>9} ops/s  p50 {:.2} µs  p99 {:.2} µs  \
-                     {:.0} B read, {:.0} B written, {:.1} µs CPU per op",
+                    "  {engine}: {:<6} {:>3} threads {:>7} ops/s  latency p50 {:.2} µs/op, \
+                     p99 {:.2} µs/op  {:.0} B/op read, {:.0} B/op written  {:.1} µs/op CPU",
                     r.workload,
                     r.threads,
                     report::si(r.ops_per_sec),
@@ -545,7 +560,7 @@ fn parent(options: &Options) -> Result<(), String> {
         "{} records, {} MiB budget, {:?}",
         options.records, options.memory_mib, options.distribution
     );
-    match report::draw_charts(&out, &runs, &title, with_text) {
+    match report::draw_charts(&out, &runs, &loads, &title, with_text) {
         Ok(files) if !files.is_empty() => println!(
             "charts: {}{}",
             files

@@ -495,109 +495,397 @@ const PALETTE: [plotters::style::RGBColor; 7] = [
     plotters::style::RGBColor(0x8c, 0x56, 0x4b),
 ];
 
-/// Draws one PNG per thread count: throughput per workload, a bar per engine. Returns the
-/// files written.
+/// How a chart's value axis is drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Axis {
+    /// From 0 to `max`.
+    Linear { max: f64 },
+    /// Logarithmic, from `min` to `max`.
+    Log { min: f64, max: f64 },
+}
+
+/// When the largest bar of a chart is more than this many times its smallest, a linear
+/// axis squeezes the small bars flat (an in-memory `RwLock<BTreeMap>` next to disk
+/// engines is ~50× faster), so the chart uses a log axis.
+pub const LOG_AXIS_SPREAD: f64 = 10.0;
+
+/// The axis for bars of these (positive) values: linear from 0 when they are within
+/// [`LOG_AXIS_SPREAD`] of each other, otherwise logarithmic; with headroom above the
+/// largest for the bars' labels. Non-positive and non-finite values are ignored.
+pub fn choose_axis(values: &[f64]) -> Axis {
+    let positive = values.iter().copied().filter(|v| v.is_finite() && *v > 0.0);
+    let (min, max) = positive.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if max == 0.0 {
+        return Axis::Linear { max: 1.0 };
+    }
+    if max / min > LOG_AXIS_SPREAD {
+        Axis::Log {
+            min: min / 2.0,
+            max: max * 3.0,
+        }
+    } else {
+        Axis::Linear { max: max * 1.2 }
+    }
+}
+
+/// The family a workload's chart belongs to: `load`, `read` (point reads: read, YCSB C),
+/// `write` (update, insert), `scan` (scan, YCSB E) or `mix` (mix, YCSB A, B, D, F).
+pub fn family(workload: &str) -> &'static str {
+    match workload {
+        "load" => "load",
+        "read" | "c" => "read",
+        "update" | "insert" => "write",
+        "scan" | "e" => "scan",
+        _ => "mix",
+    }
+}
+
+/// One cluster of bars, one bar per engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    pub label: String,
+    /// Engine and value.
+    pub bars: Vec<(String, f64)>,
+}
+
+/// What one PNG shows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChartSpec {
+    /// File name (no directory).
+    pub file: String,
+    pub caption: String,
+    /// What the value axis measures, with its unit.
+    pub unit: String,
+    pub groups: Vec<Group>,
+    /// Bars start here: 0 for throughput, 1 for ratios (a bar above the line is faster).
+    pub baseline: f64,
+    /// Ratios: bar labels read `1.45×` instead of `85.3K`.
+    pub ratio: bool,
+}
+
+/// One chart per workload family that has results (load first, then in the order the
+/// workloads ran): a cluster per workload and thread count, a bar per engine, throughput
+/// in operations (records, for the load) per second.
+pub fn family_charts(runs: &[RunRow], loads: &[LoadRow], title: &str) -> Vec<ChartSpec> {
+    let mut charts: Vec<ChartSpec> = Vec::new();
+    let mut chart_for = |name: &'static str, group: Group| match charts
+        .iter_mut()
+        .find(|c| c.file == format!("{name}.png"))
+    {
+        Some(c) => c.groups.push(group),
+        None => charts.push(ChartSpec {
+            file: format!("{name}.png"),
+            caption: format!("{name}: {title}"),
+            unit: if name == "load" {
+                "records loaded per second".into()
+            } else {
+                "operations per second".into()
+            },
+            groups: vec![group],
+            baseline: 0.0,
+            ratio: false,
+        }),
+    };
+    if !loads.is_empty() {
+        chart_for(
+            "load",
+            Group {
+                label: "load".into(),
+                bars: loads
+                    .iter()
+                    .map(|l| (l.engine.clone(), l.ops_per_sec))
+                    .collect(),
+            },
+        );
+    }
+    for (workload, threads) in workload_threads(runs) {
+        let bars = runs
+            .iter()
+            .filter(|r| r.workload == workload && r.threads == threads)
+            .map(|r| (r.engine.clone(), r.ops_per_sec))
+            .collect();
+        chart_for(
+            family(&workload),
+            Group {
+                label: format!("{workload}, {threads} thr"),
+                bars,
+            },
+        );
+    }
+    charts
+}
+
+/// The (workload, thread count) pairs in the order they ran.
+fn workload_threads(runs: &[RunRow]) -> Vec<(String, usize)> {
+    let mut out: Vec<(String, usize)> = Vec::new();
+    for r in runs {
+        if !out.iter().any(|(w, t)| *w == r.workload && *t == r.threads) {
+            out.push((r.workload.clone(), r.threads));
+        }
+    }
+    out
+}
+
+/// The reference engine the relative charts divide by.
+pub const REFERENCE: &str = "bftree";
+
+/// One chart per thread count with every engine's throughput divided by bf-tree's in the
+/// same cluster (the load, then each workload): bf-tree is the line at 1.0. None when
+/// bf-tree did not run.
+pub fn relative_charts(runs: &[RunRow], loads: &[LoadRow], title: &str) -> Vec<ChartSpec> {
+    if !runs.iter().any(|r| r.engine == REFERENCE) {
+        return Vec::new();
+    }
+    let relative = |bars: Vec<(String, f64)>| -> Vec<(String, f64)> {
+        let reference = bars
+            .iter()
+            .find(|(e, _)| e == REFERENCE)
+            .map(|(_, v)| *v)
+            .filter(|v| *v > 0.0);
+        match reference {
+            Some(r) => bars
+                .into_iter()
+                .filter(|(e, _)| e != REFERENCE)
+                .map(|(e, v)| (e, v / r))
+                .collect(),
+            None => Vec::new(),
+        }
+    };
+    let mut threads: Vec<usize> = runs.iter().map(|r| r.threads).collect();
+    threads.sort_unstable();
+    threads.dedup();
+    threads
+        .into_iter()
+        .map(|t| {
+            let mut groups = Vec::new();
+            let load = relative(
+                loads
+                    .iter()
+                    .map(|l| (l.engine.clone(), l.ops_per_sec))
+                    .collect(),
+            );
+            if !load.is_empty() {
+                groups.push(Group {
+                    label: "load".into(),
+                    bars: load,
+                });
+            }
+            for (w, _) in workload_threads(runs)
+                .into_iter()
+                .filter(|(_, wt)| *wt == t)
+            {
+                let bars = relative(
+                    runs.iter()
+                        .filter(|r| r.workload == w && r.threads == t)
+                        .map(|r| (r.engine.clone(), r.ops_per_sec))
+                        .collect(),
+                );
+                if !bars.is_empty() {
+                    groups.push(Group { label: w, bars });
+                }
+            }
+            ChartSpec {
+                file: format!("vs-bftree-{t}threads.png"),
+                caption: format!("throughput relative to bf-tree, {t} threads: {title}"),
+                unit: "throughput ÷ bf-tree's (bf-tree = 1.0; above: faster)".into(),
+                groups,
+                baseline: 1.0,
+                ratio: true,
+            }
+        })
+        .filter(|c| !c.groups.is_empty())
+        .collect()
+}
+
+/// Draws one PNG per workload family (its own axis) and one per thread count relative
+/// to bf-tree. Returns the files written.
 pub fn draw_charts(
     dir: &Path,
     runs: &[RunRow],
+    loads: &[LoadRow],
     title: &str,
     with_text: bool,
 ) -> Result<Vec<std::path::PathBuf>, String> {
     use plotters::prelude::*;
-    let engines = dedup(runs.iter().map(|r| r.engine.clone()));
-    let workloads = dedup(runs.iter().map(|r| r.workload.clone()));
-    let mut threads: Vec<usize> = runs.iter().map(|r| r.threads).collect();
-    threads.sort_unstable();
-    threads.dedup();
-    let mut files = Vec::new();
-    for t in threads {
-        let path = dir.join(format!("throughput-{t}threads.png"));
-        let ymax = runs
+    // Colours follow the engine's place in the run, the same in every chart.
+    let engines = dedup(
+        loads
             .iter()
-            .filter(|r| r.threads == t)
-            .map(|r| r.ops_per_sec)
-            .fold(1.0, f64::max)
-            * 1.3;
-        let root = BitMapBackend::new(&path, (1100, 600)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let mut builder = ChartBuilder::on(&root);
-        builder.margin(15);
-        if with_text {
-            builder
-                .caption(format!("{title} — {t} threads"), ("sans-serif", 20))
-                .x_label_area_size(35)
-                .y_label_area_size(70);
+            .map(|l| l.engine.clone())
+            .chain(runs.iter().map(|r| r.engine.clone())),
+    );
+    let mut files = Vec::new();
+    for spec in family_charts(runs, loads, title)
+        .into_iter()
+        .chain(relative_charts(runs, loads, title))
+    {
+        let path = dir.join(&spec.file);
+        let mut values: Vec<f64> = spec
+            .groups
+            .iter()
+            .flat_map(|g| g.bars.iter().map(|b| b.1))
+            .collect();
+        if spec.ratio {
+            values.push(1.0);
         }
-        let groups = workloads.len() as f64;
-        let mut chart = builder
-            .build_cartesian_2d(0f64..groups, 0f64..ymax)
-            .map_err(|e| e.to_string())?;
-        if with_text {
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .x_labels(0)
-                .y_desc("ops/s")
-                .y_label_formatter(&|y| si(*y))
-                .draw()
-                .map_err(|e| e.to_string())?;
-        }
-        let slot = 1.0 / (engines.len() as f64 + 1.0);
-        for (ei, engine) in engines.iter().enumerate() {
-            let color = PALETTE[ei % PALETTE.len()];
-            let bars: Vec<_> = workloads
-                .iter()
-                .enumerate()
-                .filter_map(|(wi, w)| {
-                    let r = runs
-                        .iter()
-                        .find(|r| &r.engine == engine && &r.workload == w && r.threads == t)?;
-                    let x0 = wi as f64 + slot * (ei as f64 + 0.5);
-                    Some((x0, r.ops_per_sec))
-                })
-                .collect();
-            let series = chart
-                .draw_series(bars.iter().map(|&(x0, y)| {
-                    Rectangle::new([(x0, 0.0), (x0 + slot * 0.9, y)], color.filled())
-                }))
-                .map_err(|e| e.to_string())?;
-            if with_text {
-                series.label(engine.as_str()).legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
-                });
-                for &(x0, y) in &bars {
-                    chart
-                        .draw_series(std::iter::once(Text::new(
-                            si(y),
-                            (x0, y + ymax * 0.035),
-                            ("sans-serif", 11),
-                        )))
-                        .map_err(|e| e.to_string())?;
+        let axis = if spec.ratio {
+            // Ratios always on a log axis: 2× faster and 2× slower are the same length.
+            match choose_axis(&values) {
+                Axis::Log { min, max } => Axis::Log { min, max },
+                Axis::Linear { .. } => {
+                    let (lo, hi) = values.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+                        (lo.min(*v), hi.max(*v))
+                    });
+                    Axis::Log {
+                        min: lo / 1.5,
+                        max: hi * 1.6,
+                    }
                 }
             }
-        }
-        if with_text {
-            for (wi, w) in workloads.iter().enumerate() {
-                let (px, py) = chart.backend_coord(&(wi as f64 + 0.45, 0.0));
-                root.draw(&Text::new(
-                    w.clone(),
-                    (px - 4 * w.len() as i32, py + 8),
-                    ("sans-serif", 15),
-                ))
-                .map_err(|e| e.to_string())?;
+        } else {
+            choose_axis(&values)
+        };
+        match axis {
+            Axis::Linear { max } => {
+                draw_bars(&path, &spec, &engines, 0f64..max, "linear", with_text)?
             }
-            chart
-                .configure_series_labels()
-                .border_style(BLACK)
-                .background_style(WHITE.mix(0.9))
-                .position(SeriesLabelPosition::UpperRight)
-                .draw()
-                .map_err(|e| e.to_string())?;
+            Axis::Log { min, max } => draw_bars(
+                &path,
+                &spec,
+                &engines,
+                (min..max).log_scale(),
+                "log scale",
+                with_text,
+            )?,
         }
-        root.present().map_err(|e| e.to_string())?;
-        files.push(path.clone());
+        files.push(path);
     }
     Ok(files)
+}
+
+fn draw_bars<Y>(
+    path: &Path,
+    spec: &ChartSpec,
+    engines: &[String],
+    y_range: Y,
+    scale: &str,
+    with_text: bool,
+) -> Result<(), String>
+where
+    Y: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
+    Y::CoordDescType: plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    use plotters::prelude::*;
+    let err = |e: DrawingAreaErrorKind<_>| e.to_string();
+    let root = BitMapBackend::new(path, (1100, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.margin(15);
+    if with_text {
+        builder
+            .caption(&spec.caption, ("sans-serif", 18))
+            .x_label_area_size(35)
+            .y_label_area_size(80);
+    }
+    let groups = spec.groups.len().max(1) as f64;
+    let mut chart = builder
+        .build_cartesian_2d(0f64..groups, y_range)
+        .map_err(err)?;
+    let (y_lo, y_hi) = {
+        let r = chart.y_range();
+        (r.start, r.end)
+    };
+    if with_text {
+        let ratio = spec.ratio;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_desc(format!("{} ({scale})", spec.unit))
+            .y_label_formatter(&|y| {
+                if ratio { format!("{y:.2}×") } else { si(*y) }
+            })
+            .draw()
+            .map_err(err)?;
+    }
+    let baseline = spec.baseline.clamp(y_lo, y_hi);
+    if spec.ratio {
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, 1.0), (groups, 1.0)],
+                BLACK.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label("bf-tree = 1.0")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], BLACK.stroke_width(2)));
+    }
+    let per_group = spec.groups.iter().map(|g| g.bars.len()).max().unwrap_or(1);
+    let slot = 1.0 / (per_group as f64 + 1.0);
+    for (ei, engine) in engines.iter().enumerate() {
+        let color = PALETTE[ei % PALETTE.len()];
+        let bars: Vec<(f64, f64)> = spec
+            .groups
+            .iter()
+            .enumerate()
+            .filter_map(|(gi, g)| {
+                let bi = g.bars.iter().position(|(e, _)| e == engine)?;
+                let x0 = gi as f64 + slot * (bi as f64 + 0.5);
+                Some((x0, g.bars[bi].1))
+            })
+            .collect();
+        if bars.is_empty() {
+            continue;
+        }
+        let series = chart
+            .draw_series(bars.iter().map(|&(x0, y)| {
+                Rectangle::new(
+                    [(x0, baseline), (x0 + slot * 0.9, y.clamp(y_lo, y_hi))],
+                    color.filled(),
+                )
+            }))
+            .map_err(err)?;
+        if with_text {
+            series.label(engine.as_str()).legend(move |(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+            });
+            for &(x0, y) in &bars {
+                let text = if spec.ratio {
+                    format!("{y:.2}×")
+                } else {
+                    si(y)
+                };
+                let (px, py) = chart.backend_coord(&(x0, y.clamp(y_lo, y_hi)));
+                // Above a bar that rises from the baseline, below one that falls.
+                let dy = if y >= spec.baseline { -16 } else { 4 };
+                root.draw(&Text::new(text, (px, py + dy), ("sans-serif", 11)))
+                    .map_err(err)?;
+            }
+        }
+    }
+    if with_text {
+        for (gi, g) in spec.groups.iter().enumerate() {
+            let (px, _) = chart.backend_coord(&(gi as f64 + 0.5, y_lo));
+            let (_, py) = chart.backend_coord(&(0.0, y_lo));
+            let half = 4 * g.label.chars().count() as i32;
+            root.draw(&Text::new(
+                g.label.clone(),
+                (px - half, py + 8),
+                ("sans-serif", 14),
+            ))
+            .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.9))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -638,6 +926,107 @@ mod tests {
         assert_eq!(back.records, 99);
         assert_eq!(back.cpu_us_per_record, 2.5);
         assert!(parse_line("progress: 10%").is_none());
+    }
+
+    fn run(engine: &str, workload: &str, threads: usize, ops_per_sec: f64) -> RunRow {
+        RunRow {
+            engine: engine.into(),
+            workload: workload.into(),
+            threads,
+            ops_per_sec,
+            ..RunRow::default()
+        }
+    }
+
+    #[test]
+    fn axis_is_linear_for_close_values_and_log_for_spread_ones() {
+        assert_eq!(choose_axis(&[100.0, 50.0]), Axis::Linear { max: 120.0 });
+        // bf-tree on disk next to RwLock<BTreeMap> in memory: 50 times apart.
+        assert_eq!(
+            choose_axis(&[10_000.0, 500_000.0, 0.0]),
+            Axis::Log {
+                min: 5_000.0,
+                max: 1_500_000.0
+            }
+        );
+        assert_eq!(
+            choose_axis(&[10.0, 10.0 * LOG_AXIS_SPREAD]),
+            Axis::Linear {
+                max: 10.0 * LOG_AXIS_SPREAD * 1.2
+            }
+        );
+        assert_eq!(choose_axis(&[]), Axis::Linear { max: 1.0 });
+        assert_eq!(choose_axis(&[0.0, f64::NAN]), Axis::Linear { max: 1.0 });
+    }
+
+    #[test]
+    fn workloads_fall_into_families() {
+        let families: Vec<&str> = ["load", "read", "c", "update", "insert", "scan", "e", "mix"]
+            .iter()
+            .map(|w| family(w))
+            .collect();
+        assert_eq!(
+            families,
+            [
+                "load", "read", "read", "write", "write", "scan", "scan", "mix"
+            ]
+        );
+        for w in ["a", "b", "d", "f"] {
+            assert_eq!(family(w), "mix");
+        }
+    }
+
+    #[test]
+    fn family_charts_group_workloads_and_threads() {
+        let runs = [
+            run("bfdb", "read", 2, 10.0),
+            run("bfdb", "c", 2, 11.0),
+            run("bfdb", "update", 2, 20.0),
+            run("bfdb", "read", 16, 30.0),
+            run("bftree", "read", 2, 5.0),
+            run("bftree", "update", 2, 6.0),
+        ];
+        let loads = [LoadRow {
+            engine: "bfdb".into(),
+            ops_per_sec: 7.0,
+            ..LoadRow::default()
+        }];
+        let charts = family_charts(&runs, &loads, "t");
+        let files: Vec<&str> = charts.iter().map(|c| c.file.as_str()).collect();
+        assert_eq!(files, ["load.png", "read.png", "write.png"]);
+        let read = &charts[1];
+        assert!(read.unit.contains("per second"));
+        let labels: Vec<&str> = read.groups.iter().map(|g| g.label.as_str()).collect();
+        assert_eq!(labels, ["read, 2 thr", "c, 2 thr", "read, 16 thr"]);
+        assert_eq!(
+            read.groups[0].bars,
+            [("bfdb".to_string(), 10.0), ("bftree".to_string(), 5.0)]
+        );
+        assert_eq!(charts[0].groups[0].bars, [("bfdb".to_string(), 7.0)]);
+    }
+
+    #[test]
+    fn relative_charts_divide_by_bftree_per_thread_count() {
+        let runs = [
+            run("bfdb", "read", 2, 30.0),
+            run("bftree", "read", 2, 10.0),
+            run("btreemap", "read", 2, 500.0),
+            run("bfdb", "read", 16, 40.0),
+            run("bfdb", "scan", 16, 40.0),
+            run("bftree", "scan", 16, 80.0),
+        ];
+        let charts = relative_charts(&runs, &[], "t");
+        assert_eq!(charts.len(), 2);
+        assert_eq!(charts[0].file, "vs-bftree-2threads.png");
+        assert_eq!(
+            charts[0].groups[0].bars,
+            [("bfdb".to_string(), 3.0), ("btreemap".to_string(), 50.0)]
+        );
+        // At 16 threads bf-tree has no read result: only the scan cluster is drawn.
+        assert_eq!(charts[1].groups.len(), 1);
+        assert_eq!(charts[1].groups[0].label, "scan");
+        assert_eq!(charts[1].groups[0].bars, [("bfdb".to_string(), 0.5)]);
+        assert!(relative_charts(&runs[..1], &[], "t").is_empty());
     }
 
     #[test]
