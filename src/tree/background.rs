@@ -21,11 +21,11 @@ use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
-use crate::config::MINI_HEADER_BYTES;
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::spin_wait;
 
+use super::leaf::MINI_HEADER_BYTES;
 use super::mapping::PageId;
 use super::{Core, FLUSH_BATCH_PAGES, MergeJob, bump, bump_by, clean_after_merge, mapping};
 use super::{mini_ref, node_bytes_mut};

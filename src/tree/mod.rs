@@ -31,6 +31,7 @@ mod mapping;
 pub mod node;
 mod olc;
 mod scan;
+mod setup;
 
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
@@ -38,22 +39,22 @@ use std::sync::Arc;
 
 use crossbeam_epoch::{self as epoch, Guard};
 
-use crate::config::{
-    ActiveBackend, Config, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, OPEN_END_MIRROR_BYTES,
-    open_file_store,
-};
+use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::pool::{AllocError, Block, EvictDecision, Evictor, Pool, PoolConfig, PoolStats};
-use crate::storage::{MemoryStore, PAGE_PAYLOAD_SIZE, Page, PageNo, PageStore};
+use crate::pool::{AllocError, Block, EvictDecision, Evictor, Pool, PoolStats};
+use crate::storage::{ActiveBackend, MemoryStore, PAGE_PAYLOAD_SIZE, Page, PageNo, PageStore};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use admission::Doorkeeper;
 use inner::InnerNode;
-use leaf::{MiniHeader, RecordList};
+use leaf::{
+    MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader, OPEN_END_MIRROR_BYTES, RecordList,
+};
 use mapping::{Location, MappingTable, PageId};
 use node::{Fences, NodeKind, NodeMut, NodeRef, RecordType, WriteError};
 use olc::Restart;
+use setup::open_file_store;
 
 pub use scan::{Cursor, MAX_READ_AHEAD_PAGES, Range};
 
@@ -404,12 +405,7 @@ impl Tree {
         backend: ActiveBackend,
     ) -> Result<Tree> {
         config.validate()?;
-        let pool = Pool::new(PoolConfig {
-            capacity_bytes: config.memory_budget_bytes,
-            copy_on_access_percent: config.copy_on_access_percent,
-            huge_pages: config.huge_pages,
-            max_block_size_bytes: OPEN_END_MIRROR_BYTES as u32,
-        })?;
+        let pool = Pool::new(setup::pool_config(&config))?;
         // One empty leaf page covering every key, under a root with one child.
         let leaf_no = store.allocate()?;
         let mut page = Page::boxed();
@@ -430,7 +426,7 @@ impl Tree {
         let pid = mapping
             .allocate(Location::Leaf(leaf_no.0))
             .expect("an empty table has ids");
-        let inner_size_bytes = config.inner_node_size_bytes();
+        let inner_size_bytes = setup::inner_node_size_bytes(&config);
         let root_bytes = inner::build(inner_size_bytes, None, None, &[(Vec::new(), pid.0)])
             .expect("one separator fits an inner node");
         let root = Box::into_raw(InnerNode::new(1, root_bytes));

@@ -14,11 +14,10 @@ use std::ops::Bound;
 
 use crossbeam_epoch as epoch;
 
-use super::leaf::MiniHeader;
+use super::leaf::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader};
 use super::mapping::{self, Location, MappingTable, PageId};
 use super::node::{self, Fences, NodeKind, NodeRef, RecordType, RecordView};
 use super::{Core, LeafPath, LeafTicket, Target, bump, bump_by, inner, mini_ref, owned_fence};
-use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
 use crate::error::Result;
 use crate::storage::{PAGE_SIZE, Page, PageNo};
 
