@@ -29,14 +29,17 @@ pub const MAX_FENCES_AND_RECORD_BYTES: usize = 4040;
 ///
 /// Every choice that asks for `O_DIRECT` falls back to buffered IO where the filesystem
 /// refuses it, and says so in [`TreeStats::backend_notice`](crate::TreeStats).
+/// [`TreeStats::backend`](crate::TreeStats) names what runs: `"std"`, `"std_direct"` or
+/// `"io_uring"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Backend {
-    /// `pread`/`pwrite` through the OS page cache.
+    /// `pread`/`pwrite` through the OS page cache (runs as `"std"`).
     Std,
     /// `pread`/`pwrite` with `O_DIRECT`: the pool is the only cache of leaf pages, so the
-    /// memory budget is honest. [`TreeStats::direct_io`](crate::TreeStats) tells whether
-    /// `O_DIRECT` is active.
+    /// memory budget is honest. Runs as `"std_direct"`, or as `"std"` with a notice where
+    /// the filesystem refuses `O_DIRECT`; [`TreeStats::direct_io`](crate::TreeStats)
+    /// tells whether `O_DIRECT` is active.
     StdDirect,
     /// io_uring with `O_DIRECT`, one ring per thread (see
     /// [`storage::uring`](crate::storage::uring)). Opening fails with

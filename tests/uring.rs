@@ -335,7 +335,7 @@ fn auto_is_the_default_and_picks_io_uring_with_o_direct_here() {
     assert_eq!(stats.backend_notice, None);
     for (backend, name, direct) in [
         (Backend::Std, "std", false),
-        (Backend::StdDirect, "std", true),
+        (Backend::StdDirect, "std_direct", true),
         (Backend::IoUring, "io_uring", true),
     ] {
         let path = dir.path().join(format!("{backend:?}.bfdb"));
@@ -369,7 +369,7 @@ fn refused_io_uring_is_an_error_when_asked_for_and_a_notice_under_auto() {
     }
     let tree = Tree::open(dir.path().join("auto.bfdb"), tree_config(Backend::Auto)).unwrap();
     let stats = tree.stats();
-    assert_eq!(stats.backend, "std");
+    assert_eq!(stats.backend, "std_direct");
     assert!(stats.direct_io, "the fallback keeps O_DIRECT");
     let notice = stats.backend_notice.expect("a fallback notice");
     assert!(notice.contains("io_uring is not available"), "{notice}");

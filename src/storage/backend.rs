@@ -42,7 +42,8 @@ pub(crate) struct IoRequest {
 /// What a page store runs on, as decided when it was opened.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ActiveBackend {
-    /// `"memory"` (a [`MemoryStore`](super::MemoryStore)), `"std"` (`pread`/`pwrite`),
+    /// `"memory"` (a [`MemoryStore`](super::MemoryStore)), `"std"` (`pread`/`pwrite`
+    /// through the OS page cache), `"std_direct"` (`pread`/`pwrite` with `O_DIRECT`),
     /// `"io_uring"`, or `"custom"` (a page store the caller built).
     pub(crate) name: &'static str,
     /// Whether data pages bypass the OS page cache.
@@ -132,9 +133,10 @@ pub(crate) fn open_with_fallback(
         warn_once(&WARNED_O_DIRECT, &notice);
         notices.push(notice);
     }
-    let name = match engine {
-        IoEngine::IoUring => "io_uring",
-        _ => "std",
+    let name = match (engine, direct_io) {
+        (IoEngine::IoUring, _) => "io_uring",
+        (_, true) => "std_direct",
+        (_, false) => "std",
     };
     let active = ActiveBackend {
         name,
