@@ -1,27 +1,45 @@
 //! Configuration of a [`Tree`](crate::Tree).
 //!
 //! The defaults work without tuning; [`Config::validate`] (called by every constructor)
-//! rejects combinations that could not work, with an [`Error::InvalidConfig`] that says why.
-
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+//! rejects combinations that could not work, with an [`Error::InvalidConfig`] that says why
+//! in terms of the fields set here. A configuration `validate` accepts opens with every
+//! constructor.
+//!
+//! This module depends on nothing of the crate but its error type: the tree turns a
+//! `Config` into its parts (`tree::setup`), and checks at compile time that the limits
+//! stated here match its page layout.
 
 use crate::error::{Error, Result};
-use crate::storage::{FileOptions, FileStore, IoEngine, PAGE_PAYLOAD_SIZE};
-use crate::tree::node::{KV_META_SIZE_BYTES, NODE_META_SIZE_BYTES};
+
+/// The smallest [`Config::memory_budget_bytes`]: 64 KiB, room for sixteen mini-pages of
+/// a full leaf page each.
+pub const MIN_MEMORY_BUDGET_BYTES: u64 = 64 << 10;
+
+/// The bound [`Config::memory_budget_bytes`] must stay below: 2^47 bytes (128 TiB), as
+/// the mapping table keeps pool offsets in 47 bits.
+pub const MEMORY_BUDGET_LIMIT_BYTES: u64 = 1 << 47;
+
+/// The most that `3 * max_key_bytes + max_value_bytes` may add up to with 4 KiB leaf
+/// pages: a leaf page must hold its two fence keys and one record of the largest size,
+/// and of its 4080 payload bytes it spends 16 on its header and 8 on each of those three
+/// keys.
+pub const MAX_FENCES_AND_RECORD_BYTES: usize = 4040;
 
 /// Where a file-backed tree's pages go and how they are read and written.
 ///
 /// Every choice that asks for `O_DIRECT` falls back to buffered IO where the filesystem
 /// refuses it, and says so in [`TreeStats::backend_notice`](crate::TreeStats).
+/// [`TreeStats::backend`](crate::TreeStats) names what runs: `"std"`, `"std_direct"` or
+/// `"io_uring"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Backend {
-    /// `pread`/`pwrite` through the OS page cache.
+    /// `pread`/`pwrite` through the OS page cache (runs as `"std"`).
     Std,
     /// `pread`/`pwrite` with `O_DIRECT`: the pool is the only cache of leaf pages, so the
-    /// memory budget is honest. [`TreeStats::direct_io`](crate::TreeStats) tells whether
-    /// `O_DIRECT` is active.
+    /// memory budget is honest. Runs as `"std_direct"`, or as `"std"` with a notice where
+    /// the filesystem refuses `O_DIRECT`; [`TreeStats::direct_io`](crate::TreeStats)
+    /// tells whether `O_DIRECT` is active.
     StdDirect,
     /// io_uring with `O_DIRECT`, one ring per thread (see
     /// [`storage::uring`](crate::storage::uring)). Opening fails with
@@ -33,100 +51,6 @@ pub enum Backend {
     /// [`TreeStats::backend_notice`](crate::TreeStats).
     #[default]
     Auto,
-}
-
-/// What a tree's page store runs on, as decided when it was opened.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ActiveBackend {
-    /// `"memory"`, `"std"`, `"io_uring"` or `"custom"` (a caller's page store).
-    pub(crate) name: &'static str,
-    /// Whether leaf pages bypass the OS page cache.
-    pub(crate) direct_io: bool,
-    /// Why the backend differs from what the configuration asked for, if it does.
-    pub(crate) notice: Option<String>,
-}
-
-impl ActiveBackend {
-    /// A tree whose leaf pages live in a memory store.
-    pub(crate) fn memory() -> ActiveBackend {
-        ActiveBackend {
-            name: "memory",
-            direct_io: false,
-            notice: None,
-        }
-    }
-
-    /// A tree over a page store the caller built.
-    pub(crate) fn custom() -> ActiveBackend {
-        ActiveBackend {
-            name: "custom",
-            direct_io: false,
-            notice: None,
-        }
-    }
-}
-
-/// Set once the io_uring fallback has been logged, so a process that opens many trees
-/// says it once.
-static WARNED_IO_URING: AtomicBool = AtomicBool::new(false);
-/// Set once the buffered-IO fallback has been logged.
-static WARNED_O_DIRECT: AtomicBool = AtomicBool::new(false);
-
-/// Logs `notice` unless `flag` says it was logged before.
-fn warn_once(flag: &AtomicBool, notice: &str) {
-    if !flag.swap(true, Ordering::Relaxed) {
-        log::warn!("bfdb: {notice}");
-    }
-}
-
-/// Opens the file store at `path` on the backend `config` chooses, falling back as
-/// [`Backend`] describes.
-pub(crate) fn open_file_store(path: &Path, config: &Config) -> Result<(FileStore, ActiveBackend)> {
-    let mut notices = Vec::new();
-    let (engine, direct_io) = match config.backend {
-        Backend::Std => (IoEngine::Pread, false),
-        Backend::StdDirect => (IoEngine::Pread, true),
-        Backend::IoUring => match crate::storage::uring::probe() {
-            Ok(()) => (IoEngine::IoUring, true),
-            Err(e) => {
-                return Err(Error::Unsupported(format!(
-                    "the io_uring backend was asked for, but the kernel refuses it: {e}"
-                )));
-            }
-        },
-        Backend::Auto => match crate::storage::uring::probe() {
-            Ok(()) => (IoEngine::IoUring, true),
-            Err(e) => {
-                let notice = format!("io_uring is not available ({e}); using pread/pwrite");
-                warn_once(&WARNED_IO_URING, &notice);
-                notices.push(notice);
-                (IoEngine::Pread, true)
-            }
-        },
-    };
-    let options = FileOptions::default()
-        .direct_io(direct_io)
-        .io_engine(engine)
-        .sqpoll(config.io_uring_sqpoll);
-    let store = FileStore::open(path, options)?;
-    if direct_io && !store.direct_io_active() {
-        let notice = format!(
-            "the filesystem of {} refuses O_DIRECT; using buffered IO through the OS page \
-             cache, which the memory budget does not bound",
-            path.display()
-        );
-        warn_once(&WARNED_O_DIRECT, &notice);
-        notices.push(notice);
-    }
-    let active = ActiveBackend {
-        name: match engine {
-            IoEngine::IoUring => "io_uring",
-            _ => "std",
-        },
-        direct_io: store.direct_io_active(),
-        notice: (!notices.is_empty()).then(|| notices.join("; ")),
-    };
-    Ok((store, active))
 }
 
 /// Tuning knobs of a [`Tree`](crate::Tree).
@@ -143,6 +67,12 @@ pub struct Config {
     /// Bytes of the circular-buffer pool that holds mini-pages: the memory budget for
     /// cached and buffered records. Inner nodes and the mapping table are pinned outside
     /// it (a few bytes per leaf page). Default 64 MiB.
+    ///
+    /// At least [`MIN_MEMORY_BUDGET_BYTES`] (64 KiB) and below
+    /// [`MEMORY_BUDGET_LIMIT_BYTES`] (2^47); any value in between works, so a budget
+    /// computed from the memory available needs no rounding. The pool carves its
+    /// memory in 8-byte units, so the tree uses the budget rounded down to a multiple of
+    /// 8 (at most 7 bytes fewer) and never more than the budget.
     pub memory_budget_bytes: u64,
     /// Size of a leaf page on disk. Only 4096 is supported in this release.
     pub leaf_page_size_bytes: usize,
@@ -164,9 +94,20 @@ pub struct Config {
     /// A full mini-page at least this large merges its dirty records into the leaf page
     /// instead of growing again. Default 2048.
     pub merge_threshold_bytes: usize,
-    /// Longest key accepted. Default 512.
+    /// Longest key accepted, at least 1. Default 512.
+    ///
+    /// Keys and values share one limit with 4 KiB leaf pages: a leaf page must hold two
+    /// fence keys and one record of the largest size, so `3 * max_key_bytes +
+    /// max_value_bytes` may be at most [`MAX_FENCES_AND_RECORD_BYTES`] (4040). The
+    /// defaults use 3584 of it, so they are not the ceilings: with values of 2048 bytes
+    /// keys may reach 664 bytes, with keys of 512 bytes values may reach 2504, and the
+    /// longest key is 1346 bytes (with values of at most 2). Larger records need larger
+    /// leaf pages, which this release does not support.
     pub max_key_bytes: usize,
-    /// Longest value accepted. Default 2048.
+    /// Longest value accepted. Default 2048. Shares its limit with
+    /// [`max_key_bytes`](Config::max_key_bytes): `3 * max_key_bytes + max_value_bytes`
+    /// may be at most [`MAX_FENCES_AND_RECORD_BYTES`] (4040), so with keys of at most 1
+    /// byte values may reach 4037 bytes.
     pub max_value_bytes: usize,
     /// Storage backend of file-backed trees ([`Tree::open`](crate::Tree::open)).
     /// Default [`Backend::Auto`].
@@ -213,17 +154,9 @@ impl Default for Config {
     }
 }
 
-/// Bytes a mini-page block spends before its node: page id, leaf page and flags.
-pub(crate) const MINI_HEADER_BYTES: usize = 16;
-/// The largest mini-page block payload: a full mirror of a leaf page plus the header.
-pub(crate) const MAX_MINI_BLOCK_BYTES: usize = 4096;
-/// The block of the mirror a writer keeps of the open end of a sorted-order split
-/// (the largest pool block): two leaf pages' worth, so that the pages split off it are
-/// packed full even when the open end is unbounded and so stores its keys whole.
-pub(crate) const OPEN_END_MIRROR_BYTES: usize = 2 * MAX_MINI_BLOCK_BYTES;
-
 impl Config {
-    /// Checks that the values can work together.
+    /// Checks that the values can work together. Every constructor of
+    /// [`Tree`](crate::Tree) calls it, and accepts every configuration it accepts.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::InvalidConfig(what));
         if self.leaf_page_size_bytes != 4096 {
@@ -242,42 +175,38 @@ impl Config {
             return bad("max_key_bytes must be at least 1".into());
         }
         // A leaf page must hold its two fence keys and one record of the largest size.
-        let leaf_need = NODE_META_SIZE_BYTES
-            + 3 * KV_META_SIZE_BYTES
-            + 3 * self.max_key_bytes
-            + self.max_value_bytes;
-        if leaf_need > PAGE_PAYLOAD_SIZE {
+        let need = self
+            .max_key_bytes
+            .checked_mul(3)
+            .and_then(|keys| keys.checked_add(self.max_value_bytes));
+        if need.is_none_or(|need| need > MAX_FENCES_AND_RECORD_BYTES) {
             return bad(format!(
-                "a leaf page of {PAGE_PAYLOAD_SIZE} payload bytes cannot hold two fence keys \
-                 and a record at max_key_bytes {} and max_value_bytes {} ({leaf_need} bytes)",
+                "3 * max_key_bytes + max_value_bytes must be at most \
+                 {MAX_FENCES_AND_RECORD_BYTES} (a 4 KiB leaf page holds two fence keys and one \
+                 record), but max_key_bytes is {} and max_value_bytes {}",
                 self.max_key_bytes, self.max_value_bytes
             ));
         }
-        // The mapping table keeps pool offsets in 47 bits.
-        if self.memory_budget_bytes >= 1 << 47 {
-            return bad("memory_budget_bytes must be below 2^47 (128 TiB)".into());
-        }
-        let min_budget = 16 * MAX_MINI_BLOCK_BYTES as u64;
-        if self.memory_budget_bytes < min_budget {
+        let budget = self.memory_budget_bytes;
+        if budget < MIN_MEMORY_BUDGET_BYTES {
             return bad(format!(
-                "memory_budget_bytes must be at least {min_budget} (16 full mini-pages)"
+                "memory_budget_bytes is {budget}, but must be at least \
+                 {MIN_MEMORY_BUDGET_BYTES} (64 KiB)"
             ));
         }
-        if !(64..=MAX_MINI_BLOCK_BYTES).contains(&self.merge_threshold_bytes) {
+        if budget >= MEMORY_BUDGET_LIMIT_BYTES || usize::try_from(budget).is_err() {
             return bad(format!(
-                "merge_threshold_bytes must be between 64 and {MAX_MINI_BLOCK_BYTES}"
+                "memory_budget_bytes is {budget}, but must be below 2^47 (128 TiB) and fit \
+                 this machine's address space"
+            ));
+        }
+        if !(64..=self.leaf_page_size_bytes).contains(&self.merge_threshold_bytes) {
+            return bad(format!(
+                "merge_threshold_bytes is {}, but must be between 64 and {}",
+                self.merge_threshold_bytes, self.leaf_page_size_bytes
             ));
         }
         Ok(())
-    }
-
-    /// Bytes of one inner node: room for its two fences and at least eight separators
-    /// of the largest key, rounded up to a power of two, at least 4 KiB.
-    pub(crate) fn inner_node_size_bytes(&self) -> usize {
-        let separator = KV_META_SIZE_BYTES + self.max_key_bytes + 8;
-        let need =
-            NODE_META_SIZE_BYTES + 2 * (KV_META_SIZE_BYTES + self.max_key_bytes) + 8 * separator;
-        need.next_power_of_two().max(4096)
     }
 }
 
@@ -288,7 +217,6 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         Config::default().validate().unwrap();
-        assert_eq!(Config::default().inner_node_size_bytes(), 8192);
     }
 
     #[test]
@@ -319,5 +247,30 @@ mod tests {
             ..Config::default()
         };
         assert!(scan_pct.validate().is_err());
+        let merge = Config {
+            merge_threshold_bytes: 4097,
+            ..Config::default()
+        };
+        assert!(merge.validate().is_err());
+        let overflow = Config {
+            max_key_bytes: usize::MAX / 2,
+            ..Config::default()
+        };
+        assert!(overflow.validate().is_err());
+    }
+
+    #[test]
+    fn key_and_value_limits_share_the_leaf_page() {
+        let limits = |max_key_bytes, max_value_bytes| Config {
+            max_key_bytes,
+            max_value_bytes,
+            ..Config::default()
+        };
+        for (key, value) in [(512, 2048), (664, 2048), (512, 2504), (1346, 2), (1, 4037)] {
+            assert!(limits(key, value).validate().is_ok(), "{key} {value}");
+        }
+        for (key, value) in [(665, 2048), (512, 2505), (1347, 0), (1, 4038)] {
+            assert!(limits(key, value).validate().is_err(), "{key} {value}");
+        }
     }
 }

@@ -50,7 +50,21 @@ pub enum Error {
     InvalidConfig(String),
     /// The operation is not supported by this release (the message says what).
     Unsupported(String),
-    /// The store refused the operation because an earlier write or sync failed; reopen it.
+    /// A write, delete or flush was refused because an earlier write or sync of the same
+    /// store failed: rather than guess what reached the disk, the store takes no more
+    /// writes.
+    ///
+    /// What still works on a [`Tree`](crate::Tree): point reads (`get`, `get_many`), which
+    /// return every write acknowledged before the failure, as its dirty mini-pages stay
+    /// in memory; and scans, with one known flaw: a full scan can miss a record inserted
+    /// after the failure (an open bug). Nothing makes the tree writable again, and this
+    /// release cannot reopen its file ([`Tree::open`](crate::Tree::open) of a file that
+    /// holds a tree returns [`Error::Unsupported`]): to write again, drop the tree and
+    /// build a new one, in memory or at a new path, from the data's source of truth.
+    ///
+    /// A [`PageStore`](crate::storage::PageStore) used directly keeps serving reads too;
+    /// a [`FileStore`](crate::storage::FileStore) opened again continues from what its
+    /// last successful sync made durable.
     Poisoned {
         /// The failure that poisoned the store.
         cause: String,
@@ -72,9 +86,12 @@ impl fmt::Display for Error {
             }
             Error::InvalidConfig(what) => write!(f, "invalid configuration: {what}"),
             Error::Unsupported(what) => write!(f, "unsupported: {what}"),
-            Error::Poisoned { cause } => {
-                write!(f, "store refuses writes after an earlier failure: {cause}")
-            }
+            Error::Poisoned { cause } => write!(
+                f,
+                "writes are refused since an earlier write or sync failed ({cause}); reads \
+                 still work, and writing again needs a new tree built from the source of \
+                 the data"
+            ),
         }
     }
 }

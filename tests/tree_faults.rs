@@ -59,9 +59,17 @@ fn failed_writes_poison_writes_but_reads_go_on() {
     store.fail_writes_after(3);
     insert_until_refused(&tree, &mut model, "the armed fault hits");
     assert!(matches!(tree.delete(b"more"), Err(Error::Poisoned { .. })));
+    assert!(matches!(tree.flush(), Err(Error::Poisoned { .. })));
     // Every acknowledged write is still readable: dirty mini-pages stay in memory.
     let (ok, err) = check_reads(&tree, &model);
     assert_eq!((ok, err), (model.len(), 0));
+    // Batched point reads too, as `Error::Poisoned` documents.
+    let keys: Vec<&Vec<u8>> = model.keys().collect();
+    let values: Vec<Option<Vec<u8>>> = model.values().cloned().map(Some).collect();
+    assert!(tree.get_many(&keys).unwrap() == values, "get_many differs");
+    // And the message says what still works.
+    let message = tree.insert(b"more", b"x").unwrap_err().to_string();
+    assert!(message.contains("reads still work"), "{message}");
 }
 
 /// A write that fails anywhere in a stretch of merges that redistribute and split

@@ -189,3 +189,59 @@ fn reopen_is_unsupported_even_for_small_trees() {
         ));
     }
 }
+
+/// Resets the simulated `O_DIRECT` refusal of this thread when dropped, also when an
+/// assertion fails.
+struct RefuseODirect;
+
+impl RefuseODirect {
+    fn set() -> RefuseODirect {
+        bfdb::storage::simulate_o_direct_refused_for_test(true);
+        RefuseODirect
+    }
+}
+
+impl Drop for RefuseODirect {
+    fn drop(&mut self) {
+        bfdb::storage::simulate_o_direct_refused_for_test(false);
+    }
+}
+
+/// What `TreeStats` says of a new tree at `path` on `backend`: name, whether `O_DIRECT`
+/// is active, and the notice.
+fn backend_stats(path: &Path, backend: Backend) -> (&'static str, bool, Option<String>) {
+    let stats = Tree::open(path, config(backend)).unwrap().stats();
+    (stats.backend, stats.direct_io, stats.backend_notice)
+}
+
+/// `TreeStats::backend` tells `pread`/`pwrite` with `O_DIRECT` from buffered: `Std` runs
+/// as "std" with no notice; `StdDirect` runs as "std_direct", or, where the filesystem
+/// refuses `O_DIRECT` (the documented fallback), as "std" with a notice that says so.
+/// The refusal is also simulated, so both outcomes are checked on every filesystem.
+#[test]
+fn stats_tell_direct_from_buffered_pread() {
+    let dir = temp_dir();
+    let std = backend_stats(&dir.path().join("std.bfdb"), Backend::Std);
+    assert_eq!(std, ("std", false, None));
+    let direct = backend_stats(&dir.path().join("direct.bfdb"), Backend::StdDirect);
+    if o_direct_works(dir.path()) {
+        assert_eq!(direct, ("std_direct", true, None));
+    } else {
+        assert_eq!((direct.0, direct.1), ("std", false));
+        let notice = direct.2.clone().expect("a fallback notice");
+        assert!(notice.contains("refuses O_DIRECT"), "{notice}");
+    }
+    assert_ne!(std, direct, "Std and StdDirect look the same");
+
+    let _refused = RefuseODirect::set();
+    let (name, direct_io, notice) =
+        backend_stats(&dir.path().join("refused.bfdb"), Backend::StdDirect);
+    assert_eq!((name, direct_io), ("std", false));
+    let notice = notice.expect("a fallback notice");
+    assert!(notice.contains("refuses O_DIRECT"), "{notice}");
+    // Buffered IO asks nothing of the filesystem, so there is nothing to report.
+    assert_eq!(
+        backend_stats(&dir.path().join("std-refused.bfdb"), Backend::Std),
+        ("std", false, None)
+    );
+}

@@ -40,11 +40,13 @@
 use std::fmt;
 use std::io;
 
+mod backend;
 mod file;
 mod memory;
 mod sim;
 pub mod uring;
 
+pub(crate) use backend::{ActiveBackend, IoRequest, IoUringUse, OpenError, open_with_fallback};
 pub use file::{
     FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, SyncCrashPoint,
     simulate_o_direct_refused_for_test,

@@ -21,11 +21,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::config::MINI_HEADER_BYTES;
 use crate::sync::atomic::Ordering;
 use crate::sync::spin_wait;
 
 use super::flush::FLUSH_BATCH_PAGES;
+use super::leaf::MINI_HEADER_BYTES;
 use super::merge::MergeJob;
 use super::mini::{clean_after_merge, mini_ref, node_bytes_mut};
 use super::signal::{high_water_bytes, low_water_bytes};

@@ -14,7 +14,6 @@
 //! carries the leaf's two fence keys (`Fences::Range`), so it can answer misses and scans
 //! without the leaf page.
 
-use crate::config::MINI_HEADER_BYTES;
 use crate::pool::Block;
 use crate::storage::{PAGE_PAYLOAD_SIZE, PageNo};
 
@@ -25,6 +24,15 @@ use super::node::{
 };
 
 const MIRROR: u16 = 1;
+
+/// Bytes a mini-page block spends before its node: page id, leaf page and flags.
+pub(crate) const MINI_HEADER_BYTES: usize = 16;
+/// The largest mini-page block payload: a full mirror of a leaf page plus the header.
+pub(crate) const MAX_MINI_BLOCK_BYTES: usize = 4096;
+/// The block of the mirror a writer keeps of the open end of a sorted-order split
+/// (the largest pool block): two leaf pages' worth, so that the pages split off it are
+/// packed full even when the open end is unbounded and so stores its keys whole.
+pub(crate) const OPEN_END_MIRROR_BYTES: usize = 2 * MAX_MINI_BLOCK_BYTES;
 
 /// The fixed header of a mini-page block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,12 +11,11 @@
 //!
 //! Uses: `leaf` (the mini-page header), `node`, `mapping`, `signal`, `stats`.
 
-use crate::config::MINI_HEADER_BYTES;
 use crate::error::{Error, Result};
 use crate::pool::{AllocError, Block};
 use crate::storage::PageNo;
 
-use super::leaf::{self, MiniHeader};
+use super::leaf::{self, MINI_HEADER_BYTES, MiniHeader};
 use super::mapping::{self, Location};
 use super::node::{self, Fences, NodeKind, NodeMut, NodeRef, RecordType, WriteError};
 use super::stats::bump;

@@ -5,13 +5,14 @@
 //!
 //! Uses: `mini`, `leaf`, `node`, `mapping`, `stats`.
 
-use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, OPEN_END_MIRROR_BYTES};
 use crate::error::Result;
 use crate::pool::Block;
 use crate::storage::{Page, PageNo};
 
 use super::Core;
-use super::leaf::{self, MiniHeader};
+use super::leaf::{
+    self, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader, OPEN_END_MIRROR_BYTES,
+};
 use super::mapping::{self, Location, PageId};
 use super::mini::{block_bytes, mini_block_bytes, mini_fences, mini_ref};
 use super::node::{self, NodeRef};

@@ -42,6 +42,7 @@ mod plan;
 mod read;
 mod redistribute;
 mod scan;
+mod setup;
 mod signal;
 mod split;
 mod stats;
@@ -51,11 +52,10 @@ use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{ActiveBackend, Config, OPEN_END_MIRROR_BYTES, open_file_store};
-
+use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::pool::{Pool, PoolConfig};
-use crate::storage::{MemoryStore, Page, PageStore};
+use crate::pool::Pool;
+use crate::storage::{ActiveBackend, MemoryStore, Page, PageStore};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
@@ -66,6 +66,7 @@ use mini::block_bytes;
 use node::{Fences, NodeKind, NodeMut};
 use olc::Restart;
 use plan::owned_fence;
+use setup::open_file_store;
 use stats::Counters;
 
 pub use scan::{Cursor, MAX_READ_AHEAD_PAGES, Range};
@@ -219,12 +220,7 @@ impl Tree {
         backend: ActiveBackend,
     ) -> Result<Tree> {
         config.validate()?;
-        let pool = Pool::new(PoolConfig {
-            capacity_bytes: config.memory_budget_bytes,
-            copy_on_access_percent: config.copy_on_access_percent,
-            huge_pages: config.huge_pages,
-            max_block_size_bytes: OPEN_END_MIRROR_BYTES as u32,
-        })?;
+        let pool = Pool::new(setup::pool_config(&config))?;
         // One empty leaf page covering every key, under a root with one child.
         let leaf_no = store.allocate()?;
         let mut page = Page::boxed();
@@ -245,7 +241,7 @@ impl Tree {
         let pid = mapping
             .allocate(Location::Leaf(leaf_no.0))
             .expect("an empty table has ids");
-        let inner_size_bytes = config.inner_node_size_bytes();
+        let inner_size_bytes = setup::inner_node_size_bytes(&config);
         let root_bytes = inner::build(inner_size_bytes, None, None, &[(Vec::new(), pid.0)])
             .expect("one separator fits an inner node");
         let root = Box::into_raw(InnerNode::new(1, root_bytes));

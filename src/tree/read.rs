@@ -7,12 +7,11 @@
 //! Uses: `write` (caching a record), `mirror`, `leaf_io`, `mini`, `descend`, `leaf`,
 //! `node`, `mapping`, `stats`.
 
-use crate::config::MAX_MINI_BLOCK_BYTES;
 use crate::error::Result;
 use crate::pool::Block;
 use crate::storage::{Page, PageNo};
 
-use super::leaf::MiniHeader;
+use super::leaf::{MAX_MINI_BLOCK_BYTES, MiniHeader};
 use super::leaf_io::LeafTicket;
 use super::mapping::{self, Location, MappingTable, PageId};
 use super::mini::{mini_mut, mini_ref};

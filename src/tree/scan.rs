@@ -15,7 +15,7 @@ use std::ops::Bound;
 use crossbeam_epoch as epoch;
 
 use super::descend::{LeafPath, Target};
-use super::leaf::MiniHeader;
+use super::leaf::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader};
 use super::leaf_io::LeafTicket;
 use super::mapping::{self, Location, MappingTable, PageId};
 use super::mini::mini_ref;
@@ -23,7 +23,6 @@ use super::node::{self, Fences, NodeKind, NodeRef, RecordType, RecordView};
 use super::plan::owned_fence;
 use super::stats::{bump, bump_by};
 use super::{Core, inner};
-use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
 use crate::error::Result;
 use crate::storage::{PAGE_SIZE, Page, PageNo};
 

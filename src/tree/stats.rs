@@ -79,8 +79,9 @@ pub struct TreeStats {
     pub leaf_pages: u64,
     /// Whether leaf pages bypass the OS page cache (`O_DIRECT` active).
     pub direct_io: bool,
-    /// What the page store runs on: `"memory"`, `"std"` (`pread`/`pwrite`),
-    /// `"io_uring"`, or `"custom"` for a store given to [`Tree::with_page_store`].
+    /// What the page store runs on: `"memory"`, `"std"` (`pread`/`pwrite` through the OS
+    /// page cache), `"std_direct"` (`pread`/`pwrite` with `O_DIRECT`), `"io_uring"`, or
+    /// `"custom"` for a store given to [`Tree::with_page_store`].
     pub backend: &'static str,
     /// Why the backend differs from what [`Config::backend`] asked for (io_uring refused
     /// by the kernel, `O_DIRECT` refused by the filesystem), if it does.

@@ -8,13 +8,12 @@
 //! Uses: `merge` (a full mini-page), `mini`, `descend`, `signal`, `leaf`, `node`,
 //! `mapping`, `stats`.
 
-use crate::config::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES};
 use crate::error::{Error, Result};
 use crate::pool::Block;
 use crate::storage::PageNo;
 use crate::sync::atomic::Ordering;
 
-use super::leaf::{self, MiniHeader};
+use super::leaf::{self, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader};
 use super::mapping::{self, Location, MappingTable};
 use super::mini::{block_bytes, drop_cold_clean, mini_mut, mini_ref, place};
 use super::node::{self, RecordType};
