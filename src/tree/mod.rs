@@ -505,7 +505,7 @@ impl Core {
 
 /// Test hooks: points in the code where a test runs its own code, to widen a race's
 /// window deterministically.
-#[cfg(test)]
+#[cfg(all(test, not(feature = "shuttle")))]
 mod hooks {
     use std::cell::RefCell;
 

@@ -241,7 +241,7 @@ impl Core {
     ) -> Option<(InnerSnapshot<'g, 'g>, Box<[u8]>)> {
         let path = self.find_path(&r.probe, guard).ok()?;
         let parent = *path.last().expect("paths are never empty");
-        #[cfg(test)]
+        #[cfg(all(test, not(feature = "shuttle")))]
         super::hooks::fire_parent_read();
         let n = parent.view();
         let index = inner::child_for(&n, &r.probe);
