@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bfdb::storage::{
     FileOptions, FileStore, IncompatibleFile, IoEngine, MemoryStore, PAGE_PAYLOAD_SIZE, PAGE_SIZE,
-    Page, PageNo, PageStore, StorePoisoned, SyncCrashPoint,
+    Page, PageNo, PageStore, SimStore, StorePoisoned, SyncCrashPoint,
 };
 use proptest::prelude::*;
 
@@ -749,6 +749,18 @@ fn flipped_data_byte_in_memory_store_reads_as_corrupted() {
     let a = store.allocate().unwrap();
     write_seeded(&store, a, 5);
     assert!(store.corrupt_for_test(a, 3000));
+    match to_bfdb(read_back(&store, a).unwrap_err()) {
+        bfdb::Error::Corrupted { page, .. } => assert_eq!(page, a.0),
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+}
+
+#[test]
+fn flipped_bit_in_sim_store_reads_as_corrupted() {
+    let store = SimStore::new(3);
+    let a = store.allocate().unwrap();
+    write_seeded(&store, a, 9);
+    assert!(store.flip_bit(a, 8 * 1000 + 3));
     match to_bfdb(read_back(&store, a).unwrap_err()) {
         bfdb::Error::Corrupted { page, .. } => assert_eq!(page, a.0),
         other => panic!("expected Corrupted, got {other:?}"),

@@ -33,7 +33,7 @@
 //! # Errors
 //!
 //! All operations return [`io::Result`]. The storage layer's typed failures travel inside
-//! an `io::Error` of kind [`io::ErrorKind::InvalidData`] so that `crate::Error` can lift
+//! an `io::Error` of kind [`io::ErrorKind::InvalidData`] so that `bfdb::Error` can lift
 //! them back into its own variants: [`CorruptPage`] becomes `Error::Corrupted` and
 //! [`IncompatibleFile`] becomes `Error::Incompatible`.
 
@@ -386,7 +386,7 @@ impl<S: PageStore + ?Sized> PageStore for std::sync::Arc<S> {
 /// The detail inside an `io::Error` that reports a page failing verification.
 ///
 /// It travels as `io::Error::new(io::ErrorKind::InvalidData, CorruptPage { .. })` and
-/// becomes `crate::Error::Corrupted` when converted.
+/// becomes `bfdb::Error::Corrupted` when converted.
 #[derive(Debug, Clone)]
 pub struct CorruptPage {
     /// The page number at which the corruption was found.
@@ -407,7 +407,7 @@ impl std::error::Error for CorruptPage {}
 /// bfdb file, or one written by another format version or with another page size.
 ///
 /// It travels as `io::Error::new(io::ErrorKind::InvalidData, IncompatibleFile { .. })`
-/// and becomes `crate::Error::Incompatible` when converted.
+/// and becomes `bfdb::Error::Incompatible` when converted.
 #[derive(Debug, Clone)]
 pub struct IncompatibleFile {
     /// What was found instead of what this build understands.
