@@ -74,8 +74,9 @@ use std::path::{Path, PathBuf};
 
 use super::uring::Direction;
 use super::{
-    FORMAT_VERSION, PAGE_HEADER_SIZE, PAGE_PAYLOAD_SIZE, PAGE_SIZE, Page, PageKind, PageNo,
-    PageStore, Poison, StoreStats, corrupt_page, incompatible_file, not_allocated,
+    CorruptPage, FORMAT_VERSION, IncompatibleFile, PAGE_HEADER_SIZE, PAGE_PAYLOAD_SIZE, PAGE_SIZE,
+    Page, PageKind, PageNo, PageStore, Poison, StorePoisoned, StoreStats, corrupt_page,
+    incompatible_file, not_allocated,
 };
 use crate::sync::atomic::{AtomicU8, Ordering};
 use crate::sync::{Mutex, RwLock};
@@ -572,6 +573,57 @@ fn unwritten(no: PageNo, e: io::Error) -> io::Error {
     )
 }
 
+/// Names `path` in `e`, so that a message like "No such file or directory" says which
+/// file it concerns. The kind stays, so callers can still match on it; the original error
+/// stays reachable as the source. Errors without a path, errors that already name one, and
+/// the storage layer's typed errors (which `bfdb::Error` lifts into their own variants)
+/// pass unchanged.
+pub(crate) fn name_path(path: Option<&Path>, e: io::Error) -> io::Error {
+    let Some(path) = path else {
+        return e;
+    };
+    if let Some(inner) = e.get_ref()
+        && (inner.is::<PathIoError>()
+            || inner.is::<CorruptPage>()
+            || inner.is::<IncompatibleFile>()
+            || inner.is::<StorePoisoned>())
+    {
+        return e;
+    }
+    io::Error::new(
+        e.kind(),
+        PathIoError {
+            path: path.to_path_buf(),
+            source: e,
+        },
+    )
+}
+
+/// The detail inside an `io::Error` from a [`FileStore`] opened by path: the OS error and
+/// the file or directory it concerns.
+///
+/// It travels as `io::Error::new(source.kind(), PathIoError { .. })`, so the error's kind
+/// is that of the OS error; its message reads `"<path>: <OS error>"`.
+#[derive(Debug)]
+pub struct PathIoError {
+    /// The file or directory the failed operation was on.
+    pub path: PathBuf,
+    /// The error the operating system reported.
+    pub source: io::Error,
+}
+
+impl fmt::Display for PathIoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.source)
+    }
+}
+
+impl std::error::Error for PathIoError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
 /// Byte offset of slot `no`; the caller has checked that `no` is below the high-water
 /// mark, which the file length bounds, so the product cannot overflow.
 fn offset_of(no: u64) -> u64 {
@@ -590,11 +642,16 @@ impl FileStore {
     /// superblocks are both invalid, whose free list is damaged, or that is shorter
     /// than its high-water mark gives [`super::CorruptPage`]. An empty file with
     /// `create: false` is [`super::IncompatibleFile`].
+    ///
+    /// An OS error of this store's file (here and in every later operation) carries a
+    /// [`PathIoError`] naming `path`, and the kind of the OS error.
     pub fn open(path: impl AsRef<Path>, options: FileOptions) -> io::Result<FileStore> {
         let path = path.as_ref();
         check_engine(&options)?;
-        let (file, direct_io_active) = open_file(path, &options)?;
+        let (file, direct_io_active) =
+            open_file(path, &options).map_err(|e| name_path(Some(path), e))?;
         FileStore::from_parts(file, Some(path.to_path_buf()), direct_io_active, &options)
+            .map_err(|e| name_path(Some(path), e))
     }
 
     /// Builds a store over an already open file, as [`FileStore::open`] does.
@@ -626,6 +683,11 @@ impl FileStore {
     /// Whether an earlier failed write or sync poisoned the store.
     pub fn is_poisoned(&self) -> bool {
         self.poison.is_poisoned()
+    }
+
+    /// Names the store's path, if it has one, in an error of its file (see `name_path`).
+    fn at_path(&self, e: io::Error) -> io::Error {
+        name_path(self.path.as_deref(), e)
     }
 
     /// Makes the next sync stop at `point`, as if the process crashed there, so tests
@@ -694,7 +756,7 @@ impl FileStore {
     fn ensure_len(&self, state: &mut AllocState, pages: u64) -> io::Result<()> {
         let want_bytes = offset_of(pages);
         if want_bytes > state.file_len_bytes {
-            self.file.set_len(want_bytes)?;
+            self.file.set_len(want_bytes).map_err(|e| self.at_path(e))?;
             state.file_len_bytes = want_bytes;
         }
         Ok(())
@@ -824,7 +886,9 @@ fn initialize(file: &File, path: Option<&Path>) -> io::Result<AllocState> {
         } else {
             dir
         };
-        File::open(dir)?.sync_all()?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| name_path(Some(dir), e))?;
     }
     Ok(AllocState {
         high_water: FIRST_DATA_SLOT,
@@ -989,7 +1053,7 @@ impl FileStore {
         }
         let fd = self.file.as_raw_fd();
         super::uring::submit_pages(fd, Direction::Read, self.sqpoll, reqs)
-            .map_err(|(i, e)| unwritten(reqs[i].0, e))?;
+            .map_err(|(i, e)| self.at_path(unwritten(reqs[i].0, e)))?;
         for (no, page) in reqs.iter() {
             page.verify(*no, PageKind::Data)?;
         }
@@ -1010,7 +1074,7 @@ impl FileStore {
         }
         let fd = self.file.as_raw_fd();
         super::uring::submit_pages(fd, Direction::Write, self.sqpoll, reqs)
-            .map_err(|(_, e)| self.poison.poison(e))
+            .map_err(|(_, e)| self.poison.poison(self.at_path(e)))
     }
 }
 
@@ -1046,7 +1110,7 @@ impl PageStore for FileStore {
         }
         self.file
             .read_exact_at(page.as_bytes_mut(), offset_of(no.0))
-            .map_err(|e| unwritten(no, e))?;
+            .map_err(|e| self.at_path(unwritten(no, e)))?;
         page.verify(no, PageKind::Data)
     }
 
@@ -1061,7 +1125,7 @@ impl PageStore for FileStore {
         page.stamp(PageKind::Data);
         self.file
             .write_all_at(page.as_bytes(), offset_of(no.0))
-            .map_err(|e| self.poison.poison(e))
+            .map_err(|e| self.poison.poison(self.at_path(e)))
     }
 
     fn read_pages(&self, reqs: &mut [(PageNo, &mut Page)]) -> io::Result<()> {
@@ -1127,17 +1191,23 @@ impl PageStore for FileStore {
         let plan = {
             let mut st = self.state.write();
             if st.dirty {
-                Some(self.plan_sync(&mut st).map_err(|e| self.poison.poison(e))?)
+                Some(
+                    self.plan_sync(&mut st)
+                        .map_err(|e| self.poison.poison(self.at_path(e)))?,
+                )
             } else {
                 None
             }
         };
         let Some(plan) = plan else {
             // The allocation state on disk is current; only data writes need flushing.
-            return self.file.sync_data().map_err(|e| self.poison.poison(e));
+            return self
+                .file
+                .sync_data()
+                .map_err(|e| self.poison.poison(self.at_path(e)));
         };
         self.execute_sync(&plan)
-            .map_err(|e| self.poison.poison(e))?;
+            .map_err(|e| self.poison.poison(self.at_path(e)))?;
         let mut st = self.state.write();
         for no in &plan.old_chain {
             let was_withheld = st.withheld.remove(no);

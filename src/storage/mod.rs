@@ -35,7 +35,8 @@
 //! All operations return [`io::Result`]. The storage layer's typed failures travel inside
 //! an `io::Error` of kind [`io::ErrorKind::InvalidData`] so that `bfdb::Error` can lift
 //! them back into its own variants: [`CorruptPage`] becomes `Error::Corrupted` and
-//! [`IncompatibleFile`] becomes `Error::Incompatible`.
+//! [`IncompatibleFile`] becomes `Error::Incompatible`. An OS error of a file store opened
+//! by path carries a [`PathIoError`] naming the file, under the OS error's own kind.
 
 use std::fmt;
 use std::io;
@@ -46,7 +47,7 @@ mod sim;
 pub mod uring;
 
 pub use file::{
-    FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, SyncCrashPoint,
+    FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, PathIoError, SyncCrashPoint,
     simulate_o_direct_refused_for_test,
 };
 pub use memory::MemoryStore;
