@@ -41,11 +41,15 @@
 use std::fmt;
 use std::io;
 
+#[cfg(feature = "tokio-uring")]
+mod aio;
 mod file;
 mod memory;
 mod sim;
 pub mod uring;
 
+#[cfg(feature = "tokio-uring")]
+pub use aio::{AsyncPageReader, ReadPath};
 pub use file::{
     FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, PathIoError, SyncCrashPoint,
     simulate_o_direct_refused_for_test,
@@ -315,12 +319,13 @@ pub trait PageStore: Send + Sync + fmt::Debug {
     }
 
     /// Where page `no` lives in a plain file, for callers that submit their own reads
-    /// (the tree's async read path): the file's descriptor and the page's byte offset,
+    /// (an async read path): the file's descriptor and the page's byte offset,
     /// or `None` (the default) when the store keeps pages elsewhere or `no` is not an
     /// allocated data page. Callers then use [`PageStore::read_page`]. The descriptor is
     /// the store's and stays open as long as the store: never close it. A caller reading
     /// through it must verify the page itself (checksum, version, kind), as `read_page`
-    /// does.
+    /// does; within bfdb the only such caller is the storage layer's own async reader
+    /// (`AsyncPageReader`, feature `tokio-uring`).
     #[cfg(unix)]
     fn raw_page_location(&self, no: PageNo) -> Option<(std::os::fd::RawFd, u64)> {
         let _ = no;
