@@ -7,6 +7,7 @@
 use std::fmt;
 use std::io;
 
+use crate::pool::PoolError;
 use crate::storage::{CorruptPage, IncompatibleFile, StorePoisoned};
 
 /// Shorthand for `std::result::Result<T, bfdb::Error>`.
@@ -131,6 +132,29 @@ impl From<io::Error> for Error {
     }
 }
 
+impl From<PoolError> for Error {
+    /// A bad pool configuration is a bad configuration of the crate; a region the OS
+    /// would not map is an IO error of the same kind, whose message says what was mapped.
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::InvalidConfig(what) => Error::InvalidConfig(what),
+            PoolError::Map {
+                capacity_bytes,
+                source,
+            } => {
+                let kind = source.kind();
+                Error::Io(io::Error::new(
+                    kind,
+                    PoolError::Map {
+                        capacity_bytes,
+                        source,
+                    },
+                ))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +179,33 @@ mod tests {
         ));
         let plain = io::Error::new(io::ErrorKind::NotFound, "gone");
         assert!(matches!(Error::from(plain), Error::Io(e) if e.kind() == io::ErrorKind::NotFound));
+    }
+
+    #[test]
+    fn pool_errors_keep_their_meaning() {
+        let bad = crate::pool::PoolConfig {
+            copy_on_access_percent: 101,
+            ..crate::pool::PoolConfig::default()
+        };
+        let err = Error::from(bad.validate().unwrap_err());
+        assert!(
+            matches!(&err, Error::InvalidConfig(what) if what.contains("copy_on_access_percent")),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with("invalid configuration: pool "),
+            "{err}"
+        );
+        let map = PoolError::Map {
+            capacity_bytes: 4096,
+            source: io::Error::from_raw_os_error(libc::ENOMEM),
+        };
+        match Error::from(map) {
+            Error::Io(e) => {
+                assert_eq!(e.kind(), io::ErrorKind::OutOfMemory);
+                assert!(e.to_string().contains("4096 bytes"), "{e}");
+            }
+            other => panic!("expected Io, got {other:?}"),
+        }
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bfdb::storage::{
     FileOptions, FileStore, IncompatibleFile, IoEngine, MemoryStore, PAGE_PAYLOAD_SIZE, PAGE_SIZE,
-    Page, PageNo, PageStore, StorePoisoned, SyncCrashPoint,
+    Page, PageNo, PageStore, PathIoError, SimStore, StorePoisoned, SyncCrashPoint,
 };
 use proptest::prelude::*;
 
@@ -749,6 +749,56 @@ fn flipped_data_byte_in_memory_store_reads_as_corrupted() {
     let a = store.allocate().unwrap();
     write_seeded(&store, a, 5);
     assert!(store.corrupt_for_test(a, 3000));
+    match to_bfdb(read_back(&store, a).unwrap_err()) {
+        bfdb::Error::Corrupted { page, .. } => assert_eq!(page, a.0),
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+}
+
+#[test]
+fn os_errors_of_a_store_opened_by_path_name_the_path() {
+    let dir = scratch_dir();
+    let path = dir.path().join("missing").join("store.bfdb");
+    let err = FileStore::open(&path, options(false)).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
+    let detail = err.get_ref().and_then(|e| e.downcast_ref::<PathIoError>());
+    let detail = detail.unwrap_or_else(|| panic!("expected PathIoError, got {err:?}"));
+    assert_eq!(detail.path, path);
+    assert_eq!(detail.source.raw_os_error(), Some(libc::ENOENT));
+
+    // The lock refusing a second store names the file too, and keeps its kind.
+    let path = dir.path().join("store.bfdb");
+    let store = FileStore::open(&path, options(false)).unwrap();
+    let no = store.allocate().unwrap();
+    write_seeded(&store, no, 1);
+    store.sync().unwrap();
+    let err = open_existing(&path).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::WouldBlock, "{err}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
+    drop(store);
+
+    // Typed storage errors keep their type, so `bfdb::Error` still lifts them.
+    flip_byte(&path, no.0 * PAGE_SIZE as u64 + 100);
+    let store = open_existing(&path).unwrap();
+    match to_bfdb(read_back(&store, no).unwrap_err()) {
+        bfdb::Error::Corrupted { page, .. } => assert_eq!(page, no.0),
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+}
+
+#[test]
+fn flipped_bit_in_sim_store_reads_as_corrupted() {
+    let store = SimStore::new(3);
+    let a = store.allocate().unwrap();
+    write_seeded(&store, a, 9);
+    assert!(store.flip_bit(a, 8 * 1000 + 3));
     match to_bfdb(read_back(&store, a).unwrap_err()) {
         bfdb::Error::Corrupted { page, .. } => assert_eq!(page, a.0),
         other => panic!("expected Corrupted, got {other:?}"),

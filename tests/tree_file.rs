@@ -245,3 +245,20 @@ fn stats_tell_direct_from_buffered_pread() {
         ("std", false, None)
     );
 }
+
+#[test]
+fn opening_in_a_missing_directory_names_the_path() {
+    let dir = temp_dir();
+    let path = dir.path().join("no-such-dir").join("tree.bfdb");
+    let err = Tree::open(&path, config(Backend::Std)).unwrap_err();
+    let shown = err.to_string();
+    assert!(
+        shown.contains(&path.display().to_string()),
+        "the message should name {}: {shown}",
+        path.display()
+    );
+    match err {
+        Error::Io(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}"),
+        other => panic!("expected Io, got {other:?}"),
+    }
+}

@@ -43,12 +43,12 @@ mod header;
 mod region;
 
 use std::fmt;
+use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering as RegionOrdering;
 
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::{Error, Result};
 
 use evict::EvictState;
 use freelist::FreeLists;
@@ -115,9 +115,9 @@ impl PoolConfig {
         }
     }
 
-    /// Checks every field, returning [`Error::InvalidConfig`] for nonsense.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |what: String| Err(Error::InvalidConfig(what));
+    /// Checks every field, returning [`PoolError::InvalidConfig`] for nonsense.
+    pub fn validate(&self) -> Result<(), PoolError> {
+        let bad = |what: String| Err(PoolError::InvalidConfig(what));
         let max = self.max_block_size_bytes;
         if !max.is_power_of_two()
             || !(MIN_BLOCK_SIZE_BYTES..=MAX_MAX_BLOCK_SIZE_BYTES).contains(&max)
@@ -306,6 +306,50 @@ impl fmt::Display for AllocError {
 
 impl std::error::Error for AllocError {}
 
+/// Why [`Pool::new`] could not make a pool.
+///
+/// The pool's own error type, so that the pool depends on nothing of the crate but its
+/// `sync` shim; `bfdb::Error` converts from it (`InvalidConfig` to `InvalidConfig`, `Map`
+/// to `Io` of the same [`io::ErrorKind`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// A field of the [`PoolConfig`] is out of range; the message names the field and
+    /// the range it must lie in.
+    InvalidConfig(String),
+    /// The operating system refused to map the region.
+    Map {
+        /// The size of the region that was asked for.
+        capacity_bytes: u64,
+        /// What `mmap` reported.
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolError::InvalidConfig(what) => write!(f, "invalid configuration: {what}"),
+            PoolError::Map {
+                capacity_bytes,
+                source,
+            } => write!(
+                f,
+                "cannot map the pool's memory region of {capacity_bytes} bytes: {source}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PoolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PoolError::InvalidConfig(_) => None,
+            PoolError::Map { source, .. } => Some(source),
+        }
+    }
+}
+
 /// A snapshot of the pool's counters. Each field is read separately, so fields may be
 /// from slightly different instants under concurrency.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -386,11 +430,16 @@ pub struct Pool {
 
 impl Pool {
     /// Maps the region and creates an empty pool.
-    pub fn new(config: PoolConfig) -> Result<Pool> {
+    pub fn new(config: PoolConfig) -> Result<Pool, PoolError> {
         config.validate()?;
         let capacity_bytes = config.capacity_bytes;
         // `validate` checked the capacity fits a usize.
-        let region = Region::map(capacity_bytes as usize, config.huge_pages)?;
+        let region = Region::map(capacity_bytes as usize, config.huge_pages).map_err(|source| {
+            PoolError::Map {
+                capacity_bytes,
+                source,
+            }
+        })?;
         // At most 2^48 * 100, far from overflowing.
         let coa_bytes = capacity_bytes * u64::from(config.copy_on_access_percent) / 100;
         let classes = class_of(config.max_block_size_bytes as usize) + 1;

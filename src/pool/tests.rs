@@ -121,7 +121,7 @@ fn config_validation_rejects_nonsense() {
     ];
     for config in bad {
         assert!(
-            matches!(config.validate(), Err(Error::InvalidConfig(_))),
+            matches!(config.validate(), Err(PoolError::InvalidConfig(_))),
             "{config:?} was accepted"
         );
         assert!(Pool::new(config).is_err());

@@ -210,8 +210,8 @@ impl MemoryStore {
 
 #[cfg(test)]
 mod tests {
+    use super::super::CorruptPage;
     use super::*;
-    use crate::storage::CorruptPage;
 
     #[test]
     fn write_read_free_reuse() {

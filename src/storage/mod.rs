@@ -33,22 +33,27 @@
 //! # Errors
 //!
 //! All operations return [`io::Result`]. The storage layer's typed failures travel inside
-//! an `io::Error` of kind [`io::ErrorKind::InvalidData`] so that `crate::Error` can lift
+//! an `io::Error` of kind [`io::ErrorKind::InvalidData`] so that `bfdb::Error` can lift
 //! them back into its own variants: [`CorruptPage`] becomes `Error::Corrupted` and
-//! [`IncompatibleFile`] becomes `Error::Incompatible`.
+//! [`IncompatibleFile`] becomes `Error::Incompatible`. An OS error of a file store opened
+//! by path carries a [`PathIoError`] naming the file, under the OS error's own kind.
 
 use std::fmt;
 use std::io;
 
+#[cfg(feature = "tokio-uring")]
+mod aio;
 mod backend;
 mod file;
 mod memory;
 mod sim;
 pub mod uring;
 
+#[cfg(feature = "tokio-uring")]
+pub use aio::{AsyncPageReader, ReadPath};
 pub(crate) use backend::{ActiveBackend, IoRequest, IoUringUse, OpenError, open_with_fallback};
 pub use file::{
-    FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, SyncCrashPoint,
+    FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, PathIoError, SyncCrashPoint,
     simulate_o_direct_refused_for_test,
 };
 pub use memory::MemoryStore;
@@ -316,12 +321,13 @@ pub trait PageStore: Send + Sync + fmt::Debug {
     }
 
     /// Where page `no` lives in a plain file, for callers that submit their own reads
-    /// (the tree's async read path): the file's descriptor and the page's byte offset,
+    /// (an async read path): the file's descriptor and the page's byte offset,
     /// or `None` (the default) when the store keeps pages elsewhere or `no` is not an
     /// allocated data page. Callers then use [`PageStore::read_page`]. The descriptor is
     /// the store's and stays open as long as the store: never close it. A caller reading
     /// through it must verify the page itself (checksum, version, kind), as `read_page`
-    /// does.
+    /// does; within bfdb the only such caller is the storage layer's own async reader
+    /// (`AsyncPageReader`, feature `tokio-uring`).
     #[cfg(unix)]
     fn raw_page_location(&self, no: PageNo) -> Option<(std::os::fd::RawFd, u64)> {
         let _ = no;
@@ -388,7 +394,7 @@ impl<S: PageStore + ?Sized> PageStore for std::sync::Arc<S> {
 /// The detail inside an `io::Error` that reports a page failing verification.
 ///
 /// It travels as `io::Error::new(io::ErrorKind::InvalidData, CorruptPage { .. })` and
-/// becomes `crate::Error::Corrupted` when converted.
+/// becomes `bfdb::Error::Corrupted` when converted.
 #[derive(Debug, Clone)]
 pub struct CorruptPage {
     /// The page number at which the corruption was found.
@@ -409,7 +415,7 @@ impl std::error::Error for CorruptPage {}
 /// bfdb file, or one written by another format version or with another page size.
 ///
 /// It travels as `io::Error::new(io::ErrorKind::InvalidData, IncompatibleFile { .. })`
-/// and becomes `crate::Error::Incompatible` when converted.
+/// and becomes `bfdb::Error::Incompatible` when converted.
 #[derive(Debug, Clone)]
 pub struct IncompatibleFile {
     /// What was found instead of what this build understands.

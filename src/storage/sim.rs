@@ -400,8 +400,13 @@ mod tests {
         store.write_page(no, &mut page_with(9)).unwrap();
         assert!(store.flip_bit(no, 8 * 1000 + 3));
         let err = store.read_page(no, &mut Page::zeroed()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let corrupt = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<super::super::CorruptPage>());
         assert!(
-            matches!(crate::Error::from(err), crate::Error::Corrupted { page, .. } if page == no.0)
+            corrupt.is_some_and(|c| c.page == no.0),
+            "expected CorruptPage for page {no}, got {err:?}"
         );
     }
 }

@@ -14,26 +14,17 @@
 //! after a few stale attempts the operation falls back to the blocking locked path, so it
 //! always finishes.
 //!
-//! tokio-uring 0.5 is the latest release and is no longer actively maintained. Its use is
-//! confined to this module — one `read_exact_at` call on a `File` made from a duplicate of
-//! the page store's descriptor, and a buffer type for [`Page`] — so replacing it touches
-//! nothing else.
-//!
-//! Stores without a plain file (memory, the simulator) have no descriptor to submit on;
-//! the async API then reads with the blocking [`PageStore::read_page`]: correct, but it
-//! blocks the runtime's thread for the read.
+//! The leaf-page read itself, like every byte of disk IO, goes through the storage layer:
+//! [`AsyncPageReader`] submits it on the runtime's ring and verifies the page. Stores
+//! without a plain file (memory, the simulator) have no descriptor to submit on; the
+//! reader then uses the blocking [`PageStore::read_page`]: correct, but it blocks the
+//! runtime's thread for the read.
 //!
 //! [`PageStore::read_page`]: crate::storage::PageStore::read_page
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ops::{Bound, RangeBounds};
-use std::os::fd::{FromRawFd, RawFd};
-use std::rc::Rc;
 use std::sync::Arc;
-
-use tokio_uring::buf::{IoBuf, IoBufMut};
-use tokio_uring::fs::File;
 
 use super::leaf_io::LeafTicket;
 use super::read::Probe;
@@ -41,7 +32,7 @@ use super::scan::{Bounds, Direction, FetchStep, is_empty};
 use super::stats::bump;
 use super::{Core, Tree};
 use crate::error::{Error, Result};
-use crate::storage::{PAGE_SIZE, Page, PageKind};
+use crate::storage::{AsyncPageReader, Page, ReadPath};
 
 /// Async attempts at a read whose leaf page keeps changing under it, before the
 /// operation takes the blocking locked path instead.
@@ -68,9 +59,8 @@ const ASYNC_ATTEMPTS: usize = 4;
 /// ```
 pub struct AsyncTree {
     tree: Arc<Tree>,
-    /// The page store's descriptor, and a tokio-uring `File` on a duplicate of it (made
-    /// on first use, closed when this drops).
-    file: RefCell<Option<(RawFd, Rc<File>)>>,
+    /// Reads leaf pages on the runtime's ring.
+    reader: AsyncPageReader,
 }
 
 impl std::fmt::Debug for AsyncTree {
@@ -81,43 +71,12 @@ impl std::fmt::Debug for AsyncTree {
     }
 }
 
-/// A page as a tokio-uring buffer: 4096-aligned, as `O_DIRECT` reads need.
-struct PageBuf(Box<Page>);
-
-// SAFETY: the bytes live in the Box's heap allocation, which does not move when the
-// `PageBuf` moves and stays allocated while the runtime owns the `PageBuf`; all
-// `PAGE_SIZE` bytes are initialised (the page is zeroed when allocated).
-unsafe impl IoBuf for PageBuf {
-    fn stable_ptr(&self) -> *const u8 {
-        self.0.as_bytes().as_ptr()
-    }
-
-    fn bytes_init(&self) -> usize {
-        PAGE_SIZE
-    }
-
-    fn bytes_total(&self) -> usize {
-        PAGE_SIZE
-    }
-}
-
-// SAFETY: as for `IoBuf`; the pointer is to the same stable, writable allocation.
-unsafe impl IoBufMut for PageBuf {
-    fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.0.as_bytes_mut().as_mut_ptr()
-    }
-
-    unsafe fn set_init(&mut self, _pos: usize) {
-        // Every byte is initialised from the start.
-    }
-}
-
 impl AsyncTree {
     /// Async reads of `tree`.
     pub fn new(tree: Arc<Tree>) -> AsyncTree {
         AsyncTree {
             tree,
-            file: RefCell::new(None),
+            reader: AsyncPageReader::new(),
         }
     }
 
@@ -233,53 +192,18 @@ impl AsyncTree {
     async fn read_leaf(&self, ticket: &LeafTicket) -> Result<Option<Box<Page>>> {
         let core = self.core();
         let no = ticket.leaf;
-        let read = match core.store.raw_page_location(no) {
-            Some((fd, offset)) => {
-                let file = self.file(fd)?;
-                let (result, buf) = file.read_exact_at(PageBuf(Page::boxed()), offset).await;
-                let page = buf.0;
-                result
-                    .and_then(|()| page.verify(no, PageKind::Data))
-                    .map(|()| {
-                        bump(&core.counters.async_leaf_reads);
-                        page
-                    })
-            }
-            None => {
-                let mut page = Page::boxed();
-                core.store.read_page(no, &mut page).map(|()| page)
-            }
-        };
+        let read = self.reader.read_page(&*core.store, no).await;
+        if let Ok((_, ReadPath::Ring)) = &read {
+            bump(&core.counters.async_leaf_reads);
+        }
         match read {
-            Ok(page) => {
+            Ok((page, _)) => {
                 bump(&core.counters.leaf_reads);
                 Ok(Some(page))
             }
             Err(_) if !core.ticket_current(ticket) => Ok(None),
             Err(e) => Err(Error::from(e)),
         }
-    }
-
-    /// The tokio-uring file for the store's descriptor `fd`, made on first use from a
-    /// duplicate (tokio-uring closes the descriptor it owns; the store keeps its own).
-    fn file(&self, fd: RawFd) -> Result<Rc<File>> {
-        let mut cached = self.file.borrow_mut();
-        if let Some((known, file)) = cached.as_ref()
-            && *known == fd
-        {
-            return Ok(Rc::clone(file));
-        }
-        // SAFETY: `dup` only reads the descriptor number; the store keeps `fd` open for
-        // its lifetime, which the `Arc<Tree>` we hold outlives this call.
-        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-        if dup < 0 {
-            return Err(Error::from(std::io::Error::last_os_error()));
-        }
-        // SAFETY: `dup` is a fresh descriptor that nothing else owns; the `File` takes
-        // ownership and closes it when dropped.
-        let file = Rc::new(File::from_std(unsafe { std::fs::File::from_raw_fd(dup) }));
-        *cached = Some((fd, Rc::clone(&file)));
-        Ok(file)
     }
 }
 

@@ -4,9 +4,17 @@
 //! validation itself cannot panic, and once it passes no accessor of [`NodeRef`] can
 //! index out of bounds.
 //!
+//! Bytes are read here only through checked access (`byte`, `bytes`, `get`), so a
+//! bound this module forgot to prove becomes a validation error, not a panic; the
+//! module denies `clippy::indexing_slicing` to keep it that way. Validation is a
+//! loop over the records, never recursion.
+//!
 //! [`NodeRef`]: super::NodeRef
 
+#![deny(clippy::indexing_slicing)]
+
 use std::cmp::Ordering;
+use std::ops::Range;
 
 use super::{
     COUNT_AT, DATA_START_AT, DEAD_BYTES_AT, FENCE_ROLE_HIGH, FENCE_ROLE_LOW, FENCE_ROLE_PREFIX,
@@ -31,10 +39,15 @@ fn mark_used(used: &mut [u64; USED_WORDS], start: usize, end: usize) -> bool {
         } else {
             ((1u64 << n) - 1) << bit
         };
-        if used[word] & mask != 0 {
+        // `end <= MAX_NODE_SIZE_BYTES`, so `word < USED_WORDS`; a word out of range would
+        // be a bound this module failed to prove, reported as an overlap.
+        let Some(slot) = used.get_mut(word) else {
+            return false;
+        };
+        if *slot & mask != 0 {
             return false;
         }
-        used[word] |= mask;
+        *slot |= mask;
         at += n;
     }
     true
@@ -42,6 +55,30 @@ fn mark_used(used: &mut [u64; USED_WORDS], start: usize, end: usize) -> bool {
 
 fn err<T>(reason: impl Into<String>) -> Result<T, NodeError> {
     Err(NodeError::new(reason))
+}
+
+/// The byte at `at` of `buf`, or an error if it lies outside.
+fn byte(buf: &[u8], at: usize) -> Result<u8, NodeError> {
+    match buf.get(at) {
+        Some(&b) => Ok(b),
+        None => err(format!(
+            "byte {at} lies outside the {}-byte node",
+            buf.len()
+        )),
+    }
+}
+
+/// The bytes at `range` of `buf`, or an error if they lie outside.
+fn bytes(buf: &[u8], range: Range<usize>) -> Result<&[u8], NodeError> {
+    match buf.get(range.clone()) {
+        Some(b) => Ok(b),
+        None => err(format!(
+            "bytes {}..{} lie outside the {}-byte node",
+            range.start,
+            range.end,
+            buf.len()
+        )),
+    }
 }
 
 /// Checks every invariant of the node layout on `buf`.
@@ -59,14 +96,15 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
             "node size field {stored_size} != buffer length {size}"
         ));
     }
-    if NodeKind::from_byte(buf[KIND_AT]).is_none() {
-        return err(format!("unknown node kind {}", buf[KIND_AT]));
+    let kind = byte(buf, KIND_AT)?;
+    if NodeKind::from_byte(kind).is_none() {
+        return err(format!("unknown node kind {kind}"));
     }
-    let flags = buf[FLAGS_AT];
+    let flags = byte(buf, FLAGS_AT)?;
     if flags & !FLAGS_KNOWN != 0 {
         return err(format!("unknown flag bits {flags:#04x}"));
     }
-    if buf[RESERVED_AT..RESERVED_AT + RESERVED_LEN] != [0; RESERVED_LEN] {
+    if bytes(buf, RESERVED_AT..RESERVED_AT + RESERVED_LEN)? != [0; RESERVED_LEN] {
         return err("reserved header bytes are not zero");
     }
     let has_fences = flags & FLAG_HAS_FENCES != 0;
@@ -128,7 +166,7 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
             (prev_off, prev_end, prev_nonempty) = (off, end, true);
         }
         live += meta.data_len();
-        if look_ahead(&buf[meta.key_range()]) != meta.look_ahead() {
+        if look_ahead(bytes(buf, meta.key_range())?) != meta.look_ahead() {
             return err(format!("KV meta {m}: look-ahead does not match the key"));
         }
         if meta.is_fence() != (m < first) {
@@ -151,14 +189,14 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
     }
 
     // Fences and prefix.
-    let key = |m: usize| &buf[get_meta(buf, m).key_range()];
+    let key = |m: usize| bytes(buf, get_meta(buf, m).key_range());
     let bounded = |m: usize| !get_meta(buf, m).ref_bit();
     let prefix: &[u8] = if has_fences {
         let expected = if bounded(0) && bounded(1) {
-            if key(0) >= key(1) {
+            if key(0)? >= key(1)? {
                 return err("low fence key is not below the high fence key");
             }
-            common_prefix_len(key(0), key(1))
+            common_prefix_len(key(0)?, key(1)?)
         } else {
             0
         };
@@ -167,15 +205,17 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
                 "prefix length {prefix_len}, but the fence keys share {expected} bytes"
             ));
         }
-        &key(0)[..prefix_len]
+        // `expected` is a common prefix of the low fence key, or 0.
+        bytes(key(0)?, 0..prefix_len)?
     } else if has_prefix_record {
-        if prefix_len != key(0).len() {
+        let record = key(0)?;
+        if prefix_len != record.len() {
             return err(format!(
                 "prefix length {prefix_len} != prefix record length {}",
-                key(0).len()
+                record.len()
             ));
         }
-        key(0)
+        record
     } else {
         if prefix_len != 0 {
             return err(format!("prefix length {prefix_len} without fence records"));
@@ -196,7 +236,8 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
                 Ordering::Less => true,
                 Ordering::Greater => false,
                 Ordering::Equal => {
-                    cmp_keys(&buf[p.key_range()], &buf[meta.key_range()]) == Ordering::Less
+                    cmp_keys(bytes(buf, p.key_range())?, bytes(buf, meta.key_range())?)
+                        == Ordering::Less
                 }
             };
             if !ordered {
@@ -210,10 +251,10 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
         prev = Some(meta);
     }
     if has_fences && count > first {
-        if bounded(0) && cmp_concat(prefix, key(first), key(0)) == Ordering::Less {
+        if bounded(0) && cmp_concat(prefix, key(first)?, key(0)?) == Ordering::Less {
             return err("first record lies below the low fence");
         }
-        if bounded(1) && cmp_concat(prefix, key(count - 1), key(1)) != Ordering::Less {
+        if bounded(1) && cmp_concat(prefix, key(count - 1)?, key(1)?) != Ordering::Less {
             return err("last record lies at or above the high fence");
         }
     }
