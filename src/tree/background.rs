@@ -26,8 +26,9 @@ use crate::sync::spin_wait;
 
 use super::flush::FLUSH_BATCH_PAGES;
 use super::leaf::MINI_HEADER_BYTES;
+use super::leaf::MiniHeader;
 use super::merge::MergeJob;
-use super::mini::{clean_after_merge, mini_ref, node_bytes_mut};
+use super::mini::clean_after_merge;
 use super::signal::{high_water_bytes, low_water_bytes};
 use super::stats::{bump, bump_by};
 use super::{Core, mapping};
@@ -56,7 +57,6 @@ impl Core {
         pids.dedup();
         for chunk in pids.chunks(FLUSH_BATCH_PAGES) {
             let mut locked = Vec::new();
-            let mut jobs = Vec::new();
             for &pid in chunk {
                 let Some(page) = self.mapping.try_write(pid) else {
                     continue;
@@ -64,19 +64,27 @@ impl Core {
                 let Some(job) = self.dirty_mini(&page) else {
                     continue;
                 };
-                let node_size = job.block.size_bytes() - MINI_HEADER_BYTES;
+                let node_size = job.mini.block().size_bytes() - MINI_HEADER_BYTES;
                 if job.header.mirror || node_size < self.config.merge_threshold_bytes {
                     continue;
                 }
                 locked.push(page);
-                jobs.push(job);
             }
+            let jobs: Vec<MergeJob<'_>> = locked
+                .iter()
+                .map(|page| {
+                    self.dirty_mini(page)
+                        .expect("checked above, under the lock")
+                })
+                .collect();
             let results = self.merge_batch(&jobs);
-            for ((page, job), result) in locked.iter().zip(&jobs).zip(results) {
+            let headers: Vec<MiniHeader> = jobs.iter().map(|j| j.header).collect();
+            drop(jobs);
+            for ((mut page, header), result) in locked.into_iter().zip(headers).zip(results) {
                 // A failed merge leaves the records dirty, for the writer or eviction;
                 // a failed write has poisoned the tree, which writers then report.
                 if let Ok(split) = result {
-                    self.after_background_merge(page, job, split);
+                    self.after_background_merge(&mut page, header, split);
                 }
             }
         }
@@ -87,18 +95,26 @@ impl Core {
     /// dropped (its records may belong to other pages now); otherwise it keeps the
     /// records read or written since the last pass, as clean copies with their reference
     /// bits cleared, which the next write that needs room drops (`drop_cold_clean`).
-    fn after_background_merge(&self, page: &mapping::WriteGuard<'_>, job: &MergeJob, split: bool) {
+    fn after_background_merge(
+        &self,
+        page: &mut mapping::WriteGuard<'_>,
+        header: MiniHeader,
+        split: bool,
+    ) {
         bump(&self.counters.background_merges);
+        let mini = self
+            .mini_page(page)
+            .expect("a merged page keeps its mini-page");
         if split {
-            page.set_location(super::Location::Leaf(job.header.leaf.0));
-            self.retire(job.block);
+            let block = mini.block();
+            page.set_location(super::Location::Leaf(header.leaf.0));
+            self.retire(block);
             return;
         }
-        // SAFETY: we hold the page's write lock.
-        let mini = unsafe { mini_ref(&job.block) };
-        let bytes = clean_after_merge(&mini, false, None);
-        // SAFETY: as above; `mini` is no longer used.
-        unsafe { node_bytes_mut(&job.block) }.copy_from_slice(&bytes);
+        let bytes = clean_after_merge(&mini.node(), false, None);
+        self.mini_page_mut(page)
+            .expect("a merged page keeps its mini-page")
+            .overwrite(&bytes);
     }
 }
 

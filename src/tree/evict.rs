@@ -11,7 +11,6 @@ use crate::sync::atomic::Ordering;
 use super::leaf::MiniHeader;
 use super::mapping::{self, Location};
 use super::merge::MergeJob;
-use super::mini::mini_ref;
 use super::stats::bump;
 use super::{Core, Op};
 
@@ -31,8 +30,7 @@ impl Evictor for Core {
             // which is now `Dead`: the pool reclaims it when we answer `Busy`.
             return EvictDecision::Busy;
         }
-        // SAFETY: we hold the page's write lock.
-        let mini = unsafe { mini_ref(block) };
+        let mini = self.mini_page(&page).expect("checked above").node();
         if !mini.iter().any(|r| r.record_type().is_dirty()) {
             return self.finish_eviction(&page, header, Ok(false));
         }
@@ -66,22 +64,19 @@ impl Evictor for Core {
             if page.location() != Location::Mini(block.offset()) {
                 continue;
             }
-            // SAFETY: we hold the page's write lock.
-            let mini = unsafe { mini_ref(block) };
+            let mini = self.mini_page(&page).expect("checked above").node();
             if !mini.iter().any(|r| r.record_type().is_dirty()) {
                 decisions[i] = self.finish_eviction(&page, header, Ok(false));
             } else if !self.failed.load(Ordering::Acquire) {
                 jobs.push((i, page, header));
             }
         }
-        let batch: Vec<MergeJob> = jobs
+        let batch: Vec<MergeJob<'_>> = jobs
             .iter()
-            .map(|&(i, _, header)| MergeJob {
-                block: blocks[i],
-                header,
-            })
+            .map(|(_, page, _)| MergeJob::new(self.mini_page(page).expect("checked above")))
             .collect();
         let merged = self.merge_batch(&batch);
+        drop(batch);
         for ((i, page, header), merged) in jobs.into_iter().zip(merged) {
             decisions[i] = self.finish_eviction(&page, header, merged);
         }

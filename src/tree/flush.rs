@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use super::leaf::MiniHeader;
 use super::mapping::{self, Location, PageId};
 use super::merge::MergeJob;
-use super::mini::{mark_clean, mini_mut, mini_ref};
+use super::mini::mark_clean;
 use super::{Core, Op};
 
 /// Pages whose dirty mini-pages `flush` merges with one batched read and write.
@@ -29,10 +29,9 @@ impl Core {
         let mut failure = None;
         while next < high_water && failure.is_none() {
             let mut locked = Vec::new();
-            let mut jobs = Vec::new();
-            while next < high_water && jobs.len() < FLUSH_BATCH_PAGES {
+            while next < high_water && locked.len() < FLUSH_BATCH_PAGES {
                 let pid = PageId(next);
-                let page = if jobs.is_empty() {
+                let page = if locked.is_empty() {
                     self.mapping.write(pid)
                 } else {
                     match self.mapping.try_write(pid) {
@@ -41,18 +40,26 @@ impl Core {
                     }
                 };
                 next += 1;
-                if let Some(job) = self.dirty_mini(&page) {
+                if self.dirty_mini(&page).is_some() {
                     locked.push(page);
-                    jobs.push(job);
                 }
             }
+            let jobs: Vec<MergeJob<'_>> = locked
+                .iter()
+                .map(|page| {
+                    self.dirty_mini(page)
+                        .expect("checked above, under the lock")
+                })
+                .collect();
             let merged = self.merge_batch(&jobs);
+            let headers: Vec<MiniHeader> = jobs.iter().map(|j| j.header).collect();
+            drop(jobs);
             let mut again = Vec::new();
             // Every answer is acted on before an error is returned: a page whose leaf
             // split must stop mapping its mini-page.
-            for ((page, job), merged) in locked.into_iter().zip(&jobs).zip(merged) {
+            for ((mut page, header), merged) in locked.into_iter().zip(headers).zip(merged) {
                 match merged {
-                    Ok(split) => self.after_flush_merge(&page, job, split),
+                    Ok(split) => self.after_flush_merge(&mut page, header, split),
                     // The split could not lock its inner nodes: try again alone.
                     Err(Op::Restart | Op::WouldBlock) => again.push(page.id()),
                     Err(Op::Fail(e)) => {
@@ -81,19 +88,12 @@ impl Core {
 
     /// The page's mini-page as a merge job, if it holds dirty records. The caller holds
     /// the page's write lock.
-    pub(super) fn dirty_mini(&self, page: &mapping::WriteGuard<'_>) -> Option<MergeJob> {
-        let Location::Mini(offset) = page.location() else {
-            return None;
-        };
-        let block = self.block(offset);
-        // SAFETY: the caller holds the page's write lock.
-        let mini = unsafe { mini_ref(&block) };
-        if !mini.iter().any(|r| r.record_type().is_dirty()) {
-            return None;
-        }
-        // SAFETY: as above.
-        let header = unsafe { MiniHeader::of(&block) };
-        Some(MergeJob { block, header })
+    pub(super) fn dirty_mini<'g>(&self, page: &'g mapping::WriteGuard<'_>) -> Option<MergeJob<'g>> {
+        let mini = self.mini_page(page)?;
+        mini.node()
+            .iter()
+            .any(|r| r.record_type().is_dirty())
+            .then(|| MergeJob::new(mini))
     }
 
     /// After flush merged a mini-page's dirty records: if the leaf split, the mini-page
@@ -101,16 +101,19 @@ impl Core {
     /// become clean copies. The caller holds the page's write lock.
     pub(super) fn after_flush_merge(
         &self,
-        page: &mapping::WriteGuard<'_>,
-        job: &MergeJob,
+        page: &mut mapping::WriteGuard<'_>,
+        header: MiniHeader,
         split: bool,
     ) {
+        let mut mini = self
+            .mini_page_mut(page)
+            .expect("a merged page keeps its mini-page");
         if split {
-            page.set_location(Location::Leaf(job.header.leaf.0));
-            self.retire(job.block);
+            let block = mini.block();
+            page.set_location(Location::Leaf(header.leaf.0));
+            self.retire(block);
         } else {
-            // SAFETY: the caller holds the page's write lock.
-            mark_clean(&mut unsafe { mini_mut(&job.block) });
+            mark_clean(&mut mini.node_mut());
         }
     }
 
@@ -118,15 +121,14 @@ impl Core {
     /// lock and retrying while a split cannot lock its inner nodes.
     pub(super) fn flush_page(&self, pid: PageId) -> Result<()> {
         loop {
-            let page = self.mapping.write(pid);
+            let mut page = self.mapping.write(pid);
             let Some(job) = self.dirty_mini(&page) else {
                 return Ok(());
             };
-            // SAFETY: we hold the page's write lock.
-            let mini = unsafe { mini_ref(&job.block) };
-            match self.merge(pid, job.header, Some(mini), None, false) {
+            let header = job.header;
+            match self.merge(pid, header, Some(job.mini.node()), None, false) {
                 Ok(merged) => {
-                    self.after_flush_merge(&page, &job, merged.split());
+                    self.after_flush_merge(&mut page, header, merged.split());
                     return Ok(());
                 }
                 Err(Op::Restart | Op::WouldBlock) => {

@@ -13,8 +13,8 @@ use crate::storage::{PAGE_PAYLOAD_SIZE, Page, PageNo};
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 use super::Core;
-use super::leaf::MiniHeader;
 use super::mapping::{Location, PageId};
+use super::mini::PageLock;
 use super::node::NodeRef;
 use super::stats::{LEAF_VERSION_STRIPES, bump, bump_by};
 
@@ -117,24 +117,25 @@ impl Core {
         Ok(())
     }
 
-    /// The leaf page behind a location. The caller holds the page's lock.
-    pub(super) fn leaf_of(&self, location: Location) -> PageNo {
-        match location {
-            Location::Mini(offset) => {
-                let block = self.block(offset);
-                // SAFETY: the caller holds the page's lock, so the block is live.
-                unsafe { MiniHeader::of(&block) }.leaf
-            }
+    /// The leaf page of the page locked by `page`.
+    pub(super) fn leaf_of(&self, page: &impl PageLock) -> PageNo {
+        match page.location() {
+            Location::Mini(_) => self.mini_page(page).expect("a mini-page").header().leaf,
             Location::Leaf(no) => PageNo(no),
             Location::Empty => unreachable!("a routed page id is in use"),
         }
     }
 
-    /// A ticket for the leaf page of `pid` at `location`. The caller holds `pid`'s lock.
-    pub(super) fn ticket(&self, pid: PageId, location: Location, prefix_len: usize) -> LeafTicket {
+    /// A ticket for the leaf page of `pid`, locked by `page`.
+    pub(super) fn ticket(
+        &self,
+        pid: PageId,
+        page: &impl PageLock,
+        prefix_len: usize,
+    ) -> LeafTicket {
         LeafTicket {
             pid,
-            leaf: self.leaf_of(location),
+            leaf: self.leaf_of(page),
             version: self.leaf_version(pid).load(Ordering::Relaxed),
             prefix_len,
         }
@@ -142,7 +143,7 @@ impl Core {
 
     /// Whether a leaf page read since `ticket` was taken, without the lock, still holds
     /// the page's current contents, and the page still covers the keys it covered. The
-    /// caller holds `ticket.pid`'s lock again and passes its location.
+    /// caller holds `ticket.pid`'s lock again (`page`).
     ///
     /// Argument: the counter only grows, and it is bumped under the write lock by every
     /// leaf write of the page (merges, eviction, flush, and the split that rewrites the
@@ -151,10 +152,10 @@ impl Core {
     /// between. An unchanged counter therefore means no write lock holder wrote the leaf
     /// page from before the ticket until now, so the bytes read are neither torn nor
     /// stale, and the page's range is what it was.
-    pub(super) fn ticket_valid(&self, ticket: &LeafTicket, location: Location) -> bool {
-        location != Location::Empty
+    pub(super) fn ticket_valid(&self, ticket: &LeafTicket, page: &impl PageLock) -> bool {
+        page.location() != Location::Empty
             && self.leaf_version(ticket.pid).load(Ordering::Relaxed) == ticket.version
-            && self.leaf_of(location) == ticket.leaf
+            && self.leaf_of(page) == ticket.leaf
     }
 
     /// Whether `ticket` still describes its page's leaf page (no leaf write since). Takes
@@ -162,6 +163,6 @@ impl Core {
     #[cfg(feature = "tokio-uring")]
     pub(crate) fn ticket_current(&self, ticket: &LeafTicket) -> bool {
         let page = self.mapping.read(ticket.pid);
-        self.ticket_valid(ticket, page.location())
+        self.ticket_valid(ticket, &page)
     }
 }

@@ -7,13 +7,13 @@
 //! `mapping`, `stats`.
 
 use crate::error::{Error, Result};
-use crate::pool::Block;
 use crate::storage::{Page, PageNo};
 
 use super::leaf::{self, MiniHeader, RecordList};
 use super::leaf_io::leaf_used_bytes;
 use super::mapping::{self, Location, PageId};
-use super::mini::{clean_after_merge, mini_ref, node_bytes_mut};
+use super::mini::MiniPage;
+use super::mini::clean_after_merge;
 use super::mirror::OpenEnd;
 use super::node::{NodeMut, NodeRef, RecordType};
 use super::plan::MergePlan;
@@ -36,12 +36,51 @@ impl Merged {
     }
 }
 
-/// A mini-page whose dirty records go to its leaf page in a batched merge; the caller
-/// holds its page's write lock.
-pub(super) struct MergeJob {
-    pub(super) block: Block,
+/// A mini-page whose dirty records go to its leaf page in a batched merge, seen under
+/// its page's write lock (which the job borrows).
+pub(super) struct MergeJob<'g> {
+    pub(super) mini: MiniPage<'g>,
     pub(super) header: MiniHeader,
 }
+
+impl<'g> MergeJob<'g> {
+    /// The job of merging `mini`.
+    pub(super) fn new(mini: MiniPage<'g>) -> MergeJob<'g> {
+        MergeJob {
+            header: mini.header(),
+            mini,
+        }
+    }
+}
+
+/// A batched merge between its phases (`Core::merge_batch`): each job's answer so far,
+/// the pages to rewrite in place (merged pages, and the left pages of splits), and the
+/// planned splits and redistributions (their neighbours still locked).
+struct Batch<'t> {
+    results: Vec<Result<bool, Op>>,
+    writes: Vec<(usize, Box<Page>)>,
+    splits: Vec<(usize, PlannedSplit)>,
+    redistributions: Vec<(usize, Redistribution<'t>)>,
+}
+
+impl Batch<'_> {
+    /// Plans job `i`'s split of page `pid`; its answer.
+    fn split(
+        &mut self,
+        core: &Core,
+        i: usize,
+        pid: PageId,
+        records: RecordList,
+        chunks: Vec<leaf::LeafChunk>,
+    ) -> Result<bool, Op> {
+        self.splits
+            .push((i, core.plan_split(pid, records, chunks)?));
+        Ok(true)
+    }
+}
+
+/// A neighbour to write back as it was, with its lock, leaf page and old page.
+type Restore<'t> = (mapping::WriteGuard<'t>, PageNo, Box<Page>);
 
 /// Answers a failed batched write for every job in `jobs`: the first gets the store's
 /// error, the rest the poisoning it caused (the write poisoned the tree).
@@ -109,8 +148,7 @@ impl Core {
     /// worth a merge.
     pub(super) fn merge_full(
         &self,
-        page: &mapping::WriteGuard<'_>,
-        block: Block,
+        page: &mut mapping::WriteGuard<'_>,
         header: MiniHeader,
         key: &[u8],
         value: &[u8],
@@ -119,8 +157,8 @@ impl Core {
         if !record_type.is_dirty() {
             return Ok(());
         }
-        // SAFETY: we hold the page's write lock.
-        let mini = unsafe { mini_ref(&block) };
+        let mini_page = self.mini_page(page).expect("the page maps a mini-page");
+        let (block, mini) = (mini_page.block(), mini_page.node());
         let merged = self.merge(
             page.id(),
             header,
@@ -150,8 +188,9 @@ impl Core {
         } else if mirror && let Ok(i) = rebuilt.as_ref().search(key) {
             rebuilt.remove(i);
         }
-        // SAFETY: we hold the page's write lock; `mini` is no longer used.
-        unsafe { node_bytes_mut(&block) }.copy_from_slice(&scratch);
+        self.mini_page_mut(page)
+            .expect("the page maps a mini-page")
+            .overwrite(&scratch);
         Ok(())
     }
 
@@ -170,7 +209,7 @@ impl Core {
     /// the page that fails. If the batch write fails, the tree is poisoned as for a
     /// single failed write and every written job answers the failure (the first with the
     /// store's error), so the dirty records stay in memory.
-    pub(super) fn merge_batch(&self, jobs: &[MergeJob]) -> Vec<Result<bool, Op>> {
+    pub(super) fn merge_batch(&self, jobs: &[MergeJob<'_>]) -> Vec<Result<bool, Op>> {
         let nos: Vec<PageNo> = jobs
             .iter()
             .filter(|j| !j.header.mirror)
@@ -181,36 +220,39 @@ impl Core {
             return jobs
                 .iter()
                 .map(|j| {
-                    // SAFETY: the caller holds the job's page write lock.
-                    let mini = unsafe { mini_ref(&j.block) };
+                    let mini = j.mini.node();
                     self.merge(j.header.pid, j.header, Some(mini), None, false)
                         .map(|m| m.split())
                 })
                 .collect();
         }
+        let mut batch = self.plan_batch(jobs, pages);
+        self.write_batch_new_pages(&mut batch);
+        let restores = self.link_batch(&mut batch);
+        self.write_batch_in_place(jobs, batch, restores)
+    }
+
+    /// A batched merge's plans, from the jobs' leaf pages as read (one per job that is
+    /// not a mirror, in order): each job rewrites its page in place, splits, or gives
+    /// records to a neighbour. The neighbours' leaf pages are read in one batch; a
+    /// redistribution that does not work out splits after all.
+    fn plan_batch<'t>(&'t self, jobs: &[MergeJob<'_>], pages: Vec<Box<Page>>) -> Batch<'t> {
         let mut pages = pages.into_iter();
-        let mut results: Vec<Result<bool, Op>> = Vec::with_capacity(jobs.len());
-        // Pages to rewrite in place (merged pages, and the left pages of splits).
-        let mut writes: Vec<(usize, Box<Page>)> = Vec::with_capacity(jobs.len());
-        let mut splits: Vec<(usize, PlannedSplit)> = Vec::new();
+        let mut batch = Batch {
+            results: Vec::with_capacity(jobs.len()),
+            writes: Vec::with_capacity(jobs.len()),
+            splits: Vec::new(),
+            redistributions: Vec::new(),
+        };
         // Overflowing pages with a neighbour locked to take records instead of a split.
         let mut pending: Vec<(usize, Neighbour<'_>, RecordList, Vec<leaf::LeafChunk>)> = Vec::new();
-        let split = |i: usize,
-                     records: RecordList,
-                     chunks: Vec<leaf::LeafChunk>,
-                     splits: &mut Vec<(usize, PlannedSplit)>|
-         -> Result<bool, Op> {
-            splits.push((i, self.plan_split(jobs[i].header.pid, records, chunks)?));
-            Ok(true)
-        };
         for (i, job) in jobs.iter().enumerate() {
-            // SAFETY: the caller holds the job's page write lock.
-            let mini = unsafe { mini_ref(&job.block) };
+            let mini = job.mini.node();
             let leaf = (!job.header.mirror).then(|| pages.next().expect("one page per job"));
             bump(&self.counters.merges);
-            results.push(match self.plan_merge(job.header, Some(mini), None, leaf) {
+            let result = match self.plan_merge(job.header, Some(mini), None, leaf) {
                 Ok(MergePlan::Write(new)) => {
-                    writes.push((i, new));
+                    batch.writes.push((i, new));
                     Ok(false)
                 }
                 Ok(MergePlan::Split {
@@ -226,86 +268,109 @@ impl Core {
                         pending.push((i, neighbour, records, chunks));
                         Ok(true)
                     }
-                    None => split(i, records, chunks, &mut splits),
+                    None => batch.split(self, i, job.header.pid, records, chunks),
                 },
                 Err(e) => Err(e),
-            });
+            };
+            batch.results.push(result);
         }
-        // The neighbours' leaf pages in one batched read; a redistribution that does not
-        // work out splits after all.
-        let mut redistributions: Vec<(usize, Redistribution<'_>)> = Vec::new();
-        if !pending.is_empty() {
-            let nos: Vec<PageNo> = pending
-                .iter()
-                .filter(|(_, n, _, _)| !n.header.mirror)
-                .map(|(_, n, _, _)| n.header.leaf)
-                .collect();
-            let mut leaves: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
-            let read = nos.is_empty() || self.read_leaves(&nos, &mut leaves).is_ok();
-            let mut leaves = leaves.into_iter();
-            for (i, neighbour, records, chunks) in pending {
-                let leaf = (!neighbour.header.mirror).then(|| leaves.next().expect("one each"));
-                let pid = jobs[i].header.pid;
-                let planned = read
-                    .then(|| self.plan_redistribution(pid, neighbour, leaf, &records, &chunks))
-                    .flatten();
-                match planned {
-                    Some(r) => redistributions.push((i, r)),
-                    None => results[i] = split(i, records, chunks, &mut splits),
-                }
+        if pending.is_empty() {
+            return batch;
+        }
+        let nos: Vec<PageNo> = pending
+            .iter()
+            .filter(|(_, n, _, _)| !n.header.mirror)
+            .map(|(_, n, _, _)| n.header.leaf)
+            .collect();
+        let mut leaves: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+        let read = nos.is_empty() || self.read_leaves(&nos, &mut leaves).is_ok();
+        let mut leaves = leaves.into_iter();
+        for (i, neighbour, records, chunks) in pending {
+            let leaf = (!neighbour.header.mirror).then(|| leaves.next().expect("one each"));
+            let pid = jobs[i].header.pid;
+            let planned = read
+                .then(|| self.plan_redistribution(pid, neighbour, leaf, &records, &chunks))
+                .flatten();
+            match planned {
+                Some(r) => batch.redistributions.push((i, r)),
+                None => batch.results[i] = batch.split(self, i, pid, records, chunks),
             }
         }
-        // The splits' steps (1) and the neighbours' new pages with one `write_pages`;
-        // then the splits' steps (2) and (3) and the redistributions' parents one by one;
-        // the left pages of splits and the giving pages of redistributions join the
-        // in-place writes, step (4).
-        if !splits.is_empty() || !redistributions.is_empty() {
-            for (_, r) in &redistributions {
-                self.note_leaf_write(r.neighbour.page.id());
-            }
-            let mut reqs: Vec<(PageNo, &mut Page)> = splits
-                .iter_mut()
-                .flat_map(|(_, s)| s.right_writes())
-                .chain(redistributions.iter_mut().map(|(_, r)| {
-                    let no = r.neighbour.header.leaf;
-                    (no, r.receiving())
-                }))
-                .collect();
-            let written = self.write_leaves(&mut reqs);
-            drop(reqs);
-            if let Err(e) = written {
-                for (_, split) in &splits {
-                    self.abandon_split(split);
-                }
-                let failed = splits.iter().map(|&(i, _)| i);
-                let failed = failed.chain(redistributions.iter().map(|(i, _)| *i));
-                fail_all(e, failed, &mut results);
-                splits.clear();
-                redistributions.clear();
-            }
+        batch
+    }
+
+    /// The splits' step (1) and the neighbours' new pages, with one `write_pages`. On
+    /// failure every split and redistribution of the batch answers it and is dropped.
+    fn write_batch_new_pages(&self, batch: &mut Batch<'_>) {
+        if batch.splits.is_empty() && batch.redistributions.is_empty() {
+            return;
         }
-        for (i, split) in splits {
+        for (_, r) in &batch.redistributions {
+            self.note_leaf_write(r.neighbour.page.id());
+        }
+        let mut reqs: Vec<(PageNo, &mut Page)> = batch
+            .splits
+            .iter_mut()
+            .flat_map(|(_, s)| s.right_writes())
+            .chain(batch.redistributions.iter_mut().map(|(_, r)| {
+                let no = r.neighbour.header.leaf;
+                (no, r.receiving())
+            }))
+            .collect();
+        let written = self.write_leaves(&mut reqs);
+        drop(reqs);
+        if let Err(e) = written {
+            for (_, split) in &batch.splits {
+                self.abandon_split(split);
+            }
+            let failed = batch.splits.iter().map(|&(i, _)| i);
+            let failed = failed.chain(batch.redistributions.iter().map(|(i, _)| *i));
+            let failed: Vec<usize> = failed.collect();
+            fail_all(e, failed.into_iter(), &mut batch.results);
+            batch.splits.clear();
+            batch.redistributions.clear();
+        }
+    }
+
+    /// The splits' steps (2) and (3) and the redistributions' parents, one by one. The
+    /// left pages of splits and the giving pages of redistributions join the in-place
+    /// writes, step (4); a redistribution whose parent changed writes its neighbour back
+    /// as it was (the restores returned), its lock held until then.
+    fn link_batch<'t>(&'t self, batch: &mut Batch<'t>) -> Vec<Restore<'t>> {
+        for (i, split) in std::mem::take(&mut batch.splits) {
             match self.link_split(&split, None) {
-                Ok(_) => writes.push((i, split.left_page())),
-                Err(e) => results[i] = Err(e),
+                Ok(_) => batch.writes.push((i, split.left_page())),
+                Err(e) => batch.results[i] = Err(e),
             }
         }
-        // Neighbours written back as they were, their locks held until then.
-        let mut restores: Vec<(mapping::WriteGuard<'_>, PageNo, Box<Page>)> = Vec::new();
-        for (i, mut r) in redistributions {
+        let mut restores = Vec::new();
+        for (i, mut r) in std::mem::take(&mut batch.redistributions) {
             self.mapping
                 .set_fill_hint(r.neighbour.page.id(), leaf_used_bytes(r.receiving()));
             if self.link_redistribution(&r) {
-                writes.push((i, r.into_giving()));
+                batch.writes.push((i, r.into_giving()));
             } else {
-                results[i] = Err(Op::Restart);
+                batch.results[i] = Err(Op::Restart);
                 restores.push(r.into_restore());
             }
         }
+        restores
+    }
+
+    /// Step (4): the merged pages, the left pages of splits, the giving pages of
+    /// redistributions and the restored neighbours, with one `write_pages`; returns
+    /// every job's answer.
+    fn write_batch_in_place(
+        &self,
+        jobs: &[MergeJob<'_>],
+        mut batch: Batch<'_>,
+        mut restores: Vec<Restore<'_>>,
+    ) -> Vec<Result<bool, Op>> {
+        let (writes, mut results) = (&mut batch.writes, batch.results);
         if writes.is_empty() && restores.is_empty() {
             return results;
         }
-        for &(i, _) in &writes {
+        for &(i, _) in writes.iter() {
             self.note_leaf_write(jobs[i].header.pid);
         }
         for (page, _, _) in &restores {
@@ -320,7 +385,7 @@ impl Core {
             fail_all(e, writes.iter().map(|&(i, _)| i), &mut results);
             return results;
         }
-        for (i, page) in &writes {
+        for (i, page) in writes.iter() {
             self.mapping
                 .set_fill_hint(jobs[*i].header.pid, leaf_used_bytes(page));
         }

@@ -11,6 +11,8 @@
 //!
 //! Uses: `leaf` (the mini-page header), `node`, `mapping`, `signal`, `stats`.
 
+use std::marker::PhantomData;
+
 use crate::error::{Error, Result};
 use crate::pool::{AllocError, Block};
 use crate::storage::PageNo;
@@ -21,13 +23,98 @@ use super::node::{self, Fences, NodeKind, NodeMut, NodeRef, RecordType, WriteErr
 use super::stats::bump;
 use super::{Core, Op};
 
+/// The page-lock guards under which a page's mini-page may be seen: while one is held,
+/// the page's location cannot change, so the block it names stays allocated and is
+/// written by nobody but the holder of the write lock.
+pub(super) trait PageLock {
+    /// Where the page lives while the guard is held.
+    fn location(&self) -> Location;
+}
+
+impl PageLock for mapping::ReadGuard<'_> {
+    fn location(&self) -> Location {
+        mapping::ReadGuard::location(self)
+    }
+}
+
+impl PageLock for mapping::WriteGuard<'_> {
+    fn location(&self) -> Location {
+        mapping::WriteGuard::location(self)
+    }
+}
+
+/// A page's mini-page seen under the page's lock ([`Core::mini_page`]). It borrows the
+/// lock guard for `'g` (as crossbeam-epoch's `Shared<'g, T>` borrows its `Guard`), so no
+/// view outlives the lock that makes reading the block safe, and no mutable view of the
+/// same page ([`MiniPageMut`], which needs the write guard mutably) can exist beside it.
+#[derive(Clone, Copy)]
+pub(super) struct MiniPage<'g> {
+    block: Block,
+    _lock: PhantomData<&'g ()>,
+}
+
+impl<'g> MiniPage<'g> {
+    /// The pool block holding the mini-page.
+    pub(super) fn block(&self) -> Block {
+        self.block
+    }
+
+    /// The mini-page's header: its page, leaf page and whether it is a mirror.
+    pub(super) fn header(&self) -> MiniHeader {
+        // SAFETY: the page's lock, borrowed for `'g`, keeps the published block live.
+        unsafe { MiniHeader::of(&self.block) }
+    }
+
+    /// The mini-page's node.
+    pub(super) fn node(&self) -> NodeRef<'g> {
+        // SAFETY: the page's lock is held for `'g`, and no mutable view can be made
+        // while it is borrowed shared.
+        unsafe { mini_ref(&self.block) }
+    }
+}
+
+/// A page's mini-page seen under the page's write lock, exclusively
+/// ([`Core::mini_page_mut`]): it borrows the write guard mutably, so no other view of the
+/// mini-page is alive while it is changed.
+pub(super) struct MiniPageMut<'g> {
+    block: Block,
+    _lock: PhantomData<&'g mut ()>,
+}
+
+impl MiniPageMut<'_> {
+    /// The pool block holding the mini-page.
+    pub(super) fn block(&self) -> Block {
+        self.block
+    }
+
+    /// The mini-page's header.
+    pub(super) fn header(&self) -> MiniHeader {
+        // SAFETY: the page's write lock is held while `self` lives.
+        unsafe { MiniHeader::of(&self.block) }
+    }
+
+    /// The mini-page's node, to change.
+    pub(super) fn node_mut(&mut self) -> NodeMut<'_> {
+        // SAFETY: the write lock is held while `self` lives, and `&mut self` makes this
+        // the only view of the block.
+        unsafe { mini_mut(&self.block) }
+    }
+
+    /// Replaces the mini-page's node bytes (not its header) with `bytes`, a node of the
+    /// same size.
+    pub(super) fn overwrite(&mut self, bytes: &[u8]) {
+        // SAFETY: as for `node_mut`.
+        unsafe { node_bytes_mut(&self.block) }.copy_from_slice(bytes);
+    }
+}
+
 /// A view of the mini-page in `block`.
 ///
 /// # Safety
 ///
 /// The caller holds the owning page's lock (shared or exclusive) for all of `'a`, so the
 /// block is live and no one writes it while the view exists.
-pub(super) unsafe fn mini_ref<'a>(block: &Block) -> NodeRef<'a> {
+unsafe fn mini_ref<'a>(block: &Block) -> NodeRef<'a> {
     // SAFETY: the payload is `size_bytes` bytes of live pool memory (the caller's lock
     // keeps the block allocated for `'a`) and nobody writes it meanwhile.
     let bytes = unsafe { std::slice::from_raw_parts(block.payload_ptr(), block.size_bytes()) };
@@ -40,7 +127,7 @@ pub(super) unsafe fn mini_ref<'a>(block: &Block) -> NodeRef<'a> {
 ///
 /// The caller holds the owning page's write lock for all of `'a`, and no other view of
 /// the block is alive meanwhile.
-pub(super) unsafe fn mini_mut<'a>(block: &Block) -> NodeMut<'a> {
+unsafe fn mini_mut<'a>(block: &Block) -> NodeMut<'a> {
     // SAFETY: guaranteed by the caller.
     NodeMut::trusted(unsafe { node_bytes_mut(block) })
 }
@@ -52,7 +139,7 @@ pub(super) unsafe fn mini_mut<'a>(block: &Block) -> NodeMut<'a> {
 ///
 /// The caller holds the owning page's write lock for all of `'a`, and no other view of
 /// the node bytes is alive meanwhile.
-pub(super) unsafe fn node_bytes_mut<'a>(block: &Block) -> &'a mut [u8] {
+unsafe fn node_bytes_mut<'a>(block: &Block) -> &'a mut [u8] {
     // SAFETY: the payload is `size_bytes` bytes of pool memory and starts with the
     // 16-byte header; the caller's write lock makes the bytes after it exclusively ours.
     unsafe {
@@ -63,15 +150,20 @@ pub(super) unsafe fn node_bytes_mut<'a>(block: &Block) -> &'a mut [u8] {
     }
 }
 
-/// The mutable bytes of a freshly allocated, unpublished block (header included).
-///
-/// # Safety
-///
-/// The block is Reserved — allocated and not yet published — and owned by the caller for
-/// all of `'a`; nobody else, not even the evictor, looks at a Reserved block.
-pub(super) unsafe fn block_bytes<'a>(block: &Block) -> &'a mut [u8] {
-    // SAFETY: guaranteed by the caller; the payload is `size_bytes` bytes of pool memory.
-    unsafe { std::slice::from_raw_parts_mut(block.payload_ptr(), block.size_bytes()) }
+/// A block just allocated and not yet published: nobody else, not even the evictor,
+/// looks at a Reserved block, so its bytes are its owner's alone until
+/// [`Core::publish`] makes it a page's mini-page or [`Core::discard`] frees it.
+pub(super) struct FreshBlock {
+    block: Block,
+}
+
+impl FreshBlock {
+    /// The block's bytes, header included.
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the block is Reserved and owned by `self` (see the type's docs); the
+        // payload is `size_bytes` bytes of pool memory.
+        unsafe { std::slice::from_raw_parts_mut(self.block.payload_ptr(), self.block.size_bytes()) }
+    }
 }
 
 /// The block size a mini-page needs for the records of `mini` that `keep` keeps, under
@@ -177,6 +269,31 @@ pub(super) fn clean_after_merge(
 }
 
 impl Core {
+    /// The mini-page of the page locked by `page`, if the page has one.
+    pub(super) fn mini_page<'g>(&self, page: &'g impl PageLock) -> Option<MiniPage<'g>> {
+        let Location::Mini(offset) = page.location() else {
+            return None;
+        };
+        Some(MiniPage {
+            block: self.block(offset),
+            _lock: PhantomData,
+        })
+    }
+
+    /// The mini-page of the page write-locked by `page`, exclusively, if it has one.
+    pub(super) fn mini_page_mut<'g>(
+        &self,
+        page: &'g mut mapping::WriteGuard<'_>,
+    ) -> Option<MiniPageMut<'g>> {
+        let Location::Mini(offset) = page.location() else {
+            return None;
+        };
+        Some(MiniPageMut {
+            block: self.block(offset),
+            _lock: PhantomData,
+        })
+    }
+
     /// The block at a mapping-table offset. The caller holds the page's lock.
     pub(super) fn block(&self, offset: u64) -> Block {
         // SAFETY: the mapping table holds only offsets of published mini-page blocks,
@@ -184,12 +301,13 @@ impl Core {
         unsafe { self.pool.block_at(offset) }.expect("a mapped mini-page is a live block")
     }
 
-    /// Allocates a block of at least `size` payload bytes; `WouldBlock` passes up.
-    pub(super) fn alloc(&self, size: usize) -> Result<Block, Op> {
+    /// Allocates a block of at least `size` payload bytes, evicting if needed;
+    /// `WouldBlock` passes up.
+    pub(super) fn alloc(&self, size: usize) -> Result<FreshBlock, Op> {
         match self.pool.alloc(size, self) {
-            Ok(b) => {
+            Ok(block) => {
                 self.after_alloc();
-                Ok(b)
+                Ok(FreshBlock { block })
             }
             Err(AllocError::WouldBlock) => Err(Op::WouldBlock),
             Err(e) => Err(Op::Fail(Error::InvalidConfig(format!(
@@ -211,9 +329,8 @@ impl Core {
         let need = MINI_HEADER_BYTES
             + leaf::empty_node_bytes(&fences)
             + leaf::record_cost(key.len() - prefix_len, value.len());
-        let block = self.alloc(need)?;
-        // SAFETY: the block is freshly allocated and not yet published: ours alone.
-        let bytes = unsafe { block_bytes(&block) };
+        let mut block = self.alloc(need)?;
+        let bytes = block.bytes_mut();
         MiniHeader {
             pid: page.id(),
             leaf: leaf_no,
@@ -231,12 +348,29 @@ impl Core {
         Ok(())
     }
 
-    /// Makes `block` the page's mini-page.
-    pub(super) fn publish(&self, page: &mapping::WriteGuard<'_>, block: Block) {
+    /// Allocates a block of at least `size` payload bytes if the pool has an unused one;
+    /// never evicts.
+    pub(super) fn try_alloc(&self, size: usize) -> Option<FreshBlock> {
+        self.pool
+            .try_alloc(size)
+            .ok()
+            .map(|block| FreshBlock { block })
+    }
+
+    /// Makes `fresh`, initialised, the page's mini-page.
+    pub(super) fn publish(&self, page: &mapping::WriteGuard<'_>, fresh: FreshBlock) -> Block {
+        let block = fresh.block;
         // SAFETY: the block is initialised, and we hold the page's write lock, which
         // the evictor must take before it can look at the block.
         unsafe { self.pool.publish(&block) };
         page.set_location(Location::Mini(block.offset()));
+        block
+    }
+
+    /// Frees a block that was never published.
+    pub(super) fn discard(&self, fresh: FreshBlock) {
+        // SAFETY: never published, so nobody else knows the block.
+        unsafe { self.pool.free(fresh.block) };
     }
 
     /// Frees a mini-page block that the mapping table no longer points to.
@@ -252,15 +386,11 @@ impl Core {
     /// block, or `None` when nothing was worth keeping (the page now maps to its leaf
     /// page). Never merges: dirty records wait for eviction, which batches its leaf IO,
     /// or for the mini-page to fill, so a write that lands here does no leaf IO.
-    pub(super) fn copy_to_tail(
-        &self,
-        page: &mapping::WriteGuard<'_>,
-        block: Block,
-    ) -> Option<Block> {
-        // SAFETY: we hold the page's write lock.
-        let header = unsafe { MiniHeader::of(&block) };
-        // SAFETY: as above.
-        let mini = unsafe { mini_ref(&block) };
+    pub(super) fn copy_to_tail(&self, page: &mapping::WriteGuard<'_>) -> Option<Block> {
+        let old = self
+            .mini_page(page)
+            .expect("copy-to-tail of a page with a mini-page");
+        let (block, header, mini) = (old.block(), old.header(), old.node());
         let worth = |r: &node::RecordView<'_>| r.ref_bit() || r.record_type().is_dirty();
         // A mirror must stay complete: whole if any record is worth keeping, else dropped.
         let whole = header.mirror && mini.iter().any(|r| worth(&r));
@@ -275,23 +405,18 @@ impl Core {
         // An eighth of room to spare, so the next cached record does not force a growth
         // at once (the class rounding may leave none), but never more than the old block.
         let target = need.max(block.size_bytes().min(need + need / 8));
-        let moved = match self.pool.alloc(target, self) {
-            Ok(b) => {
-                self.after_alloc();
-                b
-            }
-            // Best effort: the block stays where it is.
-            Err(_) => return Some(block),
+        // Best effort: without room the block stays where it is.
+        let Ok(mut moved) = self.alloc(target) else {
+            return Some(block);
         };
-        // SAFETY: new block unpublished, old under our write lock.
-        let new = unsafe { block_bytes(&moved) };
+        let new = moved.bytes_mut();
         header.write(new);
         let mut node = node::copy_into(&mini, &mut new[MINI_HEADER_BYTES..], mini.fences(), |r| {
             keep(r)
         })
         .expect("sized for the kept records");
         node.clear_ref_bits();
-        self.publish(page, moved);
+        let moved = self.publish(page, moved);
         self.retire(block);
         bump(&self.counters.copy_on_access);
         Some(moved)

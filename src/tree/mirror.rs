@@ -6,7 +6,6 @@
 //! Uses: `mini`, `leaf`, `node`, `mapping`, `stats`.
 
 use crate::error::Result;
-use crate::pool::Block;
 use crate::storage::{Page, PageNo};
 
 use super::Core;
@@ -14,7 +13,8 @@ use super::leaf::{
     self, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader, OPEN_END_MIRROR_BYTES,
 };
 use super::mapping::{self, Location, PageId};
-use super::mini::{block_bytes, mini_block_bytes, mini_fences, mini_ref};
+use super::mini::FreshBlock;
+use super::mini::{mini_block_bytes, mini_fences};
 use super::node::{self, NodeRef};
 use super::stats::bump;
 
@@ -52,24 +52,21 @@ impl Core {
     /// read or scan of the page then finds none and mirrors it. Returns whether it
     /// merged; a failed merge leaves the page as it was, for eviction to retry. The
     /// caller holds the page's write lock.
-    pub(super) fn merge_for_mirror(
-        &self,
-        page: &mapping::WriteGuard<'_>,
-        old: Block,
-        leaf_no: PageNo,
-    ) -> bool {
-        // SAFETY: the caller holds the page's write lock, so the block is live and
-        // unchanged while we read it.
-        let (header, mini) = unsafe { (MiniHeader::of(&old), mini_ref(&old)) };
+    pub(super) fn merge_for_mirror(&self, page: &mapping::WriteGuard<'_>, leaf_no: PageNo) -> bool {
+        let Some(old) = self.mini_page(page) else {
+            return false;
+        };
+        let mini = old.node();
         if !mini.iter().any(|r| r.record_type().is_dirty()) {
             return false;
         }
         if self
-            .merge(page.id(), header, Some(mini), None, false)
+            .merge(page.id(), old.header(), Some(mini), None, false)
             .is_err()
         {
             return false;
         }
+        let old = old.block();
         page.set_location(Location::Leaf(leaf_no.0));
         self.retire(old);
         true
@@ -137,13 +134,9 @@ impl Core {
         leaf: &NodeRef<'_>,
         mini: Option<&NodeRef<'_>>,
         block_bytes: usize,
-    ) -> Result<Block, MirrorRefused> {
-        let block = self
-            .pool
-            .try_alloc(block_bytes)
-            .map_err(|_| MirrorRefused::NoRoom)?;
-        // SAFETY: a fresh, unpublished block: ours alone.
-        let bytes = unsafe { self::block_bytes(&block) };
+    ) -> Result<FreshBlock, MirrorRefused> {
+        let mut block = self.try_alloc(block_bytes).ok_or(MirrorRefused::NoRoom)?;
+        let bytes = block.bytes_mut();
         MiniHeader {
             pid: page.id(),
             leaf: leaf_no,
@@ -151,8 +144,7 @@ impl Core {
         }
         .write(bytes);
         if leaf::build_mirror(&mut bytes[MINI_HEADER_BYTES..], leaf, mini).is_err() {
-            // SAFETY: never published, so nobody else knows the block.
-            unsafe { self.pool.free(block) };
+            self.discard(block);
             return Err(MirrorRefused::TooFull);
         }
         Ok(block)
@@ -203,19 +195,16 @@ impl Core {
         let Some(page) = self.mapping.try_write(pid) else {
             return;
         };
-        let Location::Mini(offset) = page.location() else {
+        let Some(old) = self.mini_page(&page) else {
             return;
         };
-        let block = self.block(offset);
-        // SAFETY: we hold the page's write lock.
-        let header = unsafe { MiniHeader::of(&block) };
+        let (block, header) = (old.block(), old.header());
         // Only an open-end mirror has a block this large (copy-on-access may have moved
         // it to a smaller one: then it is an ordinary mirror, and stays).
         if !header.mirror || block.size_bytes() < OPEN_END_MIRROR_BYTES {
             return;
         }
-        // SAFETY: as above.
-        let mirror = unsafe { mini_ref(&block) };
+        let mirror = old.node();
         let dirty = |r: &node::RecordView<'_>| r.record_type().is_dirty();
         if !mirror.iter().any(|r| dirty(&r)) {
             page.set_location(Location::Leaf(header.leaf.0));
@@ -224,14 +213,10 @@ impl Core {
             return;
         }
         let fences = mini_fences(mirror.prefix(), mirror.prefix().len());
-        let Ok(small) = self
-            .pool
-            .try_alloc(mini_block_bytes(&mirror, &fences, dirty))
-        else {
+        let Some(mut small) = self.try_alloc(mini_block_bytes(&mirror, &fences, dirty)) else {
             return;
         };
-        // SAFETY: a fresh, unpublished block: ours alone.
-        let bytes = unsafe { block_bytes(&small) };
+        let bytes = small.bytes_mut();
         MiniHeader {
             mirror: false,
             ..header

@@ -62,7 +62,6 @@ use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use admission::Doorkeeper;
 use inner::InnerNode;
 use mapping::{Location, MappingTable, PageId};
-use mini::block_bytes;
 use node::{Fences, NodeKind, NodeMut};
 use olc::Restart;
 use plan::owned_fence;

@@ -11,10 +11,10 @@ use crate::error::Result;
 use crate::pool::Block;
 use crate::storage::{Page, PageNo};
 
-use super::leaf::{MAX_MINI_BLOCK_BYTES, MiniHeader};
+use super::leaf::MAX_MINI_BLOCK_BYTES;
 use super::leaf_io::LeafTicket;
 use super::mapping::{self, Location, MappingTable, PageId};
-use super::mini::{mini_mut, mini_ref};
+use super::mini::PageLock;
 use super::mirror::MirrorRefused;
 use super::node::{NodeRef, RecordType};
 use super::stats::bump;
@@ -123,18 +123,18 @@ impl Core {
             // The read lock is released before the write lock is taken.
             let (path, shared) = {
                 let (path, page) = self.lock_leaf_of(key, MappingTable::read);
-                let shared = self.get_locked(page.location(), key, out, !promote)?;
+                let shared = self.get_locked(&page, key, out, !promote)?;
                 (path, shared)
             };
             let (found, touched) = match shared {
                 Some(result) => result,
                 None => {
-                    let page = self.mapping.write(path.pid);
+                    let mut page = self.mapping.write(path.pid);
                     if path.validate().is_err() {
                         bump(&self.counters.restarts);
                         continue;
                     }
-                    self.get_promoting(&page, path.prefix_len, key, out)?
+                    self.get_promoting(&mut page, path.prefix_len, key, out)?
                 }
             };
             if let Some(block) = touched {
@@ -149,18 +149,16 @@ impl Core {
     /// `Ok(None)`: the mini-page does not know the key and `read_leaf` is false.
     pub(super) fn get_locked(
         &self,
-        location: Location,
+        page: &impl PageLock,
         key: &[u8],
         out: &mut Vec<u8>,
         read_leaf: bool,
     ) -> Result<Option<(Found, Option<Block>)>> {
-        let leaf_no = match location {
-            Location::Mini(offset) => {
-                let block = self.block(offset);
-                // SAFETY: we hold the page's lock, so the block is live and unchanged.
-                let header = unsafe { MiniHeader::of(&block) };
-                // SAFETY: as above.
-                let mini = unsafe { mini_ref(&block) };
+        let leaf_no = match page.location() {
+            Location::Mini(_) => {
+                let mini_page = self.mini_page(page).expect("the page maps a mini-page");
+                let (block, header) = (mini_page.block(), mini_page.header());
+                let mini = mini_page.node();
                 match mini.search(key) {
                     Ok(i) => {
                         let r = mini.record(i);
@@ -192,20 +190,19 @@ impl Core {
     /// record, or a phantom for a miss) in the mini-page.
     pub(super) fn get_promoting(
         &self,
-        page: &mapping::WriteGuard<'_>,
+        page: &mut mapping::WriteGuard<'_>,
         prefix_len: usize,
         key: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(Found, Option<Block>)> {
-        let location = page.location();
-        if let Some(hit) = self.get_locked(location, key, out, false)? {
+        if let Some(hit) = self.get_locked(page, key, out, false)? {
             return Ok(hit);
         }
         let mut leaf_page = Page::boxed();
-        let leaf_no = self.leaf_of(location);
+        let leaf_no = self.leaf_of(&*page);
         let leaf = self.read_leaf(leaf_no, &mut leaf_page)?;
         let found = search_leaf(&leaf, key, out);
-        if !self.mirror_read(page, location, leaf_no, &leaf) {
+        if !self.mirror_read(page, leaf_no, &leaf) {
             self.cache_read(page, prefix_len, key, found, out)?;
         }
         Ok((found, None))
@@ -240,21 +237,18 @@ impl Core {
     pub(super) fn mirror_read(
         &self,
         page: &mapping::WriteGuard<'_>,
-        location: Location,
         leaf_no: PageNo,
         leaf: &NodeRef<'_>,
     ) -> bool {
         if !self.mirror_room() || self.check_writable().is_err() {
             return false;
         }
-        let old = match location {
-            Location::Mini(offset) => Some(self.block(offset)),
-            Location::Leaf(_) => None,
-            Location::Empty => return false,
-        };
-        // SAFETY: we hold the page's write lock, so the old mini-page is live and
-        // unchanged while we read it.
-        let mini = old.map(|b| unsafe { mini_ref(&b) });
+        if page.location() == Location::Empty {
+            return false;
+        }
+        let old_mini = self.mini_page(page);
+        let old = old_mini.map(|m| m.block());
+        let mini = old_mini.map(|m| m.node());
         let block =
             match self.build_mirror(page, leaf_no, leaf, mini.as_ref(), MAX_MINI_BLOCK_BYTES) {
                 Ok(block) => block,
@@ -266,7 +260,7 @@ impl Core {
                 // A split may have moved the key to another page: caching it here could put
                 // it in the wrong one, so after a merge the read caches nothing.
                 Err(MirrorRefused::TooFull) => {
-                    return old.is_some_and(|old| self.merge_for_mirror(page, old, leaf_no));
+                    return old.is_some() && self.merge_for_mirror(page, leaf_no);
                 }
             };
         self.publish(page, block);
@@ -283,7 +277,7 @@ impl Core {
     /// cannot make room without blocking, nothing is cached.
     pub(super) fn cache_read(
         &self,
-        page: &mapping::WriteGuard<'_>,
+        page: &mut mapping::WriteGuard<'_>,
         prefix_len: usize,
         key: &[u8],
         found: Found,
@@ -312,8 +306,7 @@ impl Core {
     /// returns a ticket for reading the leaf page later without the lock.
     pub(crate) fn probe(&self, key: &[u8], out: &mut Vec<u8>) -> Result<Probe> {
         let (path, page) = self.lock_leaf_of(key, MappingTable::read);
-        let location = page.location();
-        Ok(match self.get_locked(location, key, out, false)? {
+        Ok(match self.get_locked(&page, key, out, false)? {
             Some((found, touched)) => {
                 drop(page);
                 if let Some(block) = touched {
@@ -321,7 +314,7 @@ impl Core {
                 }
                 Probe::Done(matches!(found, Found::Value))
             }
-            None => Probe::Leaf(self.ticket(path.pid, location, path.prefix_len)),
+            None => Probe::Leaf(self.ticket(path.pid, &page, path.prefix_len)),
         })
     }
 
@@ -339,13 +332,12 @@ impl Core {
     ) -> Result<Option<bool>> {
         out.clear();
         if promote && self.check_writable().is_ok() {
-            let page = self.mapping.write(ticket.pid);
-            let location = page.location();
-            if !self.ticket_valid(ticket, location) {
+            let mut page = self.mapping.write(ticket.pid);
+            if !self.ticket_valid(ticket, &page) {
                 return Ok(None);
             }
             // The mini-page may have learnt the key since the probe: it is newer.
-            if let Some((found, touched)) = self.get_locked(location, key, out, false)? {
+            if let Some((found, touched)) = self.get_locked(&page, key, out, false)? {
                 drop(page);
                 if let Some(block) = touched {
                     self.touch(ticket.pid, block, key);
@@ -354,17 +346,16 @@ impl Core {
             }
             let leaf = self.parse_leaf(ticket.leaf, leaf_page)?;
             let found = search_leaf(&leaf, key, out);
-            if !self.mirror_read(&page, location, ticket.leaf, &leaf) {
-                self.cache_read(&page, ticket.prefix_len, key, found, out)?;
+            if !self.mirror_read(&page, ticket.leaf, &leaf) {
+                self.cache_read(&mut page, ticket.prefix_len, key, found, out)?;
             }
             return Ok(Some(matches!(found, Found::Value)));
         }
         let page = self.mapping.read(ticket.pid);
-        let location = page.location();
-        if !self.ticket_valid(ticket, location) {
+        if !self.ticket_valid(ticket, &page) {
             return Ok(None);
         }
-        if let Some((found, touched)) = self.get_locked(location, key, out, false)? {
+        if let Some((found, touched)) = self.get_locked(&page, key, out, false)? {
             drop(page);
             if let Some(block) = touched {
                 self.touch(ticket.pid, block, key);
@@ -450,7 +441,7 @@ impl Core {
     /// After a mini-page hit: set the record's reference bit, and copy the mini-page to
     /// the tail if it sits in the copy-on-access region. Best effort, never waits.
     pub(super) fn touch(&self, pid: PageId, block: Block, key: &[u8]) {
-        let Some(page) = self.mapping.try_write(pid) else {
+        let Some(mut page) = self.mapping.try_write(pid) else {
             return;
         };
         // The same offset is not enough: after the pool wraps a lap, another block (of
@@ -459,13 +450,13 @@ impl Core {
         {
             return;
         }
-        // SAFETY: we hold the page's write lock; no other view of the block is alive.
-        let mut mini = unsafe { mini_mut(&block) };
+        let mut mini_page = self.mini_page_mut(&mut page).expect("checked above");
+        let mut mini = mini_page.node_mut();
         if let Ok(i) = mini.as_ref().search(key) {
             mini.set_ref_bit(i, true);
         }
         if self.pool.in_copy_on_access_region(&block) {
-            let _ = self.copy_to_tail(&page, block);
+            let _ = self.copy_to_tail(&page);
         }
     }
 }

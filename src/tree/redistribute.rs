@@ -17,7 +17,6 @@ use crate::storage::{PAGE_PAYLOAD_SIZE, Page, PageNo};
 use super::inner::{self, InnerSnapshot};
 use super::leaf::{self, MiniHeader, RecordList};
 use super::mapping::{self, Location, PageId};
-use super::mini::mini_ref;
 use super::node::{NodeMut, NodeRef, RecordType};
 use super::plan::{MergePlan, owned_fence};
 use super::stats::bump;
@@ -132,10 +131,9 @@ impl Core {
                 };
                 (header, None)
             }
-            Location::Mini(offset) => {
-                let block = self.block(offset);
-                // SAFETY: we hold the neighbour's write lock.
-                (unsafe { MiniHeader::of(&block) }, Some(block))
+            Location::Mini(_) => {
+                let mini = self.mini_page(&page)?;
+                (mini.header(), Some(mini.block()))
             }
             Location::Empty => return None,
         };
@@ -160,8 +158,7 @@ impl Core {
         records: &RecordList,
         chunks: &[leaf::LeafChunk],
     ) -> Option<Redistribution<'t>> {
-        // SAFETY: we hold the neighbour's write lock.
-        let mini = neighbour.block.as_ref().map(|b| unsafe { mini_ref(b) });
+        let mini = self.mini_page(&neighbour.page).map(|m| m.node());
         let Ok(MergePlan::Write(restore)) = self.plan_merge(neighbour.header, mini, None, leaf)
         else {
             return None;

@@ -18,7 +18,7 @@ use super::descend::{LeafPath, Target};
 use super::leaf::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader};
 use super::leaf_io::LeafTicket;
 use super::mapping::{self, Location, MappingTable, PageId};
-use super::mini::mini_ref;
+use super::mini::PageLock;
 use super::node::{self, Fences, NodeKind, NodeRef, RecordType, RecordView};
 use super::plan::owned_fence;
 use super::stats::{bump, bump_by};
@@ -617,24 +617,19 @@ impl Core {
             };
             let plan = {
                 // A mirror answers under the read lock, copying only what is asked for.
-                let location = page.location();
-                if let Location::Mini(offset) = location {
-                    let block = self.block(offset);
-                    // SAFETY: we hold the page's lock, so the block is live.
-                    if unsafe { MiniHeader::of(&block) }.mirror {
-                        // SAFETY: as above; the lock is held while `mini` is used.
-                        let mini = unsafe { mini_ref(&block) };
-                        return Ok(take_from_mirror(
-                            &mini,
-                            lower,
-                            upper,
-                            (direction, limit),
-                            out,
-                        ));
-                    }
+                if let Some(mini) = self.mini_page(&page)
+                    && mini.header().mirror
+                {
+                    return Ok(take_from_mirror(
+                        &mini.node(),
+                        lower,
+                        upper,
+                        (direction, limit),
+                        out,
+                    ));
                 }
                 let plan = unlocked.then(|| {
-                    self.plan_leaf_read(&path, location, bounds, prefetched, read_ahead_pages)
+                    self.plan_leaf_read(&path, &page, bounds, prefetched, read_ahead_pages)
                 });
                 drop(page);
                 plan
@@ -651,13 +646,13 @@ impl Core {
                     if !promote && matches!(direction, Direction::Forward) {
                         // The common case: copy what is asked for straight from the nodes.
                         let page = self.mapping.read(leaf.ticket.pid);
-                        if !self.ticket_valid(&leaf.ticket, page.location()) {
+                        if !self.ticket_valid(&leaf.ticket, &page) {
                             bump(&self.counters.stale_leaf_reads);
                             unlocked = false;
                             continue;
                         }
                         let bounds = (lower, upper);
-                        return self.page_forward(page.location(), Some(&leaf.page), bounds, out);
+                        return self.page_forward(&page, Some(&leaf.page), bounds, out);
                     }
                     match self.view_of_read(&leaf, promote)? {
                         Some(view) => view,
@@ -675,7 +670,7 @@ impl Core {
                         continue;
                     }
                     let ahead = (&mut *prefetched, read_ahead_pages);
-                    let view = self.view_prefetching(&path, page.location(), bounds, ahead)?;
+                    let view = self.view_prefetching(&path, &page, bounds, ahead)?;
                     self.make_mirror(&page, &view);
                     view
                 }
@@ -686,7 +681,7 @@ impl Core {
                         continue;
                     }
                     let ahead = (&mut *prefetched, read_ahead_pages);
-                    self.view_prefetching(&path, page.location(), bounds, ahead)?
+                    self.view_prefetching(&path, &page, bounds, ahead)?
                 }
             };
             let in_range = |k: &[u8]| above(lower, k) && below(upper, k);
@@ -705,26 +700,26 @@ impl Core {
     }
 
     /// What a fetch reads without the page lock, decided under it (the caller holds
-    /// `path.pid`'s lock, and `location` is the page's, not a mirror): the page's leaf
+    /// `path.pid`'s lock, `page`, and it is not a mirror): the page's leaf
     /// page from the pages read ahead if one is there and still valid, else a read of
     /// it together with the next pages of the range.
     fn plan_leaf_read(
         &self,
         path: &LeafPath<'_>,
-        location: Location,
+        page: &impl PageLock,
         bounds: (&Bound<Vec<u8>>, &Bound<Vec<u8>>, Direction),
         prefetched: &mut Vec<Prefetched>,
         read_ahead_pages: usize,
     ) -> LeafRead {
         if let Some(i) = prefetched.iter().position(|p| p.ticket.pid == path.pid) {
             let p = prefetched.swap_remove(i);
-            if self.ticket_valid(&p.ticket, location) {
+            if self.ticket_valid(&p.ticket, page) {
                 return LeafRead::Prefetched(p);
             }
             bump(&self.counters.stale_leaf_reads);
         }
         LeafRead::Read {
-            ticket: self.ticket(path.pid, location, 0),
+            ticket: self.ticket(path.pid, page, 0),
             ahead: self.pages_ahead(path, bounds, read_ahead_pages),
         }
     }
@@ -764,18 +759,18 @@ impl Core {
         let ticket = &leaf.ticket;
         if promote && self.check_writable().is_ok() {
             let page = self.mapping.write(ticket.pid);
-            if !self.ticket_valid(ticket, page.location()) {
+            if !self.ticket_valid(ticket, &page) {
                 return Ok(None);
             }
-            let view = self.page_view(page.location(), Some(&leaf.page))?;
+            let view = self.page_view(&page, Some(&leaf.page))?;
             self.make_mirror(&page, &view);
             return Ok(Some(view));
         }
         let page = self.mapping.read(ticket.pid);
-        if !self.ticket_valid(ticket, page.location()) {
+        if !self.ticket_valid(ticket, &page) {
             return Ok(None);
         }
-        Ok(Some(self.page_view(page.location(), Some(&leaf.page))?))
+        Ok(Some(self.page_view(&page, Some(&leaf.page))?))
     }
 
     /// The first half of a forward fetch whose leaf page is read without the page lock
@@ -794,11 +789,10 @@ impl Core {
             Bound::Unbounded => &[],
         };
         let (path, page) = self.lock_leaf_of(key, MappingTable::read);
-        let location = page.location();
-        if !self.is_mirror(location) {
-            return Ok(FetchStep::Leaf(self.ticket(path.pid, location, 0)));
+        if !self.is_mirror(&page) {
+            return Ok(FetchStep::Leaf(self.ticket(path.pid, &page, 0)));
         }
-        let view = self.page_view(location, None)?;
+        let view = self.page_view(&page, None)?;
         Ok(FetchStep::Fetched(take_forward(view, lower, upper, out)))
     }
 
@@ -816,18 +810,18 @@ impl Core {
     ) -> Result<Option<Option<Bound<Vec<u8>>>>> {
         let view = if promote && self.check_writable().is_ok() {
             let page = self.mapping.write(ticket.pid);
-            if !self.ticket_valid(ticket, page.location()) {
+            if !self.ticket_valid(ticket, &page) {
                 return Ok(None);
             }
-            let view = self.page_view(page.location(), Some(leaf_page))?;
+            let view = self.page_view(&page, Some(leaf_page))?;
             self.make_mirror(&page, &view);
             view
         } else {
             let page = self.mapping.read(ticket.pid);
-            if !self.ticket_valid(ticket, page.location()) {
+            if !self.ticket_valid(ticket, &page) {
                 return Ok(None);
             }
-            self.page_view(page.location(), Some(leaf_page))?
+            self.page_view(&page, Some(leaf_page))?
         };
         Ok(Some(take_forward(view, lower, upper, out)))
     }
@@ -838,15 +832,15 @@ impl Core {
     fn view_prefetching(
         &self,
         path: &LeafPath<'_>,
-        location: Location,
+        page: &impl PageLock,
         bounds: (&Bound<Vec<u8>>, &Bound<Vec<u8>>, Direction),
         (prefetched, read_ahead_pages): (&mut Vec<Prefetched>, usize),
     ) -> Result<PageView> {
-        if self.is_mirror(location) {
-            return self.page_view(location, None);
+        if self.is_mirror(page) {
+            return self.page_view(page, None);
         }
         // The same plan as a fetch without the lock makes, carried out under the lock.
-        let leaf = match self.plan_leaf_read(path, location, bounds, prefetched, read_ahead_pages) {
+        let leaf = match self.plan_leaf_read(path, page, bounds, prefetched, read_ahead_pages) {
             // Nothing to read ahead: `page_view` reads the page alone.
             LeafRead::Read { ahead, .. } if ahead.is_empty() => None,
             // `None` from a failed batch: a page read ahead may have failed its checksum
@@ -854,20 +848,13 @@ impl Core {
             // reports a real error.
             plan => self.read_planned(plan, prefetched),
         };
-        self.page_view(location, leaf.as_ref().map(|p| &*p.page))
+        self.page_view(page, leaf.as_ref().map(|p| &*p.page))
     }
 
     /// Whether a location is a mirror (its mini-page holds every record of the leaf).
     /// The caller holds the page's lock.
-    fn is_mirror(&self, location: Location) -> bool {
-        match location {
-            Location::Mini(offset) => {
-                let block = self.block(offset);
-                // SAFETY: the caller holds the page's lock, so the block is live.
-                unsafe { MiniHeader::of(&block) }.mirror
-            }
-            _ => false,
-        }
+    fn is_mirror(&self, page: &impl PageLock) -> bool {
+        self.mini_page(page).is_some_and(|m| m.header().mirror)
     }
 
     /// Tickets for up to `max_pages` pages after `path.pid` in the scan's direction
@@ -929,8 +916,8 @@ impl Core {
                 continue;
             };
             let location = page.location();
-            if location != Location::Empty && !self.is_mirror(location) {
-                tickets.push(self.ticket(pid, location, 0));
+            if location != Location::Empty && !self.is_mirror(&page) {
+                tickets.push(self.ticket(pid, &page, 0));
             }
         }
         tickets
@@ -938,10 +925,10 @@ impl Core {
 
     /// The live records of a page and its fences, with `leaf` as its leaf page if given
     /// (already validated), else reading it. The caller holds the page's lock.
-    fn page_view(&self, location: Location, leaf: Option<&Page>) -> Result<PageView> {
+    fn page_view(&self, page: &impl PageLock, leaf: Option<&Page>) -> Result<PageView> {
         // Keys get their prefixes back: about twice the page's bytes, grown if needed.
         let mut records = Flat::with_capacity(0, 2 * PAGE_SIZE);
-        let (low, high) = self.merge_page(location, leaf, |r| {
+        let (low, high) = self.merge_page(page, leaf, |r| {
             records.push_view(r);
             true
         })?;
@@ -954,12 +941,12 @@ impl Core {
     /// (`None` after the last page). The caller holds the page's lock.
     fn page_forward(
         &self,
-        location: Location,
+        page: &impl PageLock,
         leaf: Option<&Page>,
         (lower, upper): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
         out: &mut impl Sink,
     ) -> Result<Option<Bound<Vec<u8>>>> {
-        let (_, high) = self.merge_page(location, leaf, |r| {
+        let (_, high) = self.merge_page(page, leaf, |r| {
             if !view_below(upper, r) {
                 return false;
             }
@@ -977,18 +964,15 @@ impl Core {
     /// lock.
     fn merge_page(
         &self,
-        location: Location,
+        page: &impl PageLock,
         leaf: Option<&Page>,
         mut emit: impl FnMut(&RecordView<'_>) -> bool,
     ) -> Result<OwnedFences> {
         let fence = super::owned_fence;
-        let (mini, leaf_no) = match location {
-            Location::Mini(offset) => {
-                let block = self.block(offset);
-                // SAFETY: the caller holds the page's lock.
-                let header = unsafe { MiniHeader::of(&block) };
-                // SAFETY: as above.
-                let mini = unsafe { mini_ref(&block) };
+        let (mini, leaf_no) = match page.location() {
+            Location::Mini(_) => {
+                let mini_page = self.mini_page(page).expect("the page maps a mini-page");
+                let (header, mini) = (mini_page.header(), mini_page.node());
                 if header.mirror {
                     for r in mini.iter().filter(|r| r.record_type().exists()) {
                         if !emit(&r) {
@@ -1040,24 +1024,23 @@ impl Core {
     /// range gaps"), so later scans and point reads of it need no IO. The caller holds
     /// the page's write lock and has just built `view` under it. Best effort.
     fn make_mirror(&self, page: &mapping::WriteGuard<'_>, view: &PageView) {
+        let old = self.mini_page(page);
         let (old, leaf_no) = match page.location() {
-            Location::Mini(offset) => {
-                let block = self.block(offset);
-                // SAFETY: we hold the page's write lock.
-                let header = unsafe { MiniHeader::of(&block) };
+            Location::Mini(_) => {
+                let old = old.expect("the page maps a mini-page");
+                let header = old.header();
                 if header.mirror {
                     return;
                 }
-                (Some(block), header.leaf)
+                (Some(old), header.leaf)
             }
             Location::Leaf(no) => (None, PageNo(no)),
             Location::Empty => return,
         };
         // Dirty records keep their type (they are not in the leaf page yet).
         let dirty: Vec<(Vec<u8>, RecordType)> = match old {
-            Some(block) => {
-                // SAFETY: we hold the page's write lock.
-                let mini = unsafe { mini_ref(&block) };
+            Some(old) => {
+                let mini = old.node();
                 mini.iter()
                     .filter(|r| r.record_type().is_dirty())
                     .map(|r| (r.key(), r.record_type()))
@@ -1065,12 +1048,10 @@ impl Core {
             }
             None => Vec::new(),
         };
-        let block = match self.pool.alloc(MAX_MINI_BLOCK_BYTES, self) {
-            Ok(b) => b,
-            Err(_) => return,
+        let Ok(mut block) = self.alloc(MAX_MINI_BLOCK_BYTES) else {
+            return;
         };
-        // SAFETY: a fresh, unpublished block: ours alone.
-        let bytes = unsafe { super::block_bytes(&block) };
+        let bytes = block.bytes_mut();
         MiniHeader {
             pid: page.id(),
             leaf: leaf_no,
@@ -1098,17 +1079,17 @@ impl Core {
             }
         }
         if node::build_sorted(node_bytes, NodeKind::Mini, fences, all).is_err() {
-            // SAFETY: never published, so nobody else knows the block.
-            unsafe { self.pool.free(block) };
+            self.discard(block);
             // Does not fit in one block because of the dirty records: merge them now,
             // so that the next scan of the page can mirror it instead of trying (under
             // the write lock) again and again. `view` stays what this fetch returns: a
             // merge changes where records live, not which records exist.
-            if let Some(old) = old {
-                self.merge_for_mirror(page, old, leaf_no);
+            if old.is_some() {
+                self.merge_for_mirror(page, leaf_no);
             }
             return;
         }
+        let old = old.map(|m| m.block());
         self.publish(page, block);
         if let Some(old) = old {
             self.retire(old);

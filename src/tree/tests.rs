@@ -12,7 +12,6 @@ use super::inner::{self};
 use super::leaf::MiniHeader;
 use super::mapping::{Location, PageId};
 use super::merge::Merged;
-use super::mini::mini_ref;
 use super::node::NodeRef;
 use super::plan::owned_fence;
 use super::redistribute::{Neighbour, Redistribution};
@@ -124,8 +123,7 @@ impl Evictor for OwnerFreesFirst<'_> {
         let header = unsafe { MiniHeader::of(block) };
         {
             let page = core.mapping.write(header.pid);
-            // SAFETY: we hold the page's write lock.
-            let mini = unsafe { mini_ref(block) };
+            let mini = core.mini_page(&page).unwrap().node();
             assert!(matches!(
                 core.merge(header.pid, header, Some(mini), None, false),
                 Ok(Merged::InPlace)

@@ -9,13 +9,12 @@
 //! `mapping`, `stats`.
 
 use crate::error::{Error, Result};
-use crate::pool::Block;
 use crate::storage::PageNo;
 use crate::sync::atomic::Ordering;
 
 use super::leaf::{self, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader};
 use super::mapping::{self, Location, MappingTable};
-use super::mini::{block_bytes, drop_cold_clean, mini_mut, mini_ref, place};
+use super::mini::{drop_cold_clean, place};
 use super::node::{self, RecordType};
 use super::stats::bump;
 use super::{Core, Op};
@@ -37,8 +36,8 @@ impl Core {
         let evict_failures = self.evict_failures.load(Ordering::Acquire);
         loop {
             self.check_writable()?;
-            let (path, page) = self.lock_leaf_of(key, MappingTable::write);
-            match self.put_in_mini(&page, path.prefix_len, key, value, record_type) {
+            let (path, mut page) = self.lock_leaf_of(key, MappingTable::write);
+            match self.put_in_mini(&mut page, path.prefix_len, key, value, record_type) {
                 Ok(()) => return Ok(()),
                 Err(Op::Fail(e)) => return Err(e),
                 Err(Op::Restart) => {
@@ -74,13 +73,13 @@ impl Core {
     /// it as needed (Bf-Tree §5.2). The caller holds the page's write lock.
     pub(super) fn put_in_mini(
         &self,
-        page: &mapping::WriteGuard<'_>,
+        page: &mut mapping::WriteGuard<'_>,
         prefix_len: usize,
         key: &[u8],
         value: &[u8],
         record_type: RecordType,
     ) -> Result<(), Op> {
-        let block = loop {
+        loop {
             let block = match page.location() {
                 Location::Leaf(no) => {
                     return self.create_mini(page, prefix_len, PageNo(no), key, value, record_type);
@@ -88,19 +87,16 @@ impl Core {
                 Location::Mini(offset) => self.block(offset),
                 Location::Empty => unreachable!("a routed page id is in use"),
             };
-            if !self.pool.in_copy_on_access_region(&block) {
-                break block;
+            // Nothing in the mini-page was worth keeping when `copy_to_tail` answers
+            // `None`: the page maps to its leaf page now, and the next turn creates a
+            // mini-page for the record.
+            if !self.pool.in_copy_on_access_region(&block) || self.copy_to_tail(page).is_some() {
+                break;
             }
-            // Nothing in the mini-page was worth keeping: the page maps to its leaf page
-            // now, and the next turn creates a mini-page for the record.
-            if let Some(moved) = self.copy_to_tail(page, block) {
-                break moved;
-            }
-        };
-        // SAFETY: we hold the page's write lock; this is the only view of the block.
-        let header = unsafe { MiniHeader::of(&block) };
-        // SAFETY: as above.
-        let mut mini = unsafe { mini_mut(&block) };
+        }
+        let mut mini_page = self.mini_page_mut(page).expect("the page maps a mini-page");
+        let (block, header) = (mini_page.block(), mini_page.header());
+        let mut mini = mini_page.node_mut();
         if record_type == RecordType::Tombstone
             && header.mirror
             && mini.as_ref().search(key).is_err()
@@ -114,7 +110,7 @@ impl Core {
         let node_size = block.size_bytes() - MINI_HEADER_BYTES;
         let can_grow = !header.mirror && block.size_bytes() < MAX_MINI_BLOCK_BYTES;
         if can_grow && node_size < self.config.merge_threshold_bytes {
-            return self.grow_mini(page, block, header, key, value, record_type);
+            return self.grow_mini(page, header, key, value, record_type);
         }
         // At the merge threshold. For a write, clean records not read since the last pass
         // go first: dropping them costs no IO (a merge leaves the records it wrote as
@@ -131,26 +127,25 @@ impl Core {
         // on and leaves the merge to it (batched, and the writer does not wait for the
         // leaf IO); at full size, or without one, the writer merges now.
         if can_grow && record_type.is_dirty() && self.queue_merge(page.id()) {
-            return self.grow_mini(page, block, header, key, value, record_type);
+            return self.grow_mini(page, header, key, value, record_type);
         }
-        self.merge_full(page, block, header, key, value, record_type)
+        self.merge_full(page, header, key, value, record_type)
     }
 
-    /// Moves the page's mini-page `block` into a bigger block and places the record
+    /// Moves the page's mini-page into a bigger block and places the record
     /// there, growing again while a large record still does not fit; at full size, or
     /// when the pool has no room, merges instead. The caller holds the page's write lock.
     pub(super) fn grow_mini(
         &self,
-        page: &mapping::WriteGuard<'_>,
-        mut block: Block,
+        page: &mut mapping::WriteGuard<'_>,
         header: MiniHeader,
         key: &[u8],
         value: &[u8],
         record_type: RecordType,
     ) -> Result<(), Op> {
         loop {
-            // SAFETY: we hold the page's write lock: nobody changes the old block.
-            let old = unsafe { mini_ref(&block) };
+            let old_page = self.mini_page(page).expect("the page maps a mini-page");
+            let (block, old) = (old_page.block(), old_page.node());
             let live_bytes = old.node_size_bytes() - old.reclaimable_space_bytes();
             // Room for the new record for sure (its full key bounds its stored suffix), and
             // otherwise a fixed step up: small steps keep the block's empty tail small.
@@ -162,12 +157,12 @@ impl Core {
                 // which nobody can evict while we hold its page. A merge needs no pool room.
                 Err(Op::WouldBlock) if record_type.is_dirty() => {
                     bump(&self.counters.merges_without_room);
-                    return self.merge_full(page, block, header, key, value, record_type);
+                    return self.merge_full(page, header, key, value, record_type);
                 }
                 Err(e) => return Err(e),
             };
-            // SAFETY: the new block is unpublished: ours alone.
-            let new = unsafe { block_bytes(&bigger) };
+            let mut bigger = bigger;
+            let new = bigger.bytes_mut();
             header.write(new);
             let mut mini =
                 node::copy_into(&old, &mut new[MINI_HEADER_BYTES..], old.fences(), |_| true)
@@ -179,7 +174,7 @@ impl Core {
                 }
                 Err(_) => false,
             };
-            self.publish(page, bigger);
+            let bigger = self.publish(page, bigger);
             self.retire(block);
             bump(&self.counters.mini_page_growths);
             if placed {
@@ -189,10 +184,9 @@ impl Core {
                 // Full size and still no room: merge now. (Leaving it to the next attempt
                 // could loop: in the copy-on-access region that attempt copies the block,
                 // which can shrink it below full size, so it would grow again instead.)
-                return self.merge_full(page, bigger, header, key, value, record_type);
+                return self.merge_full(page, header, key, value, record_type);
             }
             // Still no room (a large record): keep growing from the bigger block.
-            block = bigger;
         }
     }
 }
