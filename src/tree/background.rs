@@ -27,7 +27,6 @@ use crate::sync::spin_wait;
 use super::flush::FLUSH_BATCH_PAGES;
 use super::leaf::MINI_HEADER_BYTES;
 use super::leaf::MiniHeader;
-use super::merge::MergeJob;
 use super::mini::clean_after_merge;
 use super::signal::{high_water_bytes, low_water_bytes};
 use super::stats::{bump, bump_by};
@@ -70,16 +69,7 @@ impl Core {
                 }
                 locked.push(page);
             }
-            let jobs: Vec<MergeJob<'_>> = locked
-                .iter()
-                .map(|page| {
-                    self.dirty_mini(page)
-                        .expect("checked above, under the lock")
-                })
-                .collect();
-            let results = self.merge_batch(&jobs);
-            let headers: Vec<MiniHeader> = jobs.iter().map(|j| j.header).collect();
-            drop(jobs);
+            let (headers, results) = self.merge_locked(&locked);
             for ((mut page, header), result) in locked.into_iter().zip(headers).zip(results) {
                 // A failed merge leaves the records dirty, for the writer or eviction;
                 // a failed write has poisoned the tree, which writers then report.

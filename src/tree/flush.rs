@@ -44,16 +44,7 @@ impl Core {
                     locked.push(page);
                 }
             }
-            let jobs: Vec<MergeJob<'_>> = locked
-                .iter()
-                .map(|page| {
-                    self.dirty_mini(page)
-                        .expect("checked above, under the lock")
-                })
-                .collect();
-            let merged = self.merge_batch(&jobs);
-            let headers: Vec<MiniHeader> = jobs.iter().map(|j| j.header).collect();
-            drop(jobs);
+            let (headers, merged) = self.merge_locked(&locked);
             let mut again = Vec::new();
             // Every answer is acted on before an error is returned: a page whose leaf
             // split must stop mapping its mini-page.
@@ -94,6 +85,23 @@ impl Core {
             .iter()
             .any(|r| r.record_type().is_dirty())
             .then(|| MergeJob::new(mini))
+    }
+
+    /// Merges, in one batch, the dirty mini-pages of the pages `locked` (write-locked,
+    /// each checked to have one): their headers, and what `merge_batch` answered.
+    pub(super) fn merge_locked(
+        &self,
+        locked: &[mapping::WriteGuard<'_>],
+    ) -> (Vec<MiniHeader>, Vec<Result<bool, Op>>) {
+        let jobs: Vec<MergeJob<'_>> = locked
+            .iter()
+            .map(|page| {
+                self.dirty_mini(page)
+                    .expect("checked by the caller, under the lock")
+            })
+            .collect();
+        let merged = self.merge_batch(&jobs);
+        (jobs.iter().map(|j| j.header).collect(), merged)
     }
 
     /// After flush merged a mini-page's dirty records: if the leaf split, the mini-page

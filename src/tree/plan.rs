@@ -190,7 +190,8 @@ impl Core {
     /// Computes what `merge` writes: the new leaf page, or the records and chunks of a
     /// split. `leaf` is the leaf page as read under the page's write lock (`None` for a
     /// mirror, whose live records are the leaf's). The callers count the merge; a
-    /// redistribution's plan for its neighbour is not one.
+    /// redistribution's plan for its neighbour is not one. (About 110 lines: the merge of
+    /// the two record sources and the choice of packing read best in one place.)
     pub(super) fn plan_merge(
         &self,
         header: MiniHeader,

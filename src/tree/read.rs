@@ -307,13 +307,7 @@ impl Core {
     pub(crate) fn probe(&self, key: &[u8], out: &mut Vec<u8>) -> Result<Probe> {
         let (path, page) = self.lock_leaf_of(key, MappingTable::read);
         Ok(match self.get_locked(&page, key, out, false)? {
-            Some((found, touched)) => {
-                drop(page);
-                if let Some(block) = touched {
-                    self.touch(path.pid, block, key);
-                }
-                Probe::Done(matches!(found, Found::Value))
-            }
+            Some(hit) => Probe::Done(self.answer_hit(path.pid, page, hit, key)),
             None => Probe::Leaf(self.ticket(path.pid, &page, path.prefix_len)),
         })
     }
@@ -337,12 +331,8 @@ impl Core {
                 return Ok(None);
             }
             // The mini-page may have learnt the key since the probe: it is newer.
-            if let Some((found, touched)) = self.get_locked(&page, key, out, false)? {
-                drop(page);
-                if let Some(block) = touched {
-                    self.touch(ticket.pid, block, key);
-                }
-                return Ok(Some(matches!(found, Found::Value)));
+            if let Some(hit) = self.get_locked(&page, key, out, false)? {
+                return Ok(Some(self.answer_hit(ticket.pid, page, hit, key)));
             }
             let leaf = self.parse_leaf(ticket.leaf, leaf_page)?;
             let found = search_leaf(&leaf, key, out);
@@ -355,12 +345,8 @@ impl Core {
         if !self.ticket_valid(ticket, &page) {
             return Ok(None);
         }
-        if let Some((found, touched)) = self.get_locked(&page, key, out, false)? {
-            drop(page);
-            if let Some(block) = touched {
-                self.touch(ticket.pid, block, key);
-            }
-            return Ok(Some(matches!(found, Found::Value)));
+        if let Some(hit) = self.get_locked(&page, key, out, false)? {
+            return Ok(Some(self.answer_hit(ticket.pid, page, hit, key)));
         }
         let found = search_leaf(&self.parse_leaf(ticket.leaf, leaf_page)?, key, out);
         Ok(Some(matches!(found, Found::Value)))
@@ -436,6 +422,23 @@ impl Core {
         }
         leaves.clear();
         Ok(())
+    }
+
+    /// Answers a read of `key` that page `pid`'s mini-page settled (`hit`, from
+    /// `get_locked`): releases the page's lock `page`, then maintains the block if the
+    /// hit asked for it (`touch`, which takes the write lock). Whether the key exists.
+    fn answer_hit<G>(
+        &self,
+        pid: PageId,
+        page: G,
+        (found, touched): (Found, Option<Block>),
+        key: &[u8],
+    ) -> bool {
+        drop(page);
+        if let Some(block) = touched {
+            self.touch(pid, block, key);
+        }
+        matches!(found, Found::Value)
     }
 
     /// After a mini-page hit: set the record's reference bit, and copy the mini-page to

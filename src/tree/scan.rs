@@ -588,6 +588,9 @@ impl Core {
     /// From a mirror, a fetch copies at most `limit` records (the bound it returns then
     /// lies just past the last one); from other pages it takes the whole page's part of
     /// the range, since it had to merge the mini-page with the leaf page anyway.
+    ///
+    /// (About 110 lines: one retry loop whose three outcomes — unlocked read, locked
+    /// read, mirror promotion — share its restart logic.)
     pub(super) fn fetch(
         &self,
         lower: &Bound<Vec<u8>>,

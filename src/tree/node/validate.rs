@@ -82,6 +82,11 @@ fn bytes(buf: &[u8], range: Range<usize>) -> Result<&[u8], NodeError> {
 }
 
 /// Checks every invariant of the node layout on `buf`.
+///
+/// Long (about 170 lines) by choice: one check per invariant, in the order of the layout
+/// (meta, record table, fences and prefix, records, order), each relying on the ones
+/// before it for the ranges it reads. Split into pieces, each piece would have to carry
+/// or re-check what the earlier ones established.
 pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
     let size = buf.len();
     if !(MIN_NODE_SIZE_BYTES..=MAX_NODE_SIZE_BYTES).contains(&size) {
