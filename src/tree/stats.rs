@@ -6,6 +6,10 @@
 //!
 //! [`Tree::stats`]: super::Tree::stats
 
+#[cfg(doc)]
+use super::Tree;
+#[cfg(doc)]
+use crate::config::Config;
 use crate::pool::PoolStats;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
