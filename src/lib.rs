@@ -56,6 +56,9 @@
 //!   goes, with an in-memory, a file (`pread`/`pwrite` or io_uring, optionally
 //!   `O_DIRECT`) and a fault-injecting backend. Every page on disk carries a CRC-32C
 //!   checksum that is checked on every read.
+//! - [`wal`]: the write-ahead log (checksummed records, group commit, recovery's reading
+//!   up to a torn tail) over the [`storage::LogDevice`] segments; the durable `Db` that
+//!   will write through it is not built yet.
 //! - [`pool`]: the circular-buffer pool that holds mini-pages inside a fixed memory
 //!   budget and evicts from its head through a caller-supplied callback.
 //! - [`tree::node`]: the one byte layout shared by mini-pages, leaf pages and inner
@@ -64,7 +67,7 @@
 //! ## Layering
 //!
 //! Dependencies point one way: `tree` (and later `hash`) use `pool`, `storage` and
-//! `config`; `pool` and `storage` use nothing else of this crate except the `sync` shim
+//! `config`; `wal` uses `storage`; `pool` and `storage` use nothing else of this crate except the `sync` shim
 //! (std or, under the `shuttle` feature, shuttle's primitives); `config` uses only
 //! `error`. `storage` never knows what a page contains; `pool` never knows what a block
 //! holds.
@@ -82,6 +85,7 @@ pub mod storage;
 #[doc(hidden)]
 pub mod sync;
 pub mod tree;
+pub mod wal;
 
 pub use config::{Backend, Config};
 pub use error::{Error, Result};

@@ -45,6 +45,7 @@ use std::io;
 mod aio;
 mod backend;
 mod file;
+mod log;
 mod memory;
 mod sim;
 pub mod uring;
@@ -56,6 +57,7 @@ pub use file::{
     FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, PathIoError, SyncCrashPoint,
     simulate_o_direct_refused_for_test,
 };
+pub use log::{DirLog, LOG_BLOCK_BYTES, LogDevice, SimLog};
 pub use memory::MemoryStore;
 pub use sim::{SimCounts, SimStore};
 

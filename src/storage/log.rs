@@ -1,0 +1,398 @@
+//! Log devices: where the write-ahead log's segments live, as numbered append-only
+//! files of whole 4 KiB blocks. The storage layer moves the bytes and knows nothing of
+//! what a block means (the `wal` module owns the block and record formats).
+//!
+//! Two devices: [`DirLog`], a directory of preallocated segment files read and written
+//! with `pread`/`pwrite` and made durable with `fdatasync`; and [`SimLog`], a seeded
+//! in-memory device for crash tests that keeps live and durable bytes apart and, on
+//! [`SimLog::crash`], loses, keeps or tears (by 512-byte sector) every write since the
+//! segment's last sync.
+//!
+//! Invariants: a write covers whole blocks at a block-aligned offset; a segment's bytes
+//! written before a successful [`LogDevice::sync`] of that segment are durable; after a
+//! failed write or sync the device refuses further writes (poisoned), since Linux may
+//! drop dirty pages after reporting a writeback error.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::sync::Mutex;
+use crate::sync::atomic::{AtomicBool, Ordering};
+
+/// Bytes in one log block: the unit of every log write.
+pub const LOG_BLOCK_BYTES: usize = 4096;
+
+const SECTOR_BYTES: usize = 512;
+
+/// Where the write-ahead log's segments live. Segments are named by a `u64` id that is
+/// never reused.
+pub trait LogDevice: Send + Sync {
+    /// Creates segment `id`, `len_bytes` long (a multiple of [`LOG_BLOCK_BYTES`]) and
+    /// zeroed, replacing nothing: an existing segment of that id is an error.
+    fn create(&self, id: u64, len_bytes: u64) -> io::Result<()>;
+
+    /// Writes `buf` (whole blocks) at `offset` (block-aligned) of segment `id`.
+    fn write_at(&self, id: u64, offset: u64, buf: &[u8]) -> io::Result<()>;
+
+    /// Reads up to `buf.len()` bytes at `offset` of segment `id`; returns how many were
+    /// read (fewer only at the segment's end).
+    fn read_at(&self, id: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Makes every write to segment `id` so far durable.
+    fn sync(&self, id: u64) -> io::Result<()>;
+
+    /// Removes segment `id`.
+    fn remove(&self, id: u64) -> io::Result<()>;
+
+    /// The ids of the segments present, ascending.
+    fn list(&self) -> io::Result<Vec<u64>>;
+}
+
+/// Refuses writes once a write or sync failed.
+fn poisoned() -> io::Error {
+    io::Error::other("the log device refuses writes after a failed write or sync")
+}
+
+/// A directory of segment files, `wal-<id as 16 hex digits>.log`.
+#[derive(Debug)]
+pub struct DirLog {
+    dir: PathBuf,
+    files: Mutex<BTreeMap<u64, std::sync::Arc<File>>>,
+    failed: AtomicBool,
+}
+
+impl DirLog {
+    /// The log device in `dir`, which must exist.
+    pub fn open(dir: impl AsRef<Path>) -> io::Result<DirLog> {
+        let dir = dir.as_ref().to_path_buf();
+        if !dir.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{}: not a directory", dir.display()),
+            ));
+        }
+        Ok(DirLog {
+            dir,
+            files: Mutex::new(BTreeMap::new()),
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    fn path(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("wal-{id:016x}.log"))
+    }
+
+    /// The open file of segment `id`.
+    fn file(&self, id: u64) -> io::Result<std::sync::Arc<File>> {
+        let mut files = self.files.lock();
+        if let Some(f) = files.get(&id) {
+            return Ok(std::sync::Arc::clone(f));
+        }
+        let path = self.path(id);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| named(&path, e))?;
+        let f = std::sync::Arc::new(f);
+        files.insert(id, std::sync::Arc::clone(&f));
+        Ok(f)
+    }
+
+    /// Records a failed write or sync: the device is poisoned.
+    fn fail(&self, path: &Path, e: io::Error) -> io::Error {
+        self.failed.store(true, Ordering::Release);
+        named(path, e)
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            Err(poisoned())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// `e` with `path` in its message, its kind kept.
+fn named(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+impl LogDevice for DirLog {
+    fn create(&self, id: u64, len_bytes: u64) -> io::Result<()> {
+        self.check_writable()?;
+        let path = self.path(id);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| named(&path, e))?;
+        // Preallocate, so that appends do not change the file's size (fdatasync then
+        // need not write metadata) and a full disk shows at creation, not mid-commit.
+        let len = i64::try_from(len_bytes)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "log segment too large"))?;
+        // SAFETY: `f` is an open file descriptor for the duration of the call.
+        match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len) } {
+            0 => {}
+            // A filesystem without fallocate: a sparse file of the full length.
+            libc::EOPNOTSUPP | libc::EINVAL => f.set_len(len_bytes).map_err(|e| named(&path, e))?,
+            err => return Err(named(&path, io::Error::from_raw_os_error(err))),
+        }
+        f.sync_all().map_err(|e| named(&path, e))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| named(&self.dir, e))?;
+        self.files.lock().insert(id, std::sync::Arc::new(f));
+        Ok(())
+    }
+
+    fn write_at(&self, id: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.check_writable()?;
+        debug_assert!(buf.len().is_multiple_of(LOG_BLOCK_BYTES));
+        debug_assert!(offset.is_multiple_of(LOG_BLOCK_BYTES as u64));
+        let f = self.file(id)?;
+        f.write_all_at(buf, offset)
+            .map_err(|e| self.fail(&self.path(id), e))
+    }
+
+    fn read_at(&self, id: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let f = self.file(id)?;
+        let mut done = 0;
+        while done < buf.len() {
+            let n = f
+                .read_at(&mut buf[done..], offset + done as u64)
+                .map_err(|e| named(&self.path(id), e))?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    fn sync(&self, id: u64) -> io::Result<()> {
+        self.check_writable()?;
+        let f = self.file(id)?;
+        f.sync_data().map_err(|e| self.fail(&self.path(id), e))
+    }
+
+    fn remove(&self, id: u64) -> io::Result<()> {
+        self.files.lock().remove(&id);
+        let path = self.path(id);
+        std::fs::remove_file(&path).map_err(|e| named(&path, e))
+    }
+
+    fn list(&self) -> io::Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(|e| named(&self.dir, e))? {
+            let name = entry.map_err(|e| named(&self.dir, e))?.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(hex) = name
+                .strip_prefix("wal-")
+                .and_then(|n| n.strip_suffix(".log"))
+                && hex.len() == 16
+                && let Ok(id) = u64::from_str_radix(hex, 16)
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+}
+
+/// One simulated segment: what reads see, what survived the last sync, and the writes
+/// since (offset and length), in order.
+#[derive(Clone, Debug, Default)]
+struct SimSegment {
+    live: Vec<u8>,
+    durable: Vec<u8>,
+}
+
+/// A seeded, in-memory log device for crash tests (see the module docs).
+#[derive(Debug)]
+pub struct SimLog {
+    segments: Mutex<BTreeMap<u64, SimSegment>>,
+    seed: Mutex<u64>,
+    fail_syncs_after: Mutex<Option<u64>>,
+    failed: AtomicBool,
+}
+
+impl SimLog {
+    /// An empty device whose crashes are decided by `seed`.
+    pub fn new(seed: u64) -> SimLog {
+        SimLog {
+            segments: Mutex::new(BTreeMap::new()),
+            seed: Mutex::new(seed | 1),
+            fail_syncs_after: Mutex::new(None),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// The next pseudo-random number (xorshift).
+    fn next_random(&self) -> u64 {
+        let mut s = self.seed.lock();
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    /// The sync after the next `n` syncs fails with `EIO` (and poisons the device).
+    pub fn fail_syncs_after(&self, n: u64) {
+        *self.fail_syncs_after.lock() = Some(n);
+    }
+
+    /// The device a restarted process would find: per segment, every 512-byte sector
+    /// written since its last sync is, by the seeded coin, lost or kept, so a block may
+    /// come back torn. Nothing is poisoned on the new device.
+    pub fn crash(&self) -> SimLog {
+        let segments = self.segments.lock().clone();
+        let mut after = BTreeMap::new();
+        for (id, seg) in segments {
+            let mut bytes = seg.durable.clone();
+            for (i, chunk) in seg.live.chunks(SECTOR_BYTES).enumerate() {
+                let at = i * SECTOR_BYTES;
+                if bytes.get(at..at + chunk.len()) != Some(chunk)
+                    && self.next_random().is_multiple_of(2)
+                {
+                    bytes[at..at + chunk.len()].copy_from_slice(chunk);
+                }
+            }
+            after.insert(
+                id,
+                SimSegment {
+                    live: bytes.clone(),
+                    durable: bytes,
+                },
+            );
+        }
+        SimLog {
+            segments: Mutex::new(after),
+            seed: Mutex::new(self.next_random() | 1),
+            fail_syncs_after: Mutex::new(None),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Flips one bit of segment `id`'s bytes, live and durable, as media rot would.
+    pub fn flip_bit(&self, id: u64, bit: u64) -> bool {
+        let mut segments = self.segments.lock();
+        let Some(seg) = segments.get_mut(&id) else {
+            return false;
+        };
+        let (byte, mask) = ((bit / 8) as usize, 1u8 << (bit % 8));
+        if byte >= seg.live.len() {
+            return false;
+        }
+        seg.live[byte] ^= mask;
+        seg.durable[byte] ^= mask;
+        true
+    }
+
+    /// Overwrites bytes of segment `id`, live and durable (a test's hand-made damage).
+    pub fn overwrite(&self, id: u64, offset: usize, bytes: &[u8]) {
+        let mut segments = self.segments.lock();
+        let seg = segments.get_mut(&id).expect("segment exists");
+        seg.live[offset..offset + bytes.len()].copy_from_slice(bytes);
+        seg.durable[offset..offset + bytes.len()].copy_from_slice(bytes);
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            Err(poisoned())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn no_segment(id: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("log segment {id} does not exist"),
+    )
+}
+
+impl LogDevice for SimLog {
+    fn create(&self, id: u64, len_bytes: u64) -> io::Result<()> {
+        self.check_writable()?;
+        let mut segments = self.segments.lock();
+        if segments.contains_key(&id) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("log segment {id} exists"),
+            ));
+        }
+        let zero = vec![0u8; len_bytes as usize];
+        segments.insert(
+            id,
+            SimSegment {
+                live: zero.clone(),
+                durable: zero,
+            },
+        );
+        Ok(())
+    }
+
+    fn write_at(&self, id: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.check_writable()?;
+        let mut segments = self.segments.lock();
+        let seg = segments.get_mut(&id).ok_or_else(|| no_segment(id))?;
+        let at = offset as usize;
+        let end = at + buf.len();
+        if end > seg.live.len() {
+            return Err(io::Error::other(format!(
+                "write past the end of log segment {id}"
+            )));
+        }
+        seg.live[at..end].copy_from_slice(buf);
+        Ok(())
+    }
+
+    fn read_at(&self, id: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let segments = self.segments.lock();
+        let seg = segments.get(&id).ok_or_else(|| no_segment(id))?;
+        let at = (offset as usize).min(seg.live.len());
+        let n = buf.len().min(seg.live.len() - at);
+        buf[..n].copy_from_slice(&seg.live[at..at + n]);
+        Ok(n)
+    }
+
+    fn sync(&self, id: u64) -> io::Result<()> {
+        self.check_writable()?;
+        {
+            let mut countdown = self.fail_syncs_after.lock();
+            match &mut *countdown {
+                Some(0) => {
+                    self.failed.store(true, Ordering::Release);
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
+                Some(n) => *n -= 1,
+                None => {}
+            }
+        }
+        let mut segments = self.segments.lock();
+        let seg = segments.get_mut(&id).ok_or_else(|| no_segment(id))?;
+        seg.durable.clone_from(&seg.live);
+        Ok(())
+    }
+
+    fn remove(&self, id: u64) -> io::Result<()> {
+        self.segments
+            .lock()
+            .remove(&id)
+            .map(|_| ())
+            .ok_or_else(|| no_segment(id))
+    }
+
+    fn list(&self) -> io::Result<Vec<u64>> {
+        Ok(self.segments.lock().keys().copied().collect())
+    }
+}

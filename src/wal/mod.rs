@@ -1,0 +1,61 @@
+//! The write-ahead log: checksummed records with sequence numbers, appended with group
+//! commit to preallocated 4 KiB-block segments on a [`LogDevice`], and read back on open
+//! up to a torn or stale tail.
+//!
+//! This is the log the database directory's durability is built on (the `Db` that writes
+//! through it, its checkpoints and its recovery come next); it is public for the tests
+//! and for those who build on it. The formats are in `format.rs` (and
+//! `docs/design.md`), group commit in `writer.rs`, recovery's reading in `reader.rs`.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use bfdb::storage::SimLog;
+//! use bfdb::wal::{self, LogOp, LogOptions};
+//!
+//! let device = Arc::new(SimLog::new(7));
+//! let (log, _) = wal::open(device.clone(), LogOptions::default())?;
+//! let seq = log.append(&[LogOp::Put { keyspace: 1, key: b"k".to_vec(), value: b"v".to_vec() }])?;
+//! log.wait_durable(seq)?;
+//!
+//! // What a restarted process finds: the synced record.
+//! let (_, recovered) = wal::open(Arc::new(device.crash()), LogOptions::default())?;
+//! assert_eq!(recovered.records.len(), 1);
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+mod format;
+mod reader;
+mod writer;
+
+use std::io;
+use std::sync::Arc;
+
+use crate::storage::LogDevice;
+
+pub use format::{LogOp, LogRecord};
+pub use reader::Recovered;
+pub use writer::{Log, LogOptions, MAX_GROUPS_IN_FLIGHT};
+
+/// Reads the log on `device` (every complete record, and what was discarded at a torn
+/// tail), and returns a [`Log`] that appends after it, in a new segment that starts
+/// past the last valid block, so that nothing after a torn block is ever read again.
+pub fn open(device: Arc<dyn LogDevice>, options: LogOptions) -> io::Result<(Log, Recovered)> {
+    let recovered = reader::read_log(&*device)?;
+    if recovered.discarded_bytes > 0 {
+        log::warn!(
+            "bfdb: the write-ahead log ended in a torn tail: {} bytes and {} records discarded",
+            recovered.discarded_bytes,
+            recovered.discarded_records
+        );
+    }
+    let next_seq = recovered.records.last().map_or(1, |r| r.seq + 1);
+    let next_segment_id = device.list()?.last().map_or(1, |id| id + 1);
+    let log = Log::new(
+        device,
+        options,
+        next_seq,
+        next_segment_id,
+        recovered.next_block,
+    );
+    Ok((log, recovered))
+}

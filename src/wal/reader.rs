@@ -1,0 +1,252 @@
+//! Reading the log back on open: the segments in id order, each block checked, the
+//! record stream reassembled, stopping cleanly at a torn or stale tail and refusing a
+//! log damaged in its middle.
+//!
+//! **The chain rule.** A segment continues the log only if its first block address is
+//! the address just past the last valid block read so far. A writer that fills a segment
+//! starts the next one there; recovery, which ends the log at its last valid block,
+//! starts a fresh segment there too. So blocks after a torn one — left by groups whose
+//! writes were in flight at the crash, never acknowledged — are never replayed, whatever
+//! tag they carry, and a segment written after them is not chained on.
+//!
+//! **Torn tail or damage.** A block that does not validate where the chain expects one
+//! ends the log (a *hole* at that address) — unless some later valid block of this log
+//! says, in its durable horizon, that every block below an address past the hole was
+//! durable when it was written. Then the hole held durable, possibly acknowledged,
+//! records, and reading on would lose them silently: that is an `InvalidData` error
+//! naming the segment and block. A crash alone cannot make that happen: groups become
+//! durable in order, so no group written after the hole's can carry a horizon past it.
+
+use std::io;
+
+use super::format::{
+    self, BLOCK_PAYLOAD_BYTES, HeaderError, LogRecord, RECORD_FRAME_BYTES, SegmentHeader,
+};
+use crate::storage::{LOG_BLOCK_BYTES, LogDevice};
+
+/// What reading the log found.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// The complete records, in log order.
+    pub records: Vec<LogRecord>,
+    /// The address of the block after the last valid one: where the next segment starts.
+    pub(crate) next_block: u64,
+    /// Bytes discarded at the tail: an incomplete record's, and a torn block's.
+    pub discarded_bytes: u64,
+    /// Records discarded at the tail: an incomplete or corrupt last record.
+    pub discarded_records: u64,
+}
+
+/// The reassembly of the record stream from block payloads.
+#[derive(Default)]
+struct Stream {
+    /// Bytes of a record not yet complete.
+    partial: Vec<u8>,
+}
+
+/// An error for damage in the middle of the log.
+fn damaged(what: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the write-ahead log is damaged: {what}; durable records follow the damage"),
+    )
+}
+
+/// One data block as read.
+enum Block {
+    /// Never written: all zeros.
+    Empty,
+    /// Written, but torn, damaged, or tagged for another segment.
+    Invalid,
+    Valid(format::BlockHeader, Vec<u8>),
+}
+
+impl Block {
+    fn valid(&self) -> Option<&format::BlockHeader> {
+        match self {
+            Block::Valid(h, _) => Some(h),
+            _ => None,
+        }
+    }
+}
+
+/// The data blocks of segment `id`.
+fn blocks_of(device: &dyn LogDevice, id: u64, data_blocks: u64) -> io::Result<Vec<Block>> {
+    let mut out = Vec::with_capacity(data_blocks as usize);
+    let mut block = vec![0u8; LOG_BLOCK_BYTES];
+    for i in 0..data_blocks {
+        let n = device.read_at(id, (i + 1) * LOG_BLOCK_BYTES as u64, &mut block)?;
+        if n == 0 {
+            break;
+        }
+        let bytes = block.get(..n).unwrap_or_default();
+        out.push(match format::decode_block(bytes) {
+            Some((h, payload)) if h.segment == id => Block::Valid(h, payload.to_vec()),
+            _ if bytes.iter().all(|&b| b == 0) => Block::Empty,
+            _ => Block::Invalid,
+        });
+    }
+    Ok(out)
+}
+
+/// The number of data blocks a segment file of `id` holds, from its length.
+fn file_blocks(device: &dyn LogDevice, id: u64) -> io::Result<u64> {
+    // Probe the length by halving: the device has no length call, and segments are a
+    // few thousand blocks.
+    let mut probe = [0u8; 1];
+    let (mut lo, mut hi) = (0u64, 1u64 << 24);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if device.read_at(id, mid * LOG_BLOCK_BYTES as u64, &mut probe)? == 1 {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Ok(lo)
+}
+
+/// Reads every segment of `device` and returns the log's complete records.
+pub(crate) fn read_log(device: &dyn LogDevice) -> io::Result<Recovered> {
+    let mut out = Recovered::default();
+    let mut stream = Stream::default();
+    // Where the chain expects the next block, and the hole there if the last read
+    // segment ended in one (with the segment it was found in).
+    let mut expected: Option<u64> = None;
+    let mut hole: Option<(u64, u64)> = None;
+    let mut header_block = vec![0u8; LOG_BLOCK_BYTES];
+    for id in device.list()? {
+        let read = device.read_at(id, 0, &mut header_block)?;
+        let header = match SegmentHeader::decode(header_block.get(..read).unwrap_or_default()) {
+            Ok(h) if h.id == id => h,
+            Err(HeaderError::Version(v)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "log segment {id} is of log format {v}; this bfdb reads format {}",
+                        format::FORMAT_VERSION
+                    ),
+                ));
+            }
+            _ => {
+                // A header that never reached the disk: the segment was being created
+                // when the process stopped, and nothing was written to it. If blocks of
+                // it validate, the header was damaged instead.
+                let blocks = blocks_of(device, id, file_blocks(device, id)?)?;
+                if blocks.iter().any(|b| b.valid().is_some()) {
+                    return Err(damaged(format!("log segment {id} has a damaged header")));
+                }
+                continue;
+            }
+        };
+        let blocks = blocks_of(device, id, header.data_blocks)?;
+        let continues = expected.is_none_or(|e| e == header.first_block);
+        if !continues {
+            // Not chained on. Only blocks of unacknowledged groups may lie past a hole.
+            if let Some((at, in_segment)) = hole {
+                check_horizon(&blocks, at, in_segment)?;
+            }
+            continue;
+        }
+        hole = None;
+        let mut next = header.first_block;
+        for (i, block) in blocks.iter().enumerate() {
+            let address = header.first_block + i as u64;
+            match block {
+                Block::Valid(h, payload) if h.address == address => {
+                    stream
+                        .push(h.continued, payload, &mut out)
+                        .map_err(|what| {
+                            damaged(format!("block {address} of log segment {id}: {what}"))
+                        })?;
+                    next = address + 1;
+                }
+                _ => {
+                    let rest = blocks.get(i + 1..).unwrap_or_default();
+                    check_horizon(rest, address, id)?;
+                    if !matches!(block, Block::Empty) {
+                        out.discarded_bytes += BLOCK_PAYLOAD_BYTES as u64;
+                    }
+                    hole = Some((address, id));
+                    break;
+                }
+            }
+        }
+        expected = Some(next);
+        out.next_block = next;
+    }
+    if !stream.partial.is_empty() {
+        out.discarded_bytes += stream.partial.len() as u64;
+        out.discarded_records += 1;
+    }
+    Ok(out)
+}
+
+/// `Err` if a valid block among `blocks` was written when the hole at address `at` (in
+/// segment `in_segment`) was already durable.
+fn check_horizon(blocks: &[Block], at: u64, in_segment: u64) -> io::Result<()> {
+    match blocks
+        .iter()
+        .filter_map(Block::valid)
+        .find(|h| h.durable_horizon > at)
+    {
+        Some(h) => Err(damaged(format!(
+            "block {at} of log segment {in_segment} does not validate, and block {} (segment {}) \
+             was written after it was durable",
+            h.address, h.segment
+        ))),
+        None => Ok(()),
+    }
+}
+
+impl Stream {
+    /// Takes one valid block's payload, whose first `continued` bytes continue the
+    /// record in progress. `Err` names a record that does not decode although its
+    /// block's checksum holds.
+    fn push(
+        &mut self,
+        continued: usize,
+        payload: &[u8],
+        out: &mut Recovered,
+    ) -> Result<(), String> {
+        if continued == 0 && !self.partial.is_empty() {
+            // The record in progress never got its continuation: a crash cut it off
+            // and a later writer (after recovery) started afresh.
+            out.discarded_bytes += self.partial.len() as u64;
+            out.discarded_records += 1;
+            self.partial.clear();
+        }
+        if continued > 0 && self.partial.is_empty() {
+            // A continuation of a record whose start was not read: skip it.
+            return self.take_records(payload.get(continued..).unwrap_or_default(), out);
+        }
+        self.take_records(payload, out)
+    }
+
+    /// Appends `bytes` to the stream and takes every record it completes.
+    fn take_records(&mut self, bytes: &[u8], out: &mut Recovered) -> Result<(), String> {
+        self.partial.extend_from_slice(bytes);
+        let mut at = 0;
+        loop {
+            let rest = self.partial.get(at..).unwrap_or_default();
+            let Some((len, crc)) = format::decode_frame(rest) else {
+                break;
+            };
+            let Some(body) = rest.get(RECORD_FRAME_BYTES..RECORD_FRAME_BYTES + len) else {
+                break;
+            };
+            match (crc32c::crc32c(body) == crc)
+                .then(|| format::decode_body(body))
+                .flatten()
+            {
+                Some(record) => out.records.push(record),
+                // Valid blocks hold a record that does not check: never skip over it,
+                // which would lose it silently.
+                None => return Err(format!("a record of {len} bytes does not decode")),
+            }
+            at += RECORD_FRAME_BYTES + len;
+        }
+        self.partial.drain(..at);
+        Ok(())
+    }
+}

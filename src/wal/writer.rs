@@ -1,0 +1,342 @@
+//! Appending to the log with group commit.
+//!
+//! Writers append framed records to an in-memory tail under one short mutex, each taking
+//! the next sequence number, and return at once; a writer that must be durable then
+//! waits for its sequence number. The first waiter that finds records not yet being
+//! written becomes a *leader*: it takes every record appended so far as one *group*,
+//! reserves the group's blocks, and — outside the mutex — packs the records into
+//! blocks, writes them with one call and syncs the segment. Records appended meanwhile
+//! form the next group, whose leader may write while the first group's sync is still in
+//! flight (up to [`MAX_GROUPS_IN_FLIGHT`] groups), as SpanDB's parallel log writers do.
+//! Durability advances in group order: a group is durable once its own sync returned
+//! and every earlier group is durable, and every writer it covers is released together.
+//!
+//! A group always starts a fresh block, and its last block is padded: a block that holds
+//! durable records is never written again, because a crash during a rewrite could tear
+//! it (atomic writes are not assumed). A group never spans two segments; when the
+//! current segment has too few blocks left, the leader starts the next segment first.
+//!
+//! After a failed write or sync the log is poisoned: every waiter and every later append
+//! gets the error, since what reached the disk is unknown.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+
+use super::format::{self, BLOCK_PAYLOAD_BYTES, BlockHeader, LogOp, SegmentHeader};
+use crate::storage::{LOG_BLOCK_BYTES, LogDevice};
+// The log is not yet explored by shuttle: it uses parking_lot directly, for its
+// condition variable.
+use parking_lot::{Condvar, Mutex};
+
+/// Most groups whose write or sync may be in flight at once.
+pub const MAX_GROUPS_IN_FLIGHT: usize = 4;
+
+/// How the log is laid out on its device.
+#[derive(Clone, Copy, Debug)]
+pub struct LogOptions {
+    /// Data blocks per segment (4 KiB each); a group larger than a segment gets a
+    /// segment of its own size.
+    pub segment_blocks: u64,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        // 16 MiB segments.
+        LogOptions {
+            segment_blocks: 4096,
+        }
+    }
+}
+
+/// The segment being appended to.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    header: SegmentHeader,
+    /// The next free block address in it.
+    next_block: u64,
+}
+
+impl Segment {
+    fn end(&self) -> u64 {
+        self.header.first_block + self.header.data_blocks
+    }
+}
+
+/// A group being written: the last sequence number it holds, and whether its write and
+/// sync are done.
+struct InFlight {
+    last_seq: u64,
+    /// The address past the group's last block.
+    end_block: u64,
+    done: bool,
+}
+
+struct State {
+    /// Framed records appended and not yet taken by a leader, and their end offsets.
+    pending: Vec<u8>,
+    ends: Vec<usize>,
+    /// Sequence number of the next record appended.
+    next_seq: u64,
+    /// Every record up to this sequence number is durable.
+    durable_seq: u64,
+    /// Every block below this address is durable.
+    durable_block: u64,
+    /// Groups taken by a leader, oldest first.
+    in_flight: VecDeque<InFlight>,
+    segment: Option<Segment>,
+    next_segment_id: u64,
+    /// A leader is creating the next segment: no other group may be written until it
+    /// exists.
+    creating: bool,
+    failure: Option<String>,
+}
+
+/// The write-ahead log (see the module docs).
+pub struct Log {
+    device: Arc<dyn LogDevice>,
+    options: LogOptions,
+    state: Mutex<State>,
+    durable: Condvar,
+}
+
+impl std::fmt::Debug for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.lock();
+        f.debug_struct("Log")
+            .field("next_seq", &s.next_seq)
+            .field("durable_seq", &s.durable_seq)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The blocks a leader writes for one group.
+struct Group {
+    segment: Segment,
+    /// Every block below this address was durable when the group was taken.
+    durable_horizon: u64,
+    /// The group's first block address.
+    first_block: u64,
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+    /// A segment to create before the group is written.
+    create: Option<SegmentHeader>,
+}
+
+impl Log {
+    /// A log on `device` whose next record gets sequence number `next_seq`, starting a
+    /// new segment `next_segment_id` at block address `next_block` (the end of what
+    /// recovery read, so a segment never continues after a torn block).
+    pub fn new(
+        device: Arc<dyn LogDevice>,
+        options: LogOptions,
+        next_seq: u64,
+        next_segment_id: u64,
+        next_block: u64,
+    ) -> Log {
+        Log {
+            device,
+            options,
+            state: Mutex::new(State {
+                pending: Vec::new(),
+                ends: Vec::new(),
+                next_seq,
+                durable_seq: next_seq.saturating_sub(1),
+                durable_block: next_block,
+                in_flight: VecDeque::new(),
+                segment: None,
+                next_segment_id,
+                creating: false,
+                failure: None,
+            }),
+            durable: Condvar::new(),
+        }
+        .with_next_block(next_block)
+    }
+
+    fn with_next_block(self, next_block: u64) -> Log {
+        {
+            let mut s = self.state.lock();
+            // A zero-length placeholder: the first group starts a real segment there.
+            s.segment = Some(Segment {
+                header: SegmentHeader {
+                    id: u64::MAX,
+                    first_block: next_block,
+                    data_blocks: 0,
+                },
+                next_block,
+            });
+        }
+        self
+    }
+
+    /// Appends a record of `ops` and returns its sequence number; nothing waits for the
+    /// disk.
+    pub fn append(&self, ops: &[LogOp]) -> io::Result<u64> {
+        let mut s = self.state.lock();
+        if let Some(why) = &s.failure {
+            return Err(io::Error::other(why.clone()));
+        }
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        format::encode_record(seq, ops, &mut s.pending);
+        let end = s.pending.len();
+        s.ends.push(end);
+        Ok(seq)
+    }
+
+    /// The highest sequence number known durable.
+    pub fn durable_seq(&self) -> u64 {
+        self.state.lock().durable_seq
+    }
+
+    /// The sequence number the next record will get.
+    pub fn next_seq(&self) -> u64 {
+        self.state.lock().next_seq
+    }
+
+    /// Waits until every record up to `seq` is durable, leading a group write when no
+    /// leader has taken the records yet.
+    pub fn wait_durable(&self, seq: u64) -> io::Result<()> {
+        let mut s = self.state.lock();
+        loop {
+            if let Some(why) = &s.failure {
+                return Err(io::Error::other(why.clone()));
+            }
+            if s.durable_seq >= seq {
+                return Ok(());
+            }
+            let led =
+                !s.pending.is_empty() && !s.creating && s.in_flight.len() < MAX_GROUPS_IN_FLIGHT;
+            if led {
+                let group = self.take_group(&mut s);
+                let last_seq = s.next_seq - 1;
+                s.in_flight.push_back(InFlight {
+                    last_seq,
+                    end_block: group.segment.next_block,
+                    done: false,
+                });
+                s.creating = group.create.is_some();
+                drop(s);
+                let written = self.write_group(group);
+                s = self.state.lock();
+                s.creating = false;
+                match written {
+                    Ok(()) => {
+                        if let Some(g) = s.in_flight.iter_mut().find(|g| g.last_seq == last_seq) {
+                            g.done = true;
+                        }
+                        while s.in_flight.front().is_some_and(|g| g.done) {
+                            let g = s.in_flight.pop_front().expect("checked");
+                            s.durable_seq = s.durable_seq.max(g.last_seq);
+                            s.durable_block = s.durable_block.max(g.end_block);
+                        }
+                    }
+                    Err(e) => {
+                        s.failure = Some(format!("the write-ahead log failed: {e}"));
+                    }
+                }
+                self.durable.notify_all();
+            } else {
+                self.durable.wait(&mut s);
+            }
+        }
+    }
+
+    /// Makes everything appended so far durable.
+    pub fn flush(&self) -> io::Result<()> {
+        let last = self.state.lock().next_seq.saturating_sub(1);
+        self.wait_durable(last)
+    }
+
+    /// Takes the pending records as a group and reserves its blocks (starting a new
+    /// segment if the current one has too few left). Called under the state lock.
+    fn take_group(&self, s: &mut State) -> Group {
+        let bytes = std::mem::take(&mut s.pending);
+        let ends = std::mem::take(&mut s.ends);
+        let blocks = bytes.len().div_ceil(BLOCK_PAYLOAD_BYTES) as u64;
+        let mut segment = s.segment.expect("a log always has a segment");
+        let mut create = None;
+        if segment.next_block + blocks > segment.end() {
+            let header = SegmentHeader {
+                id: s.next_segment_id,
+                first_block: segment.next_block,
+                data_blocks: self.options.segment_blocks.max(blocks),
+            };
+            s.next_segment_id += 1;
+            segment = Segment {
+                header,
+                next_block: header.first_block,
+            };
+            create = Some(header);
+        }
+        let first_block = segment.next_block;
+        segment.next_block += blocks;
+        s.segment = Some(segment);
+        Group {
+            segment,
+            durable_horizon: s.durable_block,
+            first_block,
+            bytes,
+            ends,
+            create,
+        }
+    }
+
+    /// Writes a group's blocks and syncs its segment (creating it first if needed,
+    /// after which other leaders may write to it).
+    fn write_group(&self, group: Group) -> io::Result<()> {
+        let id = group.segment.header.id;
+        if let Some(header) = group.create {
+            let len = (header.data_blocks + 1) * LOG_BLOCK_BYTES as u64;
+            let created = self
+                .device
+                .create(id, len)
+                .and_then(|()| self.device.write_at(id, 0, &header.encode()))
+                .and_then(|()| self.device.sync(id));
+            let mut s = self.state.lock();
+            s.creating = false;
+            if let Err(e) = &created {
+                s.failure = Some(format!("the write-ahead log failed: {e}"));
+            }
+            drop(s);
+            self.durable.notify_all();
+            created?;
+        }
+        let mut buf =
+            Vec::with_capacity(group.bytes.len().div_ceil(BLOCK_PAYLOAD_BYTES) * LOG_BLOCK_BYTES);
+        let mut record = 0;
+        for (i, payload) in group.bytes.chunks(BLOCK_PAYLOAD_BYTES).enumerate() {
+            let start = i * BLOCK_PAYLOAD_BYTES;
+            // The record that contains the block's first byte: its bytes before the
+            // block's start mean the block begins with a continuation.
+            while group.ends.get(record).is_some_and(|&end| end <= start) {
+                record += 1;
+            }
+            let record_start = record
+                .checked_sub(1)
+                .and_then(|r| group.ends.get(r).copied())
+                .unwrap_or(0);
+            let continued = if record_start < start {
+                group
+                    .ends
+                    .get(record)
+                    .map_or(0, |&end| (end - start).min(payload.len()))
+            } else {
+                0
+            };
+            let header = BlockHeader {
+                segment: id,
+                address: group.first_block + i as u64,
+                durable_horizon: group.durable_horizon,
+                used: payload.len(),
+                continued,
+            };
+            buf.extend_from_slice(&format::encode_block(&header, payload));
+        }
+        let offset =
+            (group.first_block - group.segment.header.first_block + 1) * LOG_BLOCK_BYTES as u64;
+        self.device.write_at(id, offset, &buf)?;
+        self.device.sync(id)
+    }
+}
