@@ -282,3 +282,49 @@ fn a_directory_log_survives_reopening() {
     assert_eq!(device.list().unwrap().len(), before + 1);
     assert!(DirLog::open(dir.path().join("missing")).is_err());
 }
+
+/// Records appended without waiting become durable by the flusher's group writes, and a
+/// crash then keeps them; dropping the flusher stops its thread.
+#[test]
+fn the_flusher_makes_unwaited_appends_durable() {
+    let device = Arc::new(SimLog::new(8));
+    let (log, _) = wal::open(device.clone(), LogOptions::default()).unwrap();
+    let log = Arc::new(log);
+    let flusher = wal::Flusher::start(Arc::clone(&log), std::time::Duration::from_millis(2));
+    let mut last = 0;
+    for i in 0..50 {
+        last = log.append(&put(i, 30)).unwrap();
+    }
+    // Liveness, not speed: wait as long as it takes (bounded, so a hang fails).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while log.durable_seq() < last {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the flusher never flushed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    drop(flusher);
+    let (records, _) = recover(Arc::new(device.crash()));
+    assert_eq!(records.len(), 50);
+}
+
+/// Found by fuzzing (`fuzz/fuzz_targets/wal_read.rs`): a first segment wiped whole —
+/// header and blocks — read as "creation cut off" and the log began at the second
+/// segment, a suffix instead of a prefix. The chain now starts at the log's start
+/// address, and the second segment's durable horizon shows the first held durable
+/// records: the log is refused as damaged.
+#[test]
+fn a_wiped_first_segment_is_damage_not_a_shorter_log() {
+    let device = Arc::new(SimLog::new(9));
+    let (log, _) = wal::open(device.clone(), small_segments()).unwrap();
+    for i in 0..20 {
+        log.wait_durable(log.append(&put(i, 1500)).unwrap())
+            .unwrap();
+    }
+    let segments = device.list().unwrap();
+    assert!(segments.len() >= 3);
+    device.overwrite(segments[0], 0, &vec![0u8; 5 * LOG_BLOCK_BYTES]);
+    let err = wal::open(device, small_segments()).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
+}

@@ -34,13 +34,14 @@ use crate::storage::LogDevice;
 
 pub use format::{LogOp, LogRecord};
 pub use reader::Recovered;
-pub use writer::{Log, LogOptions, MAX_GROUPS_IN_FLIGHT};
+pub use writer::{Flusher, Log, LogOptions, MAX_GROUPS_IN_FLIGHT};
 
 /// Reads the log on `device` (every complete record, and what was discarded at a torn
 /// tail), and returns a [`Log`] that appends after it, in a new segment that starts
 /// past the last valid block, so that nothing after a torn block is ever read again.
 pub fn open(device: Arc<dyn LogDevice>, options: LogOptions) -> io::Result<(Log, Recovered)> {
-    let recovered = reader::read_log(&*device)?;
+    // The log starts at block 0 until checkpoints truncate it.
+    let recovered = reader::read_log(&*device, 0)?;
     if recovered.discarded_bytes > 0 {
         log::warn!(
             "bfdb: the write-ahead log ended in a torn tail: {} bytes and {} records discarded",

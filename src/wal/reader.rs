@@ -106,13 +106,19 @@ fn file_blocks(device: &dyn LogDevice, id: u64) -> io::Result<u64> {
     Ok(lo)
 }
 
-/// Reads every segment of `device` and returns the log's complete records.
-pub(crate) fn read_log(device: &dyn LogDevice) -> io::Result<Recovered> {
-    let mut out = Recovered::default();
+/// Reads every segment of `device` and returns the log's complete records. The log
+/// starts at block address `start_block` (0 until checkpoints truncate the log; then
+/// the address the last checkpoint recorded): a segment chain that does not begin
+/// there has lost its beginning.
+pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<Recovered> {
+    let mut out = Recovered {
+        next_block: start_block,
+        ..Recovered::default()
+    };
     let mut stream = Stream::default();
     // Where the chain expects the next block, and the hole there if the last read
     // segment ended in one (with the segment it was found in).
-    let mut expected: Option<u64> = None;
+    let mut expected = start_block;
     let mut hole: Option<(u64, u64)> = None;
     let mut header_block = vec![0u8; LOG_BLOCK_BYTES];
     for id in device.list()? {
@@ -140,12 +146,11 @@ pub(crate) fn read_log(device: &dyn LogDevice) -> io::Result<Recovered> {
             }
         };
         let blocks = blocks_of(device, id, header.data_blocks)?;
-        let continues = expected.is_none_or(|e| e == header.first_block);
-        if !continues {
-            // Not chained on. Only blocks of unacknowledged groups may lie past a hole.
-            if let Some((at, in_segment)) = hole {
-                check_horizon(&blocks, at, in_segment)?;
-            }
+        if header.first_block != expected {
+            // Not chained on: only blocks of unacknowledged groups may lie past a hole
+            // (the one the last segment ended in, or the chain's missing beginning).
+            let (at, in_segment) = hole.unwrap_or((expected, id));
+            check_horizon(&blocks, at, in_segment)?;
             continue;
         }
         hole = None;
@@ -172,7 +177,7 @@ pub(crate) fn read_log(device: &dyn LogDevice) -> io::Result<Recovered> {
                 }
             }
         }
-        expected = Some(next);
+        expected = next;
         out.next_block = next;
     }
     if !stream.partial.is_empty() {

@@ -340,3 +340,59 @@ impl Log {
         self.device.sync(id)
     }
 }
+
+/// A thread that makes the log's appended records durable within a bounded delay, for
+/// writes whose callers do not wait (the "logged" durability level): every `interval`
+/// it leads a group write of whatever is pending. Dropping it stops the thread.
+pub struct Flusher {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Flusher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flusher").finish_non_exhaustive()
+    }
+}
+
+impl Flusher {
+    /// Starts flushing `log` every `interval`. A failed flush poisons the log, as any
+    /// failed group write does; the thread then stops.
+    pub fn start(log: Arc<Log>, interval: std::time::Duration) -> Flusher {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let signal = Arc::clone(&stop);
+        let handle = std::thread::Builder::new()
+            .name("bfdb-wal-flusher".into())
+            .spawn(move || {
+                let (stopped, wake) = &*signal;
+                let mut stopped = stopped.lock();
+                while !*stopped {
+                    wake.wait_for(&mut stopped, interval);
+                    if *stopped {
+                        break;
+                    }
+                    drop(stopped);
+                    let flushed = log.flush();
+                    stopped = signal.0.lock();
+                    if flushed.is_err() {
+                        break;
+                    }
+                }
+            })
+            .expect("spawning the log flusher");
+        Flusher {
+            stop,
+            handle: Some(handle),
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
