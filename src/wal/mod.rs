@@ -49,6 +49,12 @@ pub fn open(device: Arc<dyn LogDevice>, options: LogOptions) -> io::Result<(Log,
             recovered.discarded_records
         );
     }
+    // What recovery read may sit only in the OS page cache (the last process died
+    // between a group's write and its sync): make it durable before anything is
+    // appended, since new groups' durable horizons will vouch for every block read.
+    for id in device.list()? {
+        device.sync(id)?;
+    }
     let next_seq = recovered.records.last().map_or(1, |r| r.seq + 1);
     let next_segment_id = device.list()?.last().map_or(1, |id| id + 1);
     let log = Log::new(

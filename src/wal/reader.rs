@@ -72,7 +72,8 @@ impl Block {
 
 /// The data blocks of segment `id`.
 fn blocks_of(device: &dyn LogDevice, id: u64, data_blocks: u64) -> io::Result<Vec<Block>> {
-    let mut out = Vec::with_capacity(data_blocks as usize);
+    // No capacity from `data_blocks`: a crafted header could claim any count.
+    let mut out = Vec::new();
     let mut block = vec![0u8; LOG_BLOCK_BYTES];
     for i in 0..data_blocks {
         let n = device.read_at(id, (i + 1) * LOG_BLOCK_BYTES as u64, &mut block)?;
@@ -145,6 +146,11 @@ pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<R
                 continue;
             }
         };
+        if header.first_block.checked_add(header.data_blocks).is_none() {
+            return Err(damaged(format!(
+                "log segment {id}'s header gives impossible addresses"
+            )));
+        }
         let blocks = blocks_of(device, id, header.data_blocks)?;
         if header.first_block != expected {
             // Not chained on: only blocks of unacknowledged groups may lie past a hole

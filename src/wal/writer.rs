@@ -199,6 +199,15 @@ impl Log {
     /// leader has taken the records yet.
     pub fn wait_durable(&self, seq: u64) -> io::Result<()> {
         let mut s = self.state.lock();
+        if seq >= s.next_seq {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "record {seq} was never appended (the next is {})",
+                    s.next_seq
+                ),
+            ));
+        }
         loop {
             if let Some(why) = &s.failure {
                 return Err(io::Error::other(why.clone()));
@@ -218,9 +227,11 @@ impl Log {
                 });
                 s.creating = group.create.is_some();
                 drop(s);
+                // `write_group` clears `creating` itself, once its segment exists; a
+                // leader whose group created nothing must not touch it (another leader
+                // may be creating the next segment right now).
                 let written = self.write_group(group);
                 s = self.state.lock();
-                s.creating = false;
                 match written {
                     Ok(()) => {
                         if let Some(g) = s.in_flight.iter_mut().find(|g| g.last_seq == last_seq) {
