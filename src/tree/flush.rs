@@ -1,6 +1,6 @@
 //! `Tree::flush`: every dirty mini-page merged into its leaf page, in batches, so that
 //! the page store holds every record. Also the pieces the background evictor's merges
-//! share (`dirty_mini`, `after_flush_merge`).
+//! share (`dirty_mini`, `merge_locked`, `after_flush_merge`).
 //!
 //! Uses: `merge`, `mini`, `leaf`, `mapping`.
 
