@@ -20,6 +20,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::file::name_path;
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, Ordering};
 
@@ -118,9 +119,9 @@ impl DirLog {
     }
 }
 
-/// `e` with `path` in its message, its kind kept.
+/// `e` naming `path`, as the file store's errors do (`PathIoError`, kind kept).
 fn named(path: &Path, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+    name_path(Some(path), e)
 }
 
 impl LogDevice for DirLog {

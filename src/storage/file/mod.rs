@@ -81,7 +81,8 @@ use super::{
 use crate::sync::atomic::AtomicU8;
 use crate::sync::{Mutex, RwLock};
 
-use engine::{check_engine, has_o_direct, name_path, open_file};
+pub(super) use engine::name_path;
+use engine::{check_engine, has_o_direct, open_file};
 use freelist::AllocState;
 use superblock::Superblock;
 
