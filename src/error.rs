@@ -70,6 +70,26 @@ pub enum Error {
         /// The failure that poisoned the store.
         cause: String,
     },
+    /// A file of a database directory failed validation: a checksum, a magic number, a
+    /// length or a field out of range. The file is left as it was.
+    CorruptFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// Another [`Db`](crate::Db) — in this process or another — has the database
+    /// directory open: its lock file is held.
+    Locked {
+        /// The lock file.
+        path: std::path::PathBuf,
+    },
+    /// The keyspace was dropped from its [`Db`](crate::Db); handles to it take no more
+    /// writes.
+    KeyspaceDropped {
+        /// The keyspace's name.
+        name: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -93,6 +113,21 @@ impl fmt::Display for Error {
                  still work, and writing again needs a new tree built from the source of \
                  the data"
             ),
+            Error::CorruptFile { path, reason } => {
+                write!(f, "{} does not validate: {reason}", path.display())
+            }
+            Error::Locked { path } => write!(
+                f,
+                "the database is open elsewhere: {} is locked by another Db (this process \
+                 or another)",
+                path.display()
+            ),
+            Error::KeyspaceDropped { name } => {
+                write!(
+                    f,
+                    "keyspace {name:?} was dropped; its handles take no writes"
+                )
+            }
         }
     }
 }

@@ -77,7 +77,9 @@
 #![warn(rust_2018_idioms)]
 
 pub mod config;
+mod db;
 pub mod error;
+mod journal;
 pub mod pool;
 pub mod storage;
 // Public only so that tests can drive the crate's own primitives under shuttle; not
@@ -88,7 +90,9 @@ pub mod tree;
 pub mod wal;
 
 pub use config::{Backend, Config};
+pub use db::{Db, DbOptions, RecoveryStats, WriteBatch};
 pub use error::{Error, Result};
+pub use journal::Durability;
 #[cfg(feature = "tokio-uring")]
 pub use tree::aio;
 pub use tree::{Cursor, Range, Tree, TreeStats};

@@ -53,6 +53,7 @@ pub mod uring;
 #[cfg(feature = "tokio-uring")]
 pub use aio::{AsyncPageReader, ReadPath};
 pub(crate) use backend::{ActiveBackend, IoRequest, IoUringUse, OpenError, open_with_fallback};
+pub(crate) use file::name_path;
 pub use file::{
     FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, PathIoError, SyncCrashPoint,
     simulate_o_direct_refused_for_test,

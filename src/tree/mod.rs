@@ -54,10 +54,12 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::journal::{Durability, Journal};
 use crate::pool::Pool;
 use crate::storage::{ActiveBackend, MemoryStore, Page, PageStore};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use crate::wal::LogOpRef;
 
 use admission::Doorkeeper;
 use inner::InnerNode;
@@ -121,6 +123,27 @@ pub struct Tree {
     core: Arc<Core>,
     /// The background evictor, if it runs (`Config::background_eviction`).
     background: Option<background::Background>,
+    /// The database's journal, for a keyspace of a [`Db`](crate::Db); `None` for a tree
+    /// on its own, whose writes are not logged.
+    journal: Option<Attached>,
+}
+
+/// A tree's place in its database: the journal its writes go through, and its keyspace.
+pub(crate) struct Attached {
+    pub(crate) journal: Arc<Journal>,
+    pub(crate) keyspace: u32,
+    pub(crate) name: String,
+    /// The durability of `insert` and `delete` (`DbOptions::durability`).
+    pub(crate) durability: Durability,
+    /// Set when the keyspace is dropped from its database.
+    pub(crate) dropped: AtomicBool,
+}
+
+impl Attached {
+    /// The database the tree belongs to, as its journal's address.
+    pub(crate) fn journal_id(&self) -> usize {
+        Arc::as_ptr(&self.journal) as usize
+    }
 }
 
 // Every operation takes `&self`: a `Tree` is shared between threads as it is.
@@ -268,7 +291,41 @@ impl Tree {
         let background = (core.config.background_eviction && !cfg!(feature = "shuttle"))
             .then(|| background::Background::start(&core))
             .flatten();
-        Ok(Tree { core, background })
+        Ok(Tree {
+            core,
+            background,
+            journal: None,
+        })
+    }
+
+    /// This tree as keyspace `attached.keyspace` of a database: its writes go through
+    /// the database's journal from now on.
+    pub(crate) fn attach(mut self, attached: Attached) -> Tree {
+        self.journal = Some(attached);
+        self
+    }
+
+    /// The keyspace's journal attachment, if the tree belongs to a database.
+    pub(crate) fn attached(&self) -> Option<&Attached> {
+        self.journal.as_ref()
+    }
+
+    /// Writes `key` without logging it: recovery's replay of a logged write, and the
+    /// writes of a batch whose record the journal appended.
+    pub(crate) fn write_unlogged(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        self.core.write(key, value)
+    }
+
+    /// Checks `key` and `value` against the tree's limits.
+    pub(crate) fn check_record(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        self.core.check_key(key)?;
+        match value {
+            Some(v) if v.len() > self.core.config.max_value_bytes => Err(Error::ValueTooLarge {
+                len: v.len(),
+                max: self.core.config.max_value_bytes,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The value stored under `key`, if any.
@@ -306,25 +363,91 @@ impl Tree {
         for key in keys {
             self.core.check_key(key.as_ref())?;
         }
-        self.core.get_many(keys)
+        match &self.journal {
+            // In a database, hold the keys' stripes: the answers see any batch whole.
+            Some(a) => a
+                .journal
+                .read_locked(keys.iter().map(|k| (a.keyspace, k.as_ref())), || {
+                    self.core.get_many(keys)
+                }),
+            None => self.core.get_many(keys),
+        }
     }
 
-    /// Inserts `value` under `key`, replacing any previous value (upsert).
+    /// Inserts `value` under `key`, replacing any previous value (upsert). In a
+    /// [`Db`](crate::Db) the write is as durable as
+    /// [`DbOptions::durability`](crate::DbOptions::durability) says (by default
+    /// [`Durability::Logged`]); a tree on its own logs nothing.
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.core.check_key(key)?;
-        if value.len() > self.core.config.max_value_bytes {
-            return Err(Error::ValueTooLarge {
-                len: value.len(),
-                max: self.core.config.max_value_bytes,
+        self.insert_with(key, value, self.durability())
+    }
+
+    /// Inserts `value` under `key` at the given [`Durability`]. A tree outside a
+    /// [`Db`](crate::Db) has no log: any level but [`Durability::Unlogged`] is refused
+    /// with [`Error::Unsupported`] rather than quietly not kept.
+    ///
+    /// ```
+    /// use bfdb::{Db, DbOptions, Durability};
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = Db::open(dir.path(), DbOptions::default())?;
+    /// let accounts = db.tree("accounts")?;
+    /// // Returns once the write's log record is on stable storage.
+    /// accounts.insert_with(b"alice", b"100", Durability::Synced)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn insert_with(&self, key: &[u8], value: &[u8], durability: Durability) -> Result<()> {
+        self.check_record(key, Some(value))?;
+        self.logged_write(key, Some(value), durability)
+    }
+
+    /// Removes `key` if present. Deleting an absent key is not an error. Durable as
+    /// [`Tree::insert`] is.
+    pub fn delete(&self, key: &[u8]) -> Result<()> {
+        self.delete_with(key, self.durability())
+    }
+
+    /// Removes `key` if present, at the given [`Durability`] (as [`Tree::insert_with`]).
+    pub fn delete_with(&self, key: &[u8], durability: Durability) -> Result<()> {
+        self.check_record(key, None)?;
+        self.logged_write(key, None, durability)
+    }
+
+    /// The level `insert` and `delete` use: the database's, or `Unlogged` on its own.
+    fn durability(&self) -> Durability {
+        self.journal
+            .as_ref()
+            .map_or(Durability::Unlogged, |a| a.durability)
+    }
+
+    /// A checked write, through the journal if the tree has one.
+    fn logged_write(&self, key: &[u8], value: Option<&[u8]>, durability: Durability) -> Result<()> {
+        let Some(a) = &self.journal else {
+            if durability != Durability::Unlogged {
+                return Err(Error::Unsupported(format!(
+                    "durability {durability:?} needs a log, and this tree is not part of a \
+                     Db (open one with Db::open and use db.tree(name))"
+                )));
+            }
+            return self.core.write(key, value);
+        };
+        if a.dropped.load(Ordering::Acquire) {
+            return Err(Error::KeyspaceDropped {
+                name: a.name.clone(),
             });
         }
-        self.core.write(key, Some(value))
-    }
-
-    /// Removes `key` if present. Deleting an absent key is not an error.
-    pub fn delete(&self, key: &[u8]) -> Result<()> {
-        self.core.check_key(key)?;
-        self.core.write(key, None)
+        let op = match value {
+            Some(value) => LogOpRef::Put {
+                keyspace: a.keyspace,
+                key,
+                value,
+            },
+            None => LogOpRef::Delete {
+                keyspace: a.keyspace,
+                key,
+            },
+        };
+        a.journal
+            .commit(&[op], durability, || self.core.write(key, value))
     }
 
     /// Iterates over the records whose keys lie in `range`, in key order; `.rev()` walks

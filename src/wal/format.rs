@@ -233,19 +233,66 @@ pub struct LogRecord {
     pub ops: Vec<LogOp>,
 }
 
+/// One change in a log record, borrowing its key and value: what the write path
+/// appends, so that logging a write copies its bytes once, into the log's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogOpRef<'a> {
+    /// Insert or replace `key` with `value` in `keyspace`.
+    Put {
+        /// The keyspace's id.
+        keyspace: u32,
+        /// The key.
+        key: &'a [u8],
+        /// The value.
+        value: &'a [u8],
+    },
+    /// Delete `key` from `keyspace`.
+    Delete {
+        /// The keyspace's id.
+        keyspace: u32,
+        /// The key.
+        key: &'a [u8],
+    },
+}
+
+impl LogOp {
+    /// The change as a [`LogOpRef`] borrowing this one's bytes.
+    pub fn as_ref(&self) -> LogOpRef<'_> {
+        match self {
+            LogOp::Put {
+                keyspace,
+                key,
+                value,
+            } => LogOpRef::Put {
+                keyspace: *keyspace,
+                key,
+                value,
+            },
+            LogOp::Delete { keyspace, key } => LogOpRef::Delete {
+                keyspace: *keyspace,
+                key,
+            },
+        }
+    }
+}
+
 /// Appends the body of a record of `ops` with sequence number `seq` to `out`.
-pub(crate) fn encode_body(seq: u64, ops: &[LogOp], out: &mut Vec<u8>) {
+pub(crate) fn encode_body<'a>(
+    seq: u64,
+    ops: impl ExactSizeIterator<Item = LogOpRef<'a>>,
+    out: &mut Vec<u8>,
+) {
     out.extend_from_slice(&seq.to_le_bytes());
     out.push(KIND_BATCH);
     out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
     for op in ops {
         let (keyspace, kind, key, value) = match op {
-            LogOp::Put {
+            LogOpRef::Put {
                 keyspace,
                 key,
                 value,
             } => (keyspace, OP_PUT, key, Some(value)),
-            LogOp::Delete { keyspace, key } => (keyspace, OP_DELETE, key, None),
+            LogOpRef::Delete { keyspace, key } => (keyspace, OP_DELETE, key, None),
         };
         out.extend_from_slice(&keyspace.to_le_bytes());
         out.push(kind);
@@ -259,7 +306,11 @@ pub(crate) fn encode_body(seq: u64, ops: &[LogOp], out: &mut Vec<u8>) {
 }
 
 /// Appends a framed record (length, checksum, body) of `ops` to `out`.
-pub(crate) fn encode_record(seq: u64, ops: &[LogOp], out: &mut Vec<u8>) {
+pub(crate) fn encode_record<'a>(
+    seq: u64,
+    ops: impl ExactSizeIterator<Item = LogOpRef<'a>>,
+    out: &mut Vec<u8>,
+) {
     let at = out.len();
     out.extend_from_slice(&[0u8; RECORD_FRAME_BYTES]);
     encode_body(seq, ops, out);
@@ -331,7 +382,7 @@ mod tests {
     #[test]
     fn records_round_trip_and_reject_every_truncation() {
         let mut framed = Vec::new();
-        encode_record(42, &ops(), &mut framed);
+        encode_record(42, ops().iter().map(LogOp::as_ref), &mut framed);
         let (len, crc) = decode_frame(&framed).unwrap();
         let body = &framed[RECORD_FRAME_BYTES..];
         assert_eq!((len, crc), (body.len(), crc32c::crc32c(body)));

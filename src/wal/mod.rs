@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use crate::storage::LogDevice;
 
-pub use format::{LogOp, LogRecord};
+pub use format::{LogOp, LogOpRef, LogRecord};
 pub use reader::Recovered;
 pub use writer::{Flusher, Log, LogOptions, MAX_GROUPS_IN_FLIGHT};
 

@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 
-use super::format::{self, BLOCK_PAYLOAD_BYTES, BlockHeader, LogOp, SegmentHeader};
+use super::format::{self, BLOCK_PAYLOAD_BYTES, BlockHeader, LogOp, LogOpRef, SegmentHeader};
 use crate::storage::{LOG_BLOCK_BYTES, LogDevice};
 // The log is not yet explored by shuttle: it uses parking_lot directly, for its
 // condition variable.
@@ -173,6 +173,14 @@ impl Log {
     /// Appends a record of `ops` and returns its sequence number; nothing waits for the
     /// disk.
     pub fn append(&self, ops: &[LogOp]) -> io::Result<u64> {
+        self.append_refs(ops.iter().map(LogOp::as_ref))
+    }
+
+    /// Appends a record of borrowed `ops`, as [`Log::append`].
+    pub fn append_refs<'a>(
+        &self,
+        ops: impl ExactSizeIterator<Item = LogOpRef<'a>>,
+    ) -> io::Result<u64> {
         let mut s = self.state.lock();
         if let Some(why) = &s.failure {
             return Err(io::Error::other(why.clone()));

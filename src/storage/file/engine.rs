@@ -122,7 +122,7 @@ fn unwritten(no: PageNo, e: io::Error) -> io::Error {
 /// stays reachable as the source. Errors without a path, errors that already name one, and
 /// the storage layer's typed errors (which `bfdb::Error` lifts into their own variants)
 /// pass unchanged.
-pub(in crate::storage) fn name_path(path: Option<&Path>, e: io::Error) -> io::Error {
+pub(crate) fn name_path(path: Option<&Path>, e: io::Error) -> io::Error {
     let Some(path) = path else {
         return e;
     };

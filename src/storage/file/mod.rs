@@ -81,7 +81,7 @@ use super::{
 use crate::sync::atomic::AtomicU8;
 use crate::sync::{Mutex, RwLock};
 
-pub(super) use engine::name_path;
+pub(crate) use engine::name_path;
 use engine::{check_engine, has_o_direct, open_file};
 use freelist::AllocState;
 use superblock::Superblock;

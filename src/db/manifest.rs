@@ -1,0 +1,296 @@
+//! The manifest: the database directory's catalog of keyspaces, in one small file
+//! replaced atomically.
+//!
+//! # Layout (`MANIFEST`, little-endian)
+//!
+//! ```text
+//! 0..8    magic b"BFDBMANI"
+//! 8..12   format version (u32, MANIFEST_VERSION)
+//! 12..16  crc32c of the body
+//! 16..20  body length in bytes (u32)
+//! 20..    body:
+//!           next keyspace id (u32)
+//!           keyspace count (u32)
+//!           per keyspace: id (u32), kind (u8: 1 = tree), name length (u16), name (UTF-8)
+//! ```
+//!
+//! # Replacing it
+//!
+//! A new manifest is written to `MANIFEST.tmp`, synced, renamed over `MANIFEST`, and the
+//! directory is synced: a crash leaves the old manifest or the new one, never a mix. A
+//! keyspace id is never reused, so log records of a dropped keyspace can never be
+//! replayed into a new one of the same name.
+//!
+//! Decoding accepts any bytes and reports what is wrong; it never panics.
+
+#![deny(clippy::indexing_slicing)]
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// The manifest's file name in the database directory.
+pub(crate) const MANIFEST: &str = "MANIFEST";
+/// Where a new manifest is written before it replaces the old one.
+pub(crate) const MANIFEST_TMP: &str = "MANIFEST.tmp";
+
+const MAGIC: [u8; 8] = *b"BFDBMANI";
+/// The manifest format this build reads and writes.
+pub(crate) const MANIFEST_VERSION: u32 = 1;
+const HEADER_BYTES: usize = 20;
+/// The longest keyspace name, in bytes.
+pub(crate) const MAX_NAME_BYTES: usize = 255;
+
+/// The kind of index a keyspace is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeyspaceKind {
+    Tree = 1,
+}
+
+/// One keyspace of the catalog.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct KeyspaceEntry {
+    pub(crate) id: u32,
+    pub(crate) kind: KeyspaceKind,
+}
+
+/// The decoded manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Manifest {
+    /// The id the next keyspace gets.
+    pub(crate) next_id: u32,
+    /// Keyspaces by name.
+    pub(crate) keyspaces: BTreeMap<String, KeyspaceEntry>,
+}
+
+impl Default for Manifest {
+    fn default() -> Self {
+        Manifest {
+            next_id: 1,
+            keyspaces: BTreeMap::new(),
+        }
+    }
+}
+
+/// Reads fields off the front of a byte slice; every read is checked.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = (self.bytes.get(..n)?, self.bytes.get(n..)?);
+        self.bytes = rest;
+        Some(head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1)?.first().copied()
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+}
+
+impl Manifest {
+    /// The manifest's bytes.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&self.next_id.to_le_bytes());
+        body.extend_from_slice(&(self.keyspaces.len() as u32).to_le_bytes());
+        for (name, entry) in &self.keyspaces {
+            body.extend_from_slice(&entry.id.to_le_bytes());
+            body.push(entry.kind as u8);
+            body.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            body.extend_from_slice(name.as_bytes());
+        }
+        let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
+        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// Decodes a manifest read from `path`; any fault is an error naming the file.
+    pub(crate) fn decode(path: &Path, bytes: &[u8]) -> Result<Manifest> {
+        let corrupt = |reason: String| Error::CorruptFile {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let mut r = Reader { bytes };
+        let magic = r
+            .take(MAGIC.len())
+            .ok_or_else(|| corrupt(format!("{} bytes is too short for a manifest", bytes.len())))?;
+        if magic != MAGIC {
+            return Err(corrupt("not a bfdb manifest (wrong magic bytes)".into()));
+        }
+        let version = r.u32().ok_or_else(|| corrupt("truncated header".into()))?;
+        if version != MANIFEST_VERSION {
+            return Err(Error::Incompatible {
+                reason: format!(
+                    "{} is manifest format version {version}; this build reads version \
+                     {MANIFEST_VERSION}",
+                    path.display()
+                ),
+            });
+        }
+        let (crc, len) = match (r.u32(), r.u32()) {
+            (Some(crc), Some(len)) => (crc, len as usize),
+            _ => return Err(corrupt("truncated header".into())),
+        };
+        let body = r.take(len).ok_or_else(|| {
+            corrupt(format!(
+                "the header promises a {len}-byte body; the file holds {}",
+                bytes.len().saturating_sub(HEADER_BYTES)
+            ))
+        })?;
+        if !r.bytes.is_empty() {
+            return Err(corrupt(format!("{} bytes after the body", r.bytes.len())));
+        }
+        if crc32c::crc32c(body) != crc {
+            return Err(corrupt("checksum mismatch".into()));
+        }
+        Self::decode_body(body).map_err(corrupt)
+    }
+
+    fn decode_body(body: &[u8]) -> std::result::Result<Manifest, String> {
+        let truncated = || "truncated body".to_string();
+        let mut r = Reader { bytes: body };
+        let next_id = r.u32().ok_or_else(truncated)?;
+        let count = r.u32().ok_or_else(truncated)?;
+        let mut keyspaces = BTreeMap::new();
+        for _ in 0..count {
+            let id = r.u32().ok_or_else(truncated)?;
+            let kind = match r.u8().ok_or_else(truncated)? {
+                1 => KeyspaceKind::Tree,
+                other => return Err(format!("keyspace {id} has unknown kind {other}")),
+            };
+            let len = usize::from(r.u16().ok_or_else(truncated)?);
+            let name = std::str::from_utf8(r.take(len).ok_or_else(truncated)?)
+                .map_err(|_| format!("keyspace {id}'s name is not UTF-8"))?;
+            if id == 0 || id >= next_id {
+                return Err(format!("keyspace id {id} is out of range 1..{next_id}"));
+            }
+            if name.is_empty() || name.len() > MAX_NAME_BYTES {
+                return Err(format!("keyspace {id}'s name has {} bytes", name.len()));
+            }
+            if keyspaces.values().any(|e: &KeyspaceEntry| e.id == id) {
+                return Err(format!("keyspace id {id} appears twice"));
+            }
+            if keyspaces
+                .insert(name.to_string(), KeyspaceEntry { id, kind })
+                .is_some()
+            {
+                return Err(format!("keyspace name {name:?} appears twice"));
+            }
+        }
+        if !r.bytes.is_empty() {
+            return Err(format!("{} bytes after the last keyspace", r.bytes.len()));
+        }
+        Ok(Manifest { next_id, keyspaces })
+    }
+
+    /// Reads the manifest of `dir`; `None` if there is none.
+    pub(crate) fn load(dir: &Path) -> Result<Option<Manifest>> {
+        let path = dir.join(MANIFEST);
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some(Manifest::decode(&path, &bytes)?)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::Io(named(&path, e))),
+        }
+    }
+
+    /// Replaces the manifest of `dir` with this one, atomically and durably (module
+    /// docs).
+    pub(crate) fn store(&self, dir: &Path) -> Result<()> {
+        let tmp = dir.join(MANIFEST_TMP);
+        let path = dir.join(MANIFEST);
+        let write = || -> io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            f.write_all(&self.encode())?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)?;
+            sync_dir(dir)
+        };
+        write().map_err(|e| Error::Io(named(&path, e)))
+    }
+}
+
+/// Syncs `dir`, making the creation, removal or renaming of its entries durable.
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// `e` naming `path`, as every IO error of a database file does (kind kept).
+pub(crate) fn named(path: &Path, e: io::Error) -> io::Error {
+    crate::storage::name_path(Some(path), e)
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        let mut m = Manifest::default();
+        for (i, name) in ["accounts", "orders", "ünïcode"].iter().enumerate() {
+            m.keyspaces.insert(
+                name.to_string(),
+                KeyspaceEntry {
+                    id: i as u32 + 2,
+                    kind: KeyspaceKind::Tree,
+                },
+            );
+        }
+        m.next_id = 7;
+        m
+    }
+
+    #[test]
+    fn round_trips() {
+        let m = sample();
+        assert_eq!(Manifest::decode(Path::new("M"), &m.encode()).unwrap(), m);
+        let empty = Manifest::default();
+        assert_eq!(
+            Manifest::decode(Path::new("M"), &empty.encode()).unwrap(),
+            empty
+        );
+    }
+
+    #[test]
+    fn every_truncation_and_every_bit_flip_is_an_error() {
+        let bytes = sample().encode();
+        for len in 0..bytes.len() {
+            let err = Manifest::decode(Path::new("M"), &bytes[..len]).unwrap_err();
+            assert!(matches!(err, Error::CorruptFile { .. }), "{len}: {err:?}");
+        }
+        for bit in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            // A flip in the version field reads as another version: also refused.
+            assert!(Manifest::decode(Path::new("M"), &b).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn another_version_is_incompatible() {
+        let mut bytes = sample().encode();
+        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let err = Manifest::decode(Path::new("dir/MANIFEST"), &bytes).unwrap_err();
+        assert!(
+            matches!(&err, Error::Incompatible { reason } if reason.contains("dir/MANIFEST") && reason.contains("version 2")),
+            "{err:?}"
+        );
+    }
+}

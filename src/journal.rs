@@ -1,0 +1,207 @@
+//! The journal: how a keyspace's write reaches the write-ahead log, in the same order as
+//! it reaches the index, at the [`Durability`] the caller asked for.
+//!
+//! # The order rule
+//!
+//! Recovery replays the log in sequence-number order, so for every key the order of its
+//! log records must be the order in which its writes reached the index; otherwise a
+//! replay could end with a value the index never held last. Two writers of one key are
+//! therefore serialized from the log append through the index write: each holds the
+//! key's *stripe* lock (one of [`STRIPES`] reader-writer locks, chosen by a hash of the
+//! keyspace and key) across both. Writers of different stripes never wait for each other;
+//! the log's own lock orders their appends.
+//!
+//! # Batches
+//!
+//! A batch is one log record, so recovery replays all of it or none of it (a torn record
+//! fails its checksum, and the reader stops before it). Its writer takes the stripe locks
+//! of every key of the batch, exclusively and in ascending stripe order (so two batches
+//! cannot deadlock), appends the record, writes every key, and only then releases the
+//! stripes. A reader that must not see half of a batch takes the stripe locks of the keys
+//! it reads, shared and in the same order ([`Journal::read_locked`]): it runs wholly
+//! before or wholly after any batch that shares a stripe with it.
+//!
+//! Uses: `wal`, `sync`, `error`.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::wal::{Flusher, Log, LogOpRef};
+
+/// Stripe locks of a journal: writers of keys in different stripes never wait for each
+/// other. A power of two.
+pub(crate) const STRIPES: usize = 1024;
+
+/// How durable a write is when the call that made it returns, and so what of it a crash
+/// leaves.
+///
+/// | level | the call returns | after a crash of the process or machine |
+/// |---|---|---|
+/// | [`Unlogged`](Durability::Unlogged) | after the index write | gone: not in the log (a future checkpoint will keep what it captured) |
+/// | [`Logged`](Durability::Logged) | after the log append, before any disk write | there if the background flush ran first: at most [`DbOptions::flush_interval`](crate::DbOptions::flush_interval) of acknowledged writes can be lost |
+/// | [`Synced`](Durability::Synced) | after the `fdatasync` that covers its log record | there |
+///
+/// Whatever the level, a write is all or nothing after a crash, and so is a batch; the
+/// writes that survive are a prefix, in log order, of the logged writes; and
+/// [`Db::persist`](crate::Db::persist) makes every logged write acknowledged so far
+/// durable. A clean close (dropping the [`Db`](crate::Db)) does the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// Not logged: the fastest level, and lost on a crash or a reopen.
+    Unlogged,
+    /// Logged, and made durable by the background flusher within the flush interval;
+    /// the caller does not wait for the disk. The default.
+    #[default]
+    Logged,
+    /// Logged and synced: the call returns once its record is on stable storage. Writers
+    /// that arrive together share one `fdatasync` (group commit).
+    Synced,
+}
+
+/// A stripe lock, alone on its cache line.
+#[repr(align(64))]
+struct Stripe(RwLock<()>);
+
+/// The write-ahead log and the stripe locks of one database (see the module docs).
+pub(crate) struct Journal {
+    log: Arc<Log>,
+    stripes: Box<[Stripe]>,
+    /// Makes `Logged` writes durable within the flush interval. Dropped before the log's
+    /// last user, which stops its thread.
+    _flusher: Flusher,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("log", &self.log)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The stripe of `key` in `keyspace`.
+fn stripe_of(keyspace: u32, key: &[u8]) -> usize {
+    let h = crc32c::crc32c_append(keyspace, key);
+    // Mix the bits so that keys differing only in their high bytes spread too.
+    (h.wrapping_mul(0x9e37_79b9) >> 16) as usize % STRIPES
+}
+
+/// The distinct stripes of `keys`, ascending: the order every multi-stripe holder
+/// takes them in.
+fn stripes_of<'a>(keys: impl Iterator<Item = (u32, &'a [u8])>) -> Vec<usize> {
+    let mut stripes: Vec<usize> = keys.map(|(ks, key)| stripe_of(ks, key)).collect();
+    stripes.sort_unstable();
+    stripes.dedup();
+    stripes
+}
+
+/// The keyspace and key an op changes.
+fn target<'a>(op: &LogOpRef<'a>) -> (u32, &'a [u8]) {
+    match *op {
+        LogOpRef::Put { keyspace, key, .. } | LogOpRef::Delete { keyspace, key } => (keyspace, key),
+    }
+}
+
+impl Journal {
+    /// A journal over `log`, whose flusher runs every `flush_interval`.
+    pub(crate) fn new(log: Arc<Log>, flush_interval: std::time::Duration) -> Journal {
+        let flusher = Flusher::start(Arc::clone(&log), flush_interval);
+        Journal {
+            log,
+            stripes: (0..STRIPES).map(|_| Stripe(RwLock::new(()))).collect(),
+            _flusher: flusher,
+        }
+    }
+
+    /// Logs `ops` as one record (unless `durability` is `Unlogged`) and runs `apply`,
+    /// which writes them to their indexes, while the stripes of every key of `ops` are
+    /// locked; then waits as `durability` says.
+    ///
+    /// An `apply` that fails leaves the record in the log: the write is refused to the
+    /// caller, and recovery may still replay it (the index that failed is poisoned and
+    /// must be reopened anyway).
+    pub(crate) fn commit<T>(
+        &self,
+        ops: &[LogOpRef<'_>],
+        durability: Durability,
+        apply: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        if durability == Durability::Unlogged && ops.len() == 1 {
+            // Nothing to order against the log, and one key is all or nothing anyway.
+            return apply();
+        }
+        let stripes = stripes_of(ops.iter().map(target));
+        let held: Vec<RwLockWriteGuard<'_, ()>> =
+            stripes.iter().map(|&s| self.stripes[s].0.write()).collect();
+        let seq = match durability {
+            Durability::Unlogged => None,
+            Durability::Logged | Durability::Synced => Some(
+                self.log
+                    .append_refs(ops.iter().copied())
+                    .map_err(log_error)?,
+            ),
+        };
+        let applied = apply();
+        drop(held);
+        let out = applied?;
+        if let (Durability::Synced, Some(seq)) = (durability, seq) {
+            self.log.wait_durable(seq).map_err(log_error)?;
+        }
+        Ok(out)
+    }
+
+    /// Runs `read` while the stripes of `keys` are locked shared: it sees any batch that
+    /// writes one of `keys` wholly or not at all.
+    pub(crate) fn read_locked<'a, T>(
+        &self,
+        keys: impl Iterator<Item = (u32, &'a [u8])>,
+        read: impl FnOnce() -> T,
+    ) -> T {
+        let stripes = stripes_of(keys);
+        let held: Vec<RwLockReadGuard<'_, ()>> =
+            stripes.iter().map(|&s| self.stripes[s].0.read()).collect();
+        let out = read();
+        drop(held);
+        out
+    }
+
+    /// Makes every record appended so far durable.
+    pub(crate) fn persist(&self) -> Result<()> {
+        self.log.flush().map_err(log_error)
+    }
+
+    /// The log, for recovery statistics.
+    pub(crate) fn log(&self) -> &Log {
+        &self.log
+    }
+}
+
+/// A log failure as the crate's error. The log poisons itself on a failed write or
+/// sync, so every later logged write fails the same way.
+fn log_error(e: std::io::Error) -> Error {
+    Error::from(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stripes_spread_and_are_ascending() {
+        let keys: Vec<Vec<u8>> = (0u32..4096).map(|i| i.to_be_bytes().to_vec()).collect();
+        let stripes = stripes_of(keys.iter().map(|k| (1, &k[..])));
+        assert!(stripes.windows(2).all(|w| w[0] < w[1]));
+        // 4096 keys over 1024 stripes leave few stripes empty.
+        assert!(
+            stripes.len() > STRIPES * 9 / 10,
+            "{} stripes used",
+            stripes.len()
+        );
+        // The keyspace takes part: one key in two keyspaces usually differs.
+        let differ = (0u32..256)
+            .filter(|i| stripe_of(1, &i.to_be_bytes()) != stripe_of(2, &i.to_be_bytes()))
+            .count();
+        assert!(differ > 200, "{differ}");
+    }
+}

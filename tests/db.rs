@@ -1,0 +1,390 @@
+//! The database directory: reopening, keyspaces, the lock, durability levels, batches,
+//! and bad input (directories that are not databases, damaged or foreign files).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bfdb::{Config, Db, DbOptions, Durability, Error, Tree, WriteBatch};
+
+fn small() -> DbOptions {
+    DbOptions::default().config(Config {
+        memory_budget_bytes: 256 << 10,
+        huge_pages: false,
+        ..Config::default()
+    })
+}
+
+/// Every file of `dir` with its bytes, to show that a failed open changed nothing.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key{i:08}").into_bytes()
+}
+
+#[test]
+fn logged_and_synced_writes_survive_a_reopen_and_unlogged_ones_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), small()).unwrap();
+        let t = db.tree("t").unwrap();
+        for i in 0..3000 {
+            let level = [Durability::Logged, Durability::Synced][i as usize % 2];
+            t.insert_with(&key(i), format!("v{i}").as_bytes(), level)
+                .unwrap();
+        }
+        for i in (0..3000).step_by(3) {
+            t.delete(&key(i)).unwrap();
+        }
+        t.insert_with(b"unlogged", b"x", Durability::Unlogged)
+            .unwrap();
+        assert_eq!(t.get(b"unlogged").unwrap().as_deref(), Some(&b"x"[..]));
+    }
+    let db = Db::open(dir.path(), small()).unwrap();
+    let t = db.tree("t").unwrap();
+    for i in 0..3000 {
+        let want = (i % 3 != 0).then(|| format!("v{i}").into_bytes());
+        assert_eq!(t.get(&key(i)).unwrap(), want, "key {i}");
+    }
+    assert_eq!(t.get(b"unlogged").unwrap(), None);
+    let r = db.recovery();
+    assert_eq!(r.writes_replayed, 4000);
+    assert_eq!(r.discarded_bytes, 0);
+    // A full scan agrees with the point reads.
+    let scanned = t.range::<&[u8], _>(..).count();
+    assert_eq!(scanned, 2000);
+}
+
+#[test]
+fn keyspaces_are_listed_dropped_and_recreated_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), small()).unwrap();
+        let a = db.tree("alpha").unwrap();
+        let b = db.tree("beta").unwrap();
+        a.insert(b"k", b"in alpha").unwrap();
+        b.insert(b"k", b"in beta").unwrap();
+        assert!(Arc::ptr_eq(&a, &db.tree("alpha").unwrap()));
+        assert_eq!(db.keyspaces(), ["alpha", "beta"]);
+        assert!(db.drop_tree("beta").unwrap());
+        assert!(!db.drop_tree("beta").unwrap());
+        assert!(
+            matches!(b.insert(b"k2", b"v"), Err(Error::KeyspaceDropped { name }) if name == "beta")
+        );
+        let b2 = db.tree("beta").unwrap();
+        assert_eq!(
+            b2.get(b"k").unwrap(),
+            None,
+            "a recreated keyspace starts empty"
+        );
+        b2.insert(b"new", b"1").unwrap();
+        assert!(db.tree("").is_err());
+        assert!(db.tree(&"n".repeat(256)).is_err());
+    }
+    let db = Db::open(dir.path(), small()).unwrap();
+    assert_eq!(db.keyspaces(), ["alpha", "beta"]);
+    assert_eq!(
+        db.tree("alpha").unwrap().get(b"k").unwrap().as_deref(),
+        Some(&b"in alpha"[..])
+    );
+    let b = db.tree("beta").unwrap();
+    assert_eq!(
+        b.get(b"k").unwrap(),
+        None,
+        "the dropped keyspace's writes are not replayed"
+    );
+    assert_eq!(b.get(b"new").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(db.recovery().writes_skipped, 1);
+}
+
+#[test]
+fn a_second_open_of_one_directory_is_refused_until_the_first_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), small()).unwrap();
+    let err = Db::open(dir.path(), small()).unwrap_err();
+    assert!(
+        matches!(&err, Error::Locked { path } if path.ends_with("LOCK")),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("LOCK"), "{err}");
+    drop(db);
+    Db::open(dir.path(), small()).unwrap();
+}
+
+#[test]
+fn a_directory_that_is_not_a_database_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"my notes").unwrap();
+    let before = snapshot(dir.path());
+    let err = Db::open(dir.path(), small()).unwrap_err();
+    assert!(
+        matches!(&err, Error::Incompatible { reason } if reason.contains("not a bfdb database") && reason.contains("notes.txt")),
+        "{err:?}"
+    );
+    let mut after = snapshot(dir.path());
+    // The lock file is the one thing an open may leave.
+    after.retain(|(name, _)| name != "LOCK");
+    assert_eq!(before, after);
+
+    // Without `create`, an empty directory is not a database either.
+    let empty = tempfile::tempdir().unwrap();
+    let err = Db::open(empty.path(), small().create(false)).unwrap_err();
+    assert!(
+        matches!(&err, Error::Io(e) if e.kind() == std::io::ErrorKind::NotFound),
+        "{err:?}"
+    );
+    let missing = empty.path().join("nope");
+    assert!(Db::open(&missing, small().create(false)).is_err());
+    assert!(!missing.exists());
+}
+
+/// A database directory with one keyspace and some writes.
+fn populated() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), small()).unwrap();
+    let t = db.tree("t").unwrap();
+    for i in 0..100 {
+        t.insert_with(&key(i), b"value", Durability::Synced)
+            .unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_damaged_manifest_is_reported_by_name_and_not_overwritten() {
+    let dir = populated();
+    let path = dir.path().join("MANIFEST");
+    let good = std::fs::read(&path).unwrap();
+    for (what, bytes) in [
+        ("flipped", {
+            let mut b = good.clone();
+            let last = b.len() - 1;
+            b[last] ^= 0x20;
+            b
+        }),
+        ("truncated", good[..good.len() - 3].to_vec()),
+        ("empty", Vec::new()),
+    ] {
+        std::fs::write(&path, &bytes).unwrap();
+        let before = snapshot(dir.path());
+        let err = Db::open(dir.path(), small()).unwrap_err();
+        assert!(
+            matches!(&err, Error::CorruptFile { path: p, .. } if p == &path),
+            "{what}: {err:?}"
+        );
+        assert!(err.to_string().contains("MANIFEST"), "{err}");
+        let mut after = snapshot(dir.path());
+        after.retain(|(n, _)| n != "LOCK");
+        let mut before = before;
+        before.retain(|(n, _)| n != "LOCK");
+        assert_eq!(before, after, "{what}: the failed open changed a file");
+    }
+    // Another format version is incompatible, not corrupt.
+    let mut other = good.clone();
+    other[8..12].copy_from_slice(&9u32.to_le_bytes());
+    std::fs::write(&path, &other).unwrap();
+    let err = Db::open(dir.path(), small()).unwrap_err();
+    assert!(
+        matches!(&err, Error::Incompatible { reason } if reason.contains("version 9")),
+        "{err:?}"
+    );
+    // Put right, it opens with everything.
+    std::fs::write(&path, &good).unwrap();
+    let db = Db::open(dir.path(), small()).unwrap();
+    assert_eq!(db.tree("t").unwrap().range::<&[u8], _>(..).count(), 100);
+}
+
+#[test]
+fn a_log_of_another_format_version_is_refused_and_kept() {
+    let dir = populated();
+    let segment = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "log"))
+        .expect("a log segment");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    // The segment header's version field follows its checksum and magic; the header
+    // block is sealed again, as a build of version 99 would have written it.
+    bytes[12..16].copy_from_slice(&99u32.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[4..4096]);
+    bytes[..4].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&segment, &bytes).unwrap();
+    let err = Db::open(dir.path(), small()).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("99") || text.contains("version"), "{err:?}");
+    assert_eq!(
+        std::fs::read(&segment).unwrap(),
+        bytes,
+        "the foreign segment was changed"
+    );
+}
+
+#[test]
+fn reopening_with_other_options_works_and_tighter_limits_are_refused() {
+    let dir = populated();
+    {
+        let bigger = DbOptions::default().config(Config {
+            memory_budget_bytes: 8 << 20,
+            ..Config::default()
+        });
+        let db = Db::open(dir.path(), bigger).unwrap();
+        let t = db.tree("t").unwrap();
+        assert_eq!(t.range::<&[u8], _>(..).count(), 100);
+        t.insert(&[b'x'; 300], b"long key").unwrap();
+    }
+    let tight = DbOptions::default().config(Config {
+        max_key_bytes: 64,
+        ..Config::default()
+    });
+    let err = Db::open(dir.path(), tight).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidConfig(why) if why.contains("300")),
+        "{err:?}"
+    );
+    Db::open(dir.path(), small()).unwrap();
+}
+
+#[test]
+fn a_tree_outside_a_database_refuses_durability_it_cannot_give() {
+    let tree = Tree::in_memory(Config::default()).unwrap();
+    tree.insert(b"k", b"v").unwrap();
+    tree.insert_with(b"k", b"v", Durability::Unlogged).unwrap();
+    for level in [Durability::Logged, Durability::Synced] {
+        let err = tree.insert_with(b"k", b"v", level).unwrap_err();
+        assert!(
+            matches!(&err, Error::Unsupported(why) if why.contains("Db")),
+            "{err:?}"
+        );
+        assert!(tree.delete_with(b"k", level).is_err());
+    }
+}
+
+#[test]
+fn a_batch_is_checked_whole_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), small()).unwrap();
+    let t = db.tree("t").unwrap();
+    let mut batch = WriteBatch::new();
+    batch.insert(&t, b"a", b"1");
+    batch.insert(&t, b"b", &vec![0; 1 << 20]);
+    assert!(matches!(db.write(batch), Err(Error::ValueTooLarge { .. })));
+    assert_eq!(t.get(b"a").unwrap(), None);
+
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = Db::open(other_dir.path(), small()).unwrap();
+    let foreign = other.tree("t").unwrap();
+    let mut batch = WriteBatch::new();
+    batch.insert(&t, b"a", b"1");
+    batch.insert(&foreign, b"a", b"1");
+    assert!(matches!(db.write(batch), Err(Error::Unsupported(_))));
+    assert_eq!(t.get(b"a").unwrap(), None);
+
+    let standalone = Tree::in_memory(Config::default()).unwrap();
+    let mut batch = WriteBatch::new();
+    batch.insert(&standalone, b"a", b"1");
+    assert!(db.write(batch).is_err());
+    assert!(db.write(WriteBatch::new()).is_ok());
+}
+
+#[test]
+fn batches_span_keyspaces_and_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), small()).unwrap();
+        let (a, b) = (db.tree("a").unwrap(), db.tree("b").unwrap());
+        for i in 0..200u32 {
+            let mut batch = WriteBatch::new();
+            batch.insert(&a, &key(i), b"A");
+            batch.insert(&b, &key(i), b"B");
+            if i % 2 == 0 {
+                batch.delete(&a, &key(i));
+            }
+            db.write(batch).unwrap();
+        }
+    }
+    let db = Db::open(dir.path(), small()).unwrap();
+    let (a, b) = (db.tree("a").unwrap(), db.tree("b").unwrap());
+    for i in 0..200u32 {
+        let want_a = (i % 2 == 1).then(|| b"A".to_vec());
+        assert_eq!(a.get(&key(i)).unwrap(), want_a);
+        assert_eq!(b.get(&key(i)).unwrap().as_deref(), Some(&b"B"[..]));
+    }
+    assert_eq!(db.recovery().records_replayed, 200);
+}
+
+/// Readers of a batch's keys with `get_many` never see half of it: a writer sets eight
+/// keys to one value per batch; readers check that the eight always agree.
+#[test]
+fn get_many_never_sees_half_a_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(Db::open(dir.path(), small()).unwrap());
+    let t = db.tree("t").unwrap();
+    let keys: Vec<Vec<u8>> = (0..8).map(key).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (db, t, keys, stop) = (db.clone(), t.clone(), keys.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mut batch = WriteBatch::new();
+                for k in &keys {
+                    batch.insert(&t, k, &n.to_be_bytes());
+                }
+                db.write_with(batch, Durability::Unlogged).unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (t, keys) = (t.clone(), keys.clone());
+            std::thread::spawn(move || {
+                for _ in 0..20_000 {
+                    let got = t.get_many(&keys).unwrap();
+                    assert!(
+                        got.windows(2).all(|w| w[0] == w[1]),
+                        "get_many saw half a batch: {got:?}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let batches = writer.join().unwrap();
+    assert!(batches > 0);
+}
+
+#[test]
+fn persist_makes_logged_writes_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(
+        dir.path(),
+        small().flush_interval(std::time::Duration::from_secs(60)),
+    )
+    .unwrap();
+    let t = db.tree("t").unwrap();
+    t.insert(b"k", b"v").unwrap();
+    let (last, durable) = db.log_position();
+    assert!(durable < last, "with a 60-s flush interval the write waits");
+    db.persist().unwrap();
+    let (last, durable) = db.log_position();
+    assert_eq!(durable, last);
+}
