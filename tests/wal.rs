@@ -657,3 +657,60 @@ fn crashes_while_groups_are_in_flight() {
         }
     }
 }
+
+/// A checkpoint's position: reading from it returns exactly the records appended after
+/// it was taken, wherever in a segment it falls; removing the segments below it keeps
+/// that true; and a log read from its start after the removal has lost its beginning,
+/// which is an error, not an empty log.
+#[test]
+fn a_log_read_from_a_position_returns_what_followed_it_even_after_truncation() {
+    for cut in [1u64, 17, 60, 133, 299] {
+        let device = Arc::new(SimLog::new(cut));
+        let (log, _) = wal::open(device.clone(), small_segments()).unwrap();
+        let mut expected = Vec::new();
+        let mut position = None;
+        for i in 0..300 {
+            if i == cut {
+                position = Some(log.position());
+            }
+            let ops = put(i, (i as usize * 53) % 2500);
+            let seq = log.append(&ops).unwrap();
+            if i >= cut {
+                expected.push(LogRecord { seq, ops });
+            }
+            if i % 5 == 0 {
+                log.wait_durable(seq).unwrap();
+            }
+        }
+        log.flush().unwrap();
+        let position = position.unwrap();
+        let read = |device: Arc<dyn LogDevice>| {
+            let (_, recovered) = wal::open_at(device, small_segments(), position).unwrap();
+            recovered.records
+        };
+        assert_eq!(read(Arc::new(device.crash())), expected, "cut {cut}");
+        let before = device.list().unwrap().len();
+        let removed = log.remove_segments_before(position.block).unwrap();
+        assert_eq!(device.list().unwrap().len(), before - removed);
+        if cut > 60 {
+            assert!(
+                removed > 0,
+                "cut {cut}: segments below the position were removed"
+            );
+        }
+        assert_eq!(
+            read(Arc::new(device.crash())),
+            expected,
+            "cut {cut}, truncated"
+        );
+        if removed > 0 {
+            let err = wal::open(Arc::new(device.crash()), small_segments()).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "cut {cut}: {err}");
+        }
+        // Appending after a reopen at the position goes on with higher numbers.
+        let (log, recovered) =
+            wal::open_at(Arc::new(device.crash()), small_segments(), position).unwrap();
+        let last = recovered.records.last().map_or(0, |r| r.seq);
+        assert!(log.append(&put(1, 1)).unwrap() > last.max(position.seq - 1));
+    }
+}

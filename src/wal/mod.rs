@@ -36,12 +36,36 @@ pub use format::{LogOp, LogOpRef, LogRecord};
 pub use reader::Recovered;
 pub use writer::{Flusher, Log, LogOptions, MAX_GROUPS_IN_FLIGHT};
 
-/// Reads the log on `device` (every complete record, and what was discarded at a torn
-/// tail), and returns a [`Log`] that appends after it, in a new segment that starts
-/// past the last valid block, so that nothing after a torn block is ever read again.
+/// Where the log begins for a recovery: a block address at or below the first block
+/// that can hold a record of sequence number `seq` or later, and that number. Records
+/// below `seq` are older than the position and not returned. A checkpoint records the
+/// position of the log when it started ([`Log::position`]); the default is the start of
+/// a log never truncated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogPosition {
+    /// The block address the log is read from.
+    pub block: u64,
+    /// The first sequence number that counts.
+    pub seq: u64,
+}
+
+/// Reads the whole log on `device` and opens it for appending: [`open_at`] the start.
 pub fn open(device: Arc<dyn LogDevice>, options: LogOptions) -> io::Result<(Log, Recovered)> {
-    // The log starts at block 0 until checkpoints truncate it.
-    let recovered = reader::read_log(&*device, 0)?;
+    open_at(device, options, LogPosition::default())
+}
+
+/// Reads the log on `device` from `start` (every complete record from there, and what
+/// was discarded at a torn tail), and returns a [`Log`] that appends after it, in a new
+/// segment that starts past the last valid block, so that nothing after a torn block is
+/// ever read again. Sequence numbers go on from the last record read, and never below
+/// `start.seq`.
+pub fn open_at(
+    device: Arc<dyn LogDevice>,
+    options: LogOptions,
+    start: LogPosition,
+) -> io::Result<(Log, Recovered)> {
+    let mut recovered = reader::read_log(&*device, start.block)?;
+    recovered.records.retain(|r| r.seq >= start.seq);
     if recovered.discarded_bytes > 0 {
         log::warn!(
             "bfdb: the write-ahead log ended in a torn tail: {} bytes and {} records discarded",
@@ -55,7 +79,12 @@ pub fn open(device: Arc<dyn LogDevice>, options: LogOptions) -> io::Result<(Log,
     for id in device.list()? {
         device.sync(id)?;
     }
-    let next_seq = recovered.records.last().map_or(1, |r| r.seq + 1);
+    let next_seq = recovered
+        .records
+        .last()
+        .map_or(1, |r| r.seq + 1)
+        .max(start.seq)
+        .max(1);
     let next_segment_id = device.list()?.last().map_or(1, |id| id + 1);
     let log = Log::new(
         device,

@@ -108,9 +108,11 @@ fn file_blocks(device: &dyn LogDevice, id: u64) -> io::Result<u64> {
 }
 
 /// Reads every segment of `device` and returns the log's complete records. The log
-/// starts at block address `start_block` (0 until checkpoints truncate the log; then
-/// the address the last checkpoint recorded): a segment chain that does not begin
-/// there has lost its beginning.
+/// starts at block address `start_block` (0 for a log never truncated; else the address
+/// a checkpoint recorded, which may lie inside a segment): a segment chain that does
+/// not reach it has lost its beginning, and segments wholly below it are history. A
+/// record that begins below `start_block` and continues past it is skipped (it is
+/// older than the start).
 pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<Recovered> {
     let mut out = Recovered {
         next_block: start_block,
@@ -152,7 +154,18 @@ pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<R
             )));
         }
         let blocks = blocks_of(device, id, header.data_blocks)?;
-        if header.first_block != expected {
+        // The segment the log starts in, if it starts mid-segment (a checkpoint's log
+        // position): its blocks below the start are truncated history.
+        let skip = if out.next_block == start_block
+            && hole.is_none()
+            && header.first_block < expected
+            && expected < header.first_block + header.data_blocks
+        {
+            (expected - header.first_block) as usize
+        } else {
+            0
+        };
+        if header.first_block + skip as u64 != expected {
             // Not chained on: only blocks of unacknowledged groups may lie past a hole
             // (the one the last segment ended in, or the chain's missing beginning).
             let (at, in_segment) = hole.unwrap_or((expected, id));
@@ -160,8 +173,8 @@ pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<R
             continue;
         }
         hole = None;
-        let mut next = header.first_block;
-        for (i, block) in blocks.iter().enumerate() {
+        let mut next = expected;
+        for (i, block) in blocks.iter().enumerate().skip(skip) {
             let address = header.first_block + i as u64;
             match block {
                 Block::Valid(h, payload) if h.address == address => {

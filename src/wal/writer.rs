@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 
+use super::LogPosition;
 use super::format::{self, BLOCK_PAYLOAD_BYTES, BlockHeader, LogOp, LogOpRef, SegmentHeader};
 use crate::storage::{LOG_BLOCK_BYTES, LogDevice};
 // The log is not yet explored by shuttle: it uses parking_lot directly, for its
@@ -191,6 +192,39 @@ impl Log {
         let end = s.pending.len();
         s.ends.push(end);
         Ok(seq)
+    }
+
+    /// The log's position now: the sequence number the next record gets, and a block
+    /// address no record appended from now on will be written below.
+    pub fn position(&self) -> LogPosition {
+        let s = self.state.lock();
+        LogPosition {
+            block: s.segment.map_or(s.durable_block, |seg| seg.next_block),
+            seq: s.next_seq,
+        }
+    }
+
+    /// Removes the segments whose blocks all lie below address `block` (a checkpoint's
+    /// position that recovery no longer reads before) and returns how many. The segment
+    /// being appended to is never removed, nor a segment whose header does not decode.
+    pub fn remove_segments_before(&self, block: u64) -> io::Result<usize> {
+        let current = self.state.lock().segment.map(|seg| seg.header.id);
+        let mut removed = 0;
+        let mut header = vec![0u8; LOG_BLOCK_BYTES];
+        for id in self.device.list()? {
+            if Some(id) == current {
+                continue;
+            }
+            let n = self.device.read_at(id, 0, &mut header)?;
+            let Ok(h) = SegmentHeader::decode(header.get(..n).unwrap_or_default()) else {
+                continue;
+            };
+            if h.id == id && h.first_block.saturating_add(h.data_blocks) <= block {
+                self.device.remove(id)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// The highest sequence number known durable.
