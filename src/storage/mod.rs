@@ -47,6 +47,7 @@ mod backend;
 mod file;
 mod log;
 mod memory;
+mod shadow;
 mod sim;
 pub mod uring;
 
@@ -60,7 +61,23 @@ pub use file::{
 };
 pub use log::{DirLog, LOG_BLOCK_BYTES, LogDevice, SimLog};
 pub use memory::MemoryStore;
-pub use sim::{SimCounts, SimStore};
+pub use shadow::{PinSet, ShadowStore};
+pub use sim::{SimCounts, SimPages, SimStore};
+
+/// A page store a database keeps a keyspace's pages in: besides page IO, it makes page
+/// writes durable without persisting its own allocation state, and takes the set of
+/// slots in use from its client, whose checkpoints are the record of which slots hold
+/// what ([`ShadowStore`] is that client).
+pub trait SlotStore: PageStore {
+    /// Makes every page write so far durable, and nothing else: the store's own record
+    /// of free slots is not written (for a file, an `fdatasync`).
+    fn sync_data(&self) -> io::Result<()>;
+
+    /// Makes exactly the slots in `live` allocated and every other slot free, as a
+    /// client recovering from its own record of the slots in use does right after
+    /// opening the store.
+    fn set_allocated(&self, live: &std::collections::BTreeSet<u64>) -> io::Result<()>;
+}
 
 /// Size of one page in bytes: the unit of every read and write.
 pub const PAGE_SIZE: usize = 4096;

@@ -216,6 +216,80 @@ impl SimStore {
     }
 }
 
+impl super::SlotStore for SimStore {
+    fn sync_data(&self) -> io::Result<()> {
+        self.sync()
+    }
+
+    fn set_allocated(&self, live: &BTreeSet<u64>) -> io::Result<()> {
+        let mut s = self.state.lock();
+        s.check_poison()?;
+        let next = s.live_alloc.next.max(live.last().map_or(0, |&no| no + 1));
+        let free = (0..next).filter(|no| !live.contains(no)).collect();
+        s.live_alloc = Allocation { next, free };
+        Ok(())
+    }
+}
+
+/// The page files of a simulated database directory: a [`SimStore`] per name, shared
+/// with the test, which crashes them all at once with [`SimPages::crash`].
+#[derive(Debug)]
+pub struct SimPages {
+    stores: Mutex<std::collections::BTreeMap<String, std::sync::Arc<SimStore>>>,
+    seed: Mutex<u64>,
+}
+
+impl SimPages {
+    /// No page files yet; their crashes follow `seed`.
+    pub fn new(seed: u64) -> SimPages {
+        SimPages {
+            stores: Mutex::new(std::collections::BTreeMap::new()),
+            seed: Mutex::new(seed),
+        }
+    }
+
+    /// The store of page file `name`, created empty if there is none.
+    pub fn store(&self, name: &str) -> std::sync::Arc<SimStore> {
+        let mut stores = self.stores.lock();
+        let mut seed = self.seed.lock();
+        let store = stores.entry(name.to_string()).or_insert_with(|| {
+            *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            std::sync::Arc::new(SimStore::new(*seed))
+        });
+        std::sync::Arc::clone(store)
+    }
+
+    /// Removes page file `name`.
+    pub fn remove(&self, name: &str) {
+        self.stores.lock().remove(name);
+    }
+
+    /// The names of the page files.
+    pub fn names(&self) -> Vec<String> {
+        self.stores.lock().keys().cloned().collect()
+    }
+
+    /// What a restarted process would find: every store crashed ([`SimStore::crash`]).
+    pub fn crash(&self) -> SimPages {
+        let stores = self.stores.lock();
+        let crashed = stores
+            .iter()
+            .map(|(name, s)| (name.clone(), std::sync::Arc::new(s.crash())))
+            .collect();
+        SimPages {
+            stores: Mutex::new(crashed),
+            seed: Mutex::new(self.seed.lock().wrapping_add(1)),
+        }
+    }
+
+    /// Arms [`SimStore::fail_syncs_after`] on every store that exists now.
+    pub fn fail_syncs_after(&self, n: u64) {
+        for s in self.stores.lock().values() {
+            s.fail_syncs_after(n);
+        }
+    }
+}
+
 fn next_random(x: &mut u64) -> u64 {
     *x ^= *x >> 12;
     *x ^= *x << 25;

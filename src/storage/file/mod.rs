@@ -317,6 +317,57 @@ impl FileStore {
         })
     }
 
+    /// Makes every data write so far durable (`fdatasync`) without persisting the
+    /// allocation state: for a client that keeps its own record of which slots are in
+    /// use (the database's checkpoints) and never calls [`PageStore::sync`], whose free
+    /// list it would not trust anyway.
+    pub fn sync_data(&self) -> io::Result<()> {
+        self.poison.check()?;
+        self.file
+            .sync_data()
+            .map_err(|e| self.poison.poison(self.at_path(e)))
+    }
+
+    /// Makes exactly the slots `live` allocated and every other data slot free, growing
+    /// the file to cover the highest: how a client that keeps its own record of the
+    /// slots in use (see [`FileStore::sync_data`]) takes over a store it opened. Slots of
+    /// the durable free-list chain stay withheld; one of them in `live` is an error, as
+    /// is a slot below the first data slot.
+    pub fn set_allocated(&self, live: &std::collections::BTreeSet<u64>) -> io::Result<()> {
+        self.poison.check()?;
+        let mut st = self.state.write();
+        if let Some(&no) = live
+            .iter()
+            .find(|&&no| no < FIRST_DATA_SLOT || st.withheld.contains(&no))
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("slot {no} cannot hold client data"),
+            ));
+        }
+        let top = live.last().map_or(FIRST_DATA_SLOT, |&no| no + 1);
+        let high_water = st.high_water.max(top);
+        self.ensure_len(&mut st, high_water)?;
+        st.high_water = high_water;
+        // As `free` sorts them: below the durable high-water mark the durable state may
+        // call a slot allocated, so it is never used for a free-list chain.
+        let free: Vec<u64> = (FIRST_DATA_SLOT..high_water)
+            .filter(|no| !live.contains(no) && !st.withheld.contains(no))
+            .collect();
+        let durable_high_water = st.durable_high_water;
+        st.free_recent = free
+            .iter()
+            .copied()
+            .filter(|&no| no < durable_high_water)
+            .collect();
+        st.free_durable = free
+            .into_iter()
+            .filter(|&no| no >= durable_high_water)
+            .collect();
+        st.dirty = true;
+        Ok(())
+    }
+
     /// Grows the file so that it covers `pages` slots. Growing never shrinks the file
     /// and every `pwrite` lands below the high-water mark, which this keeps covered, so
     /// the `ftruncate` here can never cut off a concurrent write.
@@ -380,6 +431,16 @@ impl Drop for FileStore {
     /// returns only once its batch is reaped), so nothing still relies on the lock.
     fn drop(&mut self) {
         let _ = self.file.unlock();
+    }
+}
+
+impl super::SlotStore for FileStore {
+    fn sync_data(&self) -> io::Result<()> {
+        FileStore::sync_data(self)
+    }
+
+    fn set_allocated(&self, live: &std::collections::BTreeSet<u64>) -> io::Result<()> {
+        FileStore::set_allocated(self, live)
     }
 }
 
