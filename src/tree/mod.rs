@@ -40,6 +40,7 @@ pub mod node;
 mod olc;
 mod plan;
 mod read;
+mod rebuild;
 mod redistribute;
 mod scan;
 mod setup;
@@ -56,7 +57,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::journal::{Durability, Journal};
 use crate::pool::Pool;
-use crate::storage::{ActiveBackend, MemoryStore, Page, PageStore};
+use crate::storage::{ActiveBackend, MemoryStore, Page, PageNo, PageStore};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use crate::wal::LogOpRef;
@@ -259,21 +260,61 @@ impl Tree {
             reason: e.to_string(),
         })?;
         store.write_page(leaf_no, &mut page)?;
-        let mapping = MappingTable::new();
-        let pid = mapping
-            .allocate(Location::Leaf(leaf_no.0))
-            .expect("an empty table has ids");
+        let index = rebuild::index_leaves(
+            setup::inner_node_size_bytes(&config),
+            vec![(Vec::new(), leaf_no)],
+        );
+        Ok(Tree::start(config, pool, store, backend, index))
+    }
+
+    /// A tree over `store` whose leaf pages are `leaves`: (low routing key, leaf page
+    /// number) in strictly increasing key order, the first low key empty, each page's
+    /// fences exactly its range — a checkpoint's list of the leaf level, with `store`
+    /// holding those pages. Builds the mapping table (page id `i` for the `i`-th leaf
+    /// page) and the inner levels bottom-up, each node filled to about 3/4 so that the
+    /// first splits do not split every inner node; reads no leaf page.
+    ///
+    /// The list comes from a checkpoint on disk and is checked: an empty list, a first
+    /// key that is not empty, keys that do not strictly increase, a page listed twice or
+    /// a page number the mapping table cannot hold give [`Error::Corrupted`] (naming the
+    /// page of the entry at fault; page 0 for an empty list); a key longer than
+    /// `config.max_key_bytes` gives [`Error::InvalidConfig`]. That each page's fences
+    /// are its range is not checked (it would read every page): a wrong page is found
+    /// when it is read or written.
+    #[allow(
+        dead_code,
+        reason = "for checkpoint recovery, which comes next; tested"
+    )]
+    pub(crate) fn from_leaves(
+        config: Config,
+        store: Box<dyn PageStore>,
+        backend: ActiveBackend,
+        leaves: Vec<(Vec<u8>, PageNo)>,
+    ) -> Result<Tree> {
+        config.validate()?;
+        rebuild::check_leaves(&config, &leaves)?;
+        let pool = Pool::new(setup::pool_config(&config))?;
+        let index = rebuild::index_leaves(setup::inner_node_size_bytes(&config), leaves);
+        Ok(Tree::start(config, pool, store, backend, index))
+    }
+
+    /// The tree over `index` (its inner nodes now owned by the tree), with its
+    /// background evictor started.
+    fn start(
+        config: Config,
+        pool: Pool,
+        store: Box<dyn PageStore>,
+        backend: ActiveBackend,
+        index: rebuild::LeafIndex,
+    ) -> Tree {
         let inner_size_bytes = setup::inner_node_size_bytes(&config);
-        let root_bytes = inner::build(inner_size_bytes, None, None, &[(Vec::new(), pid.0)])
-            .expect("one separator fits an inner node");
-        let root = Box::into_raw(InnerNode::new(1, root_bytes));
         let doorkeeper = Doorkeeper::new(config.memory_budget_bytes);
         let core = Arc::new(Core {
             config,
             inner_size_bytes,
-            root: AtomicPtr::new(root),
-            inner_nodes: Mutex::new(vec![root as usize]),
-            mapping,
+            root: AtomicPtr::new(index.root),
+            inner_nodes: Mutex::new(index.inner_nodes),
+            mapping: index.mapping,
             pool,
             store,
             backend,
@@ -291,11 +332,11 @@ impl Tree {
         let background = (core.config.background_eviction && !cfg!(feature = "shuttle"))
             .then(|| background::Background::start(&core))
             .flatten();
-        Ok(Tree {
+        Tree {
             core,
             background,
             journal: None,
-        })
+        }
     }
 
     /// This tree as keyspace `attached.keyspace` of a database: its writes go through
