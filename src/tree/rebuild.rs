@@ -1,9 +1,18 @@
-//! The leaf level as a list, for checkpoint recovery: `check_leaves` and `index_leaves`
-//! turn a list of leaf pages with their low routing keys into a mapping table and the
-//! inner levels above it, built bottom-up without reading a leaf page. A new tree's one
-//! empty leaf page is indexed the same way (`Tree::with_store`).
+//! The leaf level as a list, for checkpoints: `Core::capture_leaves` walks the leaf
+//! pages in key order and reports each with its low routing key; `check_leaves` and
+//! `index_leaves` turn such a list back into a mapping table and the inner levels above
+//! it, built bottom-up without reading a leaf page. A new tree's one empty leaf page is
+//! indexed the same way (`Tree::with_store`).
 //!
-//! Uses: `inner`, `mapping`, `leaf` (record costs), `node`.
+//! Invariant relied on (the tests check it under concurrent splits and
+//! redistributions): while a page id's lock is held and the tree is not poisoned, the
+//! fences of its leaf page are its routing range in its parent. Both change only under
+//! the page's write lock — a split rewrites the left page before releasing it, a
+//! redistribution writes each of its two pages before releasing it — and a failed
+//! write, which can leave them apart, poisons the tree.
+//!
+//! Uses: `descend`, `leaf_io`, `inner`, `mapping`, `leaf` (record costs), `node`,
+//! `stats`.
 
 use std::collections::HashSet;
 use std::ops::Range;
@@ -12,10 +21,12 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::storage::PageNo;
 
+use super::Core;
 use super::inner::{self, InnerNode};
 use super::leaf;
 use super::mapping::{self, Location, MappingTable};
 use super::node::{Fences, NodeRef};
+use super::stats::bump;
 
 /// Bytes of an inner node's child reference.
 const CHILD_BYTES: usize = 8;
@@ -204,6 +215,47 @@ fn pack_level(entries: &[(Vec<u8>, u64)], size_bytes: usize) -> Vec<Range<usize>
         last.start -= 1;
     }
     nodes
+}
+
+impl Core {
+    /// Visits every leaf page in key order (`Tree::capture_leaves`, which states the
+    /// contract and why the visits tile the key space). Each step locks the page
+    /// covering `low` (the high bound of the page visited last, read under that page's
+    /// lock) with its parent validated, reads the page's routing range from that parent,
+    /// and checks the range starts at `low`; if not, a redistribution moved the boundary
+    /// between the two pages after the last visit, and the walk starts over.
+    pub(super) fn capture_leaves(
+        &self,
+        mut f: impl FnMut(&[u8], PageNo) -> Result<()>,
+    ) -> Result<()> {
+        // A poisoned tree may have a leaf page wider than its routing range.
+        self.check_writable()?;
+        'walk: loop {
+            let mut low: Vec<u8> = Vec::new();
+            loop {
+                let (path, page) = self.lock_leaf_of(&low, MappingTable::read);
+                let Ok((page_low, high)) = path.routing_range() else {
+                    bump(&self.counters.restarts);
+                    continue;
+                };
+                if page_low != low {
+                    bump(&self.counters.restarts);
+                    continue 'walk;
+                }
+                f(&low, self.leaf_of(&page))?;
+                drop(page);
+                #[cfg(all(test, not(feature = "shuttle")))]
+                super::hooks::fire_capture_step();
+                match high {
+                    Some(high) => low = high,
+                    None => break 'walk,
+                }
+            }
+        }
+        // A write that failed during the walk may have left a visited page wider than
+        // its range.
+        self.check_writable()
+    }
 }
 
 #[cfg(all(test, not(feature = "shuttle")))]
