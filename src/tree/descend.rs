@@ -71,6 +71,34 @@ impl<'t> LeafPath<'t> {
         self.parent.validate(self.parent_version)
     }
 
+    /// The page's routing range `[low, high)` in its parent (`high` `None`: unbounded),
+    /// read from the parent at the version the traversal saw; a restart if the parent
+    /// changed since. While the caller holds the page's lock (taken after the traversal,
+    /// the parent validated after it, as `lock_leaf` does) the range stays the page's:
+    /// only a split or a redistribution of the page changes it, and both hold the page's
+    /// write lock.
+    pub(super) fn routing_range(&self) -> Result<(Vec<u8>, Option<Vec<u8>>), Restart> {
+        let guard = epoch::pin();
+        let parent = self.parent_snapshot(&guard).ok_or(Restart)?;
+        let n = parent.view();
+        // The snapshot's version was read before its bytes: a writer may have published
+        // newer bytes in between, where `index` may not exist. Validation below tells.
+        if self.index >= n.len() {
+            return Err(Restart);
+        }
+        let mut low = Vec::new();
+        n.key_into(self.index, &mut low);
+        let high = if self.index + 1 < n.len() {
+            let mut high = Vec::new();
+            n.key_into(self.index + 1, &mut high);
+            Some(high)
+        } else {
+            n.high_fence().and_then(|f| f.key().map(<[u8]>::to_vec))
+        };
+        parent.validate()?;
+        Ok((low, high))
+    }
+
     /// The parent as the traversal saw it, if it has not changed since: `index` is then
     /// still `pid`'s position in it.
     pub(super) fn parent_snapshot<'g>(&self, guard: &'g Guard) -> Option<InnerSnapshot<'t, 'g>>

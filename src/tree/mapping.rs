@@ -46,6 +46,12 @@ const WRITER: u64 = 1 << 63;
 const CHUNK_ENTRIES: usize = 1 << 16;
 /// Chunks in the top-level array: 2^30 page ids in all (4 TiB of 4 KiB leaf pages).
 const MAX_CHUNKS: usize = 1 << 14;
+/// Page ids a table can hand out.
+pub(crate) const MAX_PAGE_IDS: usize = CHUNK_ENTRIES * MAX_CHUNKS;
+/// The largest leaf page number a location can hold (it stores the number plus one,
+/// below the mini flag).
+pub(crate) const MAX_LEAF_PAGE_NO: u64 = MINI_FLAG - 2;
+const _: () = assert!(MAX_LEAF_PAGE_NO + 1 < MINI_FLAG);
 
 /// The logical id of a leaf page and its mini-page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -141,7 +147,7 @@ impl MappingTable {
             let mut ids = self.ids.lock();
             match ids.free.pop() {
                 Some(id) => id,
-                None if (ids.next as usize) < CHUNK_ENTRIES * MAX_CHUNKS => {
+                None if (ids.next as usize) < MAX_PAGE_IDS => {
                     ids.next += 1;
                     ids.next - 1
                 }
