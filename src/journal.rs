@@ -38,7 +38,7 @@ pub(crate) const STRIPES: usize = 1024;
 ///
 /// | level | the call returns | after a crash of the process or machine |
 /// |---|---|---|
-/// | [`Unlogged`](Durability::Unlogged) | after the index write | gone: not in the log (a future checkpoint will keep what it captured) |
+/// | [`Unlogged`](Durability::Unlogged) | after the index write | there if a checkpoint captured it, else gone: it is not in the log |
 /// | [`Logged`](Durability::Logged) | after the log append, before any disk write | there if the background flush ran first: at most [`DbOptions::flush_interval`](crate::DbOptions::flush_interval) of acknowledged writes can be lost |
 /// | [`Synced`](Durability::Synced) | after the `fdatasync` that covers its log record | there |
 ///
@@ -48,7 +48,9 @@ pub(crate) const STRIPES: usize = 1024;
 /// durable. A clean close (dropping the [`Db`](crate::Db)) does the same.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Durability {
-    /// Not logged: the fastest level, and lost on a crash or a reopen.
+    /// Not logged: the fastest level. A crash keeps it only if a checkpoint captured it
+    /// (a clean close takes one). A [`WriteBatch`](crate::WriteBatch) is logged even at
+    /// this level, as at [`Durability::Logged`].
     Unlogged,
     /// Logged, and made durable by the background flusher within the flush interval;
     /// the caller does not wait for the disk. The default.
@@ -65,6 +67,9 @@ struct Stripe(RwLock<()>);
 
 /// The write-ahead log and the stripe locks of one database (see the module docs).
 pub(crate) struct Journal {
+    /// The database directory's locked `LOCK` file: held while any handle to the
+    /// database's keyspaces lives, since each can still write through this journal.
+    _lock: std::fs::File,
     log: Arc<Log>,
     stripes: Box<[Stripe]>,
     /// Makes `Logged` writes durable within the flush interval. Dropped before the log's
@@ -105,9 +110,14 @@ fn target<'a>(op: &LogOpRef<'a>) -> (u32, &'a [u8]) {
 
 impl Journal {
     /// A journal over `log`, whose flusher runs every `flush_interval`.
-    pub(crate) fn new(log: Arc<Log>, flush_interval: std::time::Duration) -> Journal {
+    pub(crate) fn new(
+        lock: std::fs::File,
+        log: Arc<Log>,
+        flush_interval: std::time::Duration,
+    ) -> Journal {
         let flusher = Flusher::start(Arc::clone(&log), flush_interval);
         Journal {
+            _lock: lock,
             log,
             stripes: (0..STRIPES).map(|_| Stripe(RwLock::new(()))).collect(),
             _flusher: flusher,
@@ -131,6 +141,12 @@ impl Journal {
             // Nothing to order against the log, and one key is all or nothing anyway.
             return apply();
         }
+        // A batch is logged whatever the level: a checkpoint taken while it applies
+        // could capture part of it, and only its record can complete it after a crash.
+        let durability = match durability {
+            Durability::Unlogged => Durability::Logged,
+            level => level,
+        };
         let stripes = stripes_of(ops.iter().map(target));
         let held: Vec<RwLockWriteGuard<'_, ()>> =
             stripes.iter().map(|&s| self.stripes[s].0.write()).collect();
@@ -162,6 +178,17 @@ impl Journal {
         let held: Vec<RwLockReadGuard<'_, ()>> =
             stripes.iter().map(|&s| self.stripes[s].0.read()).collect();
         let out = read();
+        drop(held);
+        out
+    }
+
+    /// Runs `f` while every stripe is locked exclusively: no logged write is between
+    /// its log append and its index write meanwhile, so every record below the log's
+    /// position read in `f` is in its index.
+    pub(crate) fn quiesce<T>(&self, f: impl FnOnce() -> T) -> T {
+        let held: Vec<RwLockWriteGuard<'_, ()>> =
+            self.stripes.iter().map(|s| s.0.write()).collect();
+        let out = f();
         drop(held);
         out
     }

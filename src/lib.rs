@@ -90,7 +90,7 @@ pub mod tree;
 pub mod wal;
 
 pub use config::{Backend, Config};
-pub use db::{Db, DbOptions, RecoveryStats, WriteBatch};
+pub use db::{CheckpointCrashPoint, Db, DbOptions, DbStats, RecoveryStats, WriteBatch};
 pub use error::{Error, Result};
 pub use journal::Durability;
 #[cfg(feature = "tokio-uring")]

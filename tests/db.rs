@@ -39,6 +39,8 @@ fn key(i: u32) -> Vec<u8> {
 #[test]
 fn logged_and_synced_writes_survive_a_reopen_and_unlogged_ones_do_not() {
     let dir = tempfile::tempdir().unwrap();
+    // No checkpoint: what comes back comes from the log alone.
+    let small = || small().checkpoint_on_close(false);
     {
         let db = Db::open(dir.path(), small()).unwrap();
         let t = db.tree("t").unwrap();
@@ -108,7 +110,6 @@ fn keyspaces_are_listed_dropped_and_recreated_empty() {
         "the dropped keyspace's writes are not replayed"
     );
     assert_eq!(b.get(b"new").unwrap().as_deref(), Some(&b"1"[..]));
-    assert_eq!(db.recovery().writes_skipped, 1);
 }
 
 #[test]
@@ -252,7 +253,7 @@ fn reopening_with_other_options_works_and_tighter_limits_are_refused() {
     });
     let err = Db::open(dir.path(), tight).unwrap_err();
     assert!(
-        matches!(&err, Error::InvalidConfig(why) if why.contains("300")),
+        matches!(&err, Error::InvalidConfig(why) if why.contains("512") && why.contains("64")),
         "{err:?}"
     );
     Db::open(dir.path(), small()).unwrap();
@@ -323,7 +324,9 @@ fn batches_span_keyspaces_and_survive_a_reopen() {
         assert_eq!(a.get(&key(i)).unwrap(), want_a);
         assert_eq!(b.get(&key(i)).unwrap().as_deref(), Some(&b"B"[..]));
     }
-    assert_eq!(db.recovery().records_replayed, 200);
+    // The close took a checkpoint: nothing was left to replay.
+    assert_eq!(db.recovery().records_replayed, 0);
+    assert!(db.recovery().checkpoint > 0);
 }
 
 /// Readers of a batch's keys with `get_many` never see half of it: a writer sets eight

@@ -10,9 +10,18 @@
 //! 16..20  body length in bytes (u32)
 //! 20..    body:
 //!           next keyspace id (u32)
+//!           largest key and value a write may have had (u32, u32): the options'
+//!             limits when written, never lowered
 //!           keyspace count (u32)
 //!           per keyspace: id (u32), kind (u8: 1 = tree), name length (u16), name (UTF-8)
+//!           checkpoint count (u8, at most 2), newest first
+//!           per checkpoint: generation (u64), log position block (u64) and sequence
+//!                           number (u64)
 //! ```
+//!
+//! The manifest is the database's commit point: a checkpoint counts once the manifest
+//! names it. Two are kept, so that recovery can fall back to the older one if the newer
+//! one's file is damaged; the log is kept from the older one's position.
 //!
 //! # Replacing it
 //!
@@ -31,6 +40,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::wal::LogPosition;
 
 /// The manifest's file name in the database directory.
 pub(crate) const MANIFEST: &str = "MANIFEST";
@@ -57,6 +67,17 @@ pub(crate) struct KeyspaceEntry {
     pub(crate) kind: KeyspaceKind,
 }
 
+/// A checkpoint the manifest names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CheckpointRef {
+    pub(crate) generation: u64,
+    /// Where recovery from it starts reading the log.
+    pub(crate) position: LogPosition,
+}
+
+/// Checkpoints a manifest names at most: the newest and the one before, to fall back to.
+pub(crate) const KEPT_CHECKPOINTS: usize = 2;
+
 /// The decoded manifest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Manifest {
@@ -64,6 +85,12 @@ pub(crate) struct Manifest {
     pub(crate) next_id: u32,
     /// Keyspaces by name.
     pub(crate) keyspaces: BTreeMap<String, KeyspaceEntry>,
+    /// The committed checkpoints, newest first, at most [`KEPT_CHECKPOINTS`].
+    pub(crate) checkpoints: Vec<CheckpointRef>,
+    /// The largest key and value limits the database was ever opened with: its data
+    /// may hold keys and values that long.
+    pub(crate) max_key_bytes: u32,
+    pub(crate) max_value_bytes: u32,
 }
 
 impl Default for Manifest {
@@ -71,6 +98,9 @@ impl Default for Manifest {
         Manifest {
             next_id: 1,
             keyspaces: BTreeMap::new(),
+            checkpoints: Vec::new(),
+            max_key_bytes: 0,
+            max_value_bytes: 0,
         }
     }
 }
@@ -95,6 +125,9 @@ impl<'a> Reader<'a> {
     fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
     }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
 }
 
 impl Manifest {
@@ -102,12 +135,20 @@ impl Manifest {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut body = Vec::new();
         body.extend_from_slice(&self.next_id.to_le_bytes());
+        body.extend_from_slice(&self.max_key_bytes.to_le_bytes());
+        body.extend_from_slice(&self.max_value_bytes.to_le_bytes());
         body.extend_from_slice(&(self.keyspaces.len() as u32).to_le_bytes());
         for (name, entry) in &self.keyspaces {
             body.extend_from_slice(&entry.id.to_le_bytes());
             body.push(entry.kind as u8);
             body.extend_from_slice(&(name.len() as u16).to_le_bytes());
             body.extend_from_slice(name.as_bytes());
+        }
+        body.push(self.checkpoints.len() as u8);
+        for c in &self.checkpoints {
+            body.extend_from_slice(&c.generation.to_le_bytes());
+            body.extend_from_slice(&c.position.block.to_le_bytes());
+            body.extend_from_slice(&c.position.seq.to_le_bytes());
         }
         let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
         out.extend_from_slice(&MAGIC);
@@ -164,6 +205,8 @@ impl Manifest {
         let truncated = || "truncated body".to_string();
         let mut r = Reader { bytes: body };
         let next_id = r.u32().ok_or_else(truncated)?;
+        let max_key_bytes = r.u32().ok_or_else(truncated)?;
+        let max_value_bytes = r.u32().ok_or_else(truncated)?;
         let count = r.u32().ok_or_else(truncated)?;
         let mut keyspaces = BTreeMap::new();
         for _ in 0..count {
@@ -191,10 +234,41 @@ impl Manifest {
                 return Err(format!("keyspace name {name:?} appears twice"));
             }
         }
-        if !r.bytes.is_empty() {
-            return Err(format!("{} bytes after the last keyspace", r.bytes.len()));
+        let count = usize::from(r.u8().ok_or_else(truncated)?);
+        if count > KEPT_CHECKPOINTS {
+            return Err(format!(
+                "{count} checkpoints named; at most {KEPT_CHECKPOINTS} are kept"
+            ));
         }
-        Ok(Manifest { next_id, keyspaces })
+        let mut checkpoints = Vec::with_capacity(count);
+        for _ in 0..count {
+            let generation = r.u64().ok_or_else(truncated)?;
+            let position = LogPosition {
+                block: r.u64().ok_or_else(truncated)?,
+                seq: r.u64().ok_or_else(truncated)?,
+            };
+            checkpoints.push(CheckpointRef {
+                generation,
+                position,
+            });
+        }
+        if checkpoints.windows(2).any(|w| {
+            matches!(w, [newer, older] if newer.generation <= older.generation
+                || newer.position.block < older.position.block
+                || newer.position.seq < older.position.seq)
+        }) {
+            return Err("the checkpoints named are not newest first".into());
+        }
+        if !r.bytes.is_empty() {
+            return Err(format!("{} bytes after the last checkpoint", r.bytes.len()));
+        }
+        Ok(Manifest {
+            next_id,
+            keyspaces,
+            checkpoints,
+            max_key_bytes,
+            max_value_bytes,
+        })
     }
 
     /// Reads the manifest of `dir`; `None` if there is none.
@@ -254,6 +328,21 @@ mod tests {
             );
         }
         m.next_id = 7;
+        m.max_key_bytes = 512;
+        m.max_value_bytes = 2048;
+        m.checkpoints = vec![
+            CheckpointRef {
+                generation: 12,
+                position: LogPosition {
+                    block: 40,
+                    seq: 900,
+                },
+            },
+            CheckpointRef {
+                generation: 11,
+                position: LogPosition { block: 8, seq: 100 },
+            },
+        ];
         m
     }
 

@@ -1,26 +1,30 @@
-//! The database directory: [`Db`], its named keyspaces, its write-ahead log, and
-//! recovery on open.
+//! The database directory: [`Db`], its named keyspaces, its write-ahead log, its
+//! checkpoints, and recovery on open.
 //!
 //! # Directory layout
 //!
 //! ```text
-//! <dir>/LOCK                  flock'ed while a Db has the directory open
-//! <dir>/MANIFEST              the keyspace catalog (manifest.rs), replaced atomically
+//! <dir>/LOCK                  flock'ed while the database or a handle to its trees lives
+//! <dir>/MANIFEST              keyspace catalog and the committed checkpoints (manifest.rs)
+//! <dir>/ckpt-<16 hex>         a checkpoint: each tree's leaves in key order (checkpoint.rs)
 //! <dir>/wal-<16 hex>.log      write-ahead log segments (crate::wal)
-//! <dir>/ks-<8 hex>.pages      one page file per tree keyspace
+//! <dir>/ks-<8 hex>.pages      one page file per tree keyspace, shadow-paged
 //! ```
 //!
-//! # Recovery in this release
+//! # Checkpoints and recovery
 //!
-//! Opening a directory replays the whole log into fresh trees: every logged write
-//! acknowledged before a crash is back, and nothing else. The page files are scratch
-//! space for the trees' leaf pages until checkpoints make them durable (they are
-//! recreated on open), so the log is never truncated yet and recovery time grows with
-//! it. Checkpoints — which bound both — are the next step.
+//! A checkpoint (`checkpoint.rs` holds the file format; `Shared::checkpoint` the
+//! protocol, argued in `docs/design.md`) records where every tree's leaves are and from
+//! which log position to replay, and commits by replacing the manifest. The page slots
+//! it records are never overwritten while it is one of the two checkpoints the manifest
+//! keeps ([`ShadowStore`]). Opening a database loads the newest checkpoint (or, if its
+//! file does not validate, the one before), rebuilds each tree from its leaf list, and
+//! replays the log from the checkpoint's position through the normal write path.
 //!
 //! Uses: `tree`, `journal`, `wal`, `storage`, `config`, `error`.
 
 mod batch;
+mod checkpoint;
 mod manifest;
 
 use std::collections::HashMap;
@@ -31,18 +35,25 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::journal::{Durability, Journal};
-use crate::storage::{DirLog, LogDevice};
-use crate::sync::atomic::{AtomicBool, Ordering};
-use crate::tree::{Attached, Tree};
-use crate::wal::{self, LogOp, LogOpRef, LogOptions};
+use crate::storage::{
+    ActiveBackend, DirLog, LOG_BLOCK_BYTES, LogDevice, PageNo, PinSet, ShadowStore, SimPages,
+    SlotStore,
+};
+use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use crate::tree::{Attached, Tree, open_file_store};
+use crate::wal::{self, LogOp, LogOpRef, LogOptions, LogPosition};
 
 pub use batch::WriteBatch;
-use manifest::{KeyspaceEntry, KeyspaceKind, MANIFEST, MANIFEST_TMP, MAX_NAME_BYTES, Manifest};
+use checkpoint::{Checkpoint, KeyspaceLeaves};
+use manifest::{
+    CheckpointRef, KEPT_CHECKPOINTS, KeyspaceEntry, KeyspaceKind, MANIFEST, MANIFEST_TMP,
+    MAX_NAME_BYTES, Manifest,
+};
 
 /// The lock file's name in the database directory.
 const LOCK: &str = "LOCK";
@@ -62,6 +73,17 @@ pub struct DbOptions {
     /// How often the background flusher makes [`Durability::Logged`] writes durable:
     /// the most acknowledged time a crash can lose at that level. Default 5 ms.
     pub flush_interval: Duration,
+    /// A checkpoint is taken in the background once the log has grown by this many
+    /// bytes since the last one; 0 turns the trigger off. Recovery replays at most
+    /// about this much log (twice as much if it must fall back to the older checkpoint).
+    /// Default 64 MiB.
+    pub checkpoint_log_bytes: u64,
+    /// A checkpoint is taken in the background this long after the last one, if
+    /// anything was logged since; `None` turns the trigger off. Default 60 s.
+    pub checkpoint_interval: Option<Duration>,
+    /// Take a checkpoint when the `Db` is dropped, so that the next open replays no log.
+    /// Default `true`.
+    pub checkpoint_on_close: bool,
     /// Create the directory and an empty database if there is none. Default `true`.
     pub create: bool,
     /// Size of one log segment file. Default 16 MiB.
@@ -74,6 +96,9 @@ impl Default for DbOptions {
             config: Config::default(),
             durability: Durability::Logged,
             flush_interval: Duration::from_millis(5),
+            checkpoint_log_bytes: 64 << 20,
+            checkpoint_interval: Some(Duration::from_secs(60)),
+            checkpoint_on_close: true,
             create: true,
             log_segment_bytes: 16 << 20,
         }
@@ -96,6 +121,24 @@ impl DbOptions {
     /// Sets [`DbOptions::flush_interval`].
     pub fn flush_interval(mut self, interval: Duration) -> DbOptions {
         self.flush_interval = interval;
+        self
+    }
+
+    /// Sets [`DbOptions::checkpoint_log_bytes`].
+    pub fn checkpoint_log_bytes(mut self, bytes: u64) -> DbOptions {
+        self.checkpoint_log_bytes = bytes;
+        self
+    }
+
+    /// Sets [`DbOptions::checkpoint_interval`].
+    pub fn checkpoint_interval(mut self, interval: Option<Duration>) -> DbOptions {
+        self.checkpoint_interval = interval;
+        self
+    }
+
+    /// Sets [`DbOptions::checkpoint_on_close`].
+    pub fn checkpoint_on_close(mut self, on: bool) -> DbOptions {
+        self.checkpoint_on_close = on;
         self
     }
 
@@ -125,6 +168,11 @@ impl DbOptions {
                 self.log_segment_bytes
             )));
         }
+        if self.checkpoint_interval.is_some_and(|i| i.is_zero()) {
+            return Err(Error::InvalidConfig(
+                "checkpoint_interval must be above zero (None turns it off)".into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -133,12 +181,22 @@ impl DbOptions {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecoveryStats {
+    /// The generation of the checkpoint the database was loaded from; 0 if none.
+    pub checkpoint: u64,
+    /// Checkpoints named by the manifest whose files did not validate, so that recovery
+    /// fell back to an older one (and a longer replay). Each is also logged as a
+    /// warning, with its file and what is wrong.
+    pub checkpoint_fallbacks: u64,
+    /// Leaf pages the checkpoint recorded, over all keyspaces.
+    pub leaf_pages: u64,
     /// Log records (single writes and batches) replayed.
     pub records_replayed: u64,
     /// Writes replayed into keyspaces.
     pub writes_replayed: u64,
     /// Logged writes of keyspaces dropped since: not replayed.
     pub writes_skipped: u64,
+    /// Bytes of log read from the checkpoint's position to the end.
+    pub log_bytes: u64,
     /// Bytes of the log's torn tail: what a crash left half-written, never acknowledged
     /// as synced, and discarded.
     pub discarded_bytes: u64,
@@ -149,32 +207,123 @@ pub struct RecoveryStats {
     pub duration: Duration,
 }
 
-/// Where the keyspaces' leaf pages live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a database has done since it was opened ([`Db::stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DbStats {
+    /// Checkpoints committed.
+    pub checkpoints: u64,
+    /// The generation of the newest committed checkpoint; 0 if none.
+    pub checkpoint_generation: u64,
+    /// Wall time of the last checkpoint.
+    pub last_checkpoint_duration: Duration,
+    /// Leaf pages the last checkpoint recorded.
+    pub last_checkpoint_leaf_pages: u64,
+    /// Log bytes written since the newest checkpoint's position: what a recovery now
+    /// would replay.
+    pub log_bytes_since_checkpoint: u64,
+}
+
+/// Where the keyspaces' page files live.
+#[derive(Clone, Debug)]
 enum Pages {
     /// A page file per keyspace in the directory.
     Files,
-    /// In memory (`Db::open_simulated`).
-    Memory,
+    /// Simulated page files (`Db::open_simulated`).
+    Sim(Arc<SimPages>),
+}
+
+/// One open keyspace: its tree and the shadow store under it.
+#[derive(Clone)]
+struct Keyspace {
+    tree: Arc<Tree>,
+    shadow: Arc<ShadowStore>,
 }
 
 /// The keyspaces, by name and by id.
 struct Catalog {
     manifest: Manifest,
-    trees: HashMap<u32, Arc<Tree>>,
+    keyspaces: HashMap<u32, Keyspace>,
+}
+
+/// A committed checkpoint the database keeps, with the slots it pinned per keyspace.
+struct Kept {
+    generation: u64,
+    position: LogPosition,
+    pins: HashMap<u32, PinSet>,
+}
+
+/// The checkpoints kept, newest first, and what the next one needs.
+struct Checkpoints {
+    kept: Vec<Kept>,
+    next_generation: u64,
+    stats: DbStats,
+    last_at: Instant,
+}
+
+/// A point in the checkpoint protocol at which a test makes it fail, as a crash there
+/// would stop it.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CheckpointCrashPoint {
+    /// No failure.
+    None = 0,
+    /// After the trees' dirty records were written to their pages.
+    AfterFlush = 1,
+    /// After the leaves were captured and pinned.
+    AfterCapture = 2,
+    /// After the page files were synced.
+    AfterPageSync = 3,
+    /// After the log was made durable through the checkpoint's records.
+    AfterLogFlush = 4,
+    /// After the checkpoint file was written, before the manifest names it.
+    AfterCheckpointFile = 5,
+    /// After the manifest committed the checkpoint, before the retired one is released.
+    AfterCommit = 6,
+}
+
+/// Everything the `Db` and its background checkpointer share.
+struct Shared {
+    dir: PathBuf,
+    options: DbOptions,
+    pages: Pages,
+    journal: Arc<Journal>,
+    catalog: RwLock<Catalog>,
+    /// Serializes checkpoints and holds what they keep.
+    checkpoints: Mutex<Checkpoints>,
+    recovery: RecoveryStats,
+    crash_point: AtomicU8,
+}
+
+/// The background checkpointer thread; dropping it stops the thread.
+struct Checkpointer {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 /// An embedded database: a directory of named keyspaces that survives crashes.
 ///
 /// Each keyspace is an ordered [`Tree`], opened (and created on first use) with
 /// [`Db::tree`]. Writes go through one write-ahead log at the [`Durability`] asked for;
-/// [`WriteBatch`]es span keys and keyspaces atomically. Opening a database recovers it
-/// from its log, with no separate call; [`Db::recovery`] tells what that took.
+/// [`WriteBatch`]es span keys and keyspaces atomically. Checkpoints, taken in the
+/// background as the log grows and on close, bound the log a recovery replays. Opening
+/// a database recovers it, with no separate call; [`Db::recovery`] tells what that took.
 ///
-/// While a `Db` is open its directory's `LOCK` file is locked: a second `Db` on the same
-/// directory, in this process or another, gets [`Error::Locked`]. Dropping the `Db`
-/// makes every logged write durable and releases the directory once the last handle
-/// to one of its trees is gone too.
+/// While a `Db` or a handle to one of its trees is alive, the directory's `LOCK` file
+/// is locked: a second `Db` on the same directory, in this process or another, gets
+/// [`Error::Locked`]. Dropping the `Db` takes a checkpoint (unless
+/// [`DbOptions::checkpoint_on_close`] is off) and makes every logged write durable.
 ///
 /// ```
 /// use bfdb::{Db, DbOptions};
@@ -193,20 +342,14 @@ struct Catalog {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Db {
-    dir: PathBuf,
-    options: DbOptions,
-    pages: Pages,
-    journal: Arc<Journal>,
-    catalog: RwLock<Catalog>,
-    recovery: RecoveryStats,
-    /// The locked `LOCK` file, released when the `Db` drops.
-    _lock: File,
+    shared: Arc<Shared>,
+    checkpointer: Option<Checkpointer>,
 }
 
 impl std::fmt::Debug for Db {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Db")
-            .field("dir", &self.dir)
+            .field("dir", &self.shared.dir)
             .field("keyspaces", &self.keyspaces())
             .finish_non_exhaustive()
     }
@@ -220,14 +363,15 @@ const _: () = {
 
 impl Db {
     /// Opens the database in `dir`, creating it if [`DbOptions::create`] allows, and
-    /// recovers it: every write whose log record was durable is back.
+    /// recovers it: the newest checkpoint, then every write whose log record was durable.
     ///
     /// Fails with [`Error::Locked`] if another `Db` has the directory open; with
     /// [`Error::Incompatible`] if the directory holds files but no bfdb manifest, or a
-    /// manifest or log of another format version; with [`Error::CorruptFile`] if the
-    /// manifest does not validate; with [`Error::Io`] of kind `InvalidData` if the log is
-    /// damaged anywhere but in its torn tail. Nothing is written to a directory that
-    /// does not validate.
+    /// manifest, checkpoint or log of another format version; with
+    /// [`Error::CorruptFile`] if the manifest does not validate, or no checkpoint it
+    /// names does; with [`Error::Io`] of kind `InvalidData` if the log is damaged
+    /// anywhere but in its torn tail. Nothing is written to a directory that does not
+    /// validate.
     pub fn open(dir: impl AsRef<Path>, options: DbOptions) -> Result<Db> {
         let dir = dir.as_ref();
         if options.create {
@@ -237,20 +381,22 @@ impl Db {
         Db::open_on(dir, options, Arc::new(log), Pages::Files)
     }
 
-    /// Opens the database in `dir` with its log on `log` (a fault-injecting
-    /// [`SimLog`](crate::storage::SimLog), say) and its leaf pages in memory: for crash
-    /// tests, which crash the log device and open the database again on what it kept.
+    /// Opens the database in `dir` with its log on `log` and its page files on `pages`
+    /// (a fault-injecting [`SimLog`](crate::storage::SimLog) and [`SimPages`], say):
+    /// for crash tests, which crash both devices and open the database again on what
+    /// they kept. The manifest and checkpoint files are real files in `dir`.
     #[doc(hidden)]
     pub fn open_simulated(
         dir: impl AsRef<Path>,
         options: DbOptions,
         log: Arc<dyn LogDevice>,
+        pages: Arc<SimPages>,
     ) -> Result<Db> {
         let dir = dir.as_ref();
         if options.create {
             std::fs::create_dir_all(dir).map_err(|e| Error::Io(manifest::named(dir, e)))?;
         }
-        Db::open_on(dir, options, log, Pages::Memory)
+        Db::open_on(dir, options, log, Pages::Sim(pages))
     }
 
     fn open_on(
@@ -272,99 +418,69 @@ impl Db {
             Some(m) => m,
             None => create_manifest(dir, &options, &*device)?,
         };
+        let manifest = check_limits(dir, manifest, &options.config)?;
+        let mut recovery = RecoveryStats::default();
+        let loaded = load_checkpoints(dir, &manifest, &mut recovery)?;
+        let position = loaded
+            .first()
+            .map_or(LogPosition::default(), |c| c.position);
         let log_options = LogOptions {
-            segment_blocks: options.log_segment_bytes / crate::storage::LOG_BLOCK_BYTES as u64,
+            segment_blocks: options.log_segment_bytes / LOG_BLOCK_BYTES as u64,
         };
-        let (log, recovered) = wal::open(device, log_options).map_err(Error::from)?;
-        let journal = Arc::new(Journal::new(Arc::new(log), options.flush_interval));
-        if pages == Pages::Files {
-            remove_scratch_pages(dir)?;
-        }
-        let mut db = Db {
+        let (log, recovered) = wal::open_at(device, log_options, position).map_err(Error::from)?;
+        recovery.log_bytes =
+            recovered.next_block.saturating_sub(position.block) * LOG_BLOCK_BYTES as u64;
+        recovery.discarded_bytes = recovered.discarded_bytes;
+        recovery.discarded_records = recovered.discarded_records;
+        let journal = Arc::new(Journal::new(lock, Arc::new(log), options.flush_interval));
+        let next_generation = manifest
+            .checkpoints
+            .iter()
+            .map(|c| c.generation + 1)
+            .max()
+            .unwrap_or(1);
+        let mut shared = Shared {
             dir: dir.to_path_buf(),
             options,
             pages,
             journal,
             catalog: RwLock::new(Catalog {
                 manifest: manifest.clone(),
-                trees: HashMap::new(),
+                keyspaces: HashMap::new(),
             }),
-            recovery: RecoveryStats {
-                discarded_bytes: recovered.discarded_bytes,
-                discarded_records: recovered.discarded_records,
-                ..RecoveryStats::default()
-            },
-            _lock: lock,
+            checkpoints: Mutex::new(Checkpoints {
+                kept: Vec::new(),
+                next_generation,
+                stats: DbStats {
+                    checkpoint_generation: loaded.first().map_or(0, |c| c.generation),
+                    ..DbStats::default()
+                },
+                last_at: Instant::now(),
+            }),
+            recovery: RecoveryStats::default(),
+            crash_point: AtomicU8::new(CheckpointCrashPoint::None as u8),
         };
-        {
-            let mut catalog = db.catalog.write();
-            for (name, entry) in &manifest.keyspaces {
-                let tree = db.open_keyspace(name, entry)?;
-                catalog.trees.insert(entry.id, Arc::new(tree));
-            }
-        }
-        db.replay(&recovered.records)?;
-        db.recovery.duration = started.elapsed();
+        shared.restore(&manifest, &loaded, &mut recovery)?;
+        shared.replay(&recovered.records, &mut recovery)?;
+        shared.remove_stale_files(&manifest)?;
+        recovery.duration = started.elapsed();
         log::info!(
-            "bfdb: opened {} in {:?}: {} log records replayed, {} torn-tail bytes discarded",
-            db.dir.display(),
-            db.recovery.duration,
-            db.recovery.records_replayed,
-            db.recovery.discarded_bytes
+            "bfdb: opened {} in {:?}: checkpoint {}, {} log records replayed ({} bytes), {} \
+             torn-tail bytes discarded",
+            shared.dir.display(),
+            recovery.duration,
+            recovery.checkpoint,
+            recovery.records_replayed,
+            recovery.log_bytes,
+            recovery.discarded_bytes
         );
-        Ok(db)
-    }
-
-    /// Replays the recovered log records into the keyspaces, in log order.
-    fn replay(&mut self, records: &[wal::LogRecord]) -> Result<()> {
-        let catalog = self.catalog.read();
-        let (mut replayed, mut skipped) = (0, 0);
-        for record in records {
-            for op in &record.ops {
-                let (keyspace, key, value) = match op {
-                    LogOp::Put {
-                        keyspace,
-                        key,
-                        value,
-                    } => (*keyspace, key, Some(&value[..])),
-                    LogOp::Delete { keyspace, key } => (*keyspace, key, None),
-                };
-                let Some(tree) = catalog.trees.get(&keyspace) else {
-                    skipped += 1;
-                    continue;
-                };
-                tree.check_record(key, value).map_err(|e| {
-                    Error::InvalidConfig(format!(
-                        "the log holds a write that these options refuse ({e}); open the \
-                         database with limits at least those it was written with"
-                    ))
-                })?;
-                tree.write_unlogged(key, value)?;
-                replayed += 1;
-            }
-        }
-        drop(catalog);
-        self.recovery.records_replayed = records.len() as u64;
-        self.recovery.writes_replayed = replayed;
-        self.recovery.writes_skipped = skipped;
-        Ok(())
-    }
-
-    /// A new tree for keyspace `entry`, attached to the journal.
-    fn open_keyspace(&self, name: &str, entry: &KeyspaceEntry) -> Result<Tree> {
-        let KeyspaceKind::Tree = entry.kind;
-        let config = self.options.config.clone();
-        let tree = match self.pages {
-            Pages::Files => Tree::open(self.dir.join(page_file(entry.id)), config)?,
-            Pages::Memory => Tree::in_memory(config)?,
-        };
-        Ok(tree.attach(Attached {
-            journal: Arc::clone(&self.journal),
-            keyspace: entry.id,
-            name: name.to_string(),
-            durability: self.options.durability,
-            dropped: AtomicBool::new(false),
-        }))
+        shared.recovery = recovery;
+        let shared = Arc::new(shared);
+        let checkpointer = Checkpointer::start(&shared);
+        Ok(Db {
+            shared,
+            checkpointer,
+        })
     }
 
     /// The ordered keyspace `name`, created (durably, in the manifest) if it does not
@@ -372,46 +488,13 @@ impl Db {
     ///
     /// Names are 1 to 255 bytes of UTF-8.
     pub fn tree(&self, name: &str) -> Result<Arc<Tree>> {
-        if let Some(tree) = self.lookup(name) {
-            return Ok(tree);
-        }
-        if name.is_empty() || name.len() > MAX_NAME_BYTES {
-            return Err(Error::InvalidConfig(format!(
-                "keyspace names are 1 to {MAX_NAME_BYTES} bytes; {name:?} has {}",
-                name.len()
-            )));
-        }
-        let mut catalog = self.catalog.write();
-        if let Some(entry) = catalog.manifest.keyspaces.get(name) {
-            return Ok(Arc::clone(&catalog.trees[&entry.id]));
-        }
-        let entry = KeyspaceEntry {
-            id: catalog.manifest.next_id,
-            kind: KeyspaceKind::Tree,
-        };
-        let next_id = entry.id.checked_add(1).ok_or_else(|| {
-            Error::Unsupported("the database has used all 2^32 keyspace ids".into())
-        })?;
-        let tree = Arc::new(self.open_keyspace(name, &entry)?);
-        let mut manifest = catalog.manifest.clone();
-        manifest.next_id = next_id;
-        manifest.keyspaces.insert(name.to_string(), entry.clone());
-        // Durable before the first write to it can be logged.
-        manifest.store(&self.dir)?;
-        catalog.manifest = manifest;
-        catalog.trees.insert(entry.id, Arc::clone(&tree));
-        Ok(tree)
-    }
-
-    fn lookup(&self, name: &str) -> Option<Arc<Tree>> {
-        let catalog = self.catalog.read();
-        let entry = catalog.manifest.keyspaces.get(name)?;
-        catalog.trees.get(&entry.id).cloned()
+        self.shared.tree(name)
     }
 
     /// The names of the keyspaces, in order.
     pub fn keyspaces(&self) -> Vec<String> {
-        self.catalog
+        self.shared
+            .catalog
             .read()
             .manifest
             .keyspaces
@@ -424,34 +507,13 @@ impl Db {
     /// to it still read what it held, and refuse writes with
     /// [`Error::KeyspaceDropped`]. The drop is durable when the call returns.
     pub fn drop_tree(&self, name: &str) -> Result<bool> {
-        let mut catalog = self.catalog.write();
-        let Some(entry) = catalog.manifest.keyspaces.get(name).cloned() else {
-            return Ok(false);
-        };
-        let mut manifest = catalog.manifest.clone();
-        manifest.keyspaces.remove(name);
-        manifest.store(&self.dir)?;
-        catalog.manifest = manifest;
-        if let Some(tree) = catalog.trees.remove(&entry.id)
-            && let Some(a) = tree.attached()
-        {
-            a.dropped.store(true, Ordering::Release);
-        }
-        if self.pages == Pages::Files {
-            let path = self.dir.join(page_file(entry.id));
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::Io(manifest::named(&path, e))),
-            }
-        }
-        Ok(true)
+        self.shared.drop_tree(name)
     }
 
     /// Applies `batch` atomically at the database's default durability
     /// ([`DbOptions::durability`]); see [`Db::write_with`].
     pub fn write(&self, batch: WriteBatch) -> Result<()> {
-        self.write_with(batch, self.options.durability)
+        self.write_with(batch, self.shared.options.durability)
     }
 
     /// Applies `batch` atomically at `durability`: one log record, so after a crash
@@ -460,9 +522,375 @@ impl Db {
     /// snapshot: it sees each record as it is when it reaches it.) Every key and value
     /// is checked before anything is written.
     ///
-    /// A batch written [`Durability::Unlogged`] is atomic for readers and lost on a
-    /// crash, as a whole.
+    /// A batch is logged even at [`Durability::Unlogged`], which then means only that
+    /// the call does not wait for the disk, as at [`Durability::Logged`].
     pub fn write_with(&self, batch: WriteBatch, durability: Durability) -> Result<()> {
+        self.shared.write(batch, durability)
+    }
+
+    /// Waits until every logged write acknowledged so far is durable.
+    pub fn persist(&self) -> Result<()> {
+        self.shared.journal.persist()
+    }
+
+    /// Takes a checkpoint now: every keyspace's records written to its pages, the
+    /// trees' leaves recorded, the log truncated to what the two kept checkpoints need.
+    /// Readers and writers go on meanwhile (they wait only for a moment at its start).
+    /// Background checkpoints ([`DbOptions::checkpoint_log_bytes`],
+    /// [`DbOptions::checkpoint_interval`]) and the one on close do the same.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.shared.checkpoint()
+    }
+
+    /// What recovery did when this database was opened.
+    pub fn recovery(&self) -> &RecoveryStats {
+        &self.shared.recovery
+    }
+
+    /// What the database has done since it was opened.
+    pub fn stats(&self) -> DbStats {
+        let c = self.shared.checkpoints.lock();
+        let mut stats = c.stats.clone();
+        stats.log_bytes_since_checkpoint = self.shared.log_bytes_since(&c);
+        stats
+    }
+
+    /// The database directory.
+    pub fn path(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// The sequence number of the last logged write, and of the last durable one.
+    #[doc(hidden)]
+    pub fn log_position(&self) -> (u64, u64) {
+        let log = self.shared.journal.log();
+        (log.next_seq() - 1, log.durable_seq())
+    }
+
+    /// Runs `f` while no checkpoint runs: for crash tests that copy the directory's
+    /// files and crash its simulated devices at one consistent moment.
+    #[doc(hidden)]
+    pub fn with_checkpoints_paused<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _paused = self.shared.checkpoints.lock();
+        f()
+    }
+
+    /// Makes the next checkpoints fail at `point`, as a crash there would stop them.
+    #[doc(hidden)]
+    pub fn fail_checkpoints_at(&self, point: CheckpointCrashPoint) {
+        self.shared
+            .crash_point
+            .store(point as u8, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        // Stop the background checkpointer first, so the one below is the last.
+        self.checkpointer = None;
+        // Best effort: a failure has nowhere to go. The log keeps every logged write,
+        // and recovery replays it.
+        if self.shared.options.checkpoint_on_close
+            && !std::thread::panicking()
+            && let Err(e) = self.shared.checkpoint()
+        {
+            log::warn!("bfdb: the checkpoint on close failed: {e}");
+        }
+        let _ = self.shared.journal.persist();
+    }
+}
+
+impl Checkpointer {
+    /// Starts the background checkpointer if a trigger is on.
+    fn start(shared: &Arc<Shared>) -> Option<Checkpointer> {
+        let o = &shared.options;
+        if o.checkpoint_log_bytes == 0 && o.checkpoint_interval.is_none() {
+            return None;
+        }
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let (signal, weak) = (Arc::clone(&stop), Arc::downgrade(shared));
+        let tick = o
+            .checkpoint_interval
+            .map_or(Duration::from_millis(50), |i| {
+                (i / 4).min(Duration::from_millis(50))
+            });
+        let handle = std::thread::Builder::new()
+            .name("bfdb-checkpointer".into())
+            .spawn(move || {
+                let (stopped, wake) = &*signal;
+                let mut stopped = stopped.lock();
+                loop {
+                    wake.wait_for(&mut stopped, tick);
+                    if *stopped {
+                        break;
+                    }
+                    drop(stopped);
+                    if let Some(shared) = weak.upgrade()
+                        && shared.checkpoint_due()
+                        && let Err(e) = shared.checkpoint()
+                    {
+                        log::warn!("bfdb: a background checkpoint failed: {e}");
+                    }
+                    stopped = signal.0.lock();
+                }
+            })
+            .ok()?;
+        Some(Checkpointer {
+            stop,
+            handle: Some(handle),
+        })
+    }
+}
+
+impl Shared {
+    /// Builds every keyspace of `manifest`: from the newest loaded checkpoint that
+    /// records it, or empty.
+    fn restore(
+        &mut self,
+        manifest: &Manifest,
+        loaded: &[Checkpoint],
+        recovery: &mut RecoveryStats,
+    ) -> Result<()> {
+        let mut kept: Vec<Kept> = loaded
+            .iter()
+            .map(|c| Kept {
+                generation: c.generation,
+                position: c.position,
+                pins: HashMap::new(),
+            })
+            .collect();
+        // Every kept checkpoint's slots of a keyspace stay pinned.
+        let mut keyspaces = HashMap::new();
+        for (name, entry) in &manifest.keyspaces {
+            let KeyspaceKind::Tree = entry.kind;
+            let pinned: Vec<PinSet> = loaded
+                .iter()
+                .filter_map(|c| {
+                    let ks = c.keyspaces.iter().find(|k| k.id == entry.id)?;
+                    Some(PinSet {
+                        generation: c.generation,
+                        slots: ks.leaves.iter().map(|(_, slot)| *slot).collect(),
+                    })
+                })
+                .collect();
+            let leaves = loaded
+                .first()
+                .and_then(|c| c.keyspaces.iter().find(|k| k.id == entry.id));
+            let keyspace = self.open_keyspace(name, entry, leaves, &pinned)?;
+            recovery.leaf_pages += leaves.map_or(0, |l| l.leaves.len() as u64);
+            for (k, set) in kept.iter_mut().zip(loaded) {
+                if let Some(p) = pinned.iter().find(|p| p.generation == set.generation) {
+                    k.pins.insert(entry.id, p.clone());
+                }
+            }
+            keyspaces.insert(entry.id, keyspace);
+        }
+        recovery.checkpoint = loaded.first().map_or(0, |c| c.generation);
+        self.catalog.get_mut().keyspaces = keyspaces;
+        self.checkpoints.get_mut().kept = kept;
+        Ok(())
+    }
+
+    /// Opens keyspace `entry`'s page file and builds its tree: from `leaves` (a
+    /// checkpoint's record of it) with the slots of `pinned` kept, or empty.
+    fn open_keyspace(
+        &self,
+        name: &str,
+        entry: &KeyspaceEntry,
+        leaves: Option<&KeyspaceLeaves>,
+        pinned: &[PinSet],
+    ) -> Result<Keyspace> {
+        let config = self.options.config.clone();
+        let (slots, backend): (Arc<dyn SlotStore>, ActiveBackend) = match &self.pages {
+            Pages::Files => {
+                let path = self.dir.join(page_file(entry.id));
+                let (store, backend) = open_file_store(&path, &config)?;
+                (Arc::new(store), backend)
+            }
+            Pages::Sim(sim) => (sim.store(&page_file(entry.id)), ActiveBackend::custom()),
+        };
+        let (shadow, tree) = match leaves {
+            Some(ks) => {
+                let slot_list: Vec<u64> = ks.leaves.iter().map(|(_, slot)| *slot).collect();
+                let (shadow, logical) =
+                    ShadowStore::recover(slots, &slot_list, pinned).map_err(|e| {
+                        Error::CorruptFile {
+                            path: self.dir.join(page_file(entry.id)),
+                            reason: format!("its checkpoint's page slots: {e}"),
+                        }
+                    })?;
+                let shadow = Arc::new(shadow);
+                let list: Vec<(Vec<u8>, PageNo)> = ks
+                    .leaves
+                    .iter()
+                    .map(|(low, _)| low.clone())
+                    .zip(logical)
+                    .collect();
+                let tree = Tree::from_leaves(config, Box::new(Arc::clone(&shadow)), backend, list)?;
+                (shadow, tree)
+            }
+            None => {
+                let shadow = Arc::new(ShadowStore::new(slots)?);
+                let tree = Tree::with_store(config, Box::new(Arc::clone(&shadow)), backend)?;
+                (shadow, tree)
+            }
+        };
+        let tree = tree.attach(Attached {
+            journal: Arc::clone(&self.journal),
+            keyspace: entry.id,
+            name: name.to_string(),
+            durability: self.options.durability,
+            dropped: AtomicBool::new(false),
+        });
+        Ok(Keyspace {
+            tree: Arc::new(tree),
+            shadow,
+        })
+    }
+
+    /// Replays the recovered log records into the keyspaces, in log order.
+    fn replay(&self, records: &[wal::LogRecord], recovery: &mut RecoveryStats) -> Result<()> {
+        let catalog = self.catalog.read();
+        let (mut replayed, mut skipped) = (0, 0);
+        for record in records {
+            for op in &record.ops {
+                let (keyspace, key, value) = match op {
+                    LogOp::Put {
+                        keyspace,
+                        key,
+                        value,
+                    } => (*keyspace, key, Some(&value[..])),
+                    LogOp::Delete { keyspace, key } => (*keyspace, key, None),
+                };
+                let Some(ks) = catalog.keyspaces.get(&keyspace) else {
+                    skipped += 1;
+                    continue;
+                };
+                ks.tree.check_record(key, value).map_err(|e| {
+                    Error::InvalidConfig(format!(
+                        "the log holds a write that these options refuse ({e}); open the \
+                         database with limits at least those it was written with"
+                    ))
+                })?;
+                ks.tree.write_unlogged(key, value)?;
+                replayed += 1;
+            }
+        }
+        recovery.records_replayed = records.len() as u64;
+        recovery.writes_replayed = replayed;
+        recovery.writes_skipped = skipped;
+        Ok(())
+    }
+
+    /// Removes what a crash or a drop left behind: temporary files, checkpoints the
+    /// manifest never named, and page files of keyspaces it does not list. Damaged
+    /// checkpoint files it names are left for their owner to look at.
+    fn remove_stale_files(&self, manifest: &Manifest) -> Result<()> {
+        let newest = manifest.checkpoints.first().map_or(0, |c| c.generation);
+        let live_pages: Vec<String> = manifest
+            .keyspaces
+            .values()
+            .map(|e| page_file(e.id))
+            .collect();
+        let entries =
+            std::fs::read_dir(&self.dir).map_err(|e| Error::Io(manifest::named(&self.dir, e)))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::Io(manifest::named(&self.dir, e)))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let uncommitted = name
+                .strip_prefix("ckpt-")
+                .and_then(|g| u64::from_str_radix(g, 16).ok())
+                .is_some_and(|g| g > newest);
+            let stale_pages = matches!(self.pages, Pages::Files)
+                && name.starts_with("ks-")
+                && name.ends_with(".pages")
+                && !live_pages.contains(&name);
+            if name.ends_with(".tmp") || uncommitted || stale_pages {
+                std::fs::remove_file(entry.path())
+                    .map_err(|e| Error::Io(manifest::named(&entry.path(), e)))?;
+            }
+        }
+        if let Pages::Sim(sim) = &self.pages {
+            for name in sim.names() {
+                if !live_pages.contains(&name) {
+                    sim.remove(&name);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn tree(&self, name: &str) -> Result<Arc<Tree>> {
+        if let Some(tree) = self.lookup(name) {
+            return Ok(tree);
+        }
+        if name.is_empty() || name.len() > MAX_NAME_BYTES {
+            return Err(Error::InvalidConfig(format!(
+                "keyspace names are 1 to {MAX_NAME_BYTES} bytes; {name:?} has {}",
+                name.len()
+            )));
+        }
+        let mut catalog = self.catalog.write();
+        if let Some(entry) = catalog.manifest.keyspaces.get(name) {
+            return Ok(Arc::clone(&catalog.keyspaces[&entry.id].tree));
+        }
+        let entry = KeyspaceEntry {
+            id: catalog.manifest.next_id,
+            kind: KeyspaceKind::Tree,
+        };
+        let next_id = entry.id.checked_add(1).ok_or_else(|| {
+            Error::Unsupported("the database has used all 2^32 keyspace ids".into())
+        })?;
+        let keyspace = self.open_keyspace(name, &entry, None, &[])?;
+        let mut manifest = catalog.manifest.clone();
+        manifest.next_id = next_id;
+        manifest.keyspaces.insert(name.to_string(), entry.clone());
+        // Durable before the first write to it can be logged.
+        manifest.store(&self.dir)?;
+        catalog.manifest = manifest;
+        let tree = Arc::clone(&keyspace.tree);
+        catalog.keyspaces.insert(entry.id, keyspace);
+        Ok(tree)
+    }
+
+    fn lookup(&self, name: &str) -> Option<Arc<Tree>> {
+        let catalog = self.catalog.read();
+        let entry = catalog.manifest.keyspaces.get(name)?;
+        catalog
+            .keyspaces
+            .get(&entry.id)
+            .map(|k| Arc::clone(&k.tree))
+    }
+
+    fn drop_tree(&self, name: &str) -> Result<bool> {
+        let mut catalog = self.catalog.write();
+        let Some(entry) = catalog.manifest.keyspaces.get(name).cloned() else {
+            return Ok(false);
+        };
+        let mut manifest = catalog.manifest.clone();
+        manifest.keyspaces.remove(name);
+        manifest.store(&self.dir)?;
+        catalog.manifest = manifest;
+        if let Some(ks) = catalog.keyspaces.remove(&entry.id)
+            && let Some(a) = ks.tree.attached()
+        {
+            a.dropped.store(true, Ordering::Release);
+        }
+        match &self.pages {
+            Pages::Files => {
+                let path = self.dir.join(page_file(entry.id));
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::Io(manifest::named(&path, e))),
+                }
+            }
+            Pages::Sim(sim) => sim.remove(&page_file(entry.id)),
+        }
+        Ok(true)
+    }
+
+    fn write(&self, batch: WriteBatch, durability: Durability) -> Result<()> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -480,11 +908,13 @@ impl Db {
                                 .into(),
                         ));
                     }
-                    let tree = catalog.trees.get(&op.keyspace).cloned().ok_or_else(|| {
-                        Error::KeyspaceDropped {
+                    let tree = catalog
+                        .keyspaces
+                        .get(&op.keyspace)
+                        .map(|k| Arc::clone(&k.tree))
+                        .ok_or_else(|| Error::KeyspaceDropped {
                             name: format!("#{}", op.keyspace),
-                        }
-                    })?;
+                        })?;
                     tree.check_record(&op.key, op.value.as_deref())?;
                     Ok(tree)
                 })
@@ -513,57 +943,236 @@ impl Db {
         })
     }
 
-    /// Waits until every logged write acknowledged so far is durable.
-    pub fn persist(&self) -> Result<()> {
-        self.journal.persist()
+    /// Log bytes written since the newest kept checkpoint's position.
+    fn log_bytes_since(&self, c: &Checkpoints) -> u64 {
+        let from = c.kept.first().map_or(0, |k| k.position.block);
+        self.journal.log().position().block.saturating_sub(from) * LOG_BLOCK_BYTES as u64
     }
 
-    /// What recovery did when this database was opened.
-    pub fn recovery(&self) -> &RecoveryStats {
-        &self.recovery
+    /// Whether a background checkpoint is due.
+    fn checkpoint_due(&self) -> bool {
+        let c = self.checkpoints.lock();
+        let grown = self.log_bytes_since(&c);
+        let o = &self.options;
+        (o.checkpoint_log_bytes > 0 && grown >= o.checkpoint_log_bytes)
+            || (grown > 0
+                && o.checkpoint_interval
+                    .is_some_and(|i| c.last_at.elapsed() >= i))
     }
 
-    /// The database directory.
-    pub fn path(&self) -> &Path {
-        &self.dir
+    /// Fails the checkpoint here if a test asked for it.
+    fn crash_point(&self, point: CheckpointCrashPoint) -> Result<()> {
+        if self.crash_point.load(Ordering::Relaxed) == point as u8 {
+            return Err(Error::Io(io::Error::other(format!(
+                "simulated crash of the checkpoint at {point:?}"
+            ))));
+        }
+        Ok(())
     }
 
-    /// The sequence number of the last logged write, and of the last durable one.
-    #[doc(hidden)]
-    pub fn log_position(&self) -> (u64, u64) {
-        let log = self.journal.log();
-        (log.next_seq() - 1, log.durable_seq())
+    /// Takes a checkpoint (the protocol is argued in `docs/design.md`, "Checkpoints").
+    fn checkpoint(&self) -> Result<()> {
+        let started = Instant::now();
+        let mut c = self.checkpoints.lock();
+        let generation = c.next_generation;
+        c.next_generation += 1;
+        let keyspaces: Vec<(u32, Keyspace)> = self
+            .catalog
+            .read()
+            .keyspaces
+            .iter()
+            .map(|(id, k)| (*id, k.clone()))
+            .collect();
+        // 1. The log position: every record below it is in its tree.
+        let position = self.journal.quiesce(|| self.journal.log().position());
+        // 2. Every record in a tree's memory reaches its pages (copy-on-write of pinned
+        //    slots keeps the kept checkpoints' pages as they were).
+        for (_, ks) in &keyspaces {
+            ks.tree.flush()?;
+        }
+        self.crash_point(CheckpointCrashPoint::AfterFlush)?;
+        // 3. Record every tree's leaves in key order, pinning each one's slot.
+        let mut pins: HashMap<u32, PinSet> = HashMap::new();
+        let mut ckpt = Checkpoint {
+            generation,
+            position,
+            keyspaces: Vec::new(),
+        };
+        let captured = keyspaces.iter().try_for_each(|(id, ks)| {
+            let mut leaves = Vec::new();
+            let set = pins.entry(*id).or_insert_with(|| PinSet {
+                generation,
+                slots: Vec::new(),
+            });
+            let result = ks.tree.capture_leaves(|low, no| {
+                if low.is_empty() {
+                    // The walk starts (or, after a redistribution moved a boundary it
+                    // relied on, starts over). Slots pinned by an abandoned walk stay in
+                    // the pin set, to be unpinned with it.
+                    leaves.clear();
+                }
+                let slot = ks.shadow.pin(no, generation)?;
+                set.slots.push(slot);
+                leaves.push((low.to_vec(), slot));
+                Ok(())
+            });
+            ckpt.keyspaces.push(KeyspaceLeaves { id: *id, leaves });
+            result
+        });
+        let committed = captured
+            .and_then(|()| self.crash_point(CheckpointCrashPoint::AfterCapture))
+            .and_then(|()| self.commit_checkpoint(&keyspaces, &ckpt));
+        if let Err(e) = committed {
+            // Not committed: its pins protect nothing.
+            for (id, ks) in &keyspaces {
+                if let Some(set) = pins.get(id) {
+                    let _ = ks.shadow.unpin(set);
+                }
+            }
+            return Err(e);
+        }
+        self.crash_point(CheckpointCrashPoint::AfterCommit)?;
+        // 4. Keep the newest two; release the one that falls out, and the log only it
+        //    needed.
+        c.kept.insert(
+            0,
+            Kept {
+                generation,
+                position,
+                pins,
+            },
+        );
+        let keep = KEPT_CHECKPOINTS.min(c.kept.len());
+        let retired: Vec<Kept> = c.kept.drain(keep..).collect();
+        for old in &retired {
+            for (id, ks) in &keyspaces {
+                if let Some(set) = old.pins.get(id) {
+                    ks.shadow.unpin(set)?;
+                }
+            }
+            let path = checkpoint::path(&self.dir, old.generation);
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                return Err(Error::Io(manifest::named(&path, e)));
+            }
+        }
+        if let Some(oldest) = c.kept.last() {
+            self.journal
+                .log()
+                .remove_segments_before(oldest.position.block)
+                .map_err(Error::Io)?;
+        }
+        c.last_at = Instant::now();
+        c.stats.checkpoints += 1;
+        c.stats.checkpoint_generation = generation;
+        c.stats.last_checkpoint_duration = started.elapsed();
+        c.stats.last_checkpoint_leaf_pages =
+            ckpt.keyspaces.iter().map(|k| k.leaves.len() as u64).sum();
+        Ok(())
+    }
+
+    /// Makes the captured checkpoint durable and commits it: page files synced, the log
+    /// durable through every record a captured page may reflect (the WAL rule), the
+    /// checkpoint file written, and the manifest naming it.
+    fn commit_checkpoint(&self, keyspaces: &[(u32, Keyspace)], ckpt: &Checkpoint) -> Result<()> {
+        for (_, ks) in keyspaces {
+            use crate::storage::PageStore;
+            ks.shadow.sync().map_err(Error::from)?;
+        }
+        self.crash_point(CheckpointCrashPoint::AfterPageSync)?;
+        self.journal.persist()?;
+        self.crash_point(CheckpointCrashPoint::AfterLogFlush)?;
+        ckpt.store(&self.dir)?;
+        self.crash_point(CheckpointCrashPoint::AfterCheckpointFile)?;
+        let mut catalog = self.catalog.write();
+        let mut manifest = catalog.manifest.clone();
+        manifest.checkpoints.insert(
+            0,
+            CheckpointRef {
+                generation: ckpt.generation,
+                position: ckpt.position,
+            },
+        );
+        manifest.checkpoints.truncate(KEPT_CHECKPOINTS);
+        manifest.store(&self.dir)?;
+        catalog.manifest = manifest;
+        Ok(())
     }
 }
 
-impl Drop for Db {
-    fn drop(&mut self) {
-        // Best effort: a clean close makes every logged write durable. A failure has
-        // nowhere to go; the log reports it to the next writer, and recovery keeps what
-        // reached the disk.
-        let _ = self.journal.persist();
+/// Refuses options whose key or value limit is below what the database may hold, and
+/// records larger limits in the manifest (durably, before anything is written under
+/// them).
+fn check_limits(dir: &Path, mut manifest: Manifest, config: &Config) -> Result<Manifest> {
+    let (key, value) = (config.max_key_bytes as u64, config.max_value_bytes as u64);
+    if key < u64::from(manifest.max_key_bytes) || value < u64::from(manifest.max_value_bytes) {
+        return Err(Error::InvalidConfig(format!(
+            "{} holds keys of up to {} bytes and values of up to {} bytes; these options \
+             allow {key} and {value}: open it with limits at least those",
+            dir.display(),
+            manifest.max_key_bytes,
+            manifest.max_value_bytes
+        )));
     }
+    if key > u64::from(manifest.max_key_bytes) || value > u64::from(manifest.max_value_bytes) {
+        manifest.max_key_bytes = u32::try_from(key).unwrap_or(u32::MAX);
+        manifest.max_value_bytes = u32::try_from(value).unwrap_or(u32::MAX);
+        manifest.store(dir)?;
+    }
+    Ok(manifest)
+}
+
+/// The checkpoints the manifest names that validate, newest first: the first is the
+/// one recovery loads. A damaged one is skipped with a warning and counted; if none
+/// validates although some are named, that is an error.
+fn load_checkpoints(
+    dir: &Path,
+    manifest: &Manifest,
+    recovery: &mut RecoveryStats,
+) -> Result<Vec<Checkpoint>> {
+    let mut loaded = Vec::new();
+    let mut first_error = None;
+    for r in &manifest.checkpoints {
+        let checked = Checkpoint::load(dir, r.generation).and_then(|c| {
+            if c.position == r.position {
+                Ok(c)
+            } else {
+                Err(Error::CorruptFile {
+                    path: checkpoint::path(dir, r.generation),
+                    reason: format!(
+                        "its log position {:?} is not the manifest's {:?}",
+                        c.position, r.position
+                    ),
+                })
+            }
+        });
+        match checked {
+            Ok(c) => loaded.push(c),
+            Err(e @ Error::Incompatible { .. }) => return Err(e),
+            Err(e) => {
+                log::warn!(
+                    "bfdb: checkpoint {} is not usable, falling back: {e}",
+                    r.generation
+                );
+                if loaded.is_empty() {
+                    recovery.checkpoint_fallbacks += 1;
+                }
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if loaded.is_empty()
+        && let Some(e) = first_error
+    {
+        return Err(e);
+    }
+    Ok(loaded)
 }
 
 /// The page file of keyspace `id`.
 fn page_file(id: u32) -> String {
     format!("ks-{id:08x}.pages")
-}
-
-/// Removes the keyspaces' page files: scratch space until checkpoints make them
-/// durable, recreated as the keyspaces open.
-fn remove_scratch_pages(dir: &Path) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::Io(manifest::named(dir, e)))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::Io(manifest::named(dir, e)))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("ks-") && name.ends_with(".pages") {
-            std::fs::remove_file(entry.path())
-                .map_err(|e| Error::Io(manifest::named(&entry.path(), e)))?;
-        }
-    }
-    Ok(())
 }
 
 /// Opens and `flock`s the directory's lock file.

@@ -68,7 +68,7 @@ use mapping::{Location, MappingTable, PageId};
 use node::{Fences, NodeKind, NodeMut};
 use olc::Restart;
 use plan::owned_fence;
-use setup::open_file_store;
+pub(crate) use setup::open_file_store;
 use stats::Counters;
 
 pub use scan::{Cursor, MAX_READ_AHEAD_PAGES, Range};
@@ -237,7 +237,7 @@ impl Tree {
         Tree::with_store(config, Box::new(store), ActiveBackend::custom())
     }
 
-    fn with_store(
+    pub(crate) fn with_store(
         config: Config,
         store: Box<dyn PageStore>,
         backend: ActiveBackend,
@@ -281,10 +281,6 @@ impl Tree {
     /// `config.max_key_bytes` gives [`Error::InvalidConfig`]. That each page's fences
     /// are its range is not checked (it would read every page): a wrong page is found
     /// when it is read or written.
-    #[allow(
-        dead_code,
-        reason = "for checkpoint recovery, which comes next; tested"
-    )]
     pub(crate) fn from_leaves(
         config: Config,
         store: Box<dyn PageStore>,
@@ -383,7 +379,6 @@ impl Tree {
     /// check catches it and the walk starts over from the empty key. That takes a merge
     /// of one of those two pages that redistributes in the short window between the
     /// walk's two page locks: under a random-insert load, a few walks in a hundred.
-    #[allow(dead_code, reason = "for checkpoints, which come next; tested")]
     pub(crate) fn capture_leaves(&self, f: impl FnMut(&[u8], PageNo) -> Result<()>) -> Result<()> {
         self.core.capture_leaves(f)
     }
