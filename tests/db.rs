@@ -391,3 +391,261 @@ fn persist_makes_logged_writes_durable() {
     let (last, durable) = db.log_position();
     assert_eq!(durable, last);
 }
+
+/// A database with `n` keys written over `rounds` checkpoints, closed without a final
+/// checkpoint so the log holds the writes after the last one.
+fn checkpointed(n: u32, rounds: u32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), small().checkpoint_on_close(false)).unwrap();
+    let t = db.tree("t").unwrap();
+    for round in 0..rounds {
+        for i in 0..n {
+            t.insert(&key(i), format!("v{round}-{i}").as_bytes())
+                .unwrap();
+        }
+        db.checkpoint().unwrap();
+    }
+    for i in 0..n / 10 {
+        t.insert(&key(i), b"after").unwrap();
+    }
+    db.persist().unwrap();
+    dir
+}
+
+fn expect_checkpointed(db: &Db, n: u32, rounds: u32) {
+    let t = db.tree("t").unwrap();
+    for i in 0..n {
+        let want = if i < n / 10 {
+            b"after".to_vec()
+        } else {
+            format!("v{}-{i}", rounds - 1).into_bytes()
+        };
+        assert_eq!(t.get(&key(i)).unwrap(), Some(want), "key {i}");
+    }
+    assert_eq!(t.range::<&[u8], _>(..).count(), n as usize);
+}
+
+fn checkpoint_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("ckpt-")
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn recovery_loads_the_checkpoint_and_replays_only_the_log_after_it() {
+    let dir = checkpointed(5000, 3);
+    assert_eq!(
+        checkpoint_files(dir.path()).len(),
+        2,
+        "two checkpoints are kept"
+    );
+    let db = Db::open(dir.path(), small()).unwrap();
+    let r = db.recovery().clone();
+    assert_eq!(r.checkpoint_fallbacks, 0);
+    assert!(r.checkpoint > 0 && r.leaf_pages > 10, "{r:?}");
+    assert_eq!(
+        r.writes_replayed, 500,
+        "only the writes after the checkpoint: {r:?}"
+    );
+    expect_checkpointed(&db, 5000, 3);
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_falls_back_to_the_older_one_and_a_longer_replay() {
+    for damage in ["flip", "truncate"] {
+        let dir = checkpointed(5000, 3);
+        let files = checkpoint_files(dir.path());
+        let newest = files.last().unwrap();
+        let mut bytes = std::fs::read(newest).unwrap();
+        match damage {
+            "flip" => bytes[100] ^= 0x04,
+            _ => bytes.truncate(bytes.len() / 2),
+        }
+        std::fs::write(newest, &bytes).unwrap();
+        let db = Db::open(dir.path(), small()).unwrap();
+        let r = db.recovery().clone();
+        assert_eq!(r.checkpoint_fallbacks, 1, "{damage}: {r:?}");
+        assert_eq!(
+            r.writes_replayed, 5500,
+            "{damage}: the newest round and the tail: {r:?}"
+        );
+        expect_checkpointed(&db, 5000, 3);
+        drop(db);
+        // The damaged file is left for its owner; the database goes on past it.
+        assert_eq!(
+            std::fs::read(newest).unwrap(),
+            bytes,
+            "{damage}: the damaged file was changed"
+        );
+        let db = Db::open(dir.path(), small()).unwrap();
+        expect_checkpointed(&db, 5000, 3);
+    }
+}
+
+#[test]
+fn with_every_checkpoint_damaged_the_open_fails_naming_it_and_changes_nothing() {
+    let dir = checkpointed(2000, 2);
+    for file in checkpoint_files(dir.path()) {
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[60] ^= 0x10;
+        std::fs::write(&file, &bytes).unwrap();
+    }
+    let before = snapshot(dir.path());
+    let err = Db::open(dir.path(), small()).unwrap_err();
+    assert!(
+        matches!(&err, Error::CorruptFile { path, .. } if path.to_string_lossy().contains("ckpt-")),
+        "{err:?}"
+    );
+    let mut after = snapshot(dir.path());
+    after.retain(|(n, _)| n != "LOCK");
+    let mut before = before;
+    before.retain(|(n, _)| n != "LOCK");
+    assert_eq!(before, after, "a failed open changed a file");
+}
+
+#[test]
+fn a_checkpoint_of_another_format_version_is_refused() {
+    let dir = checkpointed(500, 1);
+    let file = checkpoint_files(dir.path()).pop().unwrap();
+    let mut bytes = std::fs::read(&file).unwrap();
+    // The version follows the 8-byte magic; the trailer's checksum is made right, as a
+    // build of that version would have written it.
+    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+    let body = bytes.len() - 12;
+    let crc = crc32c::crc32c(&bytes[..body]);
+    bytes[body + 8..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    let err = Db::open(dir.path(), small()).unwrap_err();
+    assert!(
+        matches!(&err, Error::Incompatible { reason } if reason.contains("version 7")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn damage_to_a_page_file_is_reported_never_read_as_an_empty_database() {
+    let dir = checkpointed(3000, 1);
+    let pages = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "pages"))
+        .unwrap();
+    let mut bytes = std::fs::read(&pages).unwrap();
+    // The file store's superblock copies (slots 0 and 1) are not what the database
+    // trusts for its contents: damage to one changes nothing.
+    bytes[4096 + 200] ^= 0xff;
+    std::fs::write(&pages, &bytes).unwrap();
+    {
+        let db = Db::open(dir.path(), small().checkpoint_on_close(false)).unwrap();
+        assert_eq!(db.tree("t").unwrap().range::<&[u8], _>(..).count(), 3000);
+    }
+    // Damage to every data page is an error on read, not missing records.
+    let mut bytes = std::fs::read(&pages).unwrap();
+    for slot in 2..bytes.len() / 4096 {
+        bytes[slot * 4096 + 1000] ^= 0x01;
+    }
+    std::fs::write(&pages, &bytes).unwrap();
+    let db = Db::open(dir.path(), small().checkpoint_on_close(false)).unwrap();
+    let t = db.tree("t").unwrap();
+    let scanned: Result<Vec<_>, _> = t.range::<&[u8], _>(..).collect();
+    assert!(
+        matches!(scanned, Err(Error::Corrupted { .. })),
+        "{scanned:?}"
+    );
+}
+
+#[test]
+fn checkpoints_truncate_the_log_and_free_the_pages_they_no_longer_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(
+        dir.path(),
+        small()
+            .log_segment_bytes(64 << 10)
+            .checkpoint_on_close(false),
+    )
+    .unwrap();
+    let t = db.tree("t").unwrap();
+    let count = |ext: &str| {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == ext)
+            })
+            .count()
+    };
+    let mut sizes = Vec::new();
+    for round in 0..12u32 {
+        for i in 0..2000 {
+            t.insert(&key(i), format!("round {round} value {i}").as_bytes())
+                .unwrap();
+        }
+        db.checkpoint().unwrap();
+        let pages_len = std::fs::metadata(dir.path().join("ks-00000001.pages"))
+            .unwrap()
+            .len();
+        sizes.push(pages_len);
+        // The log keeps what the older of the two kept checkpoints needs, and no more.
+        assert!(
+            count("log") <= 6,
+            "round {round}: {} log segments",
+            count("log")
+        );
+    }
+    assert_eq!(db.stats().checkpoints, 12);
+    // The same keys rewritten: freed slots are reused, so the page file stops growing
+    // (three generations of pages at most: two kept checkpoints and the live one).
+    assert!(
+        sizes[11] <= sizes[3] * 3 / 2,
+        "the page file grows with every checkpoint: sizes by round {sizes:?}"
+    );
+    // A handle to a tree holds the directory too.
+    drop(db);
+    assert!(matches!(
+        Db::open(dir.path(), small()),
+        Err(Error::Locked { .. })
+    ));
+    drop(t);
+    let db = Db::open(dir.path(), small()).unwrap();
+    assert_eq!(
+        db.tree("t").unwrap().get(&key(7)).unwrap().as_deref(),
+        Some(&b"round 11 value 7"[..])
+    );
+}
+
+#[test]
+fn a_background_checkpoint_runs_when_the_log_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(
+        dir.path(),
+        small()
+            .checkpoint_log_bytes(256 << 10)
+            .checkpoint_interval(None)
+            .checkpoint_on_close(false),
+    )
+    .unwrap();
+    let t = db.tree("t").unwrap();
+    let mut i = 0u32;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while db.stats().checkpoints == 0 {
+        t.insert(&key(i % 5000), &[7; 100]).unwrap();
+        i += 1;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no background checkpoint after {i} writes"
+        );
+    }
+    assert!(db.stats().checkpoint_generation > 0);
+}
