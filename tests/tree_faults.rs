@@ -91,26 +91,37 @@ fn failed_writes_during_redistributions_lose_no_record() {
     assert!(redistributed > 0, "no redistribution ran before a failure");
 }
 
-/// Known bug, open (found in session 10, with and without redistribution): after a
-/// failed write has poisoned the tree, a full scan can miss a record that point reads
-/// and scans starting near it find (in about one run of this test in two, at some
-/// failure point below 40), always one inserted after the fault was armed. Likely: a
-/// page whose leaf write failed after a split had published its new separator keeps its
-/// old, wider high fence on disk, the scan resumes from it, and skips the new right-hand
-/// page, whose mini-page holds the later inserts (docs/design.md, "Failure").
+/// After a failed write has poisoned the tree, a full scan returns exactly what point
+/// reads do: every acknowledged record, and the refused write if and only if a point
+/// read finds it. (It once missed records inserted after the fault: a page whose leaf
+/// write failed after a split had published its separator kept its old, wider fences
+/// on disk, and the scan resumed from its stale high fence, past the new right-hand
+/// page. Scans of a poisoned tree now bound each page by its range in its parent.)
 #[test]
-#[ignore = "known bug: a scan after a failed write can skip a record (design.md, open points)"]
+#[ignore = "about one run in twelve trips a debug assertion in a merge after a failed write (plan.rs: a dirty key outside its leaf page's fences); under investigation"]
 fn scans_after_failed_writes_see_every_record() {
     for n in 0..40 {
         let (tree, store, mut model) = loaded(100 + n);
         store.fail_writes_after(n);
-        insert_until_refused(&tree, &mut model, "the armed fault hits");
+        let (key, value) = insert_until_refused(&tree, &mut model, "the armed fault hits");
+        if tree.get(&key).unwrap().is_some_and(|v| v == value) {
+            model.insert(key, value);
+        }
         let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
             tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
-        assert!(
-            scanned == model,
-            "writes failing after {n}: the scan differs"
-        );
+        if scanned != model {
+            let show = |keys: Vec<&Vec<u8>>| -> Vec<String> {
+                keys.iter()
+                    .take(5)
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+                    .collect()
+            };
+            let missing = show(model.keys().filter(|k| !scanned.contains_key(*k)).collect());
+            let extra = show(scanned.keys().filter(|k| !model.contains_key(*k)).collect());
+            panic!(
+                "writes failing after {n}: the scan differs: missing {missing:?}, extra {extra:?}"
+            );
+        }
     }
 }
 

@@ -14,6 +14,8 @@ use std::ops::Bound;
 
 use crossbeam_epoch as epoch;
 
+use crate::sync::atomic::Ordering;
+
 use super::descend::{LeafPath, Target};
 use super::leaf::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader};
 use super::leaf_io::LeafTicket;
@@ -463,6 +465,21 @@ impl Sink for VecDeque<Record> {
     }
 }
 
+/// The page a fetch in `direction` of `[lower, upper)` reads next.
+fn target<'k>(
+    direction: Direction,
+    lower: &'k Bound<Vec<u8>>,
+    upper: &'k Bound<Vec<u8>>,
+) -> Target<'k> {
+    match (direction, lower, upper) {
+        (Direction::Forward, Bound::Included(k) | Bound::Excluded(k), _) => Target::Holding(k),
+        (Direction::Forward, Bound::Unbounded, _) => Target::Holding(&[]),
+        (Direction::Backward, _, Bound::Included(k)) => Target::Holding(k),
+        (Direction::Backward, _, Bound::Excluded(k)) => Target::Below(k),
+        (Direction::Backward, _, Bound::Unbounded) => Target::Last,
+    }
+}
+
 /// Moves the records of `view` in `[lower, upper)` to the back of `out`, ascending, and
 /// returns the new lower bound of the unfetched range (`None` after the last page).
 fn take_forward(
@@ -606,18 +623,17 @@ impl Core {
         let mut unlocked = true;
         let bounds = (lower, upper, direction);
         loop {
-            let target = match (direction, lower, upper) {
-                (Direction::Forward, Bound::Included(k) | Bound::Excluded(k), _) => {
-                    Target::Holding(k)
-                }
-                (Direction::Forward, Bound::Unbounded, _) => Target::Holding(&[]),
-                (Direction::Backward, _, Bound::Included(k)) => Target::Holding(k),
-                (Direction::Backward, _, Bound::Excluded(k)) => Target::Below(k),
-                (Direction::Backward, _, Bound::Unbounded) => Target::Last,
-            };
-            let Some((path, page)) = self.lock_leaf(target, MappingTable::read) else {
+            let Some((path, page)) =
+                self.lock_leaf(target(direction, lower, upper), MappingTable::read)
+            else {
                 return Ok(None);
             };
+            if self.failed.load(Ordering::Acquire) {
+                // A failed write may have left a leaf page wider than its range: the
+                // careful path bounds every page by its range in its parent.
+                drop(page);
+                return self.fetch_routed((lower, upper), direction, out);
+            }
             let plan = {
                 // A mirror answers under the read lock, copying only what is asked for.
                 if let Some(mini) = self.mini_page(&page)
@@ -697,6 +713,51 @@ impl Core {
                         }
                     }
                     view.low.map(Bound::Excluded)
+                }
+            });
+        }
+    }
+
+    /// A fetch for a tree a failed write poisoned (as `fetch`, one page under its lock,
+    /// no read-ahead or promotion): the page's records and the bound it returns come
+    /// from its routing range in its parent, not from its leaf page's fences. While the
+    /// tree is sound the two agree (a split or redistribution rewrites a page before it
+    /// releases the page's lock), but a leaf write that failed after a split published
+    /// its separator leaves the page's old, wider fences on disk, and records of the
+    /// right-hand part there are stale copies.
+    fn fetch_routed(
+        &self,
+        (lower, upper): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
+        direction: Direction,
+        out: &mut impl Sink,
+    ) -> Result<Option<Bound<Vec<u8>>>> {
+        loop {
+            let Some((path, page)) =
+                self.lock_leaf(target(direction, lower, upper), MappingTable::read)
+            else {
+                return Ok(None);
+            };
+            let Ok((low, high)) = path.routing_range() else {
+                drop(page);
+                bump(&self.counters.restarts);
+                continue;
+            };
+            let view = self.page_view(&page, None)?;
+            drop(page);
+            let routed = |k: &[u8]| k >= low.as_slice() && high.as_deref().is_none_or(|h| k < h);
+            let in_range = |k: &[u8]| above(lower, k) && below(upper, k) && routed(k);
+            return Ok(match direction {
+                Direction::Forward => {
+                    for (key, value) in view.records.iter().filter(|(k, _)| in_range(k)) {
+                        out.push_parts(key, value);
+                    }
+                    high.map(Bound::Included)
+                }
+                Direction::Backward => {
+                    for (key, value) in view.records.iter().rev().filter(|(k, _)| in_range(k)) {
+                        out.push_parts(key, value);
+                    }
+                    (!low.is_empty()).then_some(Bound::Excluded(low))
                 }
             });
         }

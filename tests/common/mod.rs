@@ -178,9 +178,14 @@ pub fn load_scattered(tree: &Tree) -> BTreeMap<Vec<u8>, Vec<u8>> {
 /// Inserts fresh keys (`scattered_key` of 6000 on) into `tree`, and each acknowledged one
 /// into `model`, until an insert fails, as one must once the store under the tree fails
 /// writes (`fault` names why, for the message when none does). The failure must be
-/// `Poisoned` or `Io`, and the next write `Poisoned`.
-pub fn insert_until_refused(tree: &Tree, model: &mut BTreeMap<Vec<u8>, Vec<u8>>, fault: &str) {
-    let mut failed = false;
+/// `Poisoned` or `Io`, and the next write `Poisoned`. Returns the refused write: it may
+/// or may not have reached the tree (an error does not say it was not applied).
+pub fn insert_until_refused(
+    tree: &Tree,
+    model: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    fault: &str,
+) -> (Vec<u8>, Vec<u8>) {
+    let mut failed = None;
     for i in 6000..20_000 {
         let v = format!("w{i}").into_bytes();
         match tree.insert(&scattered_key(i), &v) {
@@ -192,14 +197,15 @@ pub fn insert_until_refused(tree: &Tree, model: &mut BTreeMap<Vec<u8>, Vec<u8>>,
                     matches!(e, Error::Poisoned { .. } | Error::Io(_)),
                     "unexpected error {e}"
                 );
-                failed = true;
+                failed = Some((scattered_key(i), v));
                 break;
             }
         }
     }
-    assert!(failed, "writes must fail once {fault}");
+    let refused = failed.unwrap_or_else(|| panic!("writes must fail once {fault}"));
     assert!(matches!(
         tree.insert(b"more", b"x"),
         Err(Error::Poisoned { .. })
     ));
+    refused
 }
