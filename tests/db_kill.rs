@@ -32,8 +32,6 @@
 //! - batches are all or nothing: a key without a batch's value beside a key with it
 //!   must hold a write that may have come after the batch;
 //! - a full scan of each keyspace yields exactly what point reads found;
-//! - recovery replays at least as many log records as the recovery before it.
-//!
 //! What a recovery found becomes the starting point of the next run's checks.
 //!
 //! `cargo test --test db_kill` kills 12 children (CI runs this); `BFDB_KILLS` sets the
@@ -43,9 +41,9 @@
 //! BFDB_KILLS=200 cargo test --release --test db_kill -- --nocapture
 //! ```
 //!
-//! It takes about ten minutes on a 2-core machine, most of it in recovery: until
-//! checkpoints truncate the log, every open replays everything every child wrote, so
-//! the time of a run grows with the number of kills before it.
+//! Children and the parent take checkpoints (in the background as the log grows, and
+//! when the parent closes the database after its checks), so a recovery replays only
+//! the log after the last one.
 //!
 //! The parent prints its seed; `BFDB_SEED=<seed>` replays its choices (the kill moments
 //! and the children's seeds), though not the threads' interleaving. A failing run keeps
@@ -98,6 +96,9 @@ fn options() -> DbOptions {
             ..Config::default()
         })
         .log_segment_bytes(128 << 10)
+        // Checkpoints often, so that kills land in them too.
+        .checkpoint_log_bytes(512 << 10)
+        .checkpoint_interval(Some(std::time::Duration::from_millis(150)))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -692,8 +693,6 @@ enum Violation {
     },
     /// A scan disagrees with the point reads.
     Scan { key: String, why: String },
-    /// Recovery replayed fewer records than the one before it.
-    Shrank { before: u64, now: u64 },
 }
 
 impl fmt::Display for Violation {
@@ -713,10 +712,6 @@ impl fmt::Display for Violation {
                 "HALF BATCH {batch}: {key} holds {found}, neither the batch's value nor a later write's"
             ),
             Violation::Scan { key, why } => write!(f, "SCAN {key}: {why}"),
-            Violation::Shrank { before, now } => write!(
-                f,
-                "RECOVERY SHRANK: {now} log records replayed, {before} the time before"
-            ),
         }
     }
 }
@@ -1017,12 +1012,6 @@ fn kill_and_check(
     // The directory must be free for the next child.
     drop(db);
 
-    if recovery.records_replayed < totals.records_replayed {
-        violations.push(Violation::Shrank {
-            before: totals.records_replayed,
-            now: recovery.records_replayed,
-        });
-    }
     let (checked, counts) = check_run(model, &log, &found);
     violations.extend(checked);
     totals.losses += violations
