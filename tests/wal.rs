@@ -714,3 +714,30 @@ fn a_log_read_from_a_position_returns_what_followed_it_even_after_truncation() {
         assert!(log.append(&put(1, 1)).unwrap() > last.max(position.seq - 1));
     }
 }
+
+/// A segment file whose creation a crash cut short (no header, no block) is removed by
+/// the next open instead of piling up; the records before it are all there.
+#[test]
+fn a_segment_cut_short_at_creation_is_removed_on_open() {
+    let device = Arc::new(SimLog::new(5));
+    let (log, _) = wal::open(device.clone(), small_segments()).unwrap();
+    let mut seqs = Vec::new();
+    for i in 0..20 {
+        seqs.push(log.append(&put(i, 100)).unwrap());
+    }
+    log.flush().unwrap();
+    drop(log);
+    let crashed = Arc::new(device.crash());
+    let last = *crashed.list().unwrap().last().unwrap();
+    crashed
+        .create(last + 1, 8 * LOG_BLOCK_BYTES as u64)
+        .unwrap();
+    crashed.sync(last + 1).unwrap();
+    assert!(crashed.list().unwrap().contains(&(last + 1)));
+    let (_, recovered) = wal::open(crashed.clone(), small_segments()).unwrap();
+    assert_eq!(recovered.records.len(), 20);
+    assert!(
+        !crashed.list().unwrap().contains(&(last + 1)),
+        "the empty segment stayed"
+    );
+}

@@ -474,7 +474,15 @@ impl Db {
             recovery.log_bytes,
             recovery.discarded_bytes
         );
+        let replayed = recovery.records_replayed > 0 || recovery.discarded_bytes > 0;
         shared.recovery = recovery;
+        // What was replayed (and a torn tail) goes behind a checkpoint at once: a crash
+        // soon after does not replay it again, and the torn tail is never counted twice.
+        if replayed && let Err(e) = shared.checkpoint() {
+            log::warn!(
+                "bfdb: the checkpoint after recovery failed (the log still holds everything): {e}"
+            );
+        }
         let shared = Arc::new(shared);
         let checkpointer = Checkpointer::start(&shared);
         Ok(Db {

@@ -76,6 +76,9 @@ pub fn open_at(
     // What recovery read may sit only in the OS page cache (the last process died
     // between a group's write and its sync): make it durable before anything is
     // appended, since new groups' durable horizons will vouch for every block read.
+    for &id in &recovered.abandoned {
+        device.remove(id)?;
+    }
     for id in device.list()? {
         device.sync(id)?;
     }

@@ -35,6 +35,9 @@ pub struct Recovered {
     pub discarded_bytes: u64,
     /// Records discarded at the tail: an incomplete or corrupt last record.
     pub discarded_records: u64,
+    /// Segments whose header never reached the disk and that hold no valid block:
+    /// created when the process stopped, never written, safe to remove.
+    pub(crate) abandoned: Vec<u64>,
 }
 
 /// The reassembly of the record stream from block payloads.
@@ -145,6 +148,7 @@ pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<R
                 if blocks.iter().any(|b| b.valid().is_some()) {
                     return Err(damaged(format!("log segment {id} has a damaged header")));
                 }
+                out.abandoned.push(id);
                 continue;
             }
         };
