@@ -57,11 +57,11 @@ pub enum Error {
     ///
     /// What still works on a [`Tree`](crate::Tree): point reads (`get`, `get_many`), which
     /// return every write acknowledged before the failure, as its dirty mini-pages stay
-    /// in memory; and scans, with one known flaw: a full scan can miss a record inserted
-    /// after the failure (an open bug). Nothing makes the tree writable again, and this
-    /// release cannot reopen its file ([`Tree::open`](crate::Tree::open) of a file that
-    /// holds a tree returns [`Error::Unsupported`]): to write again, drop the tree and
-    /// build a new one, in memory or at a new path, from the data's source of truth.
+    /// in memory; and scans. Nothing makes the tree writable again. In a
+    /// [`Db`](crate::Db), drop the database (and every handle to its trees) and open it
+    /// again: recovery brings back every write its durability level promised, from the
+    /// last checkpoint and the log. A tree on its own cannot be reopened: build a new one
+    /// from the data's source of truth.
     ///
     /// A [`PageStore`](crate::storage::PageStore) used directly keeps serving reads too;
     /// a [`FileStore`](crate::storage::FileStore) opened again continues from what its
@@ -110,8 +110,8 @@ impl fmt::Display for Error {
             Error::Poisoned { cause } => write!(
                 f,
                 "writes are refused since an earlier write or sync failed ({cause}); reads \
-                 still work, and writing again needs a new tree built from the source of \
-                 the data"
+                 still work; to write again, reopen the database (recovery restores what \
+                 was durable)"
             ),
             Error::CorruptFile { path, reason } => {
                 write!(f, "{} does not validate: {reason}", path.display())

@@ -13,37 +13,40 @@
 //! ## Example
 //!
 //! ```
-//! use bfdb::{Config, Tree};
+//! use bfdb::{Db, DbOptions, Durability, WriteBatch};
 //!
-//! // A tree on a new file; `Tree::in_memory(config)` keeps the leaf pages in memory.
 //! let dir = std::env::temp_dir().join(format!("bfdb-doc-{}", std::process::id()));
-//! std::fs::create_dir_all(&dir)?;
-//! let path = dir.join("example.bfdb");
-//! # let _ = std::fs::remove_file(&path);
-//! let config = Config {
-//!     memory_budget_bytes: 1 << 20, // the pool of mini-pages: 1 MiB
-//!     ..Config::default()
-//! };
-//! let tree = Tree::open(&path, config)?;
+//! # let _ = std::fs::remove_dir_all(&dir);
+//! // A database directory: created on first use, recovered on every open.
+//! let db = Db::open(&dir, DbOptions::default())?;
+//! let fruit = db.tree("fruit")?; // a named ordered keyspace
 //!
-//! tree.insert(b"apple", b"red")?;
-//! tree.insert(b"cherry", b"dark red")?;
-//! tree.delete(b"banana")?; // deleting an absent key is fine
-//! assert_eq!(tree.get(b"apple")?.as_deref(), Some(&b"red"[..]));
+//! fruit.insert(b"apple", b"red")?; // logged, durable within a few milliseconds
+//! fruit.insert_with(b"cherry", b"dark red", Durability::Synced)?; // durable on return
+//! fruit.delete(b"banana")?; // deleting an absent key is fine
 //!
-//! let keys: Vec<Vec<u8>> = tree
-//!     .range(&b"a"[..]..&b"d"[..])
+//! let mut batch = WriteBatch::new(); // all or nothing, even after a crash
+//! batch.insert(&fruit, b"damson", b"purple");
+//! batch.delete(&fruit, b"apple");
+//! db.write(batch)?;
+//!
+//! let keys: Vec<Vec<u8>> = fruit
+//!     .range(&b"a"[..]..&b"e"[..])
 //!     .map(|record| record.map(|(key, _value)| key))
 //!     .collect::<Result<_, _>>()?;
-//! assert_eq!(keys, [b"apple".to_vec(), b"cherry".to_vec()]);
-//! tree.flush()?; // merge buffered writes into leaf pages and sync the file
-//! println!("{:?}", tree.stats().backend); // "io_uring", "std_direct" or "std"
+//! assert_eq!(keys, [b"cherry".to_vec(), b"damson".to_vec()]);
+//! drop((fruit, db)); // a clean close takes a checkpoint
 //!
-//! drop(tree);
+//! let db = Db::open(&dir, DbOptions::default())?;
+//! assert_eq!(db.tree("fruit")?.get(b"damson")?.as_deref(), Some(&b"purple"[..]));
+//! drop(db);
 //! std::fs::remove_dir_all(&dir)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! [`Db`] is the durable front door: named keyspaces, one write-ahead log with the
+//! [`Durability`] levels, atomic [`WriteBatch`]es, checkpoints and recovery on open. A
+//! [`Tree`] on its own (`Tree::in_memory`) is the same index without a log.
 //! [`Config`] holds the knobs (memory budget, promotion rates, key and value limits,
 //! backend), [`Error`] every failure that is not a bug, and [`TreeStats`] what a tree
 //! did.
@@ -57,8 +60,8 @@
 //!   `O_DIRECT`) and a fault-injecting backend. Every page on disk carries a CRC-32C
 //!   checksum that is checked on every read.
 //! - [`wal`]: the write-ahead log (checksummed records, group commit, recovery's reading
-//!   up to a torn tail) over the [`storage::LogDevice`] segments; the durable `Db` that
-//!   will write through it is not built yet.
+//!   up to a torn tail, truncation behind checkpoints) over the [`storage::LogDevice`]
+//!   segments, which the [`Db`] writes through.
 //! - [`pool`]: the circular-buffer pool that holds mini-pages inside a fixed memory
 //!   budget and evicts from its head through a caller-supplied callback.
 //! - [`tree::node`]: the one byte layout shared by mini-pages, leaf pages and inner
@@ -66,8 +69,9 @@
 //!
 //! ## Layering
 //!
-//! Dependencies point one way: `tree` (and later `hash`) use `pool`, `storage` and
-//! `config`; `wal` uses `storage`; `pool` and `storage` use nothing else of this crate except the `sync` shim
+//! Dependencies point one way: `db` uses `tree`, `journal`, `wal` and `storage`;
+//! `tree` (and later `hash`) use `journal`, `pool`, `storage` and `config`; `journal`
+//! uses `wal`; `wal` uses `storage`; `pool` and `storage` use nothing else of this crate except the `sync` shim
 //! (std or, under the `shuttle` feature, shuttle's primitives); `config` uses only
 //! `error`. `storage` never knows what a page contains; `pool` never knows what a block
 //! holds.

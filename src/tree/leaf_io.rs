@@ -2,9 +2,10 @@
 //! reads (`read_leaf`, batched `read_leaves`), the writes (`write_leaf`, batched
 //! `write_leaves`) with their leaf-write counters and fill hints, and the tickets a
 //! reader uses to read a leaf page without its page lock and check afterwards that no
-//! write raced it. A failed write poisons the tree here. This is the gate where a
-//! future write-ahead log's rule (a leaf page reflecting a log record reaches disk only
-//! after the record is durable) belongs.
+//! write raced it. A failed write poisons the tree here. The write-ahead log's rule is
+//! not checked at these writes: in a `Db` the page store is shadow-paged, so no write
+//! here changes a page a committed checkpoint names, and the rule is enforced when a
+//! checkpoint commits (docs/design.md, "The database directory").
 //!
 //! Uses: `mini` (to find a mini-page's leaf page), `leaf`, `mapping`, `stats`.
 

@@ -2,9 +2,9 @@
 //! commit to preallocated 4 KiB-block segments on a [`LogDevice`], and read back on open
 //! up to a torn or stale tail.
 //!
-//! This is the log the database directory's durability is built on (the `Db` that writes
-//! through it, its checkpoints and its recovery come next); it is public for the tests
-//! and for those who build on it. The formats are in `format.rs` (and
+//! This is the log the database directory's durability is built on ([`crate::Db`]
+//! writes through it, and truncates it behind its checkpoints); it is public for the
+//! tests and for those who build on it. The formats are in `format.rs` (and
 //! `docs/design.md`), group commit in `writer.rs`, recovery's reading in `reader.rs`.
 //!
 //! ```
