@@ -711,8 +711,8 @@ impl Shared {
         let config = self.options.config.clone();
         let (slots, backend): (Arc<dyn SlotStore>, ActiveBackend) = match &self.pages {
             Pages::Files => {
-                let path = self.dir.join(page_file(entry.id));
-                let (store, backend) = open_file_store(&path, &config)?;
+                let (store, backend) =
+                    open_page_file(&self.dir.join(page_file(entry.id)), &config)?;
                 (Arc::new(store), backend)
             }
             Pages::Sim(sim) => (sim.store(&page_file(entry.id)), ActiveBackend::custom()),
@@ -1176,6 +1176,32 @@ fn load_checkpoints(
         return Err(e);
     }
     Ok(loaded)
+}
+
+/// How long opening a page file waits for the IO of a process that died holding it.
+const PAGE_FILE_RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// Opens a keyspace's page file. The directory's lock is held, so no live database has
+/// the file open; if its own lock is still held, a process that held it died with IO in
+/// flight (io_uring requests outlive their process until the kernel tears its ring
+/// down, and the lock goes with the last of them). Those writes must land before this
+/// process reuses the slots they target, so the open waits for the lock, a bounded time.
+fn open_page_file(
+    path: &Path,
+    config: &Config,
+) -> Result<(crate::storage::FileStore, ActiveBackend)> {
+    let started = Instant::now();
+    loop {
+        match open_file_store(path, config) {
+            Err(Error::Io(e))
+                if e.kind() == io::ErrorKind::WouldBlock
+                    && started.elapsed() < PAGE_FILE_RELEASE_WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The page file of keyspace `id`.
