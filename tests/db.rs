@@ -649,3 +649,26 @@ fn a_background_checkpoint_runs_when_the_log_grows() {
     }
     assert!(db.stats().checkpoint_generation > 0);
 }
+
+#[test]
+fn a_missing_or_truncated_page_file_is_an_error_not_an_empty_keyspace() {
+    for damage in ["remove", "truncate"] {
+        let dir = checkpointed(3000, 1);
+        let pages = dir.path().join("ks-00000001.pages");
+        match damage {
+            "remove" => std::fs::remove_file(&pages).unwrap(),
+            _ => {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&pages)
+                    .unwrap();
+                f.set_len(3 * 4096).unwrap();
+            }
+        }
+        let err = Db::open(dir.path(), small()).unwrap_err();
+        assert!(
+            matches!(&err, Error::CorruptFile { path, .. } if path == &pages),
+            "{damage}: {err:?}"
+        );
+    }
+}

@@ -418,7 +418,7 @@ impl Db {
             Some(m) => m,
             None => create_manifest(dir, &options, &*device)?,
         };
-        let manifest = check_limits(dir, manifest, &options.config)?;
+        let (manifest, raised) = check_limits(dir, manifest, &options.config)?;
         let mut recovery = RecoveryStats::default();
         let loaded = load_checkpoints(dir, &manifest, &mut recovery)?;
         let position = loaded
@@ -462,6 +462,11 @@ impl Db {
         };
         shared.restore(&manifest, &loaded, &mut recovery)?;
         shared.replay(&recovered.records, &mut recovery)?;
+        if raised {
+            // Larger limits are recorded (durably, before a write can use them) only
+            // once the database has validated.
+            manifest.store(dir)?;
+        }
         shared.remove_stale_files(&manifest)?;
         recovery.duration = started.elapsed();
         log::info!(
@@ -709,6 +714,28 @@ impl Shared {
         pinned: &[PinSet],
     ) -> Result<Keyspace> {
         let config = self.options.config.clone();
+        if let (Pages::Files, Some(ks)) = (&self.pages, leaves) {
+            // A checkpoint's pages must be there: a missing or cut page file is an
+            // error, never a keyspace read as empty.
+            let path = self.dir.join(page_file(entry.id));
+            let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+            let need = ks
+                .leaves
+                .iter()
+                .map(|(_, slot)| slot + 1)
+                .max()
+                .unwrap_or(0)
+                * 4096;
+            if len < need {
+                return Err(Error::CorruptFile {
+                    path,
+                    reason: format!(
+                        "{len} bytes, but the checkpoint records pages up to byte {need} \
+                         (missing or truncated)"
+                    ),
+                });
+            }
+        }
         let (slots, backend): (Arc<dyn SlotStore>, ActiveBackend) = match &self.pages {
             Pages::Files => {
                 let (store, backend) =
@@ -984,6 +1011,11 @@ impl Shared {
         let mut c = self.checkpoints.lock();
         let generation = c.next_generation;
         c.next_generation += 1;
+        // 1. The log position: every record below it is in its tree.
+        let position = self.journal.quiesce(|| self.journal.log().position());
+        // The keyspaces after the position: one created before it (and so possibly
+        // written below it) is in the catalog by now; one created later has no record
+        // below it, and recovery starts it empty and replays all of it.
         let keyspaces: Vec<(u32, Keyspace)> = self
             .catalog
             .read()
@@ -991,8 +1023,6 @@ impl Shared {
             .iter()
             .map(|(id, k)| (*id, k.clone()))
             .collect();
-        // 1. The log position: every record below it is in its tree.
-        let position = self.journal.quiesce(|| self.journal.log().position());
         // 2. Every record in a tree's memory reaches its pages (copy-on-write of pinned
         //    slots keeps the kept checkpoints' pages as they were).
         for (_, ks) in &keyspaces {
@@ -1109,10 +1139,9 @@ impl Shared {
     }
 }
 
-/// Refuses options whose key or value limit is below what the database may hold, and
-/// records larger limits in the manifest (durably, before anything is written under
-/// them).
-fn check_limits(dir: &Path, mut manifest: Manifest, config: &Config) -> Result<Manifest> {
+/// Refuses options whose key or value limit is below what the database may hold; with
+/// larger ones, returns the manifest recording them and `true` (the caller stores it).
+fn check_limits(dir: &Path, mut manifest: Manifest, config: &Config) -> Result<(Manifest, bool)> {
     let (key, value) = (config.max_key_bytes as u64, config.max_value_bytes as u64);
     if key < u64::from(manifest.max_key_bytes) || value < u64::from(manifest.max_value_bytes) {
         return Err(Error::InvalidConfig(format!(
@@ -1123,12 +1152,13 @@ fn check_limits(dir: &Path, mut manifest: Manifest, config: &Config) -> Result<M
             manifest.max_value_bytes
         )));
     }
-    if key > u64::from(manifest.max_key_bytes) || value > u64::from(manifest.max_value_bytes) {
+    let raised =
+        key > u64::from(manifest.max_key_bytes) || value > u64::from(manifest.max_value_bytes);
+    if raised {
         manifest.max_key_bytes = u32::try_from(key).unwrap_or(u32::MAX);
         manifest.max_value_bytes = u32::try_from(value).unwrap_or(u32::MAX);
-        manifest.store(dir)?;
     }
-    Ok(manifest)
+    Ok((manifest, raised))
 }
 
 /// The checkpoints the manifest names that validate, newest first: the first is the
