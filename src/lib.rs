@@ -94,6 +94,8 @@ pub mod tree;
 pub mod wal;
 
 pub use config::{Backend, Config};
+#[doc(hidden)]
+pub use db::fuzz_decode_files;
 pub use db::{CheckpointCrashPoint, Db, DbOptions, DbStats, RecoveryStats, WriteBatch};
 pub use error::{Error, Result};
 pub use journal::Durability;

@@ -1234,6 +1234,28 @@ fn open_page_file(
     }
 }
 
+/// Decodes `bytes` as a manifest and as a checkpoint file, for the fuzz target
+/// `db_files`: each must answer `Ok` or `Err`, never panic; a decoded file must encode
+/// back to exactly `bytes`.
+#[doc(hidden)]
+pub fn fuzz_decode_files(bytes: &[u8]) {
+    let path = Path::new("fuzz");
+    if let Ok(m) = Manifest::decode(path, bytes) {
+        assert_eq!(
+            m.encode(),
+            bytes,
+            "a manifest that decodes encodes back as it was"
+        );
+    }
+    if let Ok(c) = Checkpoint::decode(path, bytes) {
+        assert_eq!(
+            c.encode(),
+            bytes,
+            "a checkpoint that decodes encodes back as it was"
+        );
+    }
+}
+
 /// The page file of keyspace `id`.
 fn page_file(id: u32) -> String {
     format!("ks-{id:08x}.pages")
