@@ -1009,8 +1009,18 @@ impl Shared {
     fn checkpoint(&self) -> Result<()> {
         let started = Instant::now();
         let mut c = self.checkpoints.lock();
-        let generation = c.next_generation;
-        c.next_generation += 1;
+        // A generation whose pin bit no kept checkpoint has: failed checkpoints use up
+        // generations, and the ninth after a kept one would share its bit (unpinning it
+        // on failure, or retiring that kept one, would then release the other's pages).
+        let mut generation = c.next_generation;
+        while c
+            .kept
+            .iter()
+            .any(|k| PinSet::share_bit(k.generation, generation))
+        {
+            generation += 1;
+        }
+        c.next_generation = generation + 1;
         // 1. The log position: every record below it is in its tree.
         let position = self.journal.quiesce(|| self.journal.log().position());
         // The keyspaces after the position: one created before it (and so possibly
@@ -1083,7 +1093,14 @@ impl Shared {
         let keep = KEPT_CHECKPOINTS.min(c.kept.len());
         let retired: Vec<Kept> = c.kept.drain(keep..).collect();
         for old in &retired {
-            for (id, ks) in &keyspaces {
+            // Two kept checkpoints of an older build can share a pin bit: unpinning the
+            // retired one would release the other's slots. Its orphans then stay until
+            // the next open, which pins only what the manifest names.
+            let shared = c
+                .kept
+                .iter()
+                .any(|k| PinSet::share_bit(k.generation, old.generation));
+            for (id, ks) in keyspaces.iter().filter(|_| !shared) {
                 if let Some(set) = old.pins.get(id) {
                     ks.shadow.unpin(set)?;
                 }
