@@ -462,12 +462,30 @@ impl Db {
         };
         shared.restore(&manifest, &loaded, &mut recovery)?;
         shared.replay(&recovered.records, &mut recovery)?;
-        if raised {
-            // Larger limits are recorded (durably, before a write can use them) only
-            // once the database has validated.
-            manifest.store(dir)?;
+        // The newest checkpoint any manifest committed: files above it never were.
+        let committed = manifest.checkpoints.first().map_or(0, |c| c.generation);
+        let mut manifest = manifest;
+        // A checkpoint the manifest names but recovery could not load is not pinned:
+        // its slots are reused from now on, so no later open may load it (a read that
+        // failed once may succeed then). The manifest names only those loaded; the
+        // file is left in place.
+        let skipped = loaded.len() < manifest.checkpoints.len();
+        if skipped {
+            manifest.checkpoints = loaded
+                .iter()
+                .map(|c| CheckpointRef {
+                    generation: c.generation,
+                    position: c.position,
+                })
+                .collect();
         }
-        shared.remove_stale_files(&manifest)?;
+        if raised || skipped {
+            // Larger limits are recorded (durably, before a write can use them) only
+            // once the database has validated, as is the list of usable checkpoints.
+            manifest.store(dir)?;
+            shared.catalog.get_mut().manifest = manifest.clone();
+        }
+        shared.remove_stale_files(&manifest, committed)?;
         recovery.duration = started.elapsed();
         log::info!(
             "bfdb: opened {} in {:?}: checkpoint {}, {} log records replayed ({} bytes), {} \
@@ -817,11 +835,12 @@ impl Shared {
         Ok(())
     }
 
-    /// Removes what a crash or a drop left behind: temporary files, checkpoints the
-    /// manifest never named, and page files of keyspaces it does not list. Damaged
-    /// checkpoint files it names are left for their owner to look at.
-    fn remove_stale_files(&self, manifest: &Manifest) -> Result<()> {
-        let newest = manifest.checkpoints.first().map_or(0, |c| c.generation);
+    /// Removes what a crash or a drop left behind: temporary files, checkpoint files
+    /// above `newest` (the newest checkpoint the manifest named at the open: those were
+    /// never committed), and page files of keyspaces `manifest` does not list. A
+    /// damaged checkpoint file recovery skipped is left for its owner to look at (until
+    /// an open finds it above the newest the manifest names).
+    fn remove_stale_files(&self, manifest: &Manifest, newest: u64) -> Result<()> {
         let live_pages: Vec<String> = manifest
             .keyspaces
             .values()
