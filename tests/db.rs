@@ -765,3 +765,53 @@ fn a_checkpoint_skipped_by_one_open_is_never_loaded_by_a_later_one() {
     }
     assert_eq!(t.range::<&[u8], _>(..).count(), expected);
 }
+
+/// A checkpoint whose page slot is out of any range (checksum made right, as a bug or
+/// a crafted file could write it) is an error naming a file, never a panic.
+#[test]
+fn a_checkpoint_naming_an_impossible_page_slot_is_an_error() {
+    for slot in [u64::MAX, u64::MAX / 4096, 1 << 40] {
+        let dir = checkpointed(500, 1);
+        let file = checkpoint_files(dir.path()).pop().unwrap();
+        let mut bytes = std::fs::read(&file).unwrap();
+        // magic, version, generation, position, keyspace count, id, leaf count: the
+        // first leaf's slot follows.
+        bytes[52..60].copy_from_slice(&slot.to_le_bytes());
+        let body = bytes.len() - 12;
+        let crc = crc32c::crc32c(&bytes[..body]);
+        bytes[body + 8..].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&file, &bytes).unwrap();
+        let err = Db::open(dir.path(), small()).unwrap_err();
+        assert!(
+            matches!(err, Error::CorruptFile { .. }),
+            "slot {slot}: {err:?}"
+        );
+    }
+}
+
+/// A manifest and checkpoint of the largest generation (checksums right) are refused as
+/// corrupt, never a panic computing the next generation.
+#[test]
+fn a_checkpoint_generation_at_the_end_of_the_range_is_an_error() {
+    let dir = checkpointed(500, 1);
+    let file = checkpoint_files(dir.path()).pop().unwrap();
+    let generation = u64::MAX;
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[12..20].copy_from_slice(&generation.to_le_bytes());
+    let body = bytes.len() - 12;
+    let crc = crc32c::crc32c(&bytes[..body]);
+    bytes[body + 8..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(dir.path().join(format!("ckpt-{generation:016x}")), &bytes).unwrap();
+    let manifest = dir.path().join("MANIFEST");
+    let mut bytes = std::fs::read(&manifest).unwrap();
+    // Header (20), next id, limits, keyspace count (16), keyspace "t" (8), checkpoint
+    // count (1): the newest checkpoint's generation follows.
+    assert_eq!(bytes[44], 1, "one checkpoint named");
+    bytes[45..53].copy_from_slice(&generation.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[20..]);
+    bytes[12..16].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&manifest, &bytes).unwrap();
+    let err = Db::open(dir.path(), small()).unwrap_err();
+    assert!(matches!(err, Error::CorruptFile { .. }), "{err:?}");
+}

@@ -740,10 +740,10 @@ impl Shared {
             let need = ks
                 .leaves
                 .iter()
-                .map(|(_, slot)| slot + 1)
+                .map(|(_, slot)| slot.saturating_add(1))
                 .max()
                 .unwrap_or(0)
-                * 4096;
+                .saturating_mul(4096);
             if len < need {
                 return Err(Error::CorruptFile {
                     path,

@@ -188,6 +188,13 @@ impl ShadowStore {
         for set in pinned {
             live.extend(set.slots.iter().copied());
         }
+        // Slots from a file: out of range is an error before the inner store grows.
+        if live
+            .last()
+            .is_some_and(|&slot| slot >= (CHUNK * MAX_CHUNKS) as u64)
+        {
+            return Err(too_many());
+        }
         inner.set_allocated(&live)?;
         let store = ShadowStore::over(inner);
         let mut logical = Vec::with_capacity(pages.len());
