@@ -815,3 +815,26 @@ fn a_checkpoint_generation_at_the_end_of_the_range_is_an_error() {
     let err = Db::open(dir.path(), small()).unwrap_err();
     assert!(matches!(err, Error::CorruptFile { .. }), "{err:?}");
 }
+
+/// A batch is logged even at `Unlogged` (`Db::write_with`), a batch of one write too:
+/// the journal's shortcut for single unlogged writes used to skip its record.
+#[test]
+fn a_batch_of_one_write_is_logged_even_at_unlogged() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = || small().checkpoint_on_close(false);
+    {
+        let db = Db::open(dir.path(), small()).unwrap();
+        let t = db.tree("t").unwrap();
+        let mut batch = WriteBatch::new();
+        batch.insert(&t, b"one", b"1");
+        db.write_with(batch, Durability::Unlogged).unwrap();
+        let mut batch = WriteBatch::new();
+        batch.insert(&t, b"two", b"2");
+        batch.insert(&t, b"three", b"3");
+        db.write_with(batch, Durability::Unlogged).unwrap();
+    }
+    let db = Db::open(dir.path(), small()).unwrap();
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.get(b"two").unwrap().as_deref(), Some(&b"2"[..]));
+    assert_eq!(t.get(b"one").unwrap().as_deref(), Some(&b"1"[..]));
+}

@@ -989,6 +989,12 @@ impl Shared {
                 },
             })
             .collect();
+        // A batch is logged whatever the level, a batch of one write too (the journal
+        // logs no single write at `Unlogged`).
+        let durability = match durability {
+            Durability::Unlogged => Durability::Logged,
+            level => level,
+        };
         self.journal.commit(&ops, durability, || {
             for (op, tree) in batch.ops.iter().zip(&trees) {
                 tree.write_unlogged(&op.key, op.value.as_deref())?;
