@@ -672,3 +672,169 @@ fn a_missing_or_truncated_page_file_is_an_error_not_an_empty_keyspace() {
         );
     }
 }
+
+/// After recovery fell back past a damaged newest checkpoint, the manifest must name
+/// the checkpoint recovery used (whose pages stay pinned) as the fallback, not the
+/// damaged one: the post-recovery checkpoint used to commit [new, damaged], so a
+/// damaged new one then had nothing to fall back to although the older one was intact.
+#[test]
+fn after_a_fallback_the_older_intact_checkpoint_is_still_the_fallback() {
+    let dir = checkpointed(5000, 3);
+    let damage = |file: &Path| {
+        let mut bytes = std::fs::read(file).unwrap();
+        bytes[100] ^= 0x04;
+        std::fs::write(file, &bytes).unwrap();
+    };
+    damage(checkpoint_files(dir.path()).last().unwrap());
+    {
+        let db = Db::open(dir.path(), small().checkpoint_on_close(false)).unwrap();
+        assert_eq!(db.recovery().checkpoint_fallbacks, 1);
+        expect_checkpointed(&db, 5000, 3);
+        assert!(db.stats().checkpoints > 0, "no checkpoint after recovery");
+    }
+    // The post-recovery checkpoint's file is damaged too.
+    damage(checkpoint_files(dir.path()).last().unwrap());
+    let db = Db::open(dir.path(), small()).unwrap();
+    assert_eq!(db.recovery().checkpoint_fallbacks, 1);
+    expect_checkpointed(&db, 5000, 3);
+}
+
+/// A newest checkpoint that could not be read at one open (here: its path is a
+/// directory for a moment) is not pinned by that open, so its slots are reused; a later
+/// open must never load it again. The manifest used to keep naming it.
+#[test]
+fn a_checkpoint_skipped_by_one_open_is_never_loaded_by_a_later_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = || small().checkpoint_on_close(false);
+    {
+        let db = Db::open(dir.path(), small()).unwrap();
+        let t = db.tree("t").unwrap();
+        for i in 0..3000 {
+            t.insert(&key(i), b"logged").unwrap();
+        }
+        db.checkpoint().unwrap();
+        // Unlogged: the log after the first checkpoint stays empty, so the open that
+        // falls back replays nothing and takes no checkpoint.
+        for i in 0..3000 {
+            let mut k = key(i);
+            k.push(b'u');
+            t.insert_with(&k, &[7; 60], Durability::Unlogged).unwrap();
+        }
+        db.checkpoint().unwrap();
+    }
+    let newest = checkpoint_files(dir.path()).pop().unwrap();
+    let aside = dir.path().join("aside");
+    std::fs::rename(&newest, &aside).unwrap();
+    std::fs::create_dir(&newest).unwrap();
+    {
+        let db = Db::open(dir.path(), small()).unwrap();
+        assert_eq!(db.recovery().checkpoint_fallbacks, 1);
+        let t = db.tree("t").unwrap();
+        for i in 0..3000 {
+            let mut k = key(i);
+            k.push(b'v');
+            t.insert(&k, &[9; 60]).unwrap();
+        }
+        t.flush().unwrap();
+    }
+    std::fs::remove_dir(&newest).unwrap();
+    std::fs::rename(&aside, &newest).unwrap();
+    let db = Db::open(dir.path(), small()).unwrap();
+    let t = db.tree("t").unwrap();
+    let mut expected = 0;
+    for i in 0..3000 {
+        assert_eq!(
+            t.get(&key(i)).unwrap().as_deref(),
+            Some(&b"logged"[..]),
+            "key {i}"
+        );
+        let mut k = key(i);
+        k.push(b'v');
+        assert_eq!(
+            t.get(&k).unwrap().as_deref(),
+            Some(&[9; 60][..]),
+            "key {i}v"
+        );
+        expected += 2;
+        k.pop();
+        k.push(b'u');
+        // Gone with the checkpoint that was skipped, or there whole: never in part.
+        if t.get(&k).unwrap().is_some() {
+            expected += 1;
+        }
+    }
+    assert_eq!(t.range::<&[u8], _>(..).count(), expected);
+}
+
+/// A checkpoint whose page slot is out of any range (checksum made right, as a bug or
+/// a crafted file could write it) is an error naming a file, never a panic.
+#[test]
+fn a_checkpoint_naming_an_impossible_page_slot_is_an_error() {
+    for slot in [u64::MAX, u64::MAX / 4096, 1 << 40] {
+        let dir = checkpointed(500, 1);
+        let file = checkpoint_files(dir.path()).pop().unwrap();
+        let mut bytes = std::fs::read(&file).unwrap();
+        // magic, version, generation, position, keyspace count, id, leaf count: the
+        // first leaf's slot follows.
+        bytes[52..60].copy_from_slice(&slot.to_le_bytes());
+        let body = bytes.len() - 12;
+        let crc = crc32c::crc32c(&bytes[..body]);
+        bytes[body + 8..].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&file, &bytes).unwrap();
+        let err = Db::open(dir.path(), small()).unwrap_err();
+        assert!(
+            matches!(err, Error::CorruptFile { .. }),
+            "slot {slot}: {err:?}"
+        );
+    }
+}
+
+/// A manifest and checkpoint of the largest generation (checksums right) are refused as
+/// corrupt, never a panic computing the next generation.
+#[test]
+fn a_checkpoint_generation_at_the_end_of_the_range_is_an_error() {
+    let dir = checkpointed(500, 1);
+    let file = checkpoint_files(dir.path()).pop().unwrap();
+    let generation = u64::MAX;
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[12..20].copy_from_slice(&generation.to_le_bytes());
+    let body = bytes.len() - 12;
+    let crc = crc32c::crc32c(&bytes[..body]);
+    bytes[body + 8..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(dir.path().join(format!("ckpt-{generation:016x}")), &bytes).unwrap();
+    let manifest = dir.path().join("MANIFEST");
+    let mut bytes = std::fs::read(&manifest).unwrap();
+    // Header (20), next id, limits, keyspace count (16), keyspace "t" (8), checkpoint
+    // count (1): the newest checkpoint's generation follows.
+    assert_eq!(bytes[44], 1, "one checkpoint named");
+    bytes[45..53].copy_from_slice(&generation.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[20..]);
+    bytes[12..16].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&manifest, &bytes).unwrap();
+    let err = Db::open(dir.path(), small()).unwrap_err();
+    assert!(matches!(err, Error::CorruptFile { .. }), "{err:?}");
+}
+
+/// A batch is logged even at `Unlogged` (`Db::write_with`), a batch of one write too:
+/// the journal's shortcut for single unlogged writes used to skip its record.
+#[test]
+fn a_batch_of_one_write_is_logged_even_at_unlogged() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = || small().checkpoint_on_close(false);
+    {
+        let db = Db::open(dir.path(), small()).unwrap();
+        let t = db.tree("t").unwrap();
+        let mut batch = WriteBatch::new();
+        batch.insert(&t, b"one", b"1");
+        db.write_with(batch, Durability::Unlogged).unwrap();
+        let mut batch = WriteBatch::new();
+        batch.insert(&t, b"two", b"2");
+        batch.insert(&t, b"three", b"3");
+        db.write_with(batch, Durability::Unlogged).unwrap();
+    }
+    let db = Db::open(dir.path(), small()).unwrap();
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.get(b"two").unwrap().as_deref(), Some(&b"2"[..]));
+    assert_eq!(t.get(b"one").unwrap().as_deref(), Some(&b"1"[..]));
+}

@@ -15,7 +15,7 @@
 //!           keyspace count (u32)
 //!           per keyspace: id (u32), kind (u8: 1 = tree), name length (u16), name (UTF-8)
 //!           checkpoint count (u8, at most 2), newest first
-//!           per checkpoint: generation (u64), log position block (u64) and sequence
+//!           per checkpoint: generation (u64, at most 2^62), log position block (u64) and sequence
 //!                           number (u64)
 //! ```
 //!
@@ -74,6 +74,10 @@ pub(crate) struct CheckpointRef {
     /// Where recovery from it starts reading the log.
     pub(crate) position: LogPosition,
 }
+
+/// The largest checkpoint generation a manifest names: far beyond any database's
+/// life, and far enough below `u64::MAX` that the next ones never overflow.
+pub(crate) const MAX_GENERATION: u64 = 1 << 62;
 
 /// Checkpoints a manifest names at most: the newest and the one before, to fall back to.
 pub(crate) const KEPT_CHECKPOINTS: usize = 2;
@@ -243,6 +247,11 @@ impl Manifest {
         let mut checkpoints = Vec::with_capacity(count);
         for _ in 0..count {
             let generation = r.u64().ok_or_else(truncated)?;
+            if generation > MAX_GENERATION {
+                return Err(format!(
+                    "checkpoint generation {generation} is out of range"
+                ));
+            }
             let position = LogPosition {
                 block: r.u64().ok_or_else(truncated)?,
                 seq: r.u64().ok_or_else(truncated)?,

@@ -462,12 +462,30 @@ impl Db {
         };
         shared.restore(&manifest, &loaded, &mut recovery)?;
         shared.replay(&recovered.records, &mut recovery)?;
-        if raised {
-            // Larger limits are recorded (durably, before a write can use them) only
-            // once the database has validated.
-            manifest.store(dir)?;
+        // The newest checkpoint any manifest committed: files above it never were.
+        let committed = manifest.checkpoints.first().map_or(0, |c| c.generation);
+        let mut manifest = manifest;
+        // A checkpoint the manifest names but recovery could not load is not pinned:
+        // its slots are reused from now on, so no later open may load it (a read that
+        // failed once may succeed then). The manifest names only those loaded; the
+        // file is left in place.
+        let skipped = loaded.len() < manifest.checkpoints.len();
+        if skipped {
+            manifest.checkpoints = loaded
+                .iter()
+                .map(|c| CheckpointRef {
+                    generation: c.generation,
+                    position: c.position,
+                })
+                .collect();
         }
-        shared.remove_stale_files(&manifest)?;
+        if raised || skipped {
+            // Larger limits are recorded (durably, before a write can use them) only
+            // once the database has validated, as is the list of usable checkpoints.
+            manifest.store(dir)?;
+            shared.catalog.get_mut().manifest = manifest.clone();
+        }
+        shared.remove_stale_files(&manifest, committed)?;
         recovery.duration = started.elapsed();
         log::info!(
             "bfdb: opened {} in {:?}: checkpoint {}, {} log records replayed ({} bytes), {} \
@@ -722,10 +740,10 @@ impl Shared {
             let need = ks
                 .leaves
                 .iter()
-                .map(|(_, slot)| slot + 1)
+                .map(|(_, slot)| slot.saturating_add(1))
                 .max()
                 .unwrap_or(0)
-                * 4096;
+                .saturating_mul(4096);
             if len < need {
                 return Err(Error::CorruptFile {
                     path,
@@ -817,11 +835,12 @@ impl Shared {
         Ok(())
     }
 
-    /// Removes what a crash or a drop left behind: temporary files, checkpoints the
-    /// manifest never named, and page files of keyspaces it does not list. Damaged
-    /// checkpoint files it names are left for their owner to look at.
-    fn remove_stale_files(&self, manifest: &Manifest) -> Result<()> {
-        let newest = manifest.checkpoints.first().map_or(0, |c| c.generation);
+    /// Removes what a crash or a drop left behind: temporary files, checkpoint files
+    /// above `newest` (the newest checkpoint the manifest named at the open: those were
+    /// never committed), and page files of keyspaces `manifest` does not list. A
+    /// damaged checkpoint file recovery skipped is left for its owner to look at (until
+    /// an open finds it above the newest the manifest names).
+    fn remove_stale_files(&self, manifest: &Manifest, newest: u64) -> Result<()> {
         let live_pages: Vec<String> = manifest
             .keyspaces
             .values()
@@ -970,6 +989,12 @@ impl Shared {
                 },
             })
             .collect();
+        // A batch is logged whatever the level, a batch of one write too (the journal
+        // logs no single write at `Unlogged`).
+        let durability = match durability {
+            Durability::Unlogged => Durability::Logged,
+            level => level,
+        };
         self.journal.commit(&ops, durability, || {
             for (op, tree) in batch.ops.iter().zip(&trees) {
                 tree.write_unlogged(&op.key, op.value.as_deref())?;
@@ -1009,8 +1034,18 @@ impl Shared {
     fn checkpoint(&self) -> Result<()> {
         let started = Instant::now();
         let mut c = self.checkpoints.lock();
-        let generation = c.next_generation;
-        c.next_generation += 1;
+        // A generation whose pin bit no kept checkpoint has: failed checkpoints use up
+        // generations, and the ninth after a kept one would share its bit (unpinning it
+        // on failure, or retiring that kept one, would then release the other's pages).
+        let mut generation = c.next_generation;
+        while c
+            .kept
+            .iter()
+            .any(|k| PinSet::share_bit(k.generation, generation))
+        {
+            generation += 1;
+        }
+        c.next_generation = generation + 1;
         // 1. The log position: every record below it is in its tree.
         let position = self.journal.quiesce(|| self.journal.log().position());
         // The keyspaces after the position: one created before it (and so possibly
@@ -1083,7 +1118,14 @@ impl Shared {
         let keep = KEPT_CHECKPOINTS.min(c.kept.len());
         let retired: Vec<Kept> = c.kept.drain(keep..).collect();
         for old in &retired {
-            for (id, ks) in &keyspaces {
+            // Two kept checkpoints of an older build can share a pin bit: unpinning the
+            // retired one would release the other's slots. Its orphans then stay until
+            // the next open, which pins only what the manifest names.
+            let shared = c
+                .kept
+                .iter()
+                .any(|k| PinSet::share_bit(k.generation, old.generation));
+            for (id, ks) in keyspaces.iter().filter(|_| !shared) {
                 if let Some(set) = old.pins.get(id) {
                     ks.shadow.unpin(set)?;
                 }

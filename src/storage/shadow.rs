@@ -98,8 +98,9 @@ impl<T> Drop for Chunks<T> {
 }
 
 /// The bit of checkpoint generation `generation` in a pin mask. Three generations are
-/// pinned at most at once (the two kept and the one being taken), so eight bits never
-/// alias two of them.
+/// pinned at most at once (the two kept and the one being taken); the caller picks a new
+/// generation whose bit no kept one has ([`PinSet::share_bit`]), since an unpin clears
+/// the bit from every slot of its set, whoever else pinned it with that bit.
 fn pin_bit(generation: u64) -> u8 {
     1 << (generation % 8)
 }
@@ -111,6 +112,14 @@ pub struct PinSet {
     pub generation: u64,
     /// Its slots.
     pub slots: Vec<u64>,
+}
+
+impl PinSet {
+    /// Whether checkpoint generations `a` and `b` pin with the same bit: two such must
+    /// never be pinned at once, or unpinning one releases the other's slots.
+    pub fn share_bit(a: u64, b: u64) -> bool {
+        pin_bit(a) == pin_bit(b)
+    }
 }
 
 /// A page store of logical pages over the physical slots of a [`SlotStore`], with
@@ -178,6 +187,13 @@ impl ShadowStore {
         }
         for set in pinned {
             live.extend(set.slots.iter().copied());
+        }
+        // Slots from a file: out of range is an error before the inner store grows.
+        if live
+            .last()
+            .is_some_and(|&slot| slot >= (CHUNK * MAX_CHUNKS) as u64)
+        {
+            return Err(too_many());
         }
         inner.set_allocated(&live)?;
         let store = ShadowStore::over(inner);
