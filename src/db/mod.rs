@@ -1094,15 +1094,23 @@ impl Shared {
         });
         let committed = captured
             .and_then(|()| self.crash_point(CheckpointCrashPoint::AfterCapture))
+            .map_err(Uncommitted::Before)
             .and_then(|()| self.commit_checkpoint(&keyspaces, &ckpt));
-        if let Err(e) = committed {
-            // Not committed: its pins protect nothing.
-            for (id, ks) in &keyspaces {
-                if let Some(set) = pins.get(id) {
-                    let _ = ks.shadow.unpin(set);
+        match committed {
+            Ok(()) => {}
+            Err(Uncommitted::Before(e)) => {
+                // Not committed: its pins protect nothing.
+                for (id, ks) in &keyspaces {
+                    if let Some(set) = pins.get(id) {
+                        let _ = ks.shadow.unpin(set);
+                    }
                 }
+                return Err(e);
             }
-            return Err(e);
+            // The manifest's replacement failed, perhaps after its rename (a failed
+            // directory sync): the manifest on disk may name this checkpoint. Its pins
+            // stay (its slots are held until the next open, which knows).
+            Err(Uncommitted::Maybe(e)) => return Err(e),
         }
         self.crash_point(CheckpointCrashPoint::AfterCommit)?;
         // 4. Keep the newest two; release the one that falls out, and the log only it
@@ -1155,16 +1163,24 @@ impl Shared {
     /// Makes the captured checkpoint durable and commits it: page files synced, the log
     /// durable through every record a captured page may reflect (the WAL rule), the
     /// checkpoint file written, and the manifest naming it.
-    fn commit_checkpoint(&self, keyspaces: &[(u32, Keyspace)], ckpt: &Checkpoint) -> Result<()> {
-        for (_, ks) in keyspaces {
-            use crate::storage::PageStore;
-            ks.shadow.sync().map_err(Error::from)?;
-        }
-        self.crash_point(CheckpointCrashPoint::AfterPageSync)?;
-        self.journal.persist()?;
-        self.crash_point(CheckpointCrashPoint::AfterLogFlush)?;
-        ckpt.store(&self.dir)?;
-        self.crash_point(CheckpointCrashPoint::AfterCheckpointFile)?;
+    fn commit_checkpoint(
+        &self,
+        keyspaces: &[(u32, Keyspace)],
+        ckpt: &Checkpoint,
+    ) -> std::result::Result<(), Uncommitted> {
+        let before = || -> std::result::Result<(), Uncommitted> {
+            for (_, ks) in keyspaces {
+                use crate::storage::PageStore;
+                ks.shadow.sync().map_err(Error::from)?;
+            }
+            self.crash_point(CheckpointCrashPoint::AfterPageSync)?;
+            self.journal.persist()?;
+            self.crash_point(CheckpointCrashPoint::AfterLogFlush)?;
+            ckpt.store(&self.dir)?;
+            self.crash_point(CheckpointCrashPoint::AfterCheckpointFile)?;
+            Ok(())
+        };
+        before()?;
         let mut catalog = self.catalog.write();
         let mut manifest = catalog.manifest.clone();
         manifest.checkpoints.insert(
@@ -1175,9 +1191,24 @@ impl Shared {
             },
         );
         manifest.checkpoints.truncate(KEPT_CHECKPOINTS);
-        manifest.store(&self.dir)?;
+        manifest.store(&self.dir).map_err(Uncommitted::Maybe)?;
         catalog.manifest = manifest;
         Ok(())
+    }
+}
+
+/// Why a checkpoint did not commit.
+enum Uncommitted {
+    /// It failed before the manifest was touched: nothing names it.
+    Before(Error),
+    /// Replacing the manifest failed, possibly after the manifest on disk came to name
+    /// it.
+    Maybe(Error),
+}
+
+impl From<Error> for Uncommitted {
+    fn from(e: Error) -> Uncommitted {
+        Uncommitted::Before(e)
     }
 }
 
