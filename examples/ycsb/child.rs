@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 use crate::Options;
-use crate::engines::{self, Engine, OpenOptions};
+use crate::engines::{self, Engine, EngineSpec, OpenOptions};
 use crate::keygen::{Chooser, Hotspot, Op, Rng, Workload, Zipf, key_into, value_into};
-use crate::report::{LoadRow, RunRow};
+use crate::report::{LoadRow, RecoveryRow, RunRow};
 
 /// Bytes this process has read from and written to the block layer (`/proc/self/io`),
 /// including exited threads; zeros where the file is unavailable.
@@ -42,6 +42,26 @@ fn process_cpu_secs() -> f64 {
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
+/// Cache flushes completed by the disk that holds `dir` (`/proc/diskstats`, field 16
+/// after the device name: kernels from 5.5 on); `None` where that cannot be read. The
+/// count is the whole disk's, every process's flushes included.
+pub fn disk_flushes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir).ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let text = std::fs::read_to_string("/proc/diskstats").ok()?;
+    text.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let ours = fields.first()?.parse::<u32>().ok()? == major
+            && fields.get(1)?.parse::<u32>().ok()? == minor;
+        if !ours {
+            return None;
+        }
+        // major, minor, name, then the statistics; flushes completed is the 15th.
+        fields.get(3 + 14)?.parse().ok()
+    })
+}
+
 /// Peak resident set size (`VmHWM`) in bytes.
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -65,24 +85,12 @@ const LOAD_BATCH: u64 = 1000;
 
 /// Runs the child: waits for the parent's go-ahead on stdin (the parent moves it into a
 /// cgroup first), then loads and runs.
-pub fn main(options: &Options, engine_name: &str) -> Result<(), String> {
-    let mut go = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut go)
-        .map_err(|e| format!("waiting for the go-ahead: {e}"))?;
-    let open = OpenOptions {
-        budget_bytes: options.memory_mib << 20,
-        dir: options.dir.clone().ok_or("the child needs --dir")?,
-        direct_io: options.direct_io,
-        in_memory: options.in_memory,
-        bftree_io_uring: options.bftree_io_uring,
-        bfdb_backend: options.bfdb_backend.clone(),
-        key_bytes: options.key_bytes,
-        value_bytes: options.value_bytes,
-    };
-    let engine = engines::open(engine_name, &open)?;
-    let load = load(&*engine, engine_name, options, &open)?;
+pub fn main(options: &Options, spec: &EngineSpec) -> Result<(), String> {
+    wait_for_go_ahead()?;
+    let engine_name = spec.label.as_str();
+    let open = open_options(options, spec)?;
+    let engine = engines::open(&spec.name, &open)?;
+    let load = load(&*engine, spec, options, &open)?;
     emit(&load.to_line());
     let print_stats = |when: &str| {
         if let Some(stats) = engine.stats().filter(|_| options.stats) {
@@ -99,6 +107,7 @@ pub fn main(options: &Options, engine_name: &str) -> Result<(), String> {
             let mut row = run(&*engine, options, workload, threads, &existing, &zipf, seed);
             row.engine = engine_name.to_string();
             row.mode = engine.mode();
+            row.durability = spec.durability.name().to_string();
             row.budget_bytes = engine.budget_bytes();
             row.data_bytes_after_load = load.data_bytes;
             row.data_bytes_after_run = engines::dir_size_bytes(&open.dir);
@@ -107,8 +116,84 @@ pub fn main(options: &Options, engine_name: &str) -> Result<(), String> {
             print_stats(&format!("{} at {threads} threads", workload.name()));
         }
     }
+    if options.recovery {
+        // End as a crash would: no clean close, no checkpoint, no final sync. Every
+        // result line is already flushed (`emit`), and `_exit` skips the destructors.
+        // SAFETY: `_exit` ends the process; nothing runs after it.
+        unsafe { libc::_exit(0) };
+    }
     drop(engine);
     Ok(())
+}
+
+/// Opens the engine on the files a run left (`--recovery`), timed, checks a sample of the
+/// loaded records, reports one line and ends without a clean close.
+pub fn recover(options: &Options, spec: &EngineSpec) -> Result<(), String> {
+    wait_for_go_ahead()?;
+    let open = open_options(options, spec)?;
+    let data_bytes = engines::dir_size_bytes(&open.dir);
+    let (read0, write0) = proc_io();
+    let start = Instant::now();
+    let engine = engines::open(&spec.name, &open)?;
+    let open_secs = start.elapsed().as_secs_f64();
+    let (read1, write1) = proc_io();
+    let info = engine.recovery();
+    // Loaded records, spread over the load order: the load was made durable by the
+    // engine's flush, so each should be there whatever the durability level.
+    let sampled = options.records.min(1000);
+    let mut key = vec![0u8; options.key_bytes];
+    let mut out = Vec::new();
+    let mut found = 0;
+    for s in 0..sampled {
+        key_into(
+            options.insert_order,
+            s * options.records / sampled,
+            &mut key,
+        );
+        found += engine.get(&key, &mut out)? as u64;
+    }
+    let row = RecoveryRow {
+        engine: spec.label.clone(),
+        mode: engine.mode(),
+        durability: spec.durability.name().to_string(),
+        open_secs,
+        engine_secs: info.as_ref().map_or(-1.0, |i| i.secs),
+        log_bytes: info.as_ref().map_or(-1, |i| i.log_bytes as i64),
+        records_replayed: info.as_ref().map_or(-1, |i| i.records_replayed as i64),
+        sampled,
+        found,
+        read_bytes: read1 - read0,
+        write_bytes: write1 - write0,
+        data_bytes,
+    };
+    emit(&row.to_line());
+    // SAFETY: `_exit` ends the process; nothing runs after it (no close: the parent
+    // removes the files).
+    unsafe { libc::_exit(0) };
+}
+
+/// Waits for the parent's line on stdin: it has moved this process into its cgroup.
+fn wait_for_go_ahead() -> Result<(), String> {
+    let mut go = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut go)
+        .map_err(|e| format!("waiting for the go-ahead: {e}"))?;
+    Ok(())
+}
+
+fn open_options(options: &Options, spec: &EngineSpec) -> Result<OpenOptions, String> {
+    Ok(OpenOptions {
+        budget_bytes: options.memory_mib << 20,
+        dir: options.dir.clone().ok_or("the child needs --dir")?,
+        direct_io: options.direct_io,
+        in_memory: options.in_memory,
+        bftree_io_uring: options.bftree_io_uring,
+        bfdb_backend: options.bfdb_backend.clone(),
+        key_bytes: options.key_bytes,
+        value_bytes: options.value_bytes,
+        durability: spec.durability,
+    })
 }
 
 fn emit(line: &str) {
@@ -119,10 +204,11 @@ fn emit(line: &str) {
 
 fn load(
     engine: &dyn Engine,
-    name: &str,
+    spec: &EngineSpec,
     options: &Options,
     open: &OpenOptions,
 ) -> Result<LoadRow, String> {
+    let name = spec.label.as_str();
     let bar = indicatif::ProgressBar::new(options.records);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -176,6 +262,7 @@ fn load(
     Ok(LoadRow {
         engine: name.to_string(),
         mode: engine.mode(),
+        durability: spec.durability.name().to_string(),
         records: options.records,
         secs,
         ops_per_sec: options.records as f64 / secs,
@@ -314,6 +401,9 @@ fn run(
     let stop = AtomicBool::new(false);
     let ops_left = AtomicU64::new(options.ops.unwrap_or(0));
     reset_peak_rss();
+    // The child's --dir is the engine's directory.
+    let dir = options.dir.as_deref().unwrap_or(std::path::Path::new("."));
+    let flushes0 = disk_flushes(dir);
     let (read0, write0) = proc_io();
     let cpu0 = process_cpu_secs();
     let start = Instant::now();
@@ -336,6 +426,10 @@ fn run(
     });
     let secs = start.elapsed().as_secs_f64();
     let (read1, write1) = proc_io();
+    let flushes = match (flushes0, disk_flushes(dir)) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => 0,
+    };
     let cpu_secs = process_cpu_secs() - cpu0;
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 100_000_000_000, 3).expect("bounds");
     let (mut ops, mut not_found, mut errors) = (0, 0, 0);
@@ -362,6 +456,7 @@ fn run(
         p999_us: us(0.999),
         read_bytes_per_op: per_op(read1 - read0),
         write_bytes_per_op: per_op(write1 - write0),
+        disk_flushes_per_op: per_op(flushes),
         cpu_us_per_op: cpu_secs * 1e6 / ops.max(1) as f64,
         peak_rss_bytes: peak_rss_bytes(),
         not_found,

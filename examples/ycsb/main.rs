@@ -10,6 +10,10 @@
 //!     --workloads read,mix,update,scan --threads 2,16 --distribution zipf --cgroup
 //! ```
 //!
+//! `--durability none|logged|synced` sets how durable each write is (bfdb as a `Db` with one
+//! keyspace; `bfdb-tree` is the plain `Tree` with no log), and `--recovery` times a reopen
+//! after each engine's run, which ends without a clean close.
+//!
 //! Each engine runs in its own child process (the driver re-executes itself with a hidden
 //! `--child ENGINE`), so no engine inherits another's memory or page cache. The child loads
 //! the records, then runs each workload at each thread count and prints one line per
@@ -32,8 +36,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{ArgAction, Parser};
 
+use engines::EngineSpec;
 use keygen::{Distribution, InsertOrder, Workload};
-use report::{Line, LoadRow, RunRow};
+use report::{Line, LoadRow, RecoveryRow, RunRow};
 
 /// Compares bfdb's Tree with other key-value engines on YCSB-like workloads.
 #[derive(Parser, Clone, Debug)]
@@ -46,10 +51,22 @@ use report::{Line, LoadRow, RunRow};
     args_override_self = true
 )]
 pub struct Options {
-    /// Engines to compare, in order: bfdb, bftree, btreemap, and with the cargo features of
-    /// the same names rocksdb, sled, fjall, redb.
+    /// Engines to compare, in order: bfdb (a `Db` in file mode, `Tree::in_memory` with
+    /// --in-memory), bfdb-tree (a plain `Tree` on a scratch file, no log), bftree, btreemap,
+    /// and with the cargo features of the same names rocksdb, sled, fjall, redb. An engine
+    /// may name its own durability: `bfdb:logged,bfdb:none`.
     #[arg(long, value_delimiter = ',', default_value = "bfdb,bftree,btreemap")]
     pub engines: Vec<String>,
+    /// How durable a write is when it returns, for engines that do not name their own:
+    /// `none` (no log), `logged` (logged, synced in the background), `synced` (on stable
+    /// storage when it returns). bftree, btreemap, bfdb-tree and sled have only `none`.
+    #[arg(long, value_enum, default_value = "none")]
+    pub durability: engines::Durability,
+    /// After each engine's run, end its child without a clean close (as a crash would) and
+    /// time a second child that only opens the engine on the files left behind: the
+    /// recovery after the run (engines that cannot reopen their files are skipped).
+    #[arg(long)]
+    pub recovery: bool,
     /// Workloads to run after the load, in order, on the same data: YCSB a-f, read, update,
     /// insert, scan, mix (50% reads, 50% updates).
     #[arg(long, value_delimiter = ',', default_value = "read,update,scan,mix")]
@@ -144,6 +161,9 @@ pub struct Options {
     /// Internal: run as the child process for this engine.
     #[arg(long, hide = true)]
     pub child: Option<String>,
+    /// Internal: the child only opens the engine on the files a run left, and reports.
+    #[arg(long, hide = true)]
+    pub recover_only: bool,
 }
 
 fn main() {
@@ -154,7 +174,13 @@ fn main() {
         options.ops = Some(4_000);
     }
     let result = match options.child.clone() {
-        Some(engine) => child::main(&options, &engine),
+        Some(engine) => EngineSpec::parse(&engine, options.durability).and_then(|spec| {
+            if options.recover_only {
+                child::recover(&options, &spec)
+            } else {
+                child::main(&options, &spec)
+            }
+        }),
         None => parent(&options),
     };
     if let Err(e) = result {
@@ -177,15 +203,30 @@ fn validate(options: &Options) -> Result<(), String> {
         return Err("--threads needs counts of at least 1".into());
     }
     keygen::Zipf::new(options.records, options.theta)?;
-    for e in &options.engines {
-        if !engines::ENGINE_NAMES.contains(&e.as_str()) {
+    let specs = engine_specs(options)?;
+    for (i, spec) in specs.iter().enumerate() {
+        spec.check(options.in_memory)?;
+        if specs[..i]
+            .iter()
+            .any(|s| s.name == spec.name && s.durability == spec.durability)
+        {
             return Err(format!(
-                "unknown engine {e}; known: {}",
-                engines::ENGINE_NAMES.join(", ")
+                "engine {} is listed twice at durability {}",
+                spec.name,
+                spec.durability.name()
             ));
         }
     }
     Ok(())
+}
+
+/// The engines of `--engines`, each with its durability.
+fn engine_specs(options: &Options) -> Result<Vec<EngineSpec>, String> {
+    options
+        .engines
+        .iter()
+        .map(|e| EngineSpec::parse(e, options.durability))
+        .collect()
 }
 
 /// Now as `YYYYMMDD-HHMMSS` in UTC.
@@ -298,11 +339,19 @@ impl Drop for Cgroup {
 struct ChildOutcome {
     load: Option<LoadRow>,
     runs: Vec<RunRow>,
+    recovery: Option<RecoveryRow>,
     /// Why the child did not finish, if it did not.
     failure: Option<String>,
 }
 
-fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildOutcome, String> {
+/// Runs the child of `engine` (an `--engines` entry) on `dir`: the load and the runs, or
+/// with `recover_only` only an open of what an earlier child left there.
+fn run_child(
+    engine: &str,
+    dir: &Path,
+    cgroup: Option<&Cgroup>,
+    recover_only: bool,
+) -> Result<ChildOutcome, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the driver binary: {e}"))?;
     let mut command = Command::new(exe);
     command
@@ -310,7 +359,11 @@ fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildO
         .arg("--child")
         .arg(engine)
         .arg("--dir")
-        .arg(dir)
+        .arg(dir);
+    if recover_only {
+        command.arg("--recover-only");
+    }
+    command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -331,6 +384,7 @@ fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildO
     let mut outcome = ChildOutcome {
         load: None,
         runs: Vec::new(),
+        recovery: None,
         failure: None,
     };
     for line in BufReader::new(stdout).lines() {
@@ -368,6 +422,10 @@ fn run_child(engine: &str, dir: &Path, cgroup: Option<&Cgroup>) -> Result<ChildO
                     r.cpu_us_per_op
                 );
                 outcome.runs.push(r);
+            }
+            Some(Line::Recovery(r)) => {
+                println!("  {engine}: recovery after the run: {}", r.describe());
+                outcome.recovery = Some(r);
             }
             None => println!("  {engine}: {line}"),
         }
@@ -475,21 +533,35 @@ fn parent(options: &Options) -> Result<(), String> {
             "off".into()
         }
     );
+    let _ = writeln!(
+        header,
+        "durability: {} (engines may name their own: engine:level){}",
+        options.durability.name(),
+        if options.recovery {
+            "; recovery after each run timed"
+        } else {
+            ""
+        }
+    );
     let _ = writeln!(header, "data directory: {}", base.display());
     print!("{header}");
 
     let mut loads = Vec::new();
     let mut runs = Vec::new();
+    let mut recoveries = Vec::new();
     let mut notes = Vec::new();
-    for engine in &options.engines {
+    for spec in engine_specs(options)? {
+        let engine = spec.label.as_str();
         if !drop_page_cache() {
             notes.push("the page cache was not dropped between engines (needs root)".to_string());
         }
-        let dir = base.join(engine);
+        // `bfdb:synced` → `bfdb-synced`: a plain name for the directory and the cgroup.
+        let plain = engine.replace(':', "-");
+        let dir = base.join(&plain);
         let _ = std::fs::remove_dir_all(&dir);
         let cgroup = if options.cgroup {
             let limit = budget_bytes + (options.cgroup_allowance_mib << 20);
-            match Cgroup::create(engine, limit) {
+            match Cgroup::create(&plain, limit) {
                 Ok(g) => Some(g),
                 Err(e) => {
                     let note = format!("{engine} ran without a cgroup: {e}");
@@ -502,15 +574,38 @@ fn parent(options: &Options) -> Result<(), String> {
             None
         };
         println!("{engine}:");
-        match run_child(engine, &dir, cgroup.as_ref()) {
+        let finished = match run_child(engine, &dir, cgroup.as_ref(), false) {
             Ok(outcome) => {
                 loads.extend(outcome.load);
                 runs.extend(outcome.runs);
+                let finished = outcome.failure.is_none();
                 notes.extend(outcome.failure);
+                finished
             }
             Err(e) => {
                 eprintln!("ycsb: {e}");
                 notes.push(e);
+                false
+            }
+        };
+        if options.recovery && finished {
+            if !engines::reopens(&spec.name, options.in_memory) {
+                notes.push(format!(
+                    "{engine}: no recovery after the run (its files do not reopen)"
+                ));
+            } else {
+                // A cold page cache, as after a crash of the machine.
+                drop_page_cache();
+                match run_child(engine, &dir, cgroup.as_ref(), true) {
+                    Ok(outcome) => {
+                        recoveries.extend(outcome.recovery);
+                        notes.extend(outcome.failure);
+                    }
+                    Err(e) => {
+                        eprintln!("ycsb: {e}");
+                        notes.push(e);
+                    }
+                }
             }
         }
         drop(cgroup);
@@ -523,10 +618,17 @@ fn parent(options: &Options) -> Result<(), String> {
     summary.push_str(&report::load_table(&loads));
     summary.push('\n');
     summary.push_str(&report::run_table(&runs));
-    if let Some(ratios) = report::ratio_table(&runs, &loads) {
-        summary
-            .push_str("\nbfdb's throughput divided by each engine's (above 1: bfdb is faster)\n");
+    if let Some((reference, ratios)) = report::ratio_table(&runs, &loads) {
+        summary.push_str(&format!(
+            "\n{reference}'s throughput divided by each engine's (above 1: {reference} is faster)\n"
+        ));
         summary.push_str(&ratios);
+    }
+    if !recoveries.is_empty() {
+        summary.push_str(
+            "\nrecovery after the run (the child ended without a clean close; page cache dropped)\n",
+        );
+        summary.push_str(&report::recovery_table(&recoveries));
     }
     let modes: Vec<String> = loads
         .iter()
@@ -553,7 +655,7 @@ fn parent(options: &Options) -> Result<(), String> {
     println!();
     print!("{}", &summary[header.len()..]);
 
-    report::write_csv(&out, &runs, &loads).map_err(|e| format!("writing CSV: {e}"))?;
+    report::write_csv(&out, &runs, &loads, &recoveries).map_err(|e| format!("writing CSV: {e}"))?;
     std::fs::write(out.join("summary.txt"), &summary).map_err(|e| format!("summary: {e}"))?;
     let with_text = report::register_font();
     let title = format!(
@@ -627,5 +729,81 @@ mod tests {
         assert!(bad(&["ycsb", "--threads", "0"]));
         assert!(bad(&["ycsb", "--theta", "1.5"]));
         assert!(Options::try_parse_from(["ycsb", "--workloads", "g"]).is_err());
+    }
+
+    #[test]
+    fn durability_defaults_to_none_and_engines_may_name_their_own() {
+        use engines::Durability;
+        let o = Options::try_parse_from(["ycsb"]).unwrap();
+        assert_eq!(o.durability, Durability::None);
+        assert!(!o.recovery);
+        validate(&o).unwrap();
+
+        let o = Options::try_parse_from([
+            "ycsb",
+            "--durability",
+            "synced",
+            "--engines",
+            "bfdb,rocksdb,bftree:none,bfdb:logged",
+            "--recovery",
+        ])
+        .unwrap();
+        assert_eq!(o.durability, Durability::Synced);
+        assert!(o.recovery);
+        let specs = engine_specs(&o).unwrap();
+        let got: Vec<(&str, Durability, &str)> = specs
+            .iter()
+            .map(|s| (s.name.as_str(), s.durability, s.label.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("bfdb", Durability::Synced, "bfdb"),
+                ("rocksdb", Durability::Synced, "rocksdb"),
+                ("bftree", Durability::None, "bftree:none"),
+                ("bfdb", Durability::Logged, "bfdb:logged"),
+            ]
+        );
+        validate(&o).unwrap();
+        assert!(Options::try_parse_from(["ycsb", "--durability", "fsync"]).is_err());
+    }
+
+    #[test]
+    fn durability_levels_an_engine_lacks_are_refused_with_the_reason() {
+        let refusal = |args: &[&str]| {
+            let o = Options::try_parse_from(args).unwrap();
+            validate(&o).expect_err("should be refused")
+        };
+        // The default engines include bftree and btreemap, which have no log.
+        let e = refusal(&["ycsb", "--durability", "logged"]);
+        assert!(e.contains("bftree") && e.contains("no log"), "{e}");
+        for engine in ["btreemap", "bfdb-tree", "sled"] {
+            let e = refusal(&["ycsb", "--engines", engine, "--durability", "synced"]);
+            assert!(e.contains(engine) && e.contains("only with `none`"), "{e}");
+        }
+        let e = refusal(&["ycsb", "--engines", "bfdb:synced", "--in-memory"]);
+        assert!(e.contains("in_memory"), "{e}");
+        let e = refusal(&["ycsb", "--engines", "bfdb:fsync"]);
+        assert!(e.contains("unknown durability"), "{e}");
+        let e = refusal(&[
+            "ycsb",
+            "--engines",
+            "bfdb,bfdb:none",
+            "--durability",
+            "none",
+        ]);
+        assert!(e.contains("listed twice"), "{e}");
+        // bfdb in a Db, the plain tree and the logging engines take every level.
+        for level in ["none", "logged", "synced"] {
+            let o = Options::try_parse_from([
+                "ycsb",
+                "--engines",
+                "bfdb,rocksdb,fjall,redb,bfdb-tree:none",
+                "--durability",
+                level,
+            ])
+            .unwrap();
+            validate(&o).unwrap();
+        }
     }
 }

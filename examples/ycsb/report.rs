@@ -13,6 +13,8 @@ pub const LINE_PREFIX: &str = "@ycsb";
 pub struct LoadRow {
     pub engine: String,
     pub mode: String,
+    /// `none`, `logged` or `synced`.
+    pub durability: String,
     pub records: u64,
     pub secs: f64,
     pub ops_per_sec: f64,
@@ -31,6 +33,8 @@ pub struct LoadRow {
 pub struct RunRow {
     pub engine: String,
     pub mode: String,
+    /// `none`, `logged` or `synced`.
+    pub durability: String,
     pub workload: String,
     pub distribution: String,
     pub threads: usize,
@@ -42,6 +46,10 @@ pub struct RunRow {
     pub p999_us: f64,
     pub read_bytes_per_op: f64,
     pub write_bytes_per_op: f64,
+    /// Cache flushes the disk under the data directory completed per operation
+    /// (`/proc/diskstats`: what fsync and fdatasync cost on a disk with a write cache).
+    /// Counts every process's flushes on that disk, not only the child's.
+    pub disk_flushes_per_op: f64,
     /// CPU time (user + system, all of the child's threads) per operation, in µs: less
     /// sensitive than throughput to a noisy host, since time the host steals is not
     /// counted.
@@ -79,10 +87,83 @@ fn line_to_fields(line: &str) -> Option<(String, HashMap<String, String>)> {
     Some((kind, fields))
 }
 
+/// What reopening an engine on the files its run left took (`--recovery`).
+#[derive(Clone, Debug, Default)]
+pub struct RecoveryRow {
+    pub engine: String,
+    pub mode: String,
+    pub durability: String,
+    /// Wall time of the engine's open, as its user waits for it.
+    pub open_secs: f64,
+    /// The engine's own account of its recovery (bfdb: `RecoveryStats::duration`), where
+    /// it gives one; negative otherwise.
+    pub engine_secs: f64,
+    /// Log bytes read (bfdb), where the engine says; negative otherwise.
+    pub log_bytes: i64,
+    /// Log records replayed (bfdb), where the engine says; negative otherwise.
+    pub records_replayed: i64,
+    /// Loaded records looked up after the open, and how many were found.
+    pub sampled: u64,
+    pub found: u64,
+    /// Disk bytes the open read and wrote.
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Bytes of the engine's files when it was reopened.
+    pub data_bytes: u64,
+}
+
+impl RecoveryRow {
+    /// One line for the console.
+    pub fn describe(&self) -> String {
+        let mut text = format!("open {:.3} s", self.open_secs);
+        if self.engine_secs >= 0.0 {
+            let _ = write!(text, " (the engine's recovery {:.3} s)", self.engine_secs);
+        }
+        if self.log_bytes >= 0 {
+            let _ = write!(
+                text,
+                ", {} MiB of log read, {} records replayed",
+                mib(self.log_bytes as u64),
+                self.records_replayed
+            );
+        }
+        let _ = write!(
+            text,
+            ", {} MiB read, {} MiB written; {} of {} loaded records sampled found",
+            mib(self.read_bytes),
+            mib(self.write_bytes),
+            self.found,
+            self.sampled
+        );
+        text
+    }
+
+    pub fn to_line(&self) -> String {
+        fields_to_line(
+            "recovery",
+            &[
+                ("engine", self.engine.clone()),
+                ("mode", self.mode.clone()),
+                ("durability", self.durability.clone()),
+                ("open_secs", self.open_secs.to_string()),
+                ("engine_secs", self.engine_secs.to_string()),
+                ("log_bytes", self.log_bytes.to_string()),
+                ("records_replayed", self.records_replayed.to_string()),
+                ("sampled", self.sampled.to_string()),
+                ("found", self.found.to_string()),
+                ("read_bytes", self.read_bytes.to_string()),
+                ("write_bytes", self.write_bytes.to_string()),
+                ("data_bytes", self.data_bytes.to_string()),
+            ],
+        )
+    }
+}
+
 /// A parsed line from a child.
 pub enum Line {
     Load(LoadRow),
     Run(RunRow),
+    Recovery(RecoveryRow),
 }
 
 fn get<T: std::str::FromStr + Default>(m: &HashMap<String, String>, k: &str) -> T {
@@ -96,6 +177,7 @@ impl LoadRow {
             &[
                 ("engine", self.engine.clone()),
                 ("mode", self.mode.clone()),
+                ("durability", self.durability.clone()),
                 ("records", self.records.to_string()),
                 ("secs", self.secs.to_string()),
                 ("ops_per_sec", self.ops_per_sec.to_string()),
@@ -117,6 +199,7 @@ impl RunRow {
             &[
                 ("engine", self.engine.clone()),
                 ("mode", self.mode.clone()),
+                ("durability", self.durability.clone()),
                 ("workload", self.workload.clone()),
                 ("distribution", self.distribution.clone()),
                 ("threads", self.threads.to_string()),
@@ -128,6 +211,7 @@ impl RunRow {
                 ("p999_us", self.p999_us.to_string()),
                 ("read_bytes_per_op", self.read_bytes_per_op.to_string()),
                 ("write_bytes_per_op", self.write_bytes_per_op.to_string()),
+                ("disk_flushes_per_op", self.disk_flushes_per_op.to_string()),
                 ("cpu_us_per_op", self.cpu_us_per_op.to_string()),
                 ("peak_rss_bytes", self.peak_rss_bytes.to_string()),
                 ("budget_bytes", self.budget_bytes.to_string()),
@@ -155,6 +239,7 @@ pub fn parse_line(line: &str) -> Option<Line> {
         "load" => Some(Line::Load(LoadRow {
             engine: s("engine"),
             mode: s("mode"),
+            durability: s("durability"),
             records: get(&m, "records"),
             secs: get(&m, "secs"),
             ops_per_sec: get(&m, "ops_per_sec"),
@@ -168,6 +253,7 @@ pub fn parse_line(line: &str) -> Option<Line> {
         "run" => Some(Line::Run(RunRow {
             engine: s("engine"),
             mode: s("mode"),
+            durability: s("durability"),
             workload: s("workload"),
             distribution: s("distribution"),
             threads: get(&m, "threads"),
@@ -179,6 +265,7 @@ pub fn parse_line(line: &str) -> Option<Line> {
             p999_us: get(&m, "p999_us"),
             read_bytes_per_op: get(&m, "read_bytes_per_op"),
             write_bytes_per_op: get(&m, "write_bytes_per_op"),
+            disk_flushes_per_op: get(&m, "disk_flushes_per_op"),
             cpu_us_per_op: get(&m, "cpu_us_per_op"),
             peak_rss_bytes: get(&m, "peak_rss_bytes"),
             budget_bytes: get(&m, "budget_bytes"),
@@ -188,6 +275,29 @@ pub fn parse_line(line: &str) -> Option<Line> {
             not_found: get(&m, "not_found"),
             errors: get(&m, "errors"),
             cgroup: false,
+        })),
+        "recovery" => Some(Line::Recovery(RecoveryRow {
+            engine: s("engine"),
+            mode: s("mode"),
+            durability: s("durability"),
+            open_secs: get(&m, "open_secs"),
+            engine_secs: m
+                .get("engine_secs")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1.0),
+            log_bytes: m
+                .get("log_bytes")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1),
+            records_replayed: m
+                .get("records_replayed")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1),
+            sampled: get(&m, "sampled"),
+            found: get(&m, "found"),
+            read_bytes: get(&m, "read_bytes"),
+            write_bytes: get(&m, "write_bytes"),
+            data_bytes: get(&m, "data_bytes"),
         })),
         _ => None,
     }
@@ -310,6 +420,7 @@ pub fn run_table(runs: &[RunRow]) -> String {
                 us(r.p999_us),
                 format!("{:.0}", r.read_bytes_per_op),
                 format!("{:.0}", r.write_bytes_per_op),
+                format!("{:.3}", r.disk_flushes_per_op),
                 format!("{:.1}", r.cpu_us_per_op),
                 mib(r.peak_rss_bytes),
                 mib(r.data_bytes_after_run),
@@ -334,6 +445,7 @@ pub fn run_table(runs: &[RunRow]) -> String {
             "p99.9 µs",
             "rd B/op",
             "wr B/op",
+            "flush/op",
             "cpu µs/op",
             "peak RSS MiB",
             "data MiB",
@@ -343,19 +455,32 @@ pub fn run_table(runs: &[RunRow]) -> String {
     )
 }
 
-/// For every workload and thread count, bfdb's throughput divided by each other engine's:
-/// above 1, bfdb is faster.
-pub fn ratio_table(runs: &[RunRow], loads: &[LoadRow]) -> Option<String> {
+/// The engine the ratios divide by: `bfdb` if it ran, else the first engine whose name
+/// starts with `bfdb` (`bfdb:synced`, `bfdb-tree`).
+pub fn reference_engine(runs: &[RunRow]) -> Option<String> {
+    let engines = dedup(runs.iter().map(|r| r.engine.clone()));
+    engines
+        .iter()
+        .find(|e| *e == "bfdb")
+        .or_else(|| engines.iter().find(|e| e.starts_with("bfdb")))
+        .cloned()
+}
+
+/// For every workload and thread count, the reference engine's throughput (bfdb's, see
+/// [`reference_engine`]) divided by each other engine's: above 1, the reference is
+/// faster. Returns the reference's name and the table.
+pub fn ratio_table(runs: &[RunRow], loads: &[LoadRow]) -> Option<(String, String)> {
+    let reference = reference_engine(runs)?;
     let engines: Vec<String> = dedup(runs.iter().map(|r| r.engine.clone()))
         .into_iter()
-        .filter(|e| e != "bfdb")
+        .filter(|e| *e != reference)
         .collect();
-    if engines.is_empty() || !runs.iter().any(|r| r.engine == "bfdb") {
+    if engines.is_empty() {
         return None;
     }
     let mut rows = Vec::new();
-    let bfdb_load = loads.iter().find(|l| l.engine == "bfdb");
-    if let Some(b) = bfdb_load {
+    let reference_load = loads.iter().find(|l| l.engine == reference);
+    if let Some(b) = reference_load {
         let mut row = vec!["load".to_string(), String::new()];
         for e in &engines {
             row.push(match loads.iter().find(|l| &l.engine == e) {
@@ -365,7 +490,7 @@ pub fn ratio_table(runs: &[RunRow], loads: &[LoadRow]) -> Option<String> {
         }
         rows.push(row);
     }
-    for r in runs.iter().filter(|r| r.engine == "bfdb") {
+    for r in runs.iter().filter(|r| r.engine == reference) {
         let mut row = vec![r.workload.clone(), r.threads.to_string()];
         for e in &engines {
             let other = runs
@@ -379,9 +504,50 @@ pub fn ratio_table(runs: &[RunRow], loads: &[LoadRow]) -> Option<String> {
         rows.push(row);
     }
     let mut header = vec!["workload".to_string(), "thr".to_string()];
-    header.extend(engines.iter().map(|e| format!("bfdb ÷ {e}")));
+    header.extend(engines.iter().map(|e| format!("{reference} ÷ {e}")));
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
-    Some(render(&header, &rows))
+    Some((reference, render(&header, &rows)))
+}
+
+/// The recovery after each engine's run (`--recovery`).
+pub fn recovery_table(rows: &[RecoveryRow]) -> String {
+    let opt = |x: i64, f: &dyn Fn(u64) -> String| if x < 0 { "-".into() } else { f(x as u64) };
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.engine.clone(),
+                format!("{:.3}", r.open_secs),
+                if r.engine_secs < 0.0 {
+                    "-".into()
+                } else {
+                    format!("{:.3}", r.engine_secs)
+                },
+                opt(r.log_bytes, &mib),
+                opt(r.records_replayed, &|n| n.to_string()),
+                mib(r.read_bytes),
+                mib(r.write_bytes),
+                mib(r.data_bytes),
+                format!("{}/{}", r.found, r.sampled),
+                r.mode.clone(),
+            ]
+        })
+        .collect();
+    render(
+        &[
+            "engine",
+            "open s",
+            "engine's s",
+            "log MiB",
+            "replayed",
+            "rd MiB",
+            "wr MiB",
+            "data MiB",
+            "found",
+            "mode",
+        ],
+        &rows,
+    )
 }
 
 fn dedup(items: impl Iterator<Item = String>) -> Vec<String> {
@@ -402,18 +568,25 @@ fn csv_cell(s: &str) -> String {
     }
 }
 
-pub fn write_csv(dir: &Path, runs: &[RunRow], loads: &[LoadRow]) -> std::io::Result<()> {
+pub fn write_csv(
+    dir: &Path,
+    runs: &[RunRow],
+    loads: &[LoadRow],
+    recoveries: &[RecoveryRow],
+) -> std::io::Result<()> {
     let mut out = String::from(
-        "engine,mode,cgroup,workload,distribution,threads,ops,secs,ops_per_sec,p50_us,p99_us,\
-         p999_us,read_bytes_per_op,write_bytes_per_op,cpu_us_per_op,peak_rss_bytes,budget_bytes,\
-         data_bytes_after_load,data_bytes_after_run,load_ops_per_sec,not_found,errors\n",
+        "engine,mode,durability,cgroup,workload,distribution,threads,ops,secs,ops_per_sec,\
+         p50_us,p99_us,p999_us,read_bytes_per_op,write_bytes_per_op,disk_flushes_per_op,\
+         cpu_us_per_op,peak_rss_bytes,budget_bytes,data_bytes_after_load,data_bytes_after_run,\
+         load_ops_per_sec,not_found,errors\n",
     );
     for r in runs {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.1},{:.1},{:.2},{},{},{},{},{:.1},{},{}",
+            "{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.1},{:.1},{:.4},{:.2},{},{},{},{},{:.1},{},{}",
             csv_cell(&r.engine),
             csv_cell(&r.mode),
+            r.durability,
             r.cgroup,
             r.workload,
             r.distribution,
@@ -426,6 +599,7 @@ pub fn write_csv(dir: &Path, runs: &[RunRow], loads: &[LoadRow]) -> std::io::Res
             r.p999_us,
             r.read_bytes_per_op,
             r.write_bytes_per_op,
+            r.disk_flushes_per_op,
             r.cpu_us_per_op,
             r.peak_rss_bytes,
             r.budget_bytes,
@@ -438,14 +612,15 @@ pub fn write_csv(dir: &Path, runs: &[RunRow], loads: &[LoadRow]) -> std::io::Res
     }
     std::fs::write(dir.join("results.csv"), out)?;
     let mut out = String::from(
-        "engine,mode,records,secs,ops_per_sec,data_bytes,read_bytes,write_bytes,cpu_us_per_record,peak_rss_bytes,budget_bytes\n",
+        "engine,mode,durability,records,secs,ops_per_sec,data_bytes,read_bytes,write_bytes,cpu_us_per_record,peak_rss_bytes,budget_bytes\n",
     );
     for l in loads {
         let _ = writeln!(
             out,
-            "{},{},{},{:.3},{:.1},{},{},{},{:.3},{},{}",
+            "{},{},{},{},{:.3},{:.1},{},{},{},{:.3},{},{}",
             csv_cell(&l.engine),
             csv_cell(&l.mode),
+            l.durability,
             l.records,
             l.secs,
             l.ops_per_sec,
@@ -457,7 +632,33 @@ pub fn write_csv(dir: &Path, runs: &[RunRow], loads: &[LoadRow]) -> std::io::Res
             l.budget_bytes
         );
     }
-    std::fs::write(dir.join("load.csv"), out)
+    std::fs::write(dir.join("load.csv"), out)?;
+    if recoveries.is_empty() {
+        return Ok(());
+    }
+    let mut out = String::from(
+        "engine,mode,durability,open_secs,engine_secs,log_bytes,records_replayed,sampled,found,\
+         read_bytes,write_bytes,data_bytes\n",
+    );
+    for r in recoveries {
+        let _ = writeln!(
+            out,
+            "{},{},{},{:.4},{:.4},{},{},{},{},{},{},{}",
+            csv_cell(&r.engine),
+            csv_cell(&r.mode),
+            r.durability,
+            r.open_secs,
+            r.engine_secs,
+            r.log_bytes,
+            r.records_replayed,
+            r.sampled,
+            r.found,
+            r.read_bytes,
+            r.write_bytes,
+            r.data_bytes
+        );
+    }
+    std::fs::write(dir.join("recovery.csv"), out)
 }
 
 /// Registers a DejaVu font for the charts' text if the system has one. plotters' ab_glyph
@@ -926,6 +1127,25 @@ mod tests {
         assert_eq!(back.records, 99);
         assert_eq!(back.cpu_us_per_record, 2.5);
         assert!(parse_line("progress: 10%").is_none());
+        let recovery = RecoveryRow {
+            engine: "bfdb:synced".into(),
+            durability: "synced".into(),
+            open_secs: 0.25,
+            engine_secs: -1.0,
+            log_bytes: 4096,
+            records_replayed: 7,
+            sampled: 1000,
+            found: 1000,
+            ..RecoveryRow::default()
+        };
+        let Some(Line::Recovery(back)) = parse_line(&recovery.to_line()) else {
+            panic!("not parsed");
+        };
+        assert_eq!(back.engine, "bfdb:synced");
+        assert_eq!(back.open_secs, 0.25);
+        assert_eq!(back.engine_secs, -1.0);
+        assert_eq!((back.log_bytes, back.records_replayed), (4096, 7));
+        assert_eq!((back.found, back.sampled), (1000, 1000));
     }
 
     fn run(engine: &str, workload: &str, threads: usize, ops_per_sec: f64) -> RunRow {
@@ -1038,8 +1258,26 @@ mod tests {
             ops_per_sec: t,
             ..RunRow::default()
         };
-        let table = ratio_table(&[row("bfdb", 300.0), row("bftree", 100.0)], &[]).unwrap();
+        let (reference, table) =
+            ratio_table(&[row("bfdb", 300.0), row("bftree", 100.0)], &[]).unwrap();
+        assert_eq!(reference, "bfdb");
         assert!(table.contains("3.00×"), "{table}");
         assert!(ratio_table(&[row("bftree", 1.0)], &[]).is_none());
+        // Without a plain bfdb, the first bfdb-like engine is the reference.
+        let (reference, table) = ratio_table(
+            &[
+                row("rocksdb:synced", 100.0),
+                row("bfdb:synced", 250.0),
+                row("bfdb-tree", 50.0),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(reference, "bfdb:synced");
+        assert!(table.contains("bfdb:synced ÷ rocksdb:synced"), "{table}");
+        assert!(
+            table.contains("2.50×") && table.contains("5.00×"),
+            "{table}"
+        );
     }
 }
