@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::storage::{Page, PageNo};
+use crate::sync::atomic::Ordering;
 
 use super::leaf::{self, MiniHeader, RecordList};
 use super::leaf_io::leaf_used_bytes;
@@ -106,6 +107,11 @@ impl Core {
     /// other pages). The caller holds the page's write lock.
     ///
     /// A mirror's live records *are* the leaf's, so it is written without reading the leaf.
+    ///
+    /// Refuses (`Poisoned`) once the tree is poisoned: a failed write may have left the
+    /// page's leaf page narrower than its mini-page's records or wider than its range,
+    /// which no plan can be made over (docs/design.md, "Failure"). The failing operation
+    /// recorded the failure before it released the page's lock, which the caller holds.
     pub(super) fn merge(
         &self,
         pid: PageId,
@@ -114,6 +120,7 @@ impl Core {
         extra: Option<(&[u8], &[u8], RecordType)>,
         keep_open: bool,
     ) -> Result<Merged, Op> {
+        self.check_writable()?;
         let leaf = if header.mirror && mini.is_some() {
             None
         } else {
@@ -208,8 +215,17 @@ impl Core {
     /// If the batch read fails, the pages are merged one by one, which finds and records
     /// the page that fails. If the batch write fails, the tree is poisoned as for a
     /// single failed write and every written job answers the failure (the first with the
-    /// store's error), so the dirty records stay in memory.
+    /// store's error), so the dirty records stay in memory. The store may have written
+    /// any part of the batch: a page rewritten before the failing write keeps its whole
+    /// mini-page, and one after it keeps its old leaf page (docs/design.md, "Failure").
+    /// So a poisoned tree merges nothing: every job answers `Poisoned`, as in `merge`.
     pub(super) fn merge_batch(&self, jobs: &[MergeJob<'_>]) -> Vec<Result<bool, Op>> {
+        if self.failed.load(Ordering::Acquire) {
+            return jobs
+                .iter()
+                .map(|_| Err(Op::Fail(self.poisoned())))
+                .collect();
+        }
         let nos: Vec<PageNo> = jobs
             .iter()
             .filter(|j| !j.header.mirror)

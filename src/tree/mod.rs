@@ -695,10 +695,15 @@ impl Core {
 
     fn check_writable(&self) -> Result<()> {
         if self.failed.load(Ordering::Acquire) {
-            let cause = self.failure.lock().clone().unwrap_or_default();
-            return Err(Error::Poisoned { cause });
+            return Err(self.poisoned());
         }
         Ok(())
+    }
+
+    /// The error writes to a poisoned tree get.
+    fn poisoned(&self) -> Error {
+        let cause = self.failure.lock().clone().unwrap_or_default();
+        Error::Poisoned { cause }
     }
 
     fn record_failure(&self, e: &Error) {

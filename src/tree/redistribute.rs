@@ -13,6 +13,7 @@ use crossbeam_epoch::{self as epoch, Guard};
 use crate::error::Result;
 use crate::pool::Block;
 use crate::storage::{PAGE_PAYLOAD_SIZE, Page, PageNo};
+use crate::sync::atomic::Ordering;
 
 use super::inner::{self, InnerSnapshot};
 use super::leaf::{self, MiniHeader, RecordList};
@@ -90,8 +91,9 @@ impl Core {
     /// splitting ([`Config::leaf_redistribution`]): the emptier sibling under the same
     /// level-1 inner node by its fill hint, if the two pages would fill at most
     /// `REDISTRIBUTE_FILL_PERCENT` of two pages. Only a try-lock (the caller holds page
-    /// locks); `None` for a split. A page never written has a hint of 0 and may be picked
-    /// wrongly: `plan_redistribution` checks the real bytes.
+    /// locks); `None` for a split, and always once the tree is poisoned. A page never
+    /// written has a hint of 0 and may be picked wrongly: `plan_redistribution` checks
+    /// the real bytes.
     pub(super) fn pick_neighbour(
         &self,
         pid: PageId,
@@ -122,6 +124,12 @@ impl Core {
             .filter(|&(_, p)| self.mapping.fill_hint(p) + own_bytes <= limit)
             .min_by_key(|&(_, p)| self.mapping.fill_hint(p))?;
         let page = self.mapping.try_write(other_pid)?;
+        // A failed write may have left the neighbour's leaf page wider than its range,
+        // overlapping the records this page gives: a poisoned tree takes no neighbour.
+        // The failing operation recorded the failure before it released this lock.
+        if self.failed.load(Ordering::Acquire) {
+            return None;
+        }
         let (header, block) = match page.location() {
             Location::Leaf(no) => {
                 let header = MiniHeader {

@@ -1,21 +1,23 @@
 //! Unit tests of the tree's internals.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crossbeam_epoch::{self as epoch};
 
 use crate::config::Config;
+use crate::error::Error;
 use crate::pool::{Block, EvictDecision, Evictor};
-use crate::storage::{Page, PageNo};
+use crate::storage::{Page, PageNo, SimStore};
 
 use super::inner::{self};
 use super::leaf::MiniHeader;
-use super::mapping::{Location, PageId};
+use super::mapping::{Location, MappingTable, PageId};
 use super::merge::Merged;
-use super::node::NodeRef;
-use super::plan::owned_fence;
+use super::node::{NodeRef, RecordType};
+use super::plan::{MergePlan, owned_fence};
 use super::redistribute::{Neighbour, Redistribution};
-use super::{Core, Tree};
+use super::{Core, Op, Tree};
 
 /// Regression: `parent_with_separator` read the parent's bytes twice without its
 /// version lock, once to find the two pages and once to copy, so a split of the
@@ -158,4 +160,197 @@ fn evicting_a_block_its_page_freed_meanwhile() {
     );
     assert!(matches!(core.mapping.peek(PageId(0)), Location::Leaf(_)));
     assert_eq!(tree.get(b"key").unwrap().as_deref(), Some(&b"value"[..]));
+}
+
+/// The key of number `i` in the tests of failed batched writes.
+fn numbered(i: u32) -> Vec<u8> {
+    format!("key{i:06}").into_bytes()
+}
+
+/// The page whose routing range holds `key`, and that range.
+fn page_of(core: &Core, key: &[u8]) -> (PageId, Vec<u8>, Option<Vec<u8>>) {
+    loop {
+        let (path, page) = core.lock_leaf_of(key, MappingTable::read);
+        if let Ok((low, high)) = path.routing_range() {
+            return (path.pid, low, high);
+        }
+        drop(page);
+    }
+}
+
+/// Whether merging `pid`'s mini-page now would split its leaf page.
+fn merge_would_split(core: &Core, pid: PageId) -> bool {
+    let page = core.mapping.write(pid);
+    let Some(mini) = core.mini_page(&page) else {
+        return false;
+    };
+    let mut leaf = Page::boxed();
+    core.read_leaf(mini.header().leaf, &mut leaf).unwrap();
+    matches!(
+        core.plan_merge(mini.header(), Some(mini.node()), None, Some(leaf)),
+        Ok(MergePlan::Split { open: None, .. })
+    )
+}
+
+/// Inserts odd keys between the even ones of the page holding `numbered(at)`, spread
+/// over its range, until a merge of its mini-page would split its leaf page, balanced.
+/// Returns the page.
+fn overflow_page(tree: &Tree, model: &mut BTreeMap<Vec<u8>, Vec<u8>>, at: u32) -> PageId {
+    let (pid, low, high) = page_of(&tree.core, &numbered(at));
+    let evens: Vec<u32> = model
+        .keys()
+        .filter(|k| k.as_slice() >= low.as_slice() && high.as_ref().is_none_or(|h| k < &h))
+        .map(|k| std::str::from_utf8(&k[3..]).unwrap().parse().unwrap())
+        .collect();
+    // The first lands in the page's upper half, which its split moves right.
+    let (start, stride) = (evens.len() * 7 / 8, evens.len() / 4);
+    for i in (0..evens.len()).map(|j| evens[(start + j * stride) % evens.len()] + 1) {
+        let value = b"dirty".repeat(8);
+        tree.insert(&numbered(i), &value).unwrap();
+        model.insert(numbered(i), value);
+        if merge_would_split(&tree.core, pid) {
+            return pid;
+        }
+    }
+    panic!("the page of {at} does not overflow");
+}
+
+/// Every record of `model` reads back, with point reads and with a full scan.
+fn assert_reads(tree: &Tree, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
+    for (k, v) in model {
+        assert_eq!(tree.get(k).unwrap().as_ref(), Some(v), "{k:?}");
+    }
+    let scanned: BTreeMap<Vec<u8>, Vec<u8>> =
+        tree.range::<&[u8], _>(..).map(Result::unwrap).collect();
+    assert!(scanned == *model, "the scan differs from the model");
+}
+
+/// A tree on a `SimStore` after a batched merge of two pages whose leaf pages both
+/// split failed at its last write, as the background evictor's did in
+/// `tests/tree_faults.rs`: the batch wrote both right-hand pages, linked both splits,
+/// wrote the first left page and failed on the second. It answered the failure for
+/// both pages, so both keep their mini-pages. Returns the tree, the model of its
+/// records and the two pages: `narrowed`, whose leaf page now ends at its new
+/// separator while its mini-page still holds records of the right-hand part, and
+/// `stale`, whose leaf page keeps its old, wider range.
+fn batch_failed_between_left_pages() -> (Tree, BTreeMap<Vec<u8>, Vec<u8>>, PageId, PageId) {
+    let store = Arc::new(SimStore::new(7));
+    let config = Config {
+        memory_budget_bytes: 1 << 20,
+        background_eviction: false,
+        promotion_rate_percent: 0,
+        scan_promotion_rate_percent: 0,
+        ..Config::default()
+    };
+    let tree = Tree::with_page_store(config, Arc::clone(&store)).unwrap();
+    let mut model = BTreeMap::new();
+    for i in (0..3000).step_by(2) {
+        tree.insert(&numbered(i), b"value").unwrap();
+        model.insert(numbered(i), b"value".to_vec());
+    }
+    tree.flush().unwrap();
+    let narrowed = overflow_page(&tree, &mut model, 1000);
+    let stale = overflow_page(&tree, &mut model, 2000);
+    assert_ne!(narrowed, stale);
+    let (_, stale_low, stale_high) = page_of(&tree.core, &numbered(2000));
+    let core = &tree.core;
+    {
+        let pages = [core.mapping.write(narrowed), core.mapping.write(stale)];
+        let jobs: Vec<_> = pages.iter().map(|p| core.dirty_mini(p).unwrap()).collect();
+        // The two right-hand pages, then the left pages in job order: the fourth fails.
+        store.fail_writes_after(3);
+        let results = core.merge_batch(&jobs);
+        assert!(results.iter().all(Result::is_err), "the batch failed");
+    }
+    // The state the test is about.
+    let leaf_of = |pid: PageId| {
+        let page = core.mapping.read(pid);
+        let mini = core
+            .mini_page(&page)
+            .expect("a failed merge keeps the mini-page");
+        let mut leaf = Page::boxed();
+        core.read_leaf(mini.header().leaf, &mut leaf).unwrap();
+        let n = NodeRef::trusted(leaf.payload());
+        let outside = mini.node().iter().any(|r| !n.covers(&r.key()));
+        (owned_fence(n.high_fence()), outside)
+    };
+    let (_, outside) = leaf_of(narrowed);
+    assert!(
+        outside,
+        "the narrowed page's mini-page holds keys beyond its leaf page"
+    );
+    let (stale_pid, _, high) = page_of(core, &stale_low);
+    assert_eq!(stale_pid, stale);
+    assert!(high < stale_high, "the stale page's split is linked");
+    assert_eq!(
+        leaf_of(stale).0,
+        stale_high,
+        "the stale page keeps its old leaf page"
+    );
+    (tree, model, narrowed, stale)
+}
+
+/// Regression: a merge that ran after a failed batched write planned over a page the
+/// batch left inconsistent, and tripped a debug assertion in `plan_merge` (a dirty key
+/// outside its leaf page's fences; in a release build, `apply`'s `unreachable!`). A
+/// page whose left half the batch wrote before failing keeps its whole mini-page, as
+/// the batch answered the failure for it. A writer that passed its `check_writable`
+/// before the failure merges it next (`merge_full`), and so do the background
+/// evictor's queued merges; both must refuse, the tree being poisoned.
+#[test]
+fn merges_after_a_failed_batch_write_refuse_a_page_it_narrowed() {
+    let (tree, model, narrowed, _) = batch_failed_between_left_pages();
+    let core = &tree.core;
+    {
+        let page = core.mapping.write(narrowed);
+        let job = core.dirty_mini(&page).unwrap();
+        let merged = core.merge(narrowed, job.header, Some(job.mini.node()), None, false);
+        assert!(matches!(merged, Err(Op::Fail(Error::Poisoned { .. }))));
+        let merged = core.merge_batch(&[job]);
+        assert!(matches!(
+            merged[..],
+            [Err(Op::Fail(Error::Poisoned { .. }))]
+        ));
+    }
+    assert_reads(&tree, &model);
+}
+
+/// Regression: a merge after a failed batched write of a page whose left half the
+/// batch did not write (its leaf page keeps the old, wider range, with stale copies
+/// of the records now routed to its right-hand page) overflows again, and gave records
+/// to that right-hand page: the two pages' records overlapped and tripped
+/// `RecordList::push_view`'s debug assertion (in a release build, `packed to fit`).
+/// The merge must refuse, and so must a redistribution of a merge that checked before
+/// the failure: it takes no neighbour once the tree is poisoned.
+#[test]
+fn merges_after_a_failed_batch_write_refuse_a_page_it_left_stale() {
+    let (tree, model, _, stale) = batch_failed_between_left_pages();
+    let core = &tree.core;
+    {
+        let page = core.mapping.write(stale);
+        let job = core.dirty_mini(&page).unwrap();
+        let (header, mini) = (job.header, job.mini.node());
+        let mut leaf = Page::boxed();
+        core.read_leaf(header.leaf, &mut leaf).unwrap();
+        // A writer's record for the stale page, as `merge_full` merges it: just above
+        // the page's low fence, which the split left in place.
+        let low = owned_fence(NodeRef::trusted(leaf.payload()).low_fence()).unwrap();
+        let key = [low.as_slice(), b"+"].concat();
+        let extra = Some((&key[..], &b"late"[..], RecordType::Insert));
+        let merged = core.merge(stale, header, Some(mini), extra, true);
+        assert!(matches!(merged, Err(Op::Fail(Error::Poisoned { .. }))));
+        // The same merge had it checked before the failure: planned, it overflows and
+        // would give records to a neighbour.
+        let Ok(MergePlan::Split {
+            records,
+            chunks,
+            open: None,
+        }) = core.plan_merge(header, Some(mini), extra, Some(leaf))
+        else {
+            panic!("the stale page overflows, balanced");
+        };
+        let given = core.redistribute(stale, header.leaf, &records, &chunks);
+        assert!(matches!(given, Ok(false)), "no neighbour once poisoned");
+    }
+    assert_reads(&tree, &model);
 }
