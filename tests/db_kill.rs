@@ -31,7 +31,8 @@
 //!   scan yields no key that no write named;
 //! - batches are all or nothing: a key without a batch's value beside a key with it
 //!   must hold a write that may have come after the batch;
-//! - a full scan of each keyspace yields exactly what point reads found;
+//! - a full scan of each keyspace yields exactly what point reads found.
+//!
 //! What a recovery found becomes the starting point of the next run's checks.
 //!
 //! `cargo test --test db_kill` kills 12 children (CI runs this); `BFDB_KILLS` sets the
