@@ -147,9 +147,19 @@ impl Journal {
             Durability::Unlogged => Durability::Logged,
             level => level,
         };
-        let stripes = stripes_of(ops.iter().map(target));
-        let held: Vec<RwLockWriteGuard<'_, ()>> =
-            stripes.iter().map(|&s| self.stripes[s].0.write()).collect();
+        // One key (every single write) takes its one stripe without building lists.
+        let (one, many);
+        if let [op] = ops {
+            let (keyspace, key) = target(op);
+            one = Some(self.stripes[stripe_of(keyspace, key)].0.write());
+            many = Vec::new();
+        } else {
+            one = None;
+            many = stripes_of(ops.iter().map(target))
+                .into_iter()
+                .map(|s| self.stripes[s].0.write())
+                .collect::<Vec<RwLockWriteGuard<'_, ()>>>();
+        }
         let seq = match durability {
             Durability::Unlogged => None,
             Durability::Logged | Durability::Synced => Some(
@@ -159,7 +169,7 @@ impl Journal {
             ),
         };
         let applied = apply();
-        drop(held);
+        drop((one, many));
         let out = applied?;
         if let (Durability::Synced, Some(seq)) = (durability, seq) {
             self.log.wait_durable(seq).map_err(log_error)?;

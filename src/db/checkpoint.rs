@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use super::manifest::{named, sync_dir};
 use crate::error::{Error, Result};
-use crate::wal::LogPosition;
+use crate::wal::{Cursor, LogPosition};
 
 const MAGIC: [u8; 8] = *b"BFDBCKPT";
 /// The checkpoint format this build reads and writes.
@@ -60,27 +60,6 @@ pub(crate) fn file_name(generation: u64) -> String {
 /// The path of checkpoint `generation` in `dir`.
 pub(crate) fn path(dir: &Path, generation: u64) -> PathBuf {
     dir.join(file_name(generation))
-}
-
-struct Reader<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, rest) = (self.bytes.get(..n)?, self.bytes.get(n..)?);
-        self.bytes = rest;
-        Some(head)
-    }
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
 }
 
 impl Checkpoint {
@@ -125,7 +104,7 @@ impl Checkpoint {
             bytes.get(..split).unwrap_or_default(),
             bytes.get(split..).unwrap_or_default(),
         );
-        let mut t = Reader { bytes: trailer };
+        let mut t = Cursor { bytes: trailer };
         let (len, crc) = match (t.u64(), t.u32()) {
             (Some(len), Some(crc)) => (len, crc),
             _ => return Err(corrupt("truncated trailer".into())),
@@ -139,7 +118,7 @@ impl Checkpoint {
         if crc32c::crc32c(body) != crc {
             return Err(corrupt("checksum mismatch".into()));
         }
-        let mut r = Reader { bytes: body };
+        let mut r = Cursor { bytes: body };
         if r.take(MAGIC.len()) != Some(&MAGIC[..]) {
             return Err(corrupt("not a bfdb checkpoint (wrong magic bytes)".into()));
         }

@@ -40,7 +40,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::wal::LogPosition;
+use crate::wal::{Cursor, LogPosition};
 
 /// The manifest's file name in the database directory.
 pub(crate) const MANIFEST: &str = "MANIFEST";
@@ -109,31 +109,6 @@ impl Default for Manifest {
     }
 }
 
-/// Reads fields off the front of a byte slice; every read is checked.
-struct Reader<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, rest) = (self.bytes.get(..n)?, self.bytes.get(n..)?);
-        self.bytes = rest;
-        Some(head)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1)?.first().copied()
-    }
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-}
-
 impl Manifest {
     /// The manifest's bytes.
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -169,7 +144,7 @@ impl Manifest {
             path: path.to_path_buf(),
             reason,
         };
-        let mut r = Reader { bytes };
+        let mut r = Cursor { bytes };
         let magic = r
             .take(MAGIC.len())
             .ok_or_else(|| corrupt(format!("{} bytes is too short for a manifest", bytes.len())))?;
@@ -207,7 +182,7 @@ impl Manifest {
 
     fn decode_body(body: &[u8]) -> std::result::Result<Manifest, String> {
         let truncated = || "truncated body".to_string();
-        let mut r = Reader { bytes: body };
+        let mut r = Cursor { bytes: body };
         let next_id = r.u32().ok_or_else(truncated)?;
         let max_key_bytes = r.u32().ok_or_else(truncated)?;
         let max_value_bytes = r.u32().ok_or_else(truncated)?;

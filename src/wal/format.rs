@@ -46,31 +46,33 @@ const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 const KIND_BATCH: u8 = 1;
 
-/// Little-endian reads that answer `None` past the end of the bytes.
-struct Cursor<'a> {
-    bytes: &'a [u8],
+/// Little-endian reads that answer `None` past the end of the bytes: how every decoder
+/// of bytes from disk (log blocks and records, the manifest, checkpoint files) reads.
+pub(crate) struct Cursor<'a> {
+    /// What is left to read.
+    pub(crate) bytes: &'a [u8],
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let (head, rest) = self.bytes.split_at_checked(n)?;
         self.bytes = rest;
         Some(head)
     }
 
-    fn u8(&mut self) -> Option<u8> {
+    pub(crate) fn u8(&mut self) -> Option<u8> {
         self.take(1)?.first().copied()
     }
 
-    fn u16(&mut self) -> Option<u16> {
+    pub(crate) fn u16(&mut self) -> Option<u16> {
         Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
     }
 
-    fn u32(&mut self) -> Option<u32> {
+    pub(crate) fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
     }
 
-    fn u64(&mut self) -> Option<u64> {
+    pub(crate) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
 }

@@ -32,6 +32,7 @@ use std::sync::Arc;
 
 use crate::storage::LogDevice;
 
+pub(crate) use format::Cursor;
 pub use format::{LogOp, LogOpRef, LogRecord};
 pub use reader::Recovered;
 pub use writer::{Flusher, Log, LogOptions, MAX_GROUPS_IN_FLIGHT};
