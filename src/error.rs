@@ -63,6 +63,13 @@ pub enum Error {
     /// last checkpoint and the log. A tree on its own cannot be reopened: build a new one
     /// from the data's source of truth.
     ///
+    /// A keyspace of a [`Db`](crate::Db) shares its memory with the other keyspaces,
+    /// which must not stall behind records that can never be written: its unwritten
+    /// records move to the pool's tail while there is room, and once there is none they
+    /// are dropped from memory. From then on its reads that would need a leaf page are
+    /// refused with this error too, rather than answer from a page that misses them;
+    /// reopening the database recovers them.
+    ///
     /// A [`PageStore`](crate::storage::PageStore) used directly keeps serving reads too;
     /// a [`FileStore`](crate::storage::FileStore) opened again continues from what its
     /// last successful sync made durable.
@@ -110,8 +117,9 @@ impl fmt::Display for Error {
             Error::Poisoned { cause } => write!(
                 f,
                 "writes are refused since an earlier write or sync failed ({cause}); reads \
-                 still work; to write again, reopen the database (recovery restores what \
-                 was durable)"
+                 still work unless a database keyspace's unwritten records had to leave \
+                 memory; to write again, reopen the database (recovery restores what was \
+                 durable)"
             ),
             Error::CorruptFile { path, reason } => {
                 write!(f, "{} does not validate: {reason}", path.display())

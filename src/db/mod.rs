@@ -45,7 +45,7 @@ use crate::storage::{
     SlotStore,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use crate::tree::{Attached, Tree, open_file_store};
+use crate::tree::{Attached, Tree, TreeMemory, open_file_store};
 use crate::wal::{self, LogOp, LogOpRef, LogOptions, LogPosition};
 
 pub use batch::WriteBatch;
@@ -62,9 +62,10 @@ const LOCK: &str = "LOCK";
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct DbOptions {
-    /// The configuration of every tree keyspace: memory budget, key and value limits,
-    /// backend. In this release each keyspace has a pool of its own of
-    /// `config.memory_budget_bytes`.
+    /// The configuration of every tree keyspace: key and value limits, backend, and the
+    /// memory budget, `config.memory_budget_bytes`, which is the whole database's: every
+    /// tree keyspace keeps its mini-pages in one pool of that size, so memory goes to
+    /// the keyspaces in use and the total never grows with the number of keyspaces.
     pub config: Config,
     /// The durability of [`Tree::insert`] and [`Tree::delete`] on the database's
     /// keyspaces; [`Tree::insert_with`] and [`Db::write_with`] choose per write. Default
@@ -222,6 +223,11 @@ pub struct DbStats {
     /// Log bytes written since the newest checkpoint's position: what a recovery now
     /// would replay.
     pub log_bytes_since_checkpoint: u64,
+    /// The memory budget every tree keyspace shares: bytes of the one pool their
+    /// mini-pages live in (`config.memory_budget_bytes`, rounded down to a multiple of 8).
+    pub memory_budget_bytes: u64,
+    /// Bytes of that pool in use now, by every keyspace together.
+    pub memory_in_use_bytes: u64,
 }
 
 /// Where the keyspaces' page files live.
@@ -287,6 +293,8 @@ pub enum CheckpointCrashPoint {
 struct Shared {
     dir: PathBuf,
     options: DbOptions,
+    /// The pool every tree keyspace keeps its mini-pages in: the memory budget.
+    memory: TreeMemory,
     pages: Pages,
     journal: Arc<Journal>,
     catalog: RwLock<Catalog>,
@@ -439,9 +447,11 @@ impl Db {
             .map(|c| c.generation + 1)
             .max()
             .unwrap_or(1);
+        let memory = TreeMemory::new(&options.config)?;
         let mut shared = Shared {
             dir: dir.to_path_buf(),
             options,
+            memory,
             pages,
             journal,
             catalog: RwLock::new(Catalog {
@@ -583,6 +593,8 @@ impl Db {
         let c = self.shared.checkpoints.lock();
         let mut stats = c.stats.clone();
         stats.log_bytes_since_checkpoint = self.shared.log_bytes_since(&c);
+        stats.memory_budget_bytes = self.shared.memory.capacity_bytes();
+        stats.memory_in_use_bytes = self.shared.memory.bytes_in_use();
         stats
     }
 
@@ -762,32 +774,42 @@ impl Shared {
             }
             Pages::Sim(sim) => (sim.store(&page_file(entry.id)), ActiveBackend::custom()),
         };
-        let (shadow, tree) = match leaves {
-            Some(ks) => {
-                let slot_list: Vec<u64> = ks.leaves.iter().map(|(_, slot)| *slot).collect();
-                let (shadow, logical) =
-                    ShadowStore::recover(slots, &slot_list, pinned).map_err(|e| {
-                        Error::CorruptFile {
+        let (shadow, tree) =
+            match leaves {
+                Some(ks) => {
+                    let slot_list: Vec<u64> = ks.leaves.iter().map(|(_, slot)| *slot).collect();
+                    let (shadow, logical) = ShadowStore::recover(slots, &slot_list, pinned)
+                        .map_err(|e| Error::CorruptFile {
                             path: self.dir.join(page_file(entry.id)),
                             reason: format!("its checkpoint's page slots: {e}"),
-                        }
-                    })?;
-                let shadow = Arc::new(shadow);
-                let list: Vec<(Vec<u8>, PageNo)> = ks
-                    .leaves
-                    .iter()
-                    .map(|(low, _)| low.clone())
-                    .zip(logical)
-                    .collect();
-                let tree = Tree::from_leaves(config, Box::new(Arc::clone(&shadow)), backend, list)?;
-                (shadow, tree)
-            }
-            None => {
-                let shadow = Arc::new(ShadowStore::new(slots)?);
-                let tree = Tree::with_store(config, Box::new(Arc::clone(&shadow)), backend)?;
-                (shadow, tree)
-            }
-        };
+                        })?;
+                    let shadow = Arc::new(shadow);
+                    let list: Vec<(Vec<u8>, PageNo)> = ks
+                        .leaves
+                        .iter()
+                        .map(|(low, _)| low.clone())
+                        .zip(logical)
+                        .collect();
+                    let tree = Tree::from_leaves(
+                        config,
+                        Box::new(Arc::clone(&shadow)),
+                        backend,
+                        list,
+                        Some(self.memory.clone()),
+                    )?;
+                    (shadow, tree)
+                }
+                None => {
+                    let shadow = Arc::new(ShadowStore::new(slots)?);
+                    let tree = Tree::with_store_in(
+                        config,
+                        Box::new(Arc::clone(&shadow)),
+                        backend,
+                        self.memory.clone(),
+                    )?;
+                    (shadow, tree)
+                }
+            };
         let tree = tree.attach(Attached {
             journal: Arc::clone(&self.journal),
             keyspace: entry.id,
@@ -837,7 +859,9 @@ impl Shared {
 
     /// Removes what a crash or a drop left behind: temporary files, checkpoint files
     /// above `newest` (the newest checkpoint the manifest named at the open: those were
-    /// never committed), and page files of keyspaces `manifest` does not list. A
+    /// never committed) or below the oldest one `manifest` keeps (superseded: a crash
+    /// came between a commit and the retirement of the checkpoint it pushed out), and
+    /// page files of keyspaces `manifest` does not list. A
     /// damaged checkpoint file recovery skipped is left for its owner to look at (until
     /// an open finds it above the newest the manifest names).
     fn remove_stale_files(&self, manifest: &Manifest, newest: u64) -> Result<()> {
@@ -848,18 +872,22 @@ impl Shared {
             .collect();
         let entries =
             std::fs::read_dir(&self.dir).map_err(|e| Error::Io(manifest::named(&self.dir, e)))?;
+        // Checkpoints older than the oldest one kept were superseded: a crash between a
+        // checkpoint's commit and the retirement of the third-oldest leaves its file.
+        let oldest_kept = manifest.checkpoints.iter().map(|c| c.generation).min();
         for entry in entries {
             let entry = entry.map_err(|e| Error::Io(manifest::named(&self.dir, e)))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            let uncommitted = name
+            let generation = name
                 .strip_prefix("ckpt-")
-                .and_then(|g| u64::from_str_radix(g, 16).ok())
-                .is_some_and(|g| g > newest);
+                .and_then(|g| u64::from_str_radix(g, 16).ok());
+            let uncommitted = generation.is_some_and(|g| g > newest);
+            let superseded = generation.is_some_and(|g| oldest_kept.is_some_and(|o| g < o));
             let stale_pages = matches!(self.pages, Pages::Files)
                 && name.starts_with("ks-")
                 && name.ends_with(".pages")
                 && !live_pages.contains(&name);
-            if name.ends_with(".tmp") || uncommitted || stale_pages {
+            if name.ends_with(".tmp") || uncommitted || superseded || stale_pages {
                 std::fs::remove_file(entry.path())
                     .map_err(|e| Error::Io(manifest::named(&entry.path(), e)))?;
             }

@@ -1,4 +1,5 @@
-//! The background evictor: a thread per tree that keeps a sliver of the pool free.
+//! The background evictor: a thread per pool (shared by the trees of a `Db`) that keeps
+//! a sliver of the pool free and merges the pages its trees queued.
 //!
 //! The paper evicts in the thread whose allocation found the pool full, which then waits
 //! for the eviction's merges: a batched leaf read and one or two batched writes. With
@@ -27,6 +28,7 @@ use crate::sync::spin_wait;
 use super::flush::FLUSH_BATCH_PAGES;
 use super::leaf::MINI_HEADER_BYTES;
 use super::leaf::MiniHeader;
+use super::members::TreePool;
 use super::mini::clean_after_merge;
 use super::signal::{high_water_bytes, low_water_bytes};
 use super::stats::{bump, bump_by};
@@ -49,7 +51,7 @@ impl Core {
     /// threshold, `FLUSH_BATCH_PAGES` per batched read and write. Only try-locks: a page
     /// someone holds is left to its writers (who merge it at full size) and to eviction.
     /// Returns how many pages were queued.
-    fn merge_queued(&self) -> usize {
+    pub(super) fn merge_queued(&self) -> usize {
         let mut pids = std::mem::take(&mut *self.background.merges.lock());
         let queued = pids.len();
         pids.sort_unstable_by_key(|p| p.0);
@@ -108,25 +110,25 @@ impl Core {
     }
 }
 
-/// The running evictor of one tree; dropping it stops the thread and waits for it.
+/// The running evictor of one pool; dropping it stops the thread and waits for it.
 pub(super) struct Background {
-    core: Arc<Core>,
+    pool: Arc<TreePool>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl Background {
-    /// Starts the evictor of `core`; `None` if the thread cannot be spawned (writers
+    /// Starts the evictor of `pool`; `None` if the thread cannot be spawned (writers
     /// then evict for themselves, as they always can).
-    pub(super) fn start(core: &Arc<Core>) -> Option<Background> {
-        let worker = Arc::clone(core);
+    pub(super) fn start(pool: &Arc<TreePool>) -> Option<Background> {
+        let worker = Arc::clone(pool);
         let handle = std::thread::Builder::new()
             .name("bfdb-evictor".into())
             .spawn(move || run(&worker))
             .ok()?;
         // Only now may writers wake it: `after_alloc` is a no-op until the handle is set.
-        let _ = core.background.thread.set(handle.thread().clone());
+        let _ = pool.wake.thread.set(handle.thread().clone());
         Some(Background {
-            core: Arc::clone(core),
+            pool: Arc::clone(pool),
             handle: Some(handle),
         })
     }
@@ -134,20 +136,31 @@ impl Background {
 
 impl Drop for Background {
     fn drop(&mut self) {
-        self.core.background.stop.store(true, Ordering::Release);
+        self.pool.wake.stop.store(true, Ordering::Release);
         if let Some(handle) = self.handle.take() {
             handle.thread().unpark();
             // A panic in the evictor has already been reported by the panic hook; the
-            // tree itself stays usable (writers evict for themselves).
+            // trees themselves stay usable (writers evict for themselves).
             let _ = handle.join();
         }
     }
 }
 
+/// Merges the pages every member queued; returns how many were queued.
+fn merge_queued(pool: &TreePool) -> usize {
+    pool.members().iter().map(|core| core.merge_queued()).sum()
+}
+
+/// Whether some member has pages queued for merging.
+fn merges_waiting(pool: &TreePool) -> bool {
+    pool.members()
+        .iter()
+        .any(|core| !core.background.merges.lock().is_empty())
+}
+
 /// The evictor's loop: evict until the high-water mark, sleep until woken (or a while).
-fn run(core: &Core) {
-    let pool = &core.pool;
-    let signal = &core.background;
+fn run(pool: &TreePool) {
+    let signal = &pool.wake;
     let (low, high) = (
         low_water_bytes(pool.capacity_bytes()),
         high_water_bytes(pool.capacity_bytes()),
@@ -159,16 +172,16 @@ fn run(core: &Core) {
             if signal.stop.load(Ordering::Acquire) {
                 break;
             }
-            let queued = core.merge_queued();
+            let queued = merge_queued(pool);
             if pool.tail_room_bytes() >= high {
                 if queued == 0 {
                     break;
                 }
                 continue;
             }
-            let reclaimed = pool.evict_many(BATCH_BLOCKS, core);
+            let reclaimed = pool.evict_many(BATCH_BLOCKS, pool);
             if reclaimed > 0 {
-                bump_by(&core.counters.background_reclaimed_blocks, reclaimed);
+                bump_by(&pool.background_reclaimed, reclaimed);
                 stalled = 0;
                 backoff = Duration::from_millis(1);
             } else {
@@ -180,8 +193,8 @@ fn run(core: &Core) {
             }
         }
         if stalled > MAX_STALLED_STEPS {
-            // Every block busy, or the tree failing: look again later, while `busy` stays
-            // set so writers do not keep waking the thread meanwhile.
+            // Every block busy, or the trees failing: look again later, while `busy`
+            // stays set so writers do not keep waking the thread meanwhile.
             std::thread::park_timeout(backoff);
             backoff = (backoff * 2).min(IDLE_SLEEP);
             continue;
@@ -189,7 +202,7 @@ fn run(core: &Core) {
         signal.busy.store(false, Ordering::SeqCst);
         // A writer that found the pool low (or queued a merge) after the loop's last look
         // but before `busy` cleared did not wake us: look once more before sleeping.
-        let work = pool.tail_room_bytes() < low || !signal.merges.lock().is_empty();
+        let work = pool.tail_room_bytes() < low || merges_waiting(pool);
         if work && !signal.busy.swap(true, Ordering::AcqRel) {
             continue;
         }

@@ -8,9 +8,11 @@ use crate::error::Result;
 use crate::pool::{Block, EvictDecision, Evictor};
 use crate::sync::atomic::Ordering;
 
-use super::leaf::MiniHeader;
+use super::leaf::{MINI_HEADER_BYTES, MiniHeader};
 use super::mapping::{self, Location};
 use super::merge::MergeJob;
+use super::mini::{mini_block_bytes, mini_fences};
+use super::node;
 use super::stats::bump;
 use super::{Core, Op};
 
@@ -35,7 +37,7 @@ impl Evictor for Core {
             return self.finish_eviction(&page, header, Ok(false));
         }
         if self.failed.load(Ordering::Acquire) {
-            return EvictDecision::Busy;
+            return self.keep_in_memory(&page, header);
         }
         let merged = self.merge(header.pid, header, Some(mini), None, false);
         self.finish_eviction(&page, header, merged.map(|m| m.split()))
@@ -67,7 +69,9 @@ impl Evictor for Core {
             let mini = self.mini_page(&page).expect("checked above").node();
             if !mini.iter().any(|r| r.record_type().is_dirty()) {
                 decisions[i] = self.finish_eviction(&page, header, Ok(false));
-            } else if !self.failed.load(Ordering::Acquire) {
+            } else if self.failed.load(Ordering::Acquire) {
+                decisions[i] = self.keep_in_memory(&page, header);
+            } else {
                 jobs.push((i, page, header));
             }
         }
@@ -85,6 +89,48 @@ impl Evictor for Core {
 }
 
 impl Core {
+    /// Evicts the mini-page of a poisoned tree, whose dirty records can no longer go to
+    /// their leaf page (`Tree` refuses writes once one failed): copies them to a block
+    /// at the pool's tail and points the page there, so the pool's head moves on. The
+    /// pool may be shared with healthy keyspaces, which must not stall behind a block
+    /// that can never be merged; the poisoned tree's reads still find every record. It
+    /// takes no new writes, so what it keeps is bounded by what it held when it failed.
+    /// If the pool has no free block right now (an evictor must not evict recursively):
+    /// a tree on its own answers `Busy` (the block stays and is retried; the pool is its
+    /// alone); a keyspace of a `Db` drops the records, since the database's other
+    /// keyspaces share the pool and its log can bring them back on reopen. The caller
+    /// holds the page's write lock.
+    fn keep_in_memory(&self, page: &mapping::WriteGuard<'_>, header: MiniHeader) -> EvictDecision {
+        let mini = self.mini_page(page).expect("the caller checked").node();
+        let dirty = |r: &node::RecordView<'_>| r.record_type().is_dirty();
+        let fences = mini_fences(mini.prefix(), mini.prefix().len());
+        let Some(mut moved) = self.try_alloc(mini_block_bytes(&mini, &fences, dirty)) else {
+            if !self.drop_when_failed.load(Ordering::Acquire) {
+                return EvictDecision::Busy;
+            }
+            // No room, and other keyspaces need the pool: drop the records. From now on
+            // reads that need a leaf page are refused (`parse_leaf`), as a leaf page may
+            // lack what was dropped. Set before the page lock is released, so a reader
+            // that locks the page after us sees it.
+            self.dropped_records.store(true, Ordering::Release);
+            page.set_location(Location::Leaf(header.leaf.0));
+            bump(&self.counters.dropped_after_failure);
+            return EvictDecision::Evicted;
+        };
+        let bytes = moved.bytes_mut();
+        MiniHeader {
+            mirror: false,
+            ..header
+        }
+        .write(bytes);
+        node::copy_into(&mini, &mut bytes[MINI_HEADER_BYTES..], fences, |r| dirty(r))
+            .expect("sized for the dirty records");
+        self.publish(page, moved);
+        bump(&self.counters.kept_after_failure);
+        // The old block is the pool's to reclaim once we answer.
+        EvictDecision::Evicted
+    }
+
     /// Ends the eviction of a mini-page whose dirty records `merged` went (or failed to
     /// go) to the leaf page: on success points the page at its leaf page and answers
     /// `Evicted`; on failure records an operating error and answers `Busy`, so the dirty

@@ -5,7 +5,9 @@
 //! ```text
 //! 0..8    PageId that owns the mini-page (u64 LE) — the eviction callback's way back
 //! 8..14   leaf page number (48 bits LE)
-//! 14..16  flags (u16 LE): bit 0 = MIRROR (the mini-page holds every record of its leaf)
+//! 14..16  flags (u16 LE): bit 0 = MIRROR (the mini-page holds every record of its leaf);
+//!         bits 1..16 = owner, the tree's slot in the pool it may share with other trees
+//!         (`members::TreePool`), which eviction dispatches on
 //! 16..    the mini-page node (shared node layout, kind Mini)
 //! ```
 //!
@@ -40,6 +42,8 @@ pub(crate) struct MiniHeader {
     pub(crate) pid: PageId,
     pub(crate) leaf: PageNo,
     pub(crate) mirror: bool,
+    /// The owning tree's member slot in its pool (below `members::MAX_MEMBERS`).
+    pub(crate) owner: u16,
 }
 
 impl MiniHeader {
@@ -47,7 +51,8 @@ impl MiniHeader {
         payload[0..8].copy_from_slice(&self.pid.0.to_le_bytes());
         let leaf = self.leaf.0.to_le_bytes();
         payload[8..14].copy_from_slice(&leaf[..6]);
-        let flags = if self.mirror { MIRROR } else { 0 };
+        debug_assert!(usize::from(self.owner) < super::members::MAX_MEMBERS);
+        let flags = if self.mirror { MIRROR } else { 0 } | (self.owner << 1);
         payload[14..16].copy_from_slice(&flags.to_le_bytes());
     }
 
@@ -60,6 +65,7 @@ impl MiniHeader {
             pid: PageId(pid),
             leaf: PageNo(u64::from_le_bytes(leaf)),
             mirror: flags & MIRROR != 0,
+            owner: flags >> 1,
         }
     }
 
@@ -719,6 +725,7 @@ mod tests {
             pid: PageId(0x0123_4567_89ab),
             leaf: PageNo((1 << 48) - 1),
             mirror: true,
+            owner: (1 << 15) - 1,
         };
         let mut buf = [0u8; 16];
         h.write(&mut buf);

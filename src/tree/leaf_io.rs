@@ -43,8 +43,13 @@ impl Core {
         self.parse_leaf(no, page)
     }
 
-    /// Checks the node in a leaf page read from `no`.
+    /// Checks the node in a leaf page read from `no`. Every read of a leaf page's
+    /// records goes through here, so it also refuses them once eviction dropped records
+    /// of a failed tree that the page may lack (`Core::keep_in_memory`).
     pub(super) fn parse_leaf<'p>(&self, no: PageNo, page: &'p Page) -> Result<NodeRef<'p>> {
+        if self.dropped_records.load(Ordering::Acquire) {
+            return Err(self.poisoned());
+        }
         NodeRef::parse(page.payload()).map_err(|e| Error::Corrupted {
             page: no.0,
             reason: e.to_string(),

@@ -304,7 +304,7 @@ impl Core {
     /// Allocates a block of at least `size` payload bytes, evicting if needed;
     /// `WouldBlock` passes up.
     pub(super) fn alloc(&self, size: usize) -> Result<FreshBlock, Op> {
-        match self.pool.alloc(size, self) {
+        match self.pool.alloc(size) {
             Ok(block) => {
                 self.after_alloc();
                 Ok(FreshBlock { block })
@@ -335,6 +335,7 @@ impl Core {
             pid: page.id(),
             leaf: leaf_no,
             mirror: false,
+            owner: self.owner,
         }
         .write(bytes);
         let mut mini = NodeMut::init(&mut bytes[MINI_HEADER_BYTES..], NodeKind::Mini, fences)

@@ -141,6 +141,7 @@ impl Core {
             pid: page.id(),
             leaf: leaf_no,
             mirror: true,
+            owner: self.owner,
         }
         .write(bytes);
         if leaf::build_mirror(&mut bytes[MINI_HEADER_BYTES..], leaf, mini).is_err() {

@@ -33,6 +33,7 @@ pub(crate) mod inner;
 mod leaf;
 mod leaf_io;
 mod mapping;
+mod members;
 mod merge;
 mod mini;
 mod mirror;
@@ -56,7 +57,6 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::journal::{Durability, Journal};
-use crate::pool::Pool;
 use crate::storage::{ActiveBackend, MemoryStore, Page, PageNo, PageStore};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
@@ -65,6 +65,8 @@ use crate::wal::LogOpRef;
 use admission::Doorkeeper;
 use inner::InnerNode;
 use mapping::{Location, MappingTable, PageId};
+pub(crate) use members::TreeMemory;
+use members::TreePool;
 use node::{Fences, NodeKind, NodeMut};
 use olc::Restart;
 use plan::owned_fence;
@@ -101,8 +103,9 @@ impl From<Restart> for Op {
 /// Every operation takes `&self`; share a `Tree` between threads with `Arc` or scoped
 /// threads. Keys are non-empty byte strings of at most [`Config::max_key_bytes`]; values
 /// are byte strings of at most [`Config::max_value_bytes`]. Unless
-/// [`Config::background_eviction`] is off, each tree runs one thread of its own
-/// (`bfdb-evictor`), which dropping the tree stops.
+/// [`Config::background_eviction`] is off, a tree's pool runs one thread of its own
+/// (`bfdb-evictor`), which dropping the tree stops (the keyspaces of a
+/// [`Db`](crate::Db) share one pool and its thread).
 ///
 /// ```
 /// let tree = bfdb::Tree::in_memory(bfdb::Config::default())?;
@@ -122,8 +125,9 @@ impl From<Restart> for Op {
 /// ```
 pub struct Tree {
     core: Arc<Core>,
-    /// The background evictor, if it runs (`Config::background_eviction`).
-    background: Option<background::Background>,
+    /// The pool the tree's mini-pages live in, and its background evictor if it runs
+    /// (`Config::background_eviction`); shared with the other keyspaces of a `Db`.
+    memory: TreeMemory,
     /// The database's journal, for a keyspace of a [`Db`](crate::Db); `None` for a tree
     /// on its own, whose writes are not logged.
     journal: Option<Attached>,
@@ -160,12 +164,21 @@ struct Core {
     /// Every inner node ever created, freed when the tree drops.
     inner_nodes: Mutex<Vec<usize>>,
     mapping: MappingTable,
-    pool: Pool,
+    /// The pool, which the keyspaces of a `Db` share.
+    pool: Arc<TreePool>,
+    /// This tree's slot in the pool (`MiniHeader::owner`).
+    owner: u16,
     store: Box<dyn PageStore>,
     backend: ActiveBackend,
     counters: Counters,
     /// Set when a write to the page store failed; the tree then refuses writes.
     failed: AtomicBool,
+    /// Whether eviction may drop the unwritten records of a failed tree when the pool
+    /// has no room to keep them: set for the keyspaces of a `Db`, which share the pool
+    /// and recover from the log.
+    drop_when_failed: AtomicBool,
+    /// Set once eviction dropped such records: leaf-page reads are refused from then on.
+    dropped_records: AtomicBool,
     failure: Mutex<Option<String>>,
     /// Evictions of dirty mini-pages that failed with an operating error, and the last.
     evict_failures: AtomicU64,
@@ -243,7 +256,20 @@ impl Tree {
         backend: ActiveBackend,
     ) -> Result<Tree> {
         config.validate()?;
-        let pool = Pool::new(setup::pool_config(&config))?;
+        let memory = TreeMemory::new(&config)?;
+        Tree::with_store_in(config, store, backend, memory)
+    }
+
+    /// A new tree over `store` (empty) whose mini-pages live in `memory`, a pool other
+    /// trees may share (the keyspaces of a `Db`): `config` must be the one `memory` was
+    /// made with, or one with the same memory settings.
+    pub(crate) fn with_store_in(
+        config: Config,
+        store: Box<dyn PageStore>,
+        backend: ActiveBackend,
+        memory: TreeMemory,
+    ) -> Result<Tree> {
+        config.validate()?;
         // One empty leaf page covering every key, under a root with one child.
         let leaf_no = store.allocate()?;
         let mut page = Page::boxed();
@@ -264,7 +290,7 @@ impl Tree {
             setup::inner_node_size_bytes(&config),
             vec![(Vec::new(), leaf_no)],
         );
-        Ok(Tree::start(config, pool, store, backend, index))
+        Tree::start(config, memory, store, backend, index)
     }
 
     /// A tree over `store` whose leaf pages are `leaves`: (low routing key, leaf page
@@ -286,36 +312,54 @@ impl Tree {
         store: Box<dyn PageStore>,
         backend: ActiveBackend,
         leaves: Vec<(Vec<u8>, PageNo)>,
+        memory: Option<TreeMemory>,
     ) -> Result<Tree> {
         config.validate()?;
         rebuild::check_leaves(&config, &leaves)?;
-        let pool = Pool::new(setup::pool_config(&config))?;
+        let memory = match memory {
+            Some(memory) => memory,
+            None => TreeMemory::new(&config)?,
+        };
         let index = rebuild::index_leaves(setup::inner_node_size_bytes(&config), leaves);
-        Ok(Tree::start(config, pool, store, backend, index))
+        Tree::start(config, memory, store, backend, index)
     }
 
-    /// The tree over `index` (its inner nodes now owned by the tree), with its
-    /// background evictor started.
+    /// The tree over `index` (its inner nodes now owned by the tree), its mini-pages in
+    /// `memory`'s pool.
     fn start(
         config: Config,
-        pool: Pool,
+        memory: TreeMemory,
         store: Box<dyn PageStore>,
         backend: ActiveBackend,
         index: rebuild::LeafIndex,
-    ) -> Tree {
+    ) -> Result<Tree> {
         let inner_size_bytes = setup::inner_node_size_bytes(&config);
         let doorkeeper = Doorkeeper::new(config.memory_budget_bytes);
+        let owner = match memory.pool.reserve_slot() {
+            Ok(owner) => owner,
+            Err(e) => {
+                for &node in &index.inner_nodes {
+                    // SAFETY: each came from `Box::into_raw` of an `InnerNode` built for
+                    // this tree, is listed once, and nothing else refers to it.
+                    drop(unsafe { Box::from_raw(node as *mut InnerNode) });
+                }
+                return Err(e);
+            }
+        };
         let core = Arc::new(Core {
             config,
             inner_size_bytes,
             root: AtomicPtr::new(index.root),
             inner_nodes: Mutex::new(index.inner_nodes),
             mapping: index.mapping,
-            pool,
+            pool: Arc::clone(&memory.pool),
+            owner,
             store,
             backend,
             counters: Counters::default(),
             failed: AtomicBool::new(false),
+            drop_when_failed: AtomicBool::new(false),
+            dropped_records: AtomicBool::new(false),
             failure: Mutex::new(None),
             evict_failures: AtomicU64::new(0),
             evict_error: Mutex::new(None),
@@ -324,15 +368,12 @@ impl Tree {
             open_ends: Mutex::new(std::collections::VecDeque::new()),
             id: NEXT_TREE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         });
-        // Under shuttle every thread must be the scheduler's: no evictor thread there.
-        let background = (core.config.background_eviction && !cfg!(feature = "shuttle"))
-            .then(|| background::Background::start(&core))
-            .flatten();
-        Tree {
+        memory.pool.fill_slot(owner, Arc::downgrade(&core));
+        Ok(Tree {
             core,
-            background,
+            memory,
             journal: None,
-        }
+        })
     }
 
     /// Visits every leaf page of the tree in key order, for a checkpoint: calls
@@ -386,6 +427,7 @@ impl Tree {
     /// This tree as keyspace `attached.keyspace` of a database: its writes go through
     /// the database's journal from now on.
     pub(crate) fn attach(mut self, attached: Attached) -> Tree {
+        self.core.drop_when_failed.store(true, Ordering::Release);
         self.journal = Some(attached);
         self
     }
@@ -590,8 +632,10 @@ impl Tree {
             mini_page_growths: load(&c.mini_page_growths),
             merges: load(&c.merges),
             evictions: load(&c.evictions),
-            background_reclaimed_blocks: load(&c.background_reclaimed_blocks),
+            background_reclaimed_blocks: load(&self.core.pool.background_reclaimed),
             background_merges: load(&c.background_merges),
+            kept_after_failure: load(&c.kept_after_failure),
+            dropped_after_failure: load(&c.dropped_after_failure),
             merges_without_room: load(&c.merges_without_room),
             copy_on_access: load(&c.copy_on_access),
             records_promoted: load(&c.records_promoted),
@@ -638,8 +682,11 @@ impl Drop for Tree {
     fn drop(&mut self) {
         // Best effort: a failure here has nowhere to go, and Drop must not panic. While
         // unwinding from a panic the tree's state is suspect: do not write it.
-        // Stop the evictor first, so the flush below is the last writer.
-        self.background = None;
+        // Stop the evictor first if no other tree shares it, so the flush below is the
+        // last writer. (A shared evictor may still evict this tree's pages meanwhile:
+        // the flush locks each page as it goes, and what the evictor merges is written
+        // either way.)
+        self.memory.background = None;
         if !std::thread::panicking() {
             let _ = self.core.flush();
         }
@@ -648,6 +695,18 @@ impl Drop for Tree {
 
 impl Drop for Core {
     fn drop(&mut self) {
+        // Give the pool back every block this tree maps (a pool shared with other trees
+        // lives on), then the slot: `members.rs` says why in this order.
+        for id in 0..self.mapping.high_water() {
+            let page = self.mapping.write(PageId(id));
+            if let Location::Mini(offset) = page.location() {
+                let block = self.block(offset);
+                // SAFETY: `&mut self`: no operation of this tree runs now or later, so
+                // nobody reads the block again; each mapped block is freed once.
+                unsafe { self.pool.free(block) };
+            }
+        }
+        self.pool.release_slot(self.owner);
         for &node in self.inner_nodes.lock().iter() {
             // SAFETY: every entry came from `Box::into_raw` of an `InnerNode`, is listed
             // once, and `&mut self` means no traversal can still reach it.

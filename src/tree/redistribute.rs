@@ -136,6 +136,7 @@ impl Core {
                     pid: other_pid,
                     leaf: PageNo(no),
                     mirror: false,
+                    owner: self.owner,
                 };
                 (header, None)
             }

@@ -1120,6 +1120,7 @@ impl Core {
             pid: page.id(),
             leaf: leaf_no,
             mirror: true,
+            owner: self.owner,
         }
         .write(bytes);
         let fences = Fences::Range {

@@ -2,13 +2,12 @@
 //! `background.rs`, below every layer that allocates or merges. A writer's allocation
 //! wakes the evictor when the pool's tail runs short ([`Core::after_alloc`]), and a
 //! writer that finds its mini-page full at the merge threshold may hand the page to the
-//! evictor's merge queue instead of merging it itself ([`Core::queue_merge`]).
-
-use std::sync::OnceLock;
-use std::thread::Thread;
+//! evictor's merge queue instead of merging it itself ([`Core::queue_merge`]). The
+//! evictor and its wake-up flags belong to the pool (`members::Wake`), which trees may
+//! share; each tree keeps its own merge queue.
 
 use crate::sync::Mutex;
-use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::atomic::Ordering;
 
 use super::Core;
 use super::mapping::PageId;
@@ -16,14 +15,9 @@ use super::mapping::PageId;
 /// Most pages waiting for a background merge; past it writers merge for themselves.
 const MERGE_QUEUE_MAX: usize = 1024;
 
-/// How the tree's writers and its background evictor signal each other (part of `Core`).
+/// A tree's queue of pages for the background evictor to merge (part of `Core`).
 #[derive(Default)]
 pub(super) struct Signal {
-    /// Set while the evictor works or has been woken; a writer that finds the pool low
-    /// wakes it only when this was clear, so allocations rarely touch the thread.
-    pub(super) busy: AtomicBool,
-    pub(super) stop: AtomicBool,
-    pub(super) thread: OnceLock<Thread>,
     /// Pages whose mini-pages reached the merge threshold, for the evictor to merge.
     pub(super) merges: Mutex<Vec<PageId>>,
 }
@@ -42,11 +36,12 @@ impl Core {
     /// Called after a writer's allocation: wakes the background evictor if the pool's
     /// tail is short of room and the evictor is not already on it.
     pub(super) fn after_alloc(&self) {
-        let Some(thread) = self.background.thread.get() else {
+        let wake = &self.pool.wake;
+        let Some(thread) = wake.thread.get() else {
             return;
         };
         if self.pool.tail_room_bytes() < low_water_bytes(self.pool.capacity_bytes())
-            && !self.background.busy.swap(true, Ordering::AcqRel)
+            && !wake.busy.swap(true, Ordering::AcqRel)
         {
             thread.unpark();
         }
@@ -56,7 +51,8 @@ impl Core {
     /// background evictor; false if there is none or its queue is full (the writer then
     /// merges for itself).
     pub(super) fn queue_merge(&self, pid: PageId) -> bool {
-        let Some(thread) = self.background.thread.get() else {
+        let wake = &self.pool.wake;
+        let Some(thread) = wake.thread.get() else {
             return false;
         };
         {
@@ -66,7 +62,7 @@ impl Core {
             }
             queue.push(pid);
         }
-        if !self.background.busy.swap(true, Ordering::AcqRel) {
+        if !wake.busy.swap(true, Ordering::AcqRel) {
             thread.unpark();
         }
         true

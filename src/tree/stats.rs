@@ -27,11 +27,22 @@ pub struct TreeStats {
     pub evictions: u64,
     /// Pool blocks the background evictor reclaimed ([`Config::background_eviction`]):
     /// mini-pages it evicted and freed blocks it passed. Also in the pool's
-    /// `reclaimed_blocks`.
+    /// `reclaimed_blocks`. Like `pool`, this counts for the whole pool, which the
+    /// keyspaces of a [`Db`](crate::Db) share.
     pub background_reclaimed_blocks: u64,
     /// Mini-pages at the merge threshold that the background evictor merged (in batches)
     /// while their writers went on growing them ([`Config::background_eviction`]).
     pub background_merges: u64,
+    /// Mini-pages of dirty records that eviction moved to the pool's tail instead of
+    /// merging, because a failed write had poisoned the tree (its records can no longer
+    /// reach their leaf pages, and a pool shared with other keyspaces must not stall
+    /// behind them).
+    pub kept_after_failure: u64,
+    /// Mini-pages of dirty records that eviction dropped from memory in a poisoned
+    /// keyspace of a [`Db`](crate::Db), because the pool had no room to keep them (see
+    /// [`Error::Poisoned`](crate::Error::Poisoned)); the tree's leaf-page reads are
+    /// refused from the first.
+    pub dropped_after_failure: u64,
     /// Mini-pages merged instead of grown because the pool had no room for the bigger
     /// block (the block pinning its head may be the growing mini-page itself, which
     /// nobody else can evict while its writer holds the page). Also in `merges`.
@@ -90,7 +101,8 @@ pub struct TreeStats {
     /// Why the backend differs from what [`Config::backend`] asked for (io_uring refused
     /// by the kernel, `O_DIRECT` refused by the filesystem), if it does.
     pub backend_notice: Option<String>,
-    /// The circular-buffer pool's own counters.
+    /// The circular-buffer pool's own counters: the whole pool's, which the keyspaces of a
+    /// [`Db`](crate::Db) share.
     pub pool: PoolStats,
 }
 
@@ -101,8 +113,9 @@ pub(super) struct Counters {
     pub(super) mini_page_growths: AtomicU64,
     pub(super) merges: AtomicU64,
     pub(super) evictions: AtomicU64,
-    pub(super) background_reclaimed_blocks: AtomicU64,
     pub(super) background_merges: AtomicU64,
+    pub(super) kept_after_failure: AtomicU64,
+    pub(super) dropped_after_failure: AtomicU64,
     pub(super) merges_without_room: AtomicU64,
     pub(super) copy_on_access: AtomicU64,
     pub(super) records_promoted: AtomicU64,

@@ -66,6 +66,7 @@ fn redistribution_survives_a_parent_split_between_its_reads() {
                 pid: other_pid,
                 leaf: PageNo(leaf_no),
                 mirror: false,
+                owner: 0,
             },
             block: None,
             left: true,

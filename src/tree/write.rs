@@ -64,7 +64,7 @@ impl Core {
     /// Evicts from the pool's head while holding no page lock: the block that blocked an
     /// allocation may be the caller's own mini-page.
     pub(super) fn help_evict(&self) {
-        if !self.pool.evict_until(MAX_MINI_BLOCK_BYTES as u64 * 2, self) {
+        if !self.pool.evict_until(MAX_MINI_BLOCK_BYTES as u64 * 2) {
             crate::sync::thread::yield_now();
         }
     }

@@ -151,7 +151,7 @@ fn rebuild(config: Config, leaves: &[Captured]) -> Tree {
         store.free(no).unwrap();
     }
     let list = leaves.iter().map(|c| (c.low.clone(), c.no)).collect();
-    Tree::from_leaves(config, Box::new(store), ActiveBackend::memory(), list).unwrap()
+    Tree::from_leaves(config, Box::new(store), ActiveBackend::memory(), list, None).unwrap()
 }
 
 /// Checks that `tree` holds exactly `model`, by point reads and by a full scan.
@@ -445,7 +445,7 @@ fn bad_leaf_lists_are_errors() {
             .map(|&(k, no)| (k.as_bytes().to_vec(), PageNo(no)))
             .collect();
         let store = Box::new(MemoryStore::new());
-        Tree::from_leaves(config.clone(), store, ActiveBackend::memory(), leaves)
+        Tree::from_leaves(config.clone(), store, ActiveBackend::memory(), leaves, None)
     };
     let corrupt_at = |leaves: &[(&str, u64)], at: u64| match build(leaves) {
         Err(Error::Corrupted { page, reason }) => assert_eq!(page, at, "{reason}"),
@@ -501,6 +501,7 @@ fn inner_levels_over_the_longest_keys_route_every_page() {
         Box::new(MemoryStore::new()),
         ActiveBackend::memory(),
         leaves.clone(),
+        None,
     )
     .unwrap();
     let core = &tree.core;

@@ -1,0 +1,219 @@
+//! The pool of mini-pages as trees share it: one circular buffer, one memory budget, for
+//! every tree keyspace of a [`Db`](crate::Db) (a tree on its own has a pool to itself).
+//!
+//! Each mini-page block names its tree in its header (`MiniHeader::owner`, a slot in
+//! [`TreePool`]'s member table), so eviction at the head, which meets blocks of every
+//! tree in the order they were allocated, hands each block to the tree that owns it.
+//! A tree's writers thereby evict other trees' cold mini-pages, and memory flows to the
+//! keyspace that is being used, as the Bf-Tree paper's one buffer does for the pages of
+//! one tree.
+//!
+//! ## Member slots
+//!
+//! A tree takes a free slot when it is built and gives it back at the end of its
+//! `Drop`, after it has freed every block it still maps. A slot is therefore reused only
+//! once no block of its old tree is allocated, except a block an evictor claimed before
+//! the free (`Evicting`, which the free turns `Dead`): that evictor may find the slot's
+//! new tree, which then sees that its page does not map the block (no live mini-page can
+//! sit at the offset of a block not yet reclaimed) and answers `Busy`, after which the
+//! pool reclaims the dead block. A member that is being dropped cannot be upgraded, and
+//! its blocks are answered `Busy` until its `Drop` frees them.
+
+use std::ops::Deref;
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::Thread;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::pool::{AllocError, Block, EvictDecision, Evictor, Pool};
+use crate::sync::RwLock;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::leaf::MiniHeader;
+use super::{Core, background, setup};
+
+/// The most trees one pool serves at once: the owner field of a mini-page header has
+/// 15 bits.
+pub(crate) const MAX_MEMBERS: usize = 1 << 15;
+
+/// The pool and the trees that keep mini-pages in it.
+pub(crate) struct TreePool {
+    pool: Pool,
+    /// Slot `i` is `Some` while a tree owns it (a `Weak` that upgrades once the tree is
+    /// built), `None` when free.
+    members: RwLock<Vec<Option<Weak<Core>>>>,
+    /// How the writers of every member and the pool's background evictor signal each
+    /// other.
+    pub(super) wake: Wake,
+    /// Pool blocks the background evictor reclaimed.
+    pub(super) background_reclaimed: AtomicU64,
+}
+
+/// The writers' side of the background evictor (see `background.rs`).
+#[derive(Default)]
+pub(super) struct Wake {
+    /// Set while the evictor works or has been woken; a writer that finds the pool low
+    /// wakes it only when this was clear, so allocations rarely touch the thread.
+    pub(super) busy: AtomicBool,
+    pub(super) stop: AtomicBool,
+    pub(super) thread: OnceLock<Thread>,
+}
+
+impl Deref for TreePool {
+    type Target = Pool;
+
+    fn deref(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl TreePool {
+    fn new(config: &Config) -> Result<TreePool> {
+        Ok(TreePool {
+            pool: Pool::new(setup::pool_config(config))?,
+            members: RwLock::new(Vec::new()),
+            wake: Wake::default(),
+            background_reclaimed: AtomicU64::new(0),
+        })
+    }
+
+    /// Reserves a member slot, for a tree about to be built.
+    pub(super) fn reserve_slot(&self) -> Result<u16> {
+        let mut members = self.members.write();
+        let slot = match members.iter().position(Option::is_none) {
+            Some(free) => free,
+            None if members.len() < MAX_MEMBERS => {
+                members.push(None);
+                members.len() - 1
+            }
+            None => {
+                return Err(Error::Unsupported(format!(
+                    "a memory pool serves at most {MAX_MEMBERS} trees at once"
+                )));
+            }
+        };
+        members[slot] = Some(Weak::new());
+        Ok(u16::try_from(slot).expect("below MAX_MEMBERS"))
+    }
+
+    /// Points a reserved slot at its tree.
+    pub(super) fn fill_slot(&self, slot: u16, core: Weak<Core>) {
+        self.members.write()[usize::from(slot)] = Some(core);
+    }
+
+    /// Frees a slot: its tree has freed every block it mapped.
+    pub(super) fn release_slot(&self, slot: u16) {
+        self.members.write()[usize::from(slot)] = None;
+    }
+
+    /// The trees alive in the pool.
+    pub(super) fn members(&self) -> Vec<Arc<Core>> {
+        self.members
+            .read()
+            .iter()
+            .filter_map(|m| m.as_ref()?.upgrade())
+            .collect()
+    }
+
+    /// Allocates a block, evicting from the head (any member's blocks) if needed.
+    pub(super) fn alloc(&self, size_bytes: usize) -> Result<Block, AllocError> {
+        self.pool.alloc(size_bytes, self)
+    }
+
+    /// Evicts from the head until `free_bytes` are free at the tail; false if the
+    /// blocks there are busy.
+    pub(super) fn evict_until(&self, free_bytes: u64) -> bool {
+        self.pool.evict_until(free_bytes, self)
+    }
+
+    /// The members owning `blocks` (by their headers' owner slots), `None` for a slot
+    /// whose tree is gone or being dropped.
+    fn owners(&self, blocks: &[Block]) -> Vec<Option<Arc<Core>>> {
+        let members = self.members.read();
+        blocks
+            .iter()
+            .map(|block| {
+                // SAFETY: the pool hands the evictor only `Evicting` blocks, which are
+                // published and whose memory is not reused before the callback returns.
+                let owner = unsafe { MiniHeader::of(block) }.owner;
+                members.get(usize::from(owner))?.as_ref()?.upgrade()
+            })
+            .collect()
+    }
+}
+
+impl Evictor for TreePool {
+    fn evict(&self, block: &Block) -> EvictDecision {
+        match self.owners(std::slice::from_ref(block)).pop().flatten() {
+            Some(core) => core.evict(block),
+            None => EvictDecision::Busy,
+        }
+    }
+
+    /// Hands each member its blocks in one `evict_batch` call (so its merges batch
+    /// their IO), in address order within each member.
+    fn evict_batch(&self, blocks: &[Block]) -> Vec<EvictDecision> {
+        let owners = self.owners(blocks);
+        let mut decisions = vec![EvictDecision::Busy; blocks.len()];
+        let mut done = vec![false; blocks.len()];
+        for i in 0..blocks.len() {
+            let Some(core) = owners[i].as_ref().filter(|_| !done[i]) else {
+                continue;
+            };
+            let mine: Vec<usize> = (i..blocks.len())
+                .filter(|&j| !done[j] && owners[j].as_ref().is_some_and(|c| Arc::ptr_eq(c, core)))
+                .collect();
+            let batch: Vec<Block> = mine.iter().map(|&j| blocks[j]).collect();
+            for (&j, decision) in mine.iter().zip(core.evict_batch(&batch)) {
+                decisions[j] = decision;
+                done[j] = true;
+            }
+        }
+        decisions
+    }
+}
+
+/// A tree's share of memory: the pool it allocates mini-pages in, and the background
+/// evictor that keeps that pool's tail free. The trees of one [`Db`](crate::Db) hold
+/// clones of one `TreeMemory`; the evictor stops when the last clone is dropped.
+#[derive(Clone)]
+pub(crate) struct TreeMemory {
+    pub(super) pool: Arc<TreePool>,
+    pub(super) background: Option<Arc<background::Background>>,
+}
+
+impl TreeMemory {
+    /// A pool of `config.memory_budget_bytes` (which [`Config::validate`] accepted),
+    /// with its background evictor running if `config.background_eviction` is on.
+    pub(crate) fn new(config: &Config) -> Result<TreeMemory> {
+        let pool = Arc::new(TreePool::new(config)?);
+        // Under shuttle every thread must be the scheduler's: no evictor thread there.
+        let background = (config.background_eviction && !cfg!(feature = "shuttle"))
+            .then(|| background::Background::start(&pool))
+            .flatten()
+            .map(Arc::new);
+        Ok(TreeMemory { pool, background })
+    }
+
+    /// Bytes of the pool: the memory budget of every tree that shares it.
+    pub(crate) fn capacity_bytes(&self) -> u64 {
+        self.pool.capacity_bytes()
+    }
+
+    /// Bytes of the pool's blocks in use (headers included).
+    pub(crate) fn bytes_in_use(&self) -> u64 {
+        self.pool.bytes_in_use()
+    }
+}
+
+impl std::fmt::Debug for TreeMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TreeMemory")
+            .field("capacity_bytes", &self.pool.capacity_bytes())
+            .field(
+                "background_reclaimed",
+                &self.pool.background_reclaimed.load(Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
+}

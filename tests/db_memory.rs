@@ -1,0 +1,229 @@
+//! One memory budget for the whole database: every tree keyspace of a `Db` keeps its
+//! mini-pages in one pool of `config.memory_budget_bytes`. Memory moves to the keyspace
+//! in use, a dropped keyspace gives its share back, and a keyspace poisoned by a failed
+//! write does not stall the others.
+
+use std::sync::Arc;
+
+use bfdb::storage::{SimLog, SimPages};
+use bfdb::{Config, Db, DbOptions, Durability, Error};
+
+const BUDGET: u64 = 256 << 10;
+
+fn options() -> DbOptions {
+    DbOptions::default()
+        .checkpoint_log_bytes(0)
+        .checkpoint_on_close(false)
+        .config(Config {
+            memory_budget_bytes: BUDGET,
+            huge_pages: false,
+            ..Config::default()
+        })
+}
+
+/// Record `i` of keyspace `ks`; consecutive `i` land on scattered leaf pages, so the
+/// writes spread over many mini-pages (in key order they would fill one page at a time).
+fn key(ks: u32, i: u32) -> Vec<u8> {
+    let scattered = u64::from(i).wrapping_mul(2_654_435_761) % 1_000_003;
+    format!("ks{ks:02}-key{scattered:08}-{i}").into_bytes()
+}
+
+fn value(ks: u32, i: u32) -> Vec<u8> {
+    format!("value of {ks}/{i}, padded to look like a record: ....................").into_bytes()
+}
+
+#[test]
+fn every_keyspace_shares_one_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let names: Vec<String> = (0..8).map(|i| format!("ks{i}")).collect();
+    let trees: Vec<_> = names.iter().map(|n| db.tree(n).unwrap()).collect();
+    // Each keyspace alone writes about twice the budget: eight private pools would hold
+    // eight budgets' worth of mini-pages.
+    let per_keyspace = 3_000;
+    for (ks, tree) in trees.iter().enumerate() {
+        for i in 0..per_keyspace {
+            tree.insert_with(
+                &key(ks as u32, i),
+                &value(ks as u32, i),
+                Durability::Unlogged,
+            )
+            .unwrap();
+        }
+        let stats = db.stats();
+        assert_eq!(stats.memory_budget_bytes, BUDGET);
+        assert!(
+            stats.memory_in_use_bytes <= BUDGET,
+            "{} bytes in use after keyspace {ks}, budget {BUDGET}",
+            stats.memory_in_use_bytes
+        );
+    }
+    // Every keyspace sees the one pool.
+    let tails: Vec<u64> = trees.iter().map(|t| t.stats().pool.tail_bytes).collect();
+    assert!(tails.windows(2).all(|w| w[0] == w[1]), "{tails:?}");
+    for (ks, tree) in trees.iter().enumerate() {
+        for i in (0..per_keyspace).step_by(7) {
+            assert_eq!(
+                tree.get(&key(ks as u32, i)).unwrap(),
+                Some(value(ks as u32, i)),
+                "keyspace {ks} key {i}"
+            );
+        }
+        assert_eq!(tree.range::<&[u8], _>(..).count(), per_keyspace as usize);
+    }
+}
+
+#[test]
+fn writing_one_keyspace_evicts_the_cold_mini_pages_of_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let (cold, hot) = (db.tree("cold").unwrap(), db.tree("hot").unwrap());
+    for i in 0..500 {
+        cold.insert_with(&key(0, i), &value(0, i), Durability::Unlogged)
+            .unwrap();
+    }
+    let before = cold.stats().evictions;
+    // Only `hot` is written now; `cold`'s mini-pages must leave the pool for it.
+    for i in 0..20_000 {
+        hot.insert_with(&key(1, i), &value(1, i), Durability::Unlogged)
+            .unwrap();
+    }
+    assert!(
+        cold.stats().evictions > before,
+        "the idle keyspace kept its mini-pages while the other wrote {}x the budget",
+        20_000 * 80 / BUDGET
+    );
+    for i in 0..500 {
+        assert_eq!(cold.get(&key(0, i)).unwrap(), Some(value(0, i)));
+    }
+}
+
+#[test]
+fn a_dropped_keyspace_gives_its_memory_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let keep = db.tree("keep").unwrap();
+    keep.insert(b"k", b"v").unwrap();
+    let baseline = db.stats().memory_in_use_bytes;
+    // Far more keyspaces over time than one pool has member slots for at once is not
+    // needed to show reuse: each round's memory must come back.
+    for round in 0..40 {
+        let name = format!("scratch{round}");
+        let tree = db.tree(&name).unwrap();
+        for i in 0..200 {
+            tree.insert_with(&key(round, i), &value(round, i), Durability::Unlogged)
+                .unwrap();
+        }
+        assert!(db.stats().memory_in_use_bytes > baseline);
+        db.drop_tree(&name).unwrap();
+        drop(tree);
+        assert_eq!(
+            db.stats().memory_in_use_bytes,
+            baseline,
+            "round {round}: the dropped keyspace's mini-pages stayed in the pool"
+        );
+    }
+    assert_eq!(keep.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+}
+
+#[test]
+fn a_poisoned_keyspace_does_not_stall_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, pages) = (Arc::new(SimLog::new(7)), Arc::new(SimPages::new(7)));
+    let db = Db::open_simulated(dir.path(), options(), log.clone(), pages.clone()).unwrap();
+    let (bad, good) = (db.tree("bad").unwrap(), db.tree("good").unwrap());
+    // The first keyspace's page file fails every write from now on.
+    let names = pages.names();
+    assert_eq!(names.len(), 2, "{names:?}");
+    pages.store(&names[0]).fail_writes_after(0);
+    let mut acked = Vec::new();
+    for i in 0..5_000 {
+        match bad.insert_with(&key(0, i), &value(0, i), Durability::Logged) {
+            Ok(()) => acked.push(i),
+            Err(_) => break,
+        }
+    }
+    assert!(
+        !acked.is_empty() && acked.len() < 5_000,
+        "{} acknowledged",
+        acked.len()
+    );
+    // The other keyspace writes many budgets' worth: the poisoned keyspace's dirty
+    // mini-pages, which can never be merged, must not hold the pool's head.
+    for i in 0..20_000 {
+        good.insert_with(&key(1, i), &value(1, i), Durability::Unlogged)
+            .unwrap();
+    }
+    let stats = bad.stats();
+    assert!(
+        stats.kept_after_failure + stats.dropped_after_failure > 0,
+        "the poisoned keyspace's mini-pages never reached the head: write more"
+    );
+    for i in (0..20_000).step_by(13) {
+        assert_eq!(good.get(&key(1, i)).unwrap(), Some(value(1, i)));
+    }
+    // The poisoned keyspace answers what it acknowledged, or refuses; never a wrong
+    // answer from a leaf page that lacks a dropped record.
+    for &i in &acked {
+        match bad.get(&key(0, i)) {
+            Ok(found) => assert_eq!(found, Some(value(0, i)), "key {i}"),
+            Err(e) => assert!(matches!(e, Error::Poisoned { .. }), "{e}"),
+        }
+    }
+    // Reopened by a new process (the disk healthy again), it has every acknowledged
+    // write back.
+    db.persist().unwrap();
+    drop((bad, good, db));
+    let (log, pages) = (Arc::new(log.crash()), Arc::new(pages.crash()));
+    let db = Db::open_simulated(dir.path(), options(), log, pages).unwrap();
+    let bad = db.tree("bad").unwrap();
+    for &i in &acked {
+        assert_eq!(bad.get(&key(0, i)).unwrap(), Some(value(0, i)), "key {i}");
+    }
+}
+
+#[test]
+fn keyspaces_written_dropped_and_created_concurrently_keep_their_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let per_thread = 6_000;
+    std::thread::scope(|s| {
+        for ks in 0..3u32 {
+            let db = &db;
+            s.spawn(move || {
+                let tree = db.tree(&format!("writer{ks}")).unwrap();
+                for i in 0..per_thread {
+                    tree.insert_with(&key(ks, i), &value(ks, i), Durability::Unlogged)
+                        .unwrap();
+                    if i % 500 == 0 {
+                        // Reads of older records, which may have left the pool.
+                        let j = i / 2;
+                        assert_eq!(tree.get(&key(ks, j)).unwrap(), Some(value(ks, j)));
+                    }
+                }
+            });
+        }
+        let db = &db;
+        s.spawn(move || {
+            // Keyspaces come and go while the writers evict each other's mini-pages:
+            // member slots are freed and reused under running evictions.
+            for round in 0..30u32 {
+                let name = format!("scratch{}", round % 3);
+                let tree = db.tree(&name).unwrap();
+                for i in 0..300 {
+                    tree.insert_with(&key(10 + round, i), &value(round, i), Durability::Unlogged)
+                        .unwrap();
+                }
+                db.drop_tree(&name).unwrap();
+            }
+        });
+    });
+    for ks in 0..3u32 {
+        let tree = db.tree(&format!("writer{ks}")).unwrap();
+        assert_eq!(tree.range::<&[u8], _>(..).count(), per_thread as usize);
+        for i in (0..per_thread).step_by(11) {
+            assert_eq!(tree.get(&key(ks, i)).unwrap(), Some(value(ks, i)));
+        }
+    }
+    assert!(db.stats().memory_in_use_bytes <= BUDGET);
+}
