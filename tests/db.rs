@@ -626,6 +626,29 @@ fn checkpoints_truncate_the_log_and_free_the_pages_they_no_longer_need() {
 }
 
 #[test]
+fn a_checkpoint_file_left_by_a_crash_before_its_retirement_is_removed_on_open() {
+    let dir = checkpointed(300, 4);
+    let mut named = checkpoint_files(dir.path());
+    assert_eq!(named.len(), 2, "{named:?}");
+    named.sort();
+    // What a crash between a commit and the retirement of the third-oldest leaves: a
+    // checkpoint file older than both kept ones.
+    let leaked = dir.path().join("ckpt-0000000000000001");
+    assert!(!named.contains(&leaked), "{named:?}");
+    std::fs::copy(&named[0], &leaked).unwrap();
+    let db = Db::open(dir.path(), small()).unwrap();
+    expect_checkpointed(&db, 300, 4);
+    assert!(
+        !leaked.exists(),
+        "the superseded checkpoint file is still there"
+    );
+    // (The open replayed the writes after the newest checkpoint and checkpointed them,
+    // which retired the older of the two.)
+    assert!(named[1].exists());
+    assert_eq!(checkpoint_files(dir.path()).len(), 2);
+}
+
+#[test]
 fn a_background_checkpoint_runs_when_the_log_grows() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(
