@@ -11,7 +11,10 @@
 //! ## Member slots
 //!
 //! A tree takes a free slot when it is built and gives it back at the end of its
-//! `Drop`, after it has freed every block it still maps. A slot is therefore reused only
+//! `Core`'s `Drop`, after it has freed every block it still maps. (Its blocks go back
+//! earlier, as its `Tree` drops: an evictor may hold the `Core` a while longer, the
+//! background evictor for a pass over every member's merge queue, or a writer of
+//! another tree for one eviction batch, and the last `Arc` then drops on that thread.) A slot is therefore reused only
 //! once no block of its old tree is allocated, except a block an evictor claimed before
 //! the free (`Evicting`, which the free turns `Dead`): that evictor may find the slot's
 //! new tree, which then sees that its page does not map the block (no live mini-page can
@@ -30,6 +33,7 @@ use crate::sync::RwLock;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::leaf::MiniHeader;
+use super::mapping::{Location, PageId};
 use super::{Core, background, setup};
 
 /// The most trees one pool serves at once: the owner field of a mini-page header has
@@ -170,6 +174,26 @@ impl Evictor for TreePool {
             }
         }
         decisions
+    }
+}
+
+impl Core {
+    /// Gives the pool back every mini-page block the tree maps, each page pointed at its
+    /// leaf page first; dirty records not yet merged are dropped with their block. For
+    /// a tree no handle reaches any more: its `Tree` as it drops (after its flush), and
+    /// `Drop for Core`. An evictor that still holds the `Core` then finds no mini-page
+    /// to evict (a block it had claimed is `Dead`, which the pool reclaims), and none
+    /// of its eviction steps makes a new one: only `keep_in_memory` allocates, for a
+    /// page that maps a mini-page.
+    pub(super) fn give_back_blocks(&self) {
+        for id in 0..self.mapping.high_water() {
+            let page = self.mapping.write(PageId(id));
+            if let Some(mini) = self.mini_page(&page) {
+                let (block, leaf) = (mini.block(), mini.header().leaf);
+                page.set_location(Location::Leaf(leaf.0));
+                self.retire(block);
+            }
+        }
     }
 }
 

@@ -690,22 +690,17 @@ impl Drop for Tree {
         if !std::thread::panicking() {
             let _ = self.core.flush();
         }
+        // The pool's memory goes back now, not when the last `Arc<Core>` goes: an
+        // evictor of a shared pool may hold one a while longer (`members.rs`).
+        self.core.give_back_blocks();
     }
 }
 
 impl Drop for Core {
     fn drop(&mut self) {
-        // Give the pool back every block this tree maps (a pool shared with other trees
-        // lives on), then the slot: `members.rs` says why in this order.
-        for id in 0..self.mapping.high_water() {
-            let page = self.mapping.write(PageId(id));
-            if let Location::Mini(offset) = page.location() {
-                let block = self.block(offset);
-                // SAFETY: `&mut self`: no operation of this tree runs now or later, so
-                // nobody reads the block again; each mapped block is freed once.
-                unsafe { self.pool.free(block) };
-            }
-        }
+        // Give the pool back every block this tree still maps (a pool shared with other
+        // trees lives on), then the slot: `members.rs` says why in this order.
+        self.give_back_blocks();
         self.pool.release_slot(self.owner);
         for &node in self.inner_nodes.lock().iter() {
             // SAFETY: every entry came from `Box::into_raw` of an `InnerNode`, is listed

@@ -355,3 +355,117 @@ fn merges_after_a_failed_batch_write_refuse_a_page_it_left_stale() {
     }
     assert_reads(&tree, &model);
 }
+
+/// A tree sharing `memory` with others, over a store of its own in memory.
+fn tree_in(config: &Config, memory: &super::TreeMemory) -> Tree {
+    Tree::with_store_in(
+        config.clone(),
+        Box::new(crate::storage::MemoryStore::new()),
+        crate::storage::ActiveBackend::memory(),
+        memory.clone(),
+    )
+    .unwrap()
+}
+
+/// A pool shared by several trees, with no background thread (the tests play it).
+fn shared_memory() -> (Config, super::TreeMemory) {
+    let config = Config {
+        memory_budget_bytes: 256 << 10,
+        background_eviction: false,
+        huge_pages: false,
+        ..Config::default()
+    };
+    let memory = super::TreeMemory::new(&config).unwrap();
+    (config, memory)
+}
+
+/// Regression: a dropped tree gave its blocks back only in `Core::drop`, which runs
+/// where the last `Arc<Core>` goes. An evictor of the shared pool holds members'
+/// `Arc`s while it works (the background evictor over a whole pass of `merge_queued`,
+/// a writer of another tree for its eviction batch), so the blocks of a tree whose
+/// last handle was gone stayed in the pool until that evictor let go, and the freeing
+/// (a lock and a free per page) then ran on the evictor's thread or inside another
+/// tree's allocation. The tree gives them back as its handle drops.
+#[test]
+fn a_dropped_tree_gives_its_blocks_back_while_an_evictor_holds_it() {
+    let (config, memory) = shared_memory();
+    let keep = tree_in(&config, &memory);
+    keep.insert(b"k", b"v").unwrap();
+    let baseline = memory.bytes_in_use();
+    let scratch = tree_in(&config, &memory);
+    // Few enough records for one mini-page, which the drop's flush merges in place
+    // and keeps (as clean records).
+    for i in 0..20 {
+        scratch.insert(&numbered(i), &[1u8; 60]).unwrap();
+    }
+    assert!(memory.bytes_in_use() > baseline);
+    // What the background evictor holds during a pass over the members.
+    let held = memory.pool.members();
+    assert_eq!(held.len(), 2);
+    drop(scratch);
+    assert_eq!(
+        memory.bytes_in_use(),
+        baseline,
+        "the dropped tree's mini-pages stayed while an evictor held its core"
+    );
+    drop(held);
+    assert_eq!(memory.bytes_in_use(), baseline);
+    assert_eq!(keep.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+}
+
+/// Replays the slot-reuse race of `members.rs` deterministically: an evictor claims a
+/// block of tree `old` (now `Evicting`); before it looks up the block's owner, `old` is
+/// dropped (freeing the block: `Dead`) and a new tree takes `old`'s member slot. The
+/// owner lookup then finds the new tree, which must not take the block for its own
+/// (its page does not map it) and answers `Busy`, after which the pool reclaims the dead
+/// block; nothing leaks and both trees stay whole.
+#[test]
+fn a_claimed_block_whose_slot_was_reused_is_reclaimed() {
+    use std::cell::RefCell;
+
+    let (config, memory) = shared_memory();
+    let old = tree_in(&config, &memory);
+    let keep = tree_in(&config, &memory);
+    old.insert(b"old key", b"old value").unwrap();
+    keep.insert(b"k", b"v").unwrap();
+    let old_slot = old.core.owner;
+    let baseline_with_old = memory.bytes_in_use();
+    // The first block of the pool is `old`'s mini-page.
+    struct DropThenDispatch<'a> {
+        pool: &'a super::members::TreePool,
+        old: RefCell<Option<Tree>>,
+        new: RefCell<Option<Tree>>,
+        make_new: &'a dyn Fn() -> Tree,
+    }
+    impl Evictor for DropThenDispatch<'_> {
+        fn evict(&self, block: &Block) -> EvictDecision {
+            drop(self.old.borrow_mut().take());
+            let new = (self.make_new)();
+            new.insert(b"new key", b"new value").unwrap();
+            *self.new.borrow_mut() = Some(new);
+            self.pool.evict(block)
+        }
+    }
+    let make_new = || tree_in(&config, &memory);
+    let evictor = DropThenDispatch {
+        pool: &memory.pool,
+        old: RefCell::new(Some(old)),
+        new: RefCell::new(None),
+        make_new: &make_new,
+    };
+    let result = memory.pool.evict_one(&evictor);
+    assert!(
+        matches!(
+            result,
+            crate::pool::EvictResult::Reclaimed { evicted: false, .. }
+        ),
+        "{result:?}"
+    );
+    let new = evictor.new.borrow_mut().take().unwrap();
+    assert_eq!(new.core.owner, old_slot, "the new tree took the old one's slot");
+    assert_eq!(new.get(b"new key").unwrap().as_deref(), Some(&b"new value"[..]));
+    assert_eq!(new.get(b"old key").unwrap(), None);
+    assert_eq!(keep.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    drop(new);
+    assert!(memory.bytes_in_use() < baseline_with_old);
+}
