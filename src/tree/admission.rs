@@ -16,14 +16,16 @@
 //! the tree), since doing so evicts nothing.
 //!
 //! The array has 8 bits per 128 bytes of pool (`budget / 128` bytes, allocated outside
-//! the pool next to the mapping table: 128 KiB for a 16 MiB budget), about the room of
+//! the pool next to the mapping table: 128 KiB for a 16 MiB budget), one array per pool
+//! (the trees of a `Db` share it as they share the pool, each key's bits chosen with its
+//! tree's member slot, so it does not grow with the number of keyspaces), about the room of
 //! three cached records per 8 bits, and its window is an eighth of its bits, so at most
 //! a fifth of the bits are ever set (two hash functions: about 5% false positives at the
 //! end of a window, 2% on average).
 
 use crate::sync::atomic::{AtomicU64, Ordering};
 
-/// The second-miss filter of one tree.
+/// The second-miss filter of one pool, for every tree that keeps mini-pages in it.
 pub(crate) struct Doorkeeper {
     words: Box<[AtomicU64]>,
     /// Keys recorded since the last clear.
@@ -44,9 +46,10 @@ impl Doorkeeper {
         }
     }
 
-    /// Whether `key` was recorded before in this window; if not, records it.
-    pub(crate) fn seen_again(&self, key: &[u8]) -> bool {
-        let h = hash(key);
+    /// Whether `key` of the tree in member slot `owner` was recorded before in this
+    /// window; if not, records it.
+    pub(crate) fn seen_again(&self, owner: u16, key: &[u8]) -> bool {
+        let h = hash(key) ^ u64::from(owner).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let bits = self.words.len() as u64 * 64;
         let (a, b) = (h % bits, (h >> 32 ^ h << 17) % bits);
         let word = |bit: u64| &self.words[(bit / 64) as usize];
@@ -102,18 +105,18 @@ mod tests {
     #[test]
     fn admits_a_key_on_its_second_read() {
         let d = Doorkeeper::new(16 << 20);
-        assert!(!d.seen_again(b"user0000aaaaaaaa"));
-        assert!(d.seen_again(b"user0000aaaaaaaa"));
-        assert!(!d.seen_again(b"user0000aaaaaaab"));
-        assert!(!d.seen_again(b""));
-        assert!(d.seen_again(b""));
+        assert!(!d.seen_again(0, b"user0000aaaaaaaa"));
+        assert!(d.seen_again(0, b"user0000aaaaaaaa"));
+        assert!(!d.seen_again(0, b"user0000aaaaaaab"));
+        assert!(!d.seen_again(0, b""));
+        assert!(d.seen_again(0, b""));
     }
 
     #[test]
     fn false_positives_stay_rare_across_windows() {
         let d = Doorkeeper::new(1 << 20);
         let n = d.window * 5;
-        let false_positives = (0..n).filter(|i| d.seen_again(&i.to_be_bytes())).count();
+        let false_positives = (0..n).filter(|i| d.seen_again(0, &i.to_be_bytes())).count();
         // Two probes into an array at most a fifth full: 2% on average, 5% at worst.
         assert!(
             (false_positives as u64) < n / 20,
@@ -124,10 +127,10 @@ mod tests {
     #[test]
     fn the_end_of_a_window_forgets_first_reads() {
         let d = Doorkeeper::new(1 << 20);
-        assert!(!d.seen_again(b"key"));
+        assert!(!d.seen_again(0, b"key"));
         for i in 0..2 * d.window {
-            d.seen_again(&(i + 1_000_000).to_be_bytes());
+            d.seen_again(0, &(i + 1_000_000).to_be_bytes());
         }
-        assert!(!d.seen_again(b"key"), "the first read is forgotten");
+        assert!(!d.seen_again(0, b"key"), "the first read is forgotten");
     }
 }

@@ -32,6 +32,7 @@ use crate::pool::{AllocError, Block, EvictDecision, Evictor, Pool};
 use crate::sync::RwLock;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use super::admission::Doorkeeper;
 use super::leaf::MiniHeader;
 use super::mapping::{Location, PageId};
 use super::{Core, background, setup};
@@ -51,6 +52,9 @@ pub(crate) struct TreePool {
     pub(super) wake: Wake,
     /// Pool blocks the background evictor reclaimed.
     pub(super) background_reclaimed: AtomicU64,
+    /// The second-miss filter of point reads (`admission.rs`), sized by the pool: one
+    /// for every member, so that it does not grow with the number of trees.
+    pub(super) doorkeeper: Doorkeeper,
 }
 
 /// The writers' side of the background evictor (see `background.rs`).
@@ -78,6 +82,7 @@ impl TreePool {
             members: RwLock::new(Vec::new()),
             wake: Wake::default(),
             background_reclaimed: AtomicU64::new(0),
+            doorkeeper: Doorkeeper::new(config.memory_budget_bytes),
         })
     }
 

@@ -62,7 +62,6 @@ use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use crate::wal::LogOpRef;
 
-use admission::Doorkeeper;
 use inner::InnerNode;
 use mapping::{Location, MappingTable, PageId};
 pub(crate) use members::TreeMemory;
@@ -183,9 +182,6 @@ struct Core {
     /// Evictions of dirty mini-pages that failed with an operating error, and the last.
     evict_failures: AtomicU64,
     evict_error: Mutex<Option<String>>,
-    /// The second-miss filter deciding, with the promotion chance, which point reads
-    /// cache what they read.
-    doorkeeper: Doorkeeper,
     /// Wakes the background evictor, if it runs.
     background: signal::Signal,
     /// Pages given an open-end mirror, oldest first, at most `OPEN_ENDS_MAX`.
@@ -334,7 +330,6 @@ impl Tree {
         index: rebuild::LeafIndex,
     ) -> Result<Tree> {
         let inner_size_bytes = setup::inner_node_size_bytes(&config);
-        let doorkeeper = Doorkeeper::new(config.memory_budget_bytes);
         let owner = match memory.pool.reserve_slot() {
             Ok(owner) => owner,
             Err(e) => {
@@ -363,7 +358,6 @@ impl Tree {
             failure: Mutex::new(None),
             evict_failures: AtomicU64::new(0),
             evict_error: Mutex::new(None),
-            doorkeeper,
             background: signal::Signal::default(),
             open_ends: Mutex::new(std::collections::VecDeque::new()),
             id: NEXT_TREE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -693,6 +687,13 @@ impl Drop for Tree {
         // The pool's memory goes back now, not when the last `Arc<Core>` goes: an
         // evictor of a shared pool may hold one a while longer (`members.rs`).
         self.core.give_back_blocks();
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+impl Core {
+    fn doorkeeper(&self) -> &admission::Doorkeeper {
+        &self.pool.doorkeeper
     }
 }
 

@@ -226,7 +226,7 @@ impl Core {
         }
         self.mirror_room()
             || self.record_room()
-            || self.doorkeeper.seen_again(key)
+            || self.pool.doorkeeper.seen_again(self.owner, key)
             || chance(self.config.promotion_rate_percent)
     }
 

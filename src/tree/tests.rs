@@ -469,3 +469,19 @@ fn a_claimed_block_whose_slot_was_reused_is_reclaimed() {
     drop(new);
     assert!(memory.bytes_in_use() < baseline_with_old);
 }
+
+/// Regression: every tree kept a second-miss filter of its own, sized by the memory
+/// budget (`budget / 128` bytes, outside the pool), so a `Db` of many keyspaces sharing
+/// one budget still spent that much more per keyspace. The filter belongs to the pool,
+/// which sizes it. A key read through one tree is not a second read of the same key of
+/// another tree.
+#[test]
+fn trees_sharing_a_pool_share_its_second_miss_filter() {
+    let (config, memory) = shared_memory();
+    let (a, b) = (tree_in(&config, &memory), tree_in(&config, &memory));
+    assert!(std::ptr::eq(a.core.doorkeeper(), b.core.doorkeeper()));
+    assert!(!a.core.doorkeeper().seen_again(a.core.owner, b"key"));
+    assert!(!b.core.doorkeeper().seen_again(b.core.owner, b"key"));
+    assert!(a.core.doorkeeper().seen_again(a.core.owner, b"key"));
+    assert!(b.core.doorkeeper().seen_again(b.core.owner, b"key"));
+}
