@@ -72,7 +72,9 @@ pub struct Config {
     /// [`MEMORY_BUDGET_LIMIT_BYTES`] (2^47); any value in between works, so a budget
     /// computed from the memory available needs no rounding. The pool carves its
     /// memory in 8-byte units, so the tree uses the budget rounded down to a multiple of
-    /// 8 (at most 7 bytes fewer) and never more than the budget.
+    /// 8 (at most 7 bytes fewer) and never more than the budget. For a
+    /// [`Db`](crate::Db) it is the whole database's: every tree keyspace keeps its
+    /// mini-pages in one pool of this size.
     pub memory_budget_bytes: u64,
     /// Size of a leaf page on disk. Only 4096 is supported in this release.
     pub leaf_page_size_bytes: usize,
@@ -118,8 +120,9 @@ pub struct Config {
     pub io_uring_sqpoll: bool,
     /// Back the pool with huge pages where the system allows (silent fallback).
     pub huge_pages: bool,
-    /// Run a background thread per tree that evicts ahead of writers, keeping 1/64 to
-    /// 1/32 of the pool free, so that a writer rarely waits for an eviction's leaf IO
+    /// Run a background thread per pool (a tree's own, or the one the keyspaces of a
+    /// [`Db`](crate::Db) share) that evicts ahead of writers, keeping 1/64 to 1/32 of
+    /// the pool free, so that a writer rarely waits for an eviction's leaf IO
     /// (the paper evicts only in the thread that needs the room; that still happens
     /// whenever the pool is full). Default on.
     pub background_eviction: bool,

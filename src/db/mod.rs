@@ -65,7 +65,9 @@ pub struct DbOptions {
     /// The configuration of every tree keyspace: key and value limits, backend, and the
     /// memory budget, `config.memory_budget_bytes`, which is the whole database's: every
     /// tree keyspace keeps its mini-pages in one pool of that size, so memory goes to
-    /// the keyspaces in use and the total never grows with the number of keyspaces.
+    /// the keyspaces in use and the budget does not grow with the number of keyspaces.
+    /// (What lies outside the budget does: each open keyspace has its own mapping table
+    /// and inner nodes, a few bytes per leaf page plus some hundreds of KiB.)
     pub config: Config,
     /// The durability of [`Tree::insert`] and [`Tree::delete`] on the database's
     /// keyspaces; [`Tree::insert_with`] and [`Db::write_with`] choose per write. Default

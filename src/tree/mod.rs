@@ -103,8 +103,9 @@ impl From<Restart> for Op {
 /// threads. Keys are non-empty byte strings of at most [`Config::max_key_bytes`]; values
 /// are byte strings of at most [`Config::max_value_bytes`]. Unless
 /// [`Config::background_eviction`] is off, a tree's pool runs one thread of its own
-/// (`bfdb-evictor`), which dropping the tree stops (the keyspaces of a
-/// [`Db`](crate::Db) share one pool and its thread).
+/// (`bfdb-evictor`), which dropping the tree stops. The keyspaces of a
+/// [`Db`](crate::Db) share one pool and its thread, which stops once the database and
+/// every handle to its trees are gone.
 ///
 /// ```
 /// let tree = bfdb::Tree::in_memory(bfdb::Config::default())?;
