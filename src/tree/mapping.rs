@@ -202,9 +202,13 @@ impl MappingTable {
     }
 
     /// Takes `id`'s exclusive lock if it is free right now. Eviction uses only this: it
-    /// must never wait for a page lock while its caller may hold another.
+    /// must never wait for a page lock while its caller may hold another. `None` also
+    /// for an id whose chunk was never allocated (or beyond the table), which no
+    /// allocation handed out: eviction can meet such an id in a block of a dropped tree
+    /// whose member slot a new tree took (`members.rs`), and must not grow the new
+    /// tree's table for it.
     pub(crate) fn try_write(&self, id: PageId) -> Option<WriteGuard<'_>> {
-        let word = self.word(id);
+        let word = self.existing_word(id)?;
         try_lock_once(word, try_write_word).then(|| WriteGuard { word, id })
     }
 
@@ -228,6 +232,15 @@ impl MappingTable {
 
     fn word(&self, id: PageId) -> &AtomicU64 {
         entry(&self.chunks, id, || AtomicU64::new(0))
+    }
+
+    /// `id`'s word if its chunk exists; never allocates.
+    fn existing_word(&self, id: PageId) -> Option<&AtomicU64> {
+        let index = usize::try_from(id.0).ok()?;
+        let ptr = self.chunks.get(index / CHUNK_ENTRIES)?.load(Ordering::Acquire);
+        // SAFETY: a non-null slot holds a chunk leaked from a Box by `new_chunk`, freed
+        // only in `Drop for MappingTable` (`&mut self`), as in `entry`.
+        (!ptr.is_null()).then(|| unsafe { &(*ptr)[index % CHUNK_ENTRIES] })
     }
 }
 
@@ -526,6 +539,22 @@ mod tests {
         assert!(table.try_write(id).is_none());
         drop(w);
         assert!(table.try_read(id).is_some());
+    }
+
+    /// Eviction may try-lock the page id named by a block of a dropped tree whose
+    /// member slot a new tree took (`members.rs`); that id may lie beyond anything the
+    /// new tree's table ever handed out, and must neither grow the table by a chunk nor
+    /// panic.
+    #[test]
+    fn try_write_of_an_id_never_handed_out_allocates_nothing() {
+        let table = MappingTable::new();
+        table.allocate(Location::Leaf(1)).unwrap();
+        let far = PageId(CHUNK_ENTRIES as u64 * 5 + 3);
+        assert!(table.try_write(far).is_none());
+        assert!(table.chunks[5].load(Ordering::Acquire).is_null());
+        assert!(table.try_write(PageId(MAX_PAGE_IDS as u64)).is_none());
+        assert!(table.try_write(PageId(u64::MAX)).is_none());
+        assert!(table.try_write(PageId(0)).is_some());
     }
 
     #[test]
