@@ -237,7 +237,10 @@ impl MappingTable {
     /// `id`'s word if its chunk exists; never allocates.
     fn existing_word(&self, id: PageId) -> Option<&AtomicU64> {
         let index = usize::try_from(id.0).ok()?;
-        let ptr = self.chunks.get(index / CHUNK_ENTRIES)?.load(Ordering::Acquire);
+        let ptr = self
+            .chunks
+            .get(index / CHUNK_ENTRIES)?
+            .load(Ordering::Acquire);
         // SAFETY: a non-null slot holds a chunk leaked from a Box by `new_chunk`, freed
         // only in `Drop for MappingTable` (`&mut self`), as in `entry`.
         (!ptr.is_null()).then(|| unsafe { &(*ptr)[index % CHUNK_ENTRIES] })

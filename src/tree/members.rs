@@ -246,3 +246,132 @@ impl std::fmt::Debug for TreeMemory {
             .finish_non_exhaustive()
     }
 }
+
+/// Shuttle explores the interleavings of trees sharing one pool (run with `cargo test
+/// --features shuttle --lib members`): a writer of one tree evicts the blocks of another
+/// while that tree is dropped and a new tree takes its member slot.
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests {
+    use shuttle::sync::Arc;
+    use shuttle::thread;
+
+    use crate::config::Config;
+    use crate::storage::{ActiveBackend, MemoryStore};
+    use crate::tree::Tree;
+
+    use super::TreeMemory;
+
+    fn config() -> Config {
+        Config {
+            memory_budget_bytes: 64 << 10,
+            // Mini-pages grow to full size before merging, so they fill the pool.
+            merge_threshold_bytes: 4096,
+            max_key_bytes: 16,
+            max_value_bytes: 200,
+            huge_pages: false,
+            ..Config::default()
+        }
+    }
+
+    fn tree_in(memory: &TreeMemory) -> Tree {
+        Tree::with_store_in(
+            config(),
+            Box::new(MemoryStore::new()),
+            ActiveBackend::memory(),
+            memory.clone(),
+        )
+        .unwrap()
+    }
+
+    fn key(i: u32) -> Vec<u8> {
+        format!("k{:05}", i.wrapping_mul(7919) % 10_000).into_bytes()
+    }
+
+    fn value(i: u32, tree: u8) -> Vec<u8> {
+        let mut v = vec![tree; 200];
+        v[..4].copy_from_slice(&i.to_le_bytes());
+        v
+    }
+
+    /// Records tree `a` is written: several times the pool at 200 bytes each.
+    const A_RECORDS: u32 = 150;
+    /// Records tree `b` holds before it is dropped.
+    const B_RECORDS: u32 = 250;
+
+    /// Tree `a` is written (its allocations evict `b`'s blocks and, later, `c`'s) while
+    /// `b` is dropped and `c` is built in `b`'s slot and written. Every record of `a`
+    /// and `c` reads back, and the pool ends holding only their blocks.
+    fn a_tree_dropped_and_replaced_under_eviction() {
+        let memory = TreeMemory::new(&config()).unwrap();
+        let a = Arc::new(tree_in(&memory));
+        let b = tree_in(&memory);
+        // Mini-pages over most of the pool, for `a`'s allocations to evict.
+        for i in 0..B_RECORDS {
+            b.insert(&key(i), &value(i, 2)).unwrap();
+        }
+        let writer = {
+            let a = a.clone();
+            thread::spawn(move || {
+                for i in 0..A_RECORDS {
+                    a.insert(&key(i), &value(i, 1)).unwrap();
+                }
+            })
+        };
+        let replacer = {
+            let memory = memory.clone();
+            thread::spawn(move || {
+                drop(b);
+                // Usually in `b`'s slot; in another while `a`'s eviction batch still
+                // holds `b`'s `Core`, whose drop frees the slot.
+                let c = tree_in(&memory);
+                for i in 0..20 {
+                    c.insert(&key(i), &value(i, 3)).unwrap();
+                }
+                c
+            })
+        };
+        writer.join().unwrap();
+        let c = replacer.join().unwrap();
+        for i in 0..A_RECORDS {
+            assert_eq!(a.get(&key(i)).unwrap(), Some(value(i, 1)), "a: key {i}");
+        }
+        for i in 0..20 {
+            assert_eq!(c.get(&key(i)).unwrap(), Some(value(i, 3)), "c: key {i}");
+        }
+        assert_eq!(
+            c.get(&key(B_RECORDS - 1)).unwrap(),
+            None,
+            "c holds none of b's records"
+        );
+        let pool = &memory.pool;
+        assert!(
+            pool.stats().reclaimed_blocks > 0,
+            "the schedule must evict from the shared head"
+        );
+        drop(c);
+        drop(a);
+        pool.drain(&**pool);
+        assert_eq!(
+            pool.bytes_in_use(),
+            0,
+            "every block of the dropped trees came back"
+        );
+    }
+
+    fn iterations() -> usize {
+        std::env::var("BFDB_SHUTTLE_ITERATIONS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(40)
+    }
+
+    #[test]
+    fn a_tree_dropped_and_replaced_under_eviction_random() {
+        shuttle::check_random(a_tree_dropped_and_replaced_under_eviction, iterations());
+    }
+
+    #[test]
+    fn a_tree_dropped_and_replaced_under_eviction_pct() {
+        shuttle::check_pct(a_tree_dropped_and_replaced_under_eviction, iterations(), 3);
+    }
+}

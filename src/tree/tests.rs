@@ -462,8 +462,14 @@ fn a_claimed_block_whose_slot_was_reused_is_reclaimed() {
         "{result:?}"
     );
     let new = evictor.new.borrow_mut().take().unwrap();
-    assert_eq!(new.core.owner, old_slot, "the new tree took the old one's slot");
-    assert_eq!(new.get(b"new key").unwrap().as_deref(), Some(&b"new value"[..]));
+    assert_eq!(
+        new.core.owner, old_slot,
+        "the new tree took the old one's slot"
+    );
+    assert_eq!(
+        new.get(b"new key").unwrap().as_deref(),
+        Some(&b"new value"[..])
+    );
     assert_eq!(new.get(b"old key").unwrap(), None);
     assert_eq!(keep.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
     drop(new);
