@@ -1,0 +1,22 @@
+//! The hash tier: an F2-style store for skewed point workloads (Kanellis et al., PVLDB
+//! 2025), built on FASTER's hybrid log and hash index (Chandramouli et al., SIGMOD 2018).
+//!
+//! When finished, a `HashStore` keeps hot records in a *hot log* (a HybridLog: one
+//! address space over in-memory pages and disk, updated in place near the tail), reached
+//! through the *hot index*; write-cold records move by lookup-based compaction to a
+//! mostly-on-disk *cold log* with a two-level cold index; a *read cache* holds copies of
+//! read-hot records from disk. Threads coordinate page flushes, page closes, index growth
+//! and memory reclamation through *epoch protection with trigger actions*.
+//!
+//! Built so far, as self-contained parts the hybrid log and the operations will use:
+//!
+//! - [`epoch`]: the epoch framework (per-thread slots, protect / refresh / bump with a
+//!   trigger action / unprotect, the drain list, the safe-to-reclaim epoch).
+//!
+//! Not built yet: the hot index, the HybridLog, the operations (read, upsert, RMW,
+//! delete), the cold log and cold index, compaction, the read cache, and durability
+//! through the `Db`.
+//!
+//! Dependencies: `hash` uses `sync` (and, later, `storage`); nothing below it uses `hash`.
+
+pub(crate) mod epoch;
