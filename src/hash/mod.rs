@@ -3,7 +3,7 @@
 //!
 //! When finished, a `HashStore` keeps hot records in a *hot log* (a HybridLog: one
 //! address space over in-memory pages and disk, updated in place near the tail), reached
-//! through the *hot index*; write-cold records move by lookup-based compaction to a
+//! through the *hot index* below; write-cold records move by lookup-based compaction to a
 //! mostly-on-disk *cold log* with a two-level cold index; a *read cache* holds copies of
 //! read-hot records from disk. Threads coordinate page flushes, page closes, index growth
 //! and memory reclamation through *epoch protection with trigger actions*.
@@ -12,11 +12,23 @@
 //!
 //! - [`epoch`]: the epoch framework (per-thread slots, protect / refresh / bump with a
 //!   trigger action / unprotect, the drain list, the safe-to-reclaim epoch).
+//! - [`bucket`]: the hot index's layout (8-byte entries of address, tag and tentative
+//!   bit; 64-byte buckets of seven entries and an overflow pointer; the overflow-bucket
+//!   allocator; one table).
+//! - [`index`]: the hot index's protocols: find, the latch-free two-phase
+//!   find-or-create, the entry slot an operation compare-and-swaps its record address
+//!   into, and doubling while operations continue.
 //!
-//! Not built yet: the hot index, the HybridLog, the operations (read, upsert, RMW,
-//! delete), the cold log and cold index, compaction, the read cache, and durability
-//! through the `Db`.
+//! Not built yet: the HybridLog, the operations (read, upsert, RMW, delete), the cold log
+//! and cold index, compaction, the read cache, and durability through the `Db`.
 //!
 //! Dependencies: `hash` uses `sync` (and, later, `storage`); nothing below it uses `hash`.
 
+pub(crate) mod bucket;
 pub(crate) mod epoch;
+pub(crate) mod index;
+
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests;
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests;

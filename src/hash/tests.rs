@@ -1,0 +1,457 @@
+//! Tests of the hot index: its operations single-threaded, growth, and many threads
+//! inserting and finding distinct and colliding keys while the table doubles.
+//!
+//! Records live in [`Records`], a stand-in for the hybrid log: a record is a key, its
+//! hash and the address of the previous record of its chain, at addresses 1, 2, 3, ...
+//! Records below a movable "head" answer [`ChainLink::NotInMemory`] to a grow, as records
+//! on disk will.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::bucket::{Entry, INVALID_ADDRESS, KeyHash};
+use super::epoch::{Epoch, EpochGuard};
+use super::index::{ChainLink, HashIndex, IndexOptions, KEYS_PER_BUCKET, RecordHashes};
+
+/// Records at addresses `1..=capacity`.
+pub(super) struct Records {
+    keys: Vec<AtomicU64>,
+    hashes: Vec<AtomicU64>,
+    previous: Vec<AtomicU64>,
+    next: AtomicUsize,
+    /// Records below this address are "on disk" to a grow.
+    head: AtomicU64,
+}
+
+impl Records {
+    pub(super) fn new(capacity: usize) -> Self {
+        let atomics = || (0..capacity).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
+        Records {
+            keys: atomics(),
+            hashes: atomics(),
+            previous: atomics(),
+            next: AtomicUsize::new(0),
+            head: AtomicU64::new(0),
+        }
+    }
+
+    fn allocate(&self, key: u64, hash: KeyHash, previous: u64) -> u64 {
+        let i = self.next.fetch_add(1, Ordering::SeqCst);
+        assert!(i < self.keys.len(), "test record capacity exceeded");
+        self.keys[i].store(key, Ordering::SeqCst);
+        self.hashes[i].store(hash.0, Ordering::SeqCst);
+        self.previous[i].store(previous, Ordering::SeqCst);
+        i as u64 + 1
+    }
+
+    fn set_previous(&self, address: u64, previous: u64) {
+        self.previous[address as usize - 1].store(previous, Ordering::SeqCst);
+    }
+
+    fn key(&self, address: u64) -> u64 {
+        self.keys[address as usize - 1].load(Ordering::SeqCst)
+    }
+
+    fn previous(&self, address: u64) -> u64 {
+        self.previous[address as usize - 1].load(Ordering::SeqCst)
+    }
+}
+
+impl RecordHashes for Records {
+    fn link(&self, address: u64) -> ChainLink {
+        assert_ne!(address, INVALID_ADDRESS);
+        if address < self.head.load(Ordering::SeqCst) {
+            return ChainLink::NotInMemory;
+        }
+        let i = address as usize - 1;
+        ChainLink::Record {
+            key_hash: KeyHash(self.hashes[i].load(Ordering::SeqCst)),
+            previous: self.previous[i].load(Ordering::SeqCst),
+        }
+    }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Keys below 1000 come in groups of four sharing one whole hash (so they share a chain
+/// however large the table grows); other keys hash apart.
+pub(super) fn hash_of(key: u64) -> KeyHash {
+    if key < 1000 {
+        KeyHash(splitmix(key / 4))
+    } else {
+        KeyHash(splitmix(key))
+    }
+}
+
+/// Links a new record of `key` at the head of its chain, as an upsert will; returns its
+/// address.
+pub(super) fn upsert(
+    index: &HashIndex,
+    guard: &EpochGuard<'_, '_>,
+    records: &Records,
+    key: u64,
+) -> u64 {
+    let hash = hash_of(key);
+    loop {
+        let mut slot = index.find_or_create(guard, hash);
+        let address = records.allocate(key, hash, slot.address());
+        loop {
+            match slot.try_update(address) {
+                Ok(()) => return address,
+                Err(now) if now.is_final_for(hash.tag()) => {
+                    records.set_previous(address, now.address());
+                }
+                // The entry was removed: start over (the record is left unused).
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// The addresses of every record of `key` reachable from the index, newest first.
+pub(super) fn find_all(
+    index: &HashIndex,
+    guard: &EpochGuard<'_, '_>,
+    records: &Records,
+    key: u64,
+) -> Vec<u64> {
+    let mut found = Vec::new();
+    let Some(slot) = index.find(guard, hash_of(key)) else {
+        return found;
+    };
+    let mut address = slot.address();
+    while address != INVALID_ADDRESS {
+        if records.key(address) == key {
+            found.push(address);
+        }
+        address = records.previous(address);
+    }
+    found
+}
+
+/// Every home bucket's chain holds at most one entry per tag and no tentative entry, and
+/// every entry sits in the bucket its tag's records hash to (when its head is in memory).
+pub(super) fn check_entries(index: &HashIndex, guard: &EpochGuard<'_, '_>, records: &Records) {
+    let len = index.buckets(guard);
+    let mut seen = HashSet::new();
+    for (home, entry) in index.entries(guard) {
+        assert!(
+            !entry.is_tentative(),
+            "tentative entry left in bucket {home}: {entry:?}"
+        );
+        assert!(
+            seen.insert((home, entry.tag())),
+            "two live entries of tag {} in bucket {home}",
+            entry.tag()
+        );
+        if entry.address() != INVALID_ADDRESS
+            && let ChainLink::Record { key_hash, .. } = records.link(entry.address())
+        {
+            assert_eq!(key_hash.tag(), entry.tag());
+            assert_eq!(
+                key_hash.bucket(len),
+                home,
+                "entry {entry:?} in the wrong bucket"
+            );
+        }
+    }
+}
+
+fn index_with(buckets: usize, chunk: usize) -> HashIndex {
+    HashIndex::new(
+        Arc::new(Epoch::new()),
+        IndexOptions {
+            buckets,
+            grow_chunk_buckets: chunk,
+        },
+    )
+}
+
+#[test]
+fn sizing_from_the_expected_key_count() {
+    assert_eq!(IndexOptions::for_keys(0).buckets, 1);
+    assert_eq!(IndexOptions::for_keys(4).buckets, 1);
+    assert_eq!(IndexOptions::for_keys(5).buckets, 2);
+    assert_eq!(IndexOptions::for_keys(1000).buckets, 256);
+    assert_eq!(
+        IndexOptions::for_keys(1 << 20).buckets as u64,
+        (1 << 20) / KEYS_PER_BUCKET
+    );
+    let epoch = Arc::new(Epoch::new());
+    let index = HashIndex::new(epoch.clone(), IndexOptions::for_keys(1000));
+    let mut h = epoch.register();
+    let g = h.protect();
+    assert_eq!(index.buckets(&g), 256);
+    assert_eq!(index.size_bytes(&g), 256 * 64);
+    assert_eq!(index.overflow_buckets(&g), 0);
+}
+
+#[test]
+fn find_or_create_then_find() {
+    let index = index_with(4, 1);
+    let epoch = index.epoch().clone();
+    let records = Records::new(10_000);
+    let mut h = epoch.register();
+    let g = h.protect();
+    let hash = hash_of(5000);
+    assert!(index.find(&g, hash).is_none());
+    {
+        let mut slot = index.find_or_create(&g, hash);
+        assert_eq!(slot.entry(), Entry::new(INVALID_ADDRESS, hash.tag(), false));
+        slot.try_update(42).unwrap();
+        assert_eq!(slot.address(), 42);
+    }
+    let slot = index.find(&g, hash).unwrap();
+    assert_eq!(slot.address(), 42);
+    // Another find-or-create returns the same entry rather than a second one.
+    let mut again = index.find_or_create(&g, hash);
+    assert_eq!(again.address(), 42);
+    drop(slot);
+    // A slot whose view is stale fails its swap and learns the current entry.
+    let mut stale = index.find(&g, hash).unwrap();
+    again.try_update(43).unwrap();
+    assert_eq!(stale.try_update(44), Err(Entry::new(43, hash.tag(), false)));
+    stale.try_update(44).unwrap();
+    assert_eq!(index.find(&g, hash).unwrap().address(), 44);
+    // Removal, then the stale slot cannot resurrect the entry.
+    index.find(&g, hash).unwrap().try_remove().unwrap();
+    assert!(index.find(&g, hash).is_none());
+    assert!(again.try_update(45).is_err());
+    assert!(again.try_update(45).is_err(), "an emptied slot never swaps");
+    assert!(index.find(&g, hash).is_none());
+    drop(again);
+    drop(stale);
+    // Many keys in four buckets: overflow buckets, all found, no duplicates.
+    let keys: Vec<u64> = (1000..1200).collect();
+    let mut newest = HashMap::new();
+    for &k in &keys {
+        newest.insert(k, upsert(&index, &g, &records, k));
+    }
+    for &k in &keys {
+        let found = find_all(&index, &g, &records, k);
+        assert_eq!(found, [newest[&k]], "key {k}");
+    }
+    assert!(index.overflow_buckets(&g) > 0);
+    assert!(find_all(&index, &g, &records, 999_999).is_empty());
+    check_entries(&index, &g, &records);
+}
+
+#[test]
+fn keys_sharing_a_whole_hash_share_one_entry() {
+    let index = index_with(2, 1);
+    let epoch = index.epoch().clone();
+    let records = Records::new(1000);
+    let mut h = epoch.register();
+    let g = h.protect();
+    // Keys 0..4 share a hash; each upsert links behind the previous record.
+    let a: Vec<u64> = (0..4).map(|k| upsert(&index, &g, &records, k)).collect();
+    for (k, &address) in a.iter().enumerate() {
+        assert_eq!(find_all(&index, &g, &records, k as u64), [address]);
+    }
+    let tag = hash_of(0).tag();
+    let live = index
+        .entries(&g)
+        .into_iter()
+        .filter(|(_, e)| e.tag() == tag)
+        .count();
+    assert_eq!(live, 1);
+}
+
+#[test]
+fn grow_splits_chains_and_keeps_every_record() {
+    let index = index_with(4, 1);
+    let epoch = index.epoch().clone();
+    let records = Arc::new(Records::new(100_000));
+    let mut h = epoch.register();
+    let mut g = h.protect();
+    let keys: Vec<u64> = (0..300).chain(5000..5500).collect();
+    let mut all: HashMap<u64, Vec<u64>> = HashMap::new();
+    for round in 0..2 {
+        for &k in &keys {
+            all.entry(k)
+                .or_default()
+                .insert(0, upsert(&index, &g, &records, k));
+        }
+        if round == 0 {
+            // The first round's records are "on disk": a grow cannot split their chains
+            // further, so both halves point at them.
+            records.head.store(
+                records.next.load(Ordering::SeqCst) as u64 + 1,
+                Ordering::SeqCst,
+            );
+        }
+    }
+    let overflow_before = index.overflow_buckets(&g);
+    for doubling in 1..=4 {
+        assert!(index.grow(&mut g, records.clone()));
+        assert!(!index.is_growing());
+        assert_eq!(index.buckets(&g), 4 << doubling);
+        for &k in &keys {
+            assert_eq!(find_all(&index, &g, &records, k), all[&k], "key {k}");
+        }
+        check_entries(&index, &g, &records);
+        g.refresh();
+    }
+    // Entries whose walk reached a record "on disk" went to both halves, so there are
+    // more entries than the keys need.
+    let needed = |len: usize| {
+        keys.iter()
+            .map(|&k| (hash_of(k).bucket(len), hash_of(k).tag()))
+            .collect::<HashSet<_>>()
+            .len()
+    };
+    assert!(index.entries(&g).len() > needed(64));
+    // Everything in memory again: the next grow splits whole chains, leaving exactly one
+    // entry per (bucket, tag) of the keys and fewer overflow buckets.
+    records.head.store(0, Ordering::SeqCst);
+    assert!(index.grow(&mut g, records.clone()));
+    for &k in &keys {
+        assert_eq!(find_all(&index, &g, &records, k), all[&k], "key {k}");
+    }
+    check_entries(&index, &g, &records);
+    assert_eq!(index.entries(&g).len(), needed(128));
+    assert!(index.overflow_buckets(&g) < overflow_before);
+    // The old tables go once this thread refreshes.
+    g.refresh();
+    assert_eq!(epoch.pending_actions(), 0);
+}
+
+#[test]
+fn a_grow_waits_for_protected_threads_to_refresh() {
+    // A thread protected before the grow began may still be working in the old table
+    // unpinned: the grow may not migrate anything until it has refreshed.
+    let epoch = Arc::new(Epoch::new());
+    let records = Arc::new(Records::new(10));
+    let index = Arc::new(HashIndex::new(
+        epoch.clone(),
+        IndexOptions {
+            buckets: 2,
+            grow_chunk_buckets: 1,
+        },
+    ));
+    let mut other = epoch.register();
+    let mut stalled = other.protect();
+    std::thread::scope(|s| {
+        let grower = {
+            let (index, epoch, records) = (index.clone(), epoch.clone(), records.clone());
+            s.spawn(move || {
+                let mut h = epoch.register();
+                let mut g = h.protect();
+                index.grow(&mut g, records)
+            })
+        };
+        while !index.is_growing() {
+            std::thread::yield_now();
+        }
+        // The grower is stuck in its prepare phase behind this thread: its phase change
+        // is pending and the old table is still the active one.
+        for _ in 0..100 {
+            std::thread::yield_now();
+            assert!(index.is_growing());
+            assert_eq!(index.buckets(&stalled), 2);
+        }
+        assert!(epoch.pending_actions() >= 1);
+        // A second grow is refused while one is under way.
+        assert!(!index.grow(&mut stalled, records.clone()));
+        stalled.refresh();
+        assert!(grower.join().unwrap());
+    });
+    assert_eq!(index.buckets(&stalled), 4);
+    drop(stalled);
+    drop(other);
+    let mut h = epoch.register();
+    drop(h.protect());
+    assert_eq!(epoch.pending_actions(), 0);
+}
+
+/// Workers upsert distinct and shared (colliding) keys and check every key they wrote is
+/// found, while a grower doubles the table several times. Afterwards every record any
+/// worker linked is reachable from the index, and the entries are unique per tag.
+#[test]
+fn concurrent_inserts_and_finds_across_grows() {
+    concurrent(4, 3_000, 4, 1, 4);
+    concurrent(3, 2_000, 64, 8, 3);
+}
+
+fn concurrent(threads: u64, per_thread: u64, buckets: usize, chunk: usize, grows: u32) {
+    let epoch = Arc::new(Epoch::new());
+    let index = HashIndex::new(
+        epoch.clone(),
+        IndexOptions {
+            buckets,
+            grow_chunk_buckets: chunk,
+        },
+    );
+    let records = Arc::new(Records::new((threads * per_thread * 2 + 10_000) as usize));
+    let done = AtomicUsize::new(0);
+    let linked: Vec<(u64, u64)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (index, epoch, records, done) = (&index, &epoch, &records, &done);
+                s.spawn(move || {
+                    let mut h = epoch.register();
+                    let mut g = h.protect();
+                    let mut linked = Vec::new();
+                    for i in 0..per_thread {
+                        // Every third write goes to one of 64 keys all threads share
+                        // (groups of four of them share a whole hash).
+                        let key = if i % 3 == 0 {
+                            (i / 3 + t) % 64
+                        } else {
+                            1000 + t * 1_000_000 + i
+                        };
+                        let address = upsert(index, &g, records, key);
+                        linked.push((key, address));
+                        let found = find_all(index, &g, records, key);
+                        assert!(found.contains(&address), "key {key}: lost {address}");
+                        if i % 4 == 0 {
+                            g.refresh();
+                        }
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                    linked
+                })
+            })
+            .collect();
+        let grower = {
+            let (index, epoch, records) = (&index, &epoch, &records);
+            s.spawn(move || {
+                let mut h = epoch.register();
+                let mut g = h.protect();
+                for _ in 0..grows {
+                    // Let some writes land first.
+                    while records.next.load(Ordering::SeqCst) < 100 {
+                        std::thread::yield_now();
+                        g.refresh();
+                    }
+                    assert!(index.grow(&mut g, records.clone()));
+                    g.refresh();
+                }
+            })
+        };
+        grower.join().unwrap();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    assert_eq!(done.load(Ordering::SeqCst), threads as usize);
+    let mut h = epoch.register();
+    let g = h.protect();
+    assert_eq!(index.buckets(&g), buckets << grows);
+    check_entries(&index, &g, &records);
+    let mut by_key: HashMap<u64, HashSet<u64>> = HashMap::new();
+    for (key, address) in linked {
+        by_key.entry(key).or_default().insert(address);
+    }
+    for (key, addresses) in by_key {
+        let found: HashSet<u64> = find_all(&index, &g, &records, key).into_iter().collect();
+        assert_eq!(found, addresses, "key {key}: records lost or foreign");
+    }
+}
