@@ -226,6 +226,12 @@ impl EntrySlot<'_> {
         }
     }
 
+    /// Where the entry lives (tests compare slots).
+    #[cfg(test)]
+    pub(crate) fn slot_address(&self) -> usize {
+        std::ptr::from_ref(self.slot) as usize
+    }
+
     /// Removes the entry if it is still what this slot last saw (FASTER's delete of an
     /// index entry, for a chain whose records are all gone).
     pub(crate) fn try_remove(self) -> Result<(), Entry> {

@@ -455,3 +455,68 @@ fn concurrent(threads: u64, per_thread: u64, buckets: usize, chunk: usize, grows
         assert_eq!(found, addresses, "key {key}: records lost or foreign");
     }
 }
+
+/// Threads released together each create the entry of the same new hash, round after
+/// round: every thread must get the same slot, and no bucket may end with two live
+/// entries of a tag. Other threads meanwhile remove entries of other tags in the same
+/// buckets, so free slots open up ahead of the inserters (FASTER's figure 3a).
+#[test]
+fn racing_creates_of_one_tag_make_one_entry() {
+    // Two threads on this class of machine (two cores) can run truly at once.
+    const THREADS: usize = 2;
+    const ROUNDS: usize = 5000;
+    let index = index_with(16, 4);
+    let epoch = index.epoch().clone();
+    let records = Records::new(10);
+    let slots: Vec<[AtomicUsize; THREADS]> = (0..ROUNDS)
+        .map(|_| std::array::from_fn(|_| AtomicUsize::new(0)))
+        .collect();
+    let arrived = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (index, epoch, slots, arrived) = (&index, &epoch, &slots, &arrived);
+            s.spawn(move || {
+                let mut h = epoch.register();
+                let mut g = h.protect();
+                for (round, slots) in slots.iter().enumerate() {
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    let mut spins = 0u32;
+                    while arrived.load(Ordering::SeqCst) < THREADS * (round + 1) {
+                        // Spin a little (to start together), then let the others run.
+                        spins += 1;
+                        if spins < 10_000 {
+                            std::hint::spin_loop();
+                        } else {
+                            std::thread::yield_now();
+                        }
+                    }
+                    let hash = hash_of(2_000_000 + round as u64);
+                    let slot = index.find_or_create(&g, hash);
+                    slots[t].store(slot.slot_address(), Ordering::SeqCst);
+                    drop(slot);
+                    // The last thread removes an entry of two rounds ago, of another tag.
+                    if t == THREADS - 1
+                        && round >= 2
+                        && let Some(old) = index.find(&g, hash_of(2_000_000 + round as u64 - 2))
+                    {
+                        old.try_remove().unwrap();
+                    }
+                    g.refresh();
+                }
+            });
+        }
+    });
+    for (round, slots) in slots.iter().enumerate() {
+        let first = slots[0].load(Ordering::SeqCst);
+        for slot in slots {
+            assert_eq!(
+                slot.load(Ordering::SeqCst),
+                first,
+                "round {round}: two entries"
+            );
+        }
+    }
+    let mut h = epoch.register();
+    let g = h.protect();
+    check_entries(&index, &g, &records);
+}
