@@ -25,8 +25,11 @@
 //! Dependencies: `hash` uses `sync` (and, later, `storage`); nothing below it uses `hash`.
 
 pub(crate) mod bucket;
+pub(crate) mod device;
 pub(crate) mod epoch;
+pub(crate) mod hlog;
 pub(crate) mod index;
+pub(crate) mod record;
 
 #[cfg(all(test, feature = "shuttle"))]
 mod shuttle_tests;
