@@ -11,10 +11,12 @@
 //! - **Addresses** are 48-bit logical addresses, `page << page_bits | offset`; 0 is no
 //!   address (page 0 starts at [`FIRST_ADDRESS`]). Page `p` lives in frame
 //!   `p % frames` while it is at or above HEAD.
-//! - **Allocation** at TAIL is a fetch-and-add on a word holding (page, offset). The
-//!   thread whose add crosses the end of the page opens the next one; the others wait for
-//!   it, refreshing their epoch. The unused end of a page stays zero, which no record
-//!   header is, so a scan knows where a page's records end.
+//! - **Allocation** at TAIL is a fetch-and-add on a word holding (page, offset). An add
+//!   that runs past the page's end gets nothing; its thread drops what it holds, and it
+//!   (with any other such thread) moves the tail to the next page once that page's frame
+//!   is free, refreshing its epoch between tries (FASTER's `Allocate` / `NewPage`). The
+//!   unused end of a page stays zero, which no record header is, so a scan knows where a
+//!   page's records end.
 //! - **Opening page `q`** moves READ_ONLY to the start of page `q - mutable_pages` and,
 //!   if frame `q % frames` still holds page `q - frames`, moves HEAD past that page once
 //!   it is flushed, then waits for it to be closed.
@@ -194,6 +196,15 @@ pub(crate) struct HybridLog {
     epoch: Arc<Epoch>,
 }
 
+/// What [`HybridLog::allocate`] got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Alloc {
+    /// The space at this address is the caller's.
+    At(u64),
+    /// The tail's page (this one) is full: see [`HybridLog::allocate`].
+    PageFull(u64),
+}
+
 /// Where a record is.
 pub(crate) enum Fetched {
     /// In a page frame, at or above HEAD: usable until the guard refreshes.
@@ -269,63 +280,91 @@ impl HybridLog {
         }
     }
 
-    /// Allocates `size_bytes` (a multiple of 8, at most a page) at the tail and returns
-    /// its address; the caller fills it ([`HybridLog::record`] then `MemRecord::init`)
-    /// before it refreshes. May wait (refreshing `guard`) for a frame to be flushed and
-    /// closed. An error if the device failed.
-    pub(crate) fn allocate(&self, guard: &mut EpochGuard<'_, '_>, size_bytes: u64) -> Result<u64> {
+    /// Reserves `size_bytes` (a multiple of 8, at most a page) at the tail. The caller
+    /// fills the space ([`HybridLog::record`], then `MemRecord::init`) before it
+    /// refreshes its epoch.
+    ///
+    /// [`Alloc::PageFull`] means the tail's page is full and the next one is not open
+    /// yet: the caller drops whatever it holds from under its guard, then calls
+    /// [`HybridLog::new_page`] (refreshing between calls) until it answers `true`, and
+    /// starts its operation again (FASTER's `Allocate` / `NewPage` loop). An error if the
+    /// device failed.
+    pub(crate) fn allocate(&self, size_bytes: u64) -> Result<Alloc> {
         let s = &self.shared;
         assert!(
             size_bytes > 0 && size_bytes.is_multiple_of(8) && size_bytes <= s.page_bytes,
             "allocation of {size_bytes} bytes"
         );
-        loop {
-            s.check_failed()?;
-            let old = s.tail.fetch_add(size_bytes, Ordering::AcqRel);
-            let (page, offset) = (old >> 32, old & 0xffff_ffff);
-            if offset + size_bytes <= s.page_bytes {
-                return Ok(page << s.options.page_bits | offset);
-            }
-            if offset <= s.page_bytes {
-                // This allocation crossed the page's end: open the next page. Everyone
-                // else waits below until the tail moves to it.
-                let next = page + 1;
-                if (next << s.options.page_bits) + s.page_bytes > MAX_ADDRESS {
-                    s.fail("the log's 48-bit address space is exhausted".into());
-                    return s.check_failed().map(|()| 0);
-                }
-                self.open_page(guard, next)?;
-                s.tail.store(next << 32 | size_bytes, Ordering::Release);
-                return Ok(next << s.options.page_bits);
-            }
-            let mut spins = 0;
-            while s.tail.load(Ordering::Acquire) >> 32 == page {
-                s.check_failed()?;
-                guard.refresh();
-                spins += 1;
-                spin_wait(spins);
-            }
+        s.check_failed()?;
+        let old = s.tail.fetch_add(size_bytes, Ordering::AcqRel);
+        let (page, offset) = (old >> 32, old & 0xffff_ffff);
+        if offset + size_bytes <= s.page_bytes {
+            Ok(Alloc::At(page << s.options.page_bits | offset))
+        } else {
+            Ok(Alloc::PageFull(page))
         }
     }
 
-    /// Makes page `page`'s frame ready: moves READ_ONLY, and HEAD if the frame still
-    /// holds an older page, and waits for that page to be closed.
-    fn open_page(&self, guard: &mut EpochGuard<'_, '_>, page: u64) -> Result<()> {
+    /// Tries to move the tail from the full page `full` to the next page: moves
+    /// READ_ONLY, and HEAD if the next page's frame still holds an older page. Answers
+    /// `true` once the tail has left `full` (this thread or another moved it), `false`
+    /// if the frame is not free yet (refresh and call again: the flush and close wait
+    /// for every thread's refresh). Any thread whose allocation found `full` full may
+    /// call it; exactly one moves the tail. The caller holds nothing from under its
+    /// guard, which this refreshes.
+    pub(crate) fn new_page(&self, guard: &mut EpochGuard<'_, '_>, full: u64) -> Result<bool> {
         let s = &self.shared;
         let bits = s.options.page_bits;
-        self.shift_read_only(guard, page.saturating_sub(s.options.mutable_pages) << bits);
-        // Frame `page % frames` holds page `page - frames` until it is closed.
-        let need_head = (page + 1).saturating_sub(s.options.frames) << bits;
-        let mut spins = 0;
-        while s.closed_until.load(Ordering::Acquire) < need_head {
-            s.check_failed()?;
+        let next = full + 1;
+        if s.tail.load(Ordering::Acquire) >> 32 != full {
+            return Ok(true);
+        }
+        s.check_failed()?;
+        if (next << bits) + s.page_bytes > MAX_ADDRESS {
+            s.fail("the log's 48-bit address space is exhausted".into());
+            return s.check_failed().map(|()| false);
+        }
+        self.shift_read_only(guard, next.saturating_sub(s.options.mutable_pages) << bits);
+        // Frame `next % frames` holds page `next - frames` until it is closed.
+        let need_head = (next + 1).saturating_sub(s.options.frames) << bits;
+        if s.closed_until.load(Ordering::Acquire) < need_head {
             let target = need_head.min(s.flushed_until.load(Ordering::Acquire));
             self.shift_head(guard, target);
-            guard.refresh();
-            spins += 1;
-            spin_wait(spins);
+            return Ok(false);
         }
-        Ok(())
+        let mut current = s.tail.load(Ordering::Acquire);
+        while current >> 32 == full {
+            match s
+                .tail
+                .compare_exchange(current, next << 32, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => current = now,
+            }
+        }
+        Ok(true)
+    }
+
+    /// Allocates `size_bytes` at the tail, opening pages as needed: for a caller that
+    /// holds nothing from under `guard` while it waits (this refreshes it).
+    pub(crate) fn allocate_waiting(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        size_bytes: u64,
+    ) -> Result<u64> {
+        let mut spins = 0;
+        loop {
+            match self.allocate(size_bytes)? {
+                Alloc::At(address) => return Ok(address),
+                Alloc::PageFull(full) => {
+                    while !self.new_page(guard, full)? {
+                        guard.refresh();
+                        spins += 1;
+                        spin_wait(spins);
+                    }
+                }
+            }
+        }
     }
 
     /// Moves READ_ONLY up to `address` (never down); once every thread has seen it,
@@ -586,7 +625,7 @@ mod tests {
     fn append(log: &HybridLog, guard: &mut EpochGuard<'_, '_>, i: u64, len: usize) -> u64 {
         let (k, v) = (key(i), value(i, len));
         let size = record_size_bytes(k.len(), v.len()) as u64;
-        let address = log.allocate(guard, size).unwrap();
+        let address = log.allocate_waiting(guard, size).unwrap();
         // SAFETY: just allocated, at the tail (above HEAD); used before any refresh.
         let rec = unsafe { log.record(address) };
         rec.init(Header::new(i, false), &k, &v);
@@ -779,7 +818,7 @@ mod tests {
         let mut failed = None;
         for i in 0..2_000 {
             let size = record_size_bytes(8, 100) as u64;
-            match log.allocate(&mut guard, size) {
+            match log.allocate_waiting(&mut guard, size) {
                 Ok(address) => {
                     // SAFETY: just allocated; used before a refresh.
                     unsafe { log.record(address) }.init(Header::new(0, false), &key(i), &[0; 100]);
