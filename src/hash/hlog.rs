@@ -261,6 +261,11 @@ impl HybridLog {
         &self.epoch
     }
 
+    /// Bytes of one page: the largest record.
+    pub(crate) fn page_bytes(&self) -> u64 {
+        self.shared.page_bytes
+    }
+
     /// The addresses now.
     pub(crate) fn addresses(&self) -> Addresses {
         let s = &self.shared;

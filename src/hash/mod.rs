@@ -28,6 +28,7 @@ pub(crate) mod bucket;
 pub(crate) mod device;
 pub(crate) mod epoch;
 pub(crate) mod hlog;
+pub(crate) mod hot;
 pub(crate) mod index;
 pub(crate) mod record;
 

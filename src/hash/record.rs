@@ -213,9 +213,90 @@ impl MemRecord {
         true
     }
 
+    /// Takes the record's lock (waiting while another writer holds it), for a
+    /// read-modify-write; `None` if the record is invalid (sealed or never linked).
+    pub(crate) fn lock(&self) -> Option<LockedRecord> {
+        let word = self.header_word();
+        let mut spins = 0u32;
+        loop {
+            let current = Header(word.load(Ordering::Acquire));
+            if current.is_invalid() {
+                return None;
+            }
+            if !current.is_locked()
+                && word
+                    .compare_exchange(
+                        current.0,
+                        current.0 | LOCKED,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                return Some(LockedRecord {
+                    record: *self,
+                    header: current,
+                    written: false,
+                });
+            }
+            spins += 1;
+            crate::sync::spin_wait(spins);
+        }
+    }
+
     /// Sets the invalid bit (a record whose index insert failed).
     pub(crate) fn invalidate(&self) {
         self.header_word().fetch_or(INVALID, Ordering::AcqRel);
+    }
+}
+
+/// A record whose lock this thread holds: its value may be read and replaced without
+/// racing another writer. Dropping it unlocks (bumping the version if it wrote).
+pub(crate) struct LockedRecord {
+    record: MemRecord,
+    /// The header before locking.
+    header: Header,
+    written: bool,
+}
+
+impl LockedRecord {
+    pub(crate) fn header(&self) -> Header {
+        self.header
+    }
+
+    pub(crate) fn value(&self) -> Vec<u8> {
+        let (k, v) = self.record.lengths();
+        load_bytes(&self.record, RECORD_HEADER_BYTES + pad8(k), v)
+    }
+
+    /// Replaces the value with one of the same length.
+    pub(crate) fn write_value(&mut self, value: &[u8]) {
+        let (k, v) = self.record.lengths();
+        assert_eq!(v, value.len(), "an in-place write changes no length");
+        store_bytes(&self.record, RECORD_HEADER_BYTES + pad8(k), value);
+        self.written = true;
+    }
+
+    /// Marks the record invalid and unlocks it: a newer copy replaced it in its chain,
+    /// and writers that wait for the lock must go to that copy.
+    pub(crate) fn seal(self) {
+        self.record
+            .header_word()
+            .store((self.header.0 | INVALID) & !LOCKED, Ordering::Release);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for LockedRecord {
+    fn drop(&mut self) {
+        let unlocked = if self.written {
+            self.header.bumped()
+        } else {
+            self.header
+        };
+        self.record
+            .header_word()
+            .store(unlocked.0, Ordering::Release);
     }
 }
 
