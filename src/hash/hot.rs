@@ -386,20 +386,38 @@ impl HotLog {
     }
 }
 
-impl RecordHashes for HotLog {
+/// The hot log's side of an index grow: the key hash and previous address of a record.
+struct LogHashes(Arc<HybridLog>);
+
+impl RecordHashes for LogHashes {
     fn link(&self, address: u64) -> ChainLink {
         // A grow walks chains under its own guard; records at or above HEAD are in
         // memory while it holds it.
-        if address < self.log.addresses().head {
+        if address < self.0.addresses().head {
             return ChainLink::NotInMemory;
         }
         // SAFETY: at or above HEAD as loaded just now by a protected thread (the grow's),
         // and an address the index holds is a published record.
-        let record = unsafe { self.log.record(address) };
+        let record = unsafe { self.0.record(address) };
         ChainLink::Record {
             key_hash: hash_key(&record.key()),
             previous: record.header().previous(),
         }
+    }
+}
+
+impl HotLog {
+    /// Doubles the index while operations go on; false if another grow runs. The
+    /// caller holds nothing from under `guard`, which this refreshes while it waits for
+    /// the other threads (which must keep refreshing).
+    pub(crate) fn grow_index(&self, guard: &mut EpochGuard<'_, '_>) -> bool {
+        self.index
+            .grow(guard, Arc::new(LogHashes(Arc::clone(&self.log))))
+    }
+
+    /// Home buckets of the index now.
+    pub(crate) fn index_buckets(&self, guard: &EpochGuard<'_, '_>) -> usize {
+        self.index.buckets(guard)
     }
 }
 
@@ -575,6 +593,60 @@ mod tests {
             "{stats:?}"
         );
         assert!(store.log().addresses().head > 0, "nothing left memory");
+    }
+
+    #[test]
+    fn the_index_doubles_while_threads_count_and_no_count_is_lost() {
+        let store = tiny();
+        let keys = 2_000u64;
+        let per_thread = 15_000u64;
+        let expected: Vec<HashMap<u64, u64>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let store = &store;
+                    s.spawn(move || {
+                        let mut handle = store.epoch().register();
+                        let mut guard = handle.protect();
+                        let mut rng = Rng(7_000 + t);
+                        let mut mine = HashMap::new();
+                        for _ in 0..per_thread {
+                            let k = rng.below(keys);
+                            store.rmw(&mut guard, &key(k), &counter).unwrap();
+                            *mine.entry(k).or_insert(0) += 1;
+                            guard.refresh();
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            let store = &store;
+            s.spawn(move || {
+                let mut handle = store.epoch().register();
+                let mut guard = handle.protect();
+                let before = store.index_buckets(&guard);
+                for _ in 0..3 {
+                    while !store.grow_index(&mut guard) {
+                        guard.refresh();
+                    }
+                    guard.refresh();
+                }
+                assert_eq!(store.index_buckets(&guard), before * 8);
+            });
+            workers.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut handle = store.epoch().register();
+        let guard = handle.protect();
+        for k in 0..keys {
+            let want: u64 = expected
+                .iter()
+                .map(|m| m.get(&k).copied().unwrap_or(0))
+                .sum();
+            let got = store
+                .get(&guard, &key(k))
+                .unwrap()
+                .map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+            assert_eq!(got, want, "key {k}");
+        }
     }
 
     #[test]
