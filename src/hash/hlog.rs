@@ -266,6 +266,11 @@ impl HybridLog {
         self.shared.page_bytes
     }
 
+    /// Bytes of memory the page frames take.
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        self.shared.page_bytes * self.shared.options.frames
+    }
+
     /// The addresses now.
     pub(crate) fn addresses(&self) -> Addresses {
         let s = &self.shared;

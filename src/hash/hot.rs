@@ -101,8 +101,9 @@ pub(crate) struct HotLog {
     counters: Counters,
 }
 
-/// One step of an operation that could not finish under its current guard.
-enum Step<T> {
+/// One try of an operation: done, or what must happen (under a refreshed guard) before
+/// the next try.
+pub(crate) enum Step<T> {
     Done(T),
     /// Drop everything, refresh, start again.
     Retry,
@@ -126,7 +127,16 @@ impl HotLog {
         log: HlogOptions,
         device: Arc<dyn LogPages>,
     ) -> Result<HotLog> {
-        let epoch = Arc::new(Epoch::new());
+        HotLog::with_epoch(expected_keys, log, device, Arc::new(Epoch::new()))
+    }
+
+    /// As [`HotLog::new`], on an epoch shared with other parts of a store.
+    pub(crate) fn with_epoch(
+        expected_keys: u64,
+        log: HlogOptions,
+        device: Arc<dyn LogPages>,
+        epoch: Arc<Epoch>,
+    ) -> Result<HotLog> {
         Ok(HotLog {
             index: HashIndex::new(Arc::clone(&epoch), IndexOptions::for_keys(expected_keys)),
             log: Arc::new(HybridLog::new(log, device, Arc::clone(&epoch))?),
@@ -221,27 +231,51 @@ impl HotLog {
         self.run(guard, |this, guard| this.try_rmw(guard, key, update))
     }
 
+    /// One try of a read-modify-write that never refreshes `guard`: for callers that
+    /// must act (with their own records still in memory) before any refresh. Settle a
+    /// `Retry` or `PageFull` with [`HotLog::settle`] and try again.
+    pub(crate) fn rmw_once(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        update: &dyn Update,
+    ) -> Result<Step<Vec<u8>>> {
+        self.try_rmw(guard, key, update)
+    }
+
+    /// Does what a `Retry` or `PageFull` asks before the next try: refreshes, or opens
+    /// the next page (refreshing between tries). The caller holds nothing from under
+    /// `guard`.
+    pub(crate) fn settle<T>(&self, guard: &mut EpochGuard<'_, '_>, step: &Step<T>) -> Result<()> {
+        match *step {
+            Step::Done(_) => Ok(()),
+            Step::Retry => {
+                bump(&self.counters.retries);
+                guard.refresh();
+                Ok(())
+            }
+            Step::PageFull(full) => {
+                let mut spins = 0;
+                while !self.log.new_page(guard, full)? {
+                    guard.refresh();
+                    spins += 1;
+                    spin_wait(spins);
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Runs `step` until it is done, refreshing between tries as it asks.
     fn run<T>(
         &self,
         guard: &mut EpochGuard<'_, '_>,
         step: impl Fn(&Self, &EpochGuard<'_, '_>) -> Result<Step<T>>,
     ) -> Result<T> {
-        let mut spins = 0;
         loop {
             match step(self, guard)? {
                 Step::Done(out) => return Ok(out),
-                Step::Retry => {
-                    bump(&self.counters.retries);
-                    guard.refresh();
-                }
-                Step::PageFull(full) => {
-                    while !self.log.new_page(guard, full)? {
-                        guard.refresh();
-                        spins += 1;
-                        spin_wait(spins);
-                    }
-                }
+                other => self.settle(guard, &other)?,
             }
         }
     }
@@ -413,6 +447,11 @@ impl HotLog {
     pub(crate) fn grow_index(&self, guard: &mut EpochGuard<'_, '_>) -> bool {
         self.index
             .grow(guard, Arc::new(LogHashes(Arc::clone(&self.log))))
+    }
+
+    /// Bytes of the index's memory (home and overflow buckets).
+    pub(crate) fn index_size_bytes(&self, guard: &EpochGuard<'_, '_>) -> usize {
+        self.index.size_bytes(guard)
     }
 
     /// Home buckets of the index now.

@@ -25,6 +25,7 @@
 //! Dependencies: `hash` uses `sync` (and, later, `storage`); nothing below it uses `hash`.
 
 pub(crate) mod bucket;
+pub(crate) mod cold;
 pub(crate) mod device;
 pub(crate) mod epoch;
 pub(crate) mod hlog;
