@@ -42,12 +42,18 @@ struct Version {
 struct Shared {
     current: AtomicUsize,
     versions: [Version; 3],
+    /// Each reader's local epoch as it last saw it after protecting or refreshing;
+    /// `MOVING` while it changes it, 0 while unprotected.
+    published: [AtomicU64; 2],
 }
+
+const MOVING: u64 = u64::MAX;
 
 /// Two readers use the current version under protection while a writer swaps in new
 /// ones and retires the old through trigger actions: an action never runs while a
-/// reader that saw its version is still inside it, readers never see a retired version,
-/// and each action runs exactly once.
+/// reader that saw its version is still inside it, nor while a reader holds a guard at
+/// or below the action's epoch; readers never see a retired version; and each action
+/// runs exactly once.
 #[test]
 fn epoch_actions_run_once_after_every_reader_moved_on() {
     explore(|| {
@@ -58,24 +64,27 @@ fn epoch_actions_run_once_after_every_reader_moved_on() {
                 retired: AtomicU64::new(0),
                 readers: AtomicU64::new(0),
             }),
+            published: std::array::from_fn(|_| AtomicU64::new(0)),
         });
         let readers: Vec<_> = (0..2)
-            .map(|_| {
+            .map(|r| {
                 let (epoch, shared) = (epoch.clone(), shared.clone());
                 thread::spawn(move || {
+                    let mine = &shared.published[r];
                     let mut handle = epoch.register();
                     let mut guard = handle.protect();
+                    mine.store(guard.local_epoch(), Ordering::SeqCst);
                     for _ in 0..2 {
                         let v = &shared.versions[shared.current.load(Ordering::SeqCst)];
                         v.readers.fetch_add(1, Ordering::SeqCst);
-                        assert_eq!(
-                            v.retired.load(Ordering::SeqCst),
-                            0,
-                            "read a retired version"
-                        );
+                        let retired = v.retired.load(Ordering::SeqCst);
+                        assert_eq!(retired, 0, "read a retired version");
                         v.readers.fetch_sub(1, Ordering::SeqCst);
+                        mine.store(MOVING, Ordering::SeqCst);
                         guard.refresh();
+                        mine.store(guard.local_epoch(), Ordering::SeqCst);
                     }
+                    mine.store(0, Ordering::SeqCst);
                 })
             })
             .collect();
@@ -87,13 +96,16 @@ fn epoch_actions_run_once_after_every_reader_moved_on() {
                 for next in 1..3 {
                     let old = shared.current.swap(next, Ordering::SeqCst);
                     let shared = shared.clone();
+                    // Only this thread bumps, so the action's epoch is the current one.
+                    let at = epoch.current();
                     guard.bump_with_action(move || {
                         let v = &shared.versions[old];
-                        assert_eq!(
-                            v.readers.load(Ordering::SeqCst),
-                            0,
-                            "retired under a reader"
-                        );
+                        let inside = v.readers.load(Ordering::SeqCst);
+                        assert_eq!(inside, 0, "retired under a reader");
+                        for p in &shared.published {
+                            let p = p.load(Ordering::SeqCst);
+                            assert!(p == 0 || p == MOVING || p > at, "ran under a guard at {p}");
+                        }
                         v.retired.fetch_add(1, Ordering::SeqCst);
                     });
                 }
