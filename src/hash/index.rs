@@ -68,6 +68,9 @@ pub(crate) enum ChainLink {
     /// The record cannot be read cheaply (it is on disk). A grow then lets both halves
     /// of a split chain point at it, as FASTER does for records below the head address.
     NotInMemory,
+    /// The record is gone (below the log's begin address): the chain ends before it, and
+    /// a half whose walk reaches it gets no entry, as FASTER drops entries below begin.
+    Truncated,
 }
 
 /// The record allocator's side of a grow: FASTER reads the record at an address to
@@ -696,7 +699,8 @@ impl<'t> Appender<'t> {
 /// high bucket the high entry's; older records of either side stay reachable through the
 /// previous-address links (a chain may pass through records of the other side; readers
 /// compare keys anyway). A record not in memory ends the walk and both unfound sides
-/// point at it. A side with no record in the chain gets no entry.
+/// point at it; a truncated record ends the chain. A side with no record in the chain
+/// gets no entry.
 fn split_chain(old: &Table, new: &Table, index: usize, records: &dyn RecordHashes) {
     let old_len = old.len();
     let (low_index, high_index) = (index, index + old_len);
@@ -731,6 +735,7 @@ fn split_chain(old: &Table, new: &Table, index: usize, records: &dyn RecordHashe
                         high_address.get_or_insert(address);
                         break;
                     }
+                    ChainLink::Truncated => break,
                 }
             }
             if let Some(address) = low_address {

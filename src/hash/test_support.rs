@@ -20,6 +20,8 @@ pub(super) struct Records {
     pub(super) next: AtomicUsize,
     /// Records below this address are "on disk" to a grow.
     pub(super) head: AtomicU64,
+    /// Records below this address are gone ("truncated") to a grow.
+    pub(super) begin: AtomicU64,
 }
 
 impl Records {
@@ -31,6 +33,7 @@ impl Records {
             previous: atomics(),
             next: AtomicUsize::new(0),
             head: AtomicU64::new(0),
+            begin: AtomicU64::new(0),
         }
     }
 
@@ -59,6 +62,9 @@ impl Records {
 impl RecordHashes for Records {
     fn link(&self, address: u64) -> ChainLink {
         assert_ne!(address, INVALID_ADDRESS);
+        if address < self.begin.load(Ordering::SeqCst) {
+            return ChainLink::Truncated;
+        }
         if address < self.head.load(Ordering::SeqCst) {
             return ChainLink::NotInMemory;
         }
