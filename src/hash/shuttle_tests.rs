@@ -9,7 +9,7 @@
 //! `BFDB_SHUTTLE_ITERATIONS=1` replays it. Iterations: `BFDB_SHUTTLE_ITERATIONS`
 //! (default 300 per test; PCT runs the same number).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::bucket::{Entry, KeyHash};
 use super::epoch::Epoch;
@@ -208,12 +208,11 @@ fn two_phase_insert_racing_for_an_overflow_bucket() {
     two_phase_insert(7);
 }
 
-/// A writer upserts keys (two of them sharing a whole hash) while another thread doubles
-/// a two-bucket index with one-bucket chunks: whichever phase each write lands in, every
-/// record stays reachable and the entries stay unique.
-#[test]
-fn grow_racing_upserts_loses_nothing() {
-    explore(|| {
+/// Writers upsert keys (some sharing a whole hash, some written by both) while another
+/// thread doubles a two-bucket index with one-bucket chunks: whichever phase each write
+/// lands in, every record stays reachable and the entries stay unique.
+fn grow_racing_upserts(writers: usize) {
+    explore(move || {
         let epoch = Arc::new(Epoch::new());
         let index = Arc::new(HashIndex::new(
             epoch.clone(),
@@ -223,28 +222,35 @@ fn grow_racing_upserts_loses_nothing() {
             },
         ));
         let records = std::sync::Arc::new(Records::new(64));
-        let mut written: HashMap<u64, Vec<u64>> = HashMap::new();
+        let mut written: HashMap<u64, HashSet<u64>> = HashMap::new();
         {
             let mut h = epoch.register();
             let g = h.protect();
             for key in [1000, 1001, 1002, 0] {
-                written.insert(key, vec![upsert(&index, &g, &records, key)]);
+                written
+                    .entry(key)
+                    .or_default()
+                    .insert(upsert(&index, &g, &records, key));
             }
         }
-        let writer = {
-            let (epoch, index, records) = (epoch.clone(), index.clone(), records.clone());
-            thread::spawn(move || {
-                let mut h = epoch.register();
-                let mut g = h.protect();
-                let mut mine = Vec::new();
-                // Keys 0 and 1 share a whole hash.
-                for key in [1000, 1, 1003, 0] {
-                    mine.push((key, upsert(&index, &g, &records, key)));
-                    g.refresh();
-                }
-                mine
+        // Keys 0, 1 and 2 share a whole hash; 1000 is written by both writers.
+        let plans = [[1000, 1, 1003, 0], [1000, 2, 1004, 1001]];
+        let handles: Vec<_> = plans[..writers]
+            .iter()
+            .map(|&plan| {
+                let (epoch, index, records) = (epoch.clone(), index.clone(), records.clone());
+                thread::spawn(move || {
+                    let mut h = epoch.register();
+                    let mut g = h.protect();
+                    let mut mine = Vec::new();
+                    for key in plan {
+                        mine.push((key, upsert(&index, &g, &records, key)));
+                        g.refresh();
+                    }
+                    mine
+                })
             })
-        };
+            .collect();
         let grower = {
             let (epoch, index, records) = (epoch.clone(), index.clone(), records.clone());
             thread::spawn(move || {
@@ -253,20 +259,29 @@ fn grow_racing_upserts_loses_nothing() {
                 assert!(index.grow(&mut g, records));
             })
         };
-        for (key, address) in writer.join().unwrap() {
-            written.entry(key).or_default().insert(0, address);
+        for handle in handles {
+            for (key, address) in handle.join().unwrap() {
+                written.entry(key).or_default().insert(address);
+            }
         }
         grower.join().unwrap();
         let mut h = epoch.register();
         let g = h.protect();
         assert_eq!(index.buckets(&g), 4);
         for (key, addresses) in &written {
-            assert_eq!(
-                &find_all(&index, &g, &records, *key),
-                addresses,
-                "key {key}"
-            );
+            let found: HashSet<u64> = find_all(&index, &g, &records, *key).into_iter().collect();
+            assert_eq!(&found, addresses, "key {key}");
         }
         check_entries(&index, &g, &records);
     });
+}
+
+#[test]
+fn grow_racing_one_writer_loses_nothing() {
+    grow_racing_upserts(1);
+}
+
+#[test]
+fn grow_racing_two_writers_loses_nothing() {
+    grow_racing_upserts(2);
 }
