@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::bucket::{Entry, INVALID_ADDRESS};
-use super::epoch::Epoch;
+use super::epoch::{Epoch, EpochGuard};
 use super::index::{HashIndex, IndexOptions, KEYS_PER_BUCKET};
 use super::test_support::{Records, check_entries, find_all, hash_of, upsert};
 
@@ -55,25 +55,34 @@ fn find_or_create_then_find() {
         assert_eq!(slot.address(), 42);
     }
     let slot = index.find(&g, hash).unwrap();
+    let first = slot.slot_address();
     assert_eq!(slot.address(), 42);
-    // Another find-or-create returns the same entry rather than a second one.
-    let mut again = index.find_or_create(&g, hash);
-    assert_eq!(again.address(), 42);
     drop(slot);
-    // A slot whose view is stale fails its swap and learns the current entry.
+    // Another find-or-create returns the same entry rather than a second one.
+    let again = index.find_or_create(&g, hash);
+    assert_eq!(again.address(), 42);
+    assert_eq!(again.slot_address(), first);
+    drop(again);
+    // Another thread's operation changes the entry under this one's slot: the stale
+    // swap fails and learns the current entry, and the retry succeeds.
+    let in_other_thread = |f: &(dyn Fn(&EpochGuard<'_, '_>) + Sync)| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut h = epoch.register();
+                f(&h.protect());
+            });
+        });
+    };
     let mut stale = index.find(&g, hash).unwrap();
-    again.try_update(43).unwrap();
+    in_other_thread(&|g| index.find(g, hash).unwrap().try_update(43).unwrap());
     assert_eq!(stale.try_update(44), Err(Entry::new(43, hash.tag(), false)));
     stale.try_update(44).unwrap();
-    assert_eq!(index.find(&g, hash).unwrap().address(), 44);
-    // Removal, then the stale slot cannot resurrect the entry.
-    index.find(&g, hash).unwrap().try_remove().unwrap();
-    assert!(index.find(&g, hash).is_none());
-    assert!(again.try_update(45).is_err());
-    assert!(again.try_update(45).is_err(), "an emptied slot never swaps");
-    assert!(index.find(&g, hash).is_none());
-    drop(again);
+    // Removal by another thread: the slot cannot resurrect the entry.
+    in_other_thread(&|g| index.find(g, hash).unwrap().try_remove().unwrap());
+    assert!(stale.try_update(45).is_err());
+    assert!(stale.try_update(45).is_err(), "an emptied slot never swaps");
     drop(stale);
+    assert!(index.find(&g, hash).is_none());
     // Many keys in four buckets: overflow buckets, all found, no duplicates.
     let keys: Vec<u64> = (1000..1200).collect();
     let mut newest = HashMap::new();
@@ -87,6 +96,18 @@ fn find_or_create_then_find() {
     assert!(index.overflow_buckets(&g) > 0);
     assert!(find_all(&index, &g, &records, 999_999).is_empty());
     check_entries(&index, &g, &records);
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "at most one EntrySlot")]
+fn holding_two_slots_is_refused_in_debug_builds() {
+    let index = index_with(4, 1);
+    let epoch = index.epoch().clone();
+    let mut h = epoch.register();
+    let g = h.protect();
+    let _first = index.find_or_create(&g, hash_of(5000));
+    let _second = index.find_or_create(&g, hash_of(6000));
 }
 
 #[test]
