@@ -29,10 +29,11 @@
 //!
 //! # Invariants this module owns
 //!
-//! - An action registered at epoch `c` runs at most once, and only after every thread
-//!   that was protected when the epoch moved past `c` has refreshed or unprotected. A
-//!   thread that protects after the bump sees every write made before the bump (the
-//!   fences below), so it cannot observe what the action retires.
+//! - An action registered at epoch `c` runs at most once, and only when every protected
+//!   thread has a local epoch above `c`: every thread that was protected at or below `c`
+//!   has refreshed or unprotected. A thread that protects after the bump sees every
+//!   write made before the bump (the fences below), so it cannot observe what the action
+//!   retires.
 //! - Every registered action runs exactly once if threads keep refreshing; actions still
 //!   pending when the [`Epoch`] is dropped run in its `Drop` (no thread can be protected
 //!   then: guards borrow the epoch).
@@ -277,12 +278,24 @@ impl Epoch {
 
     /// Sets `slot`'s local epoch to the current one and drains if actions wait.
     fn protect_slot(&self, slot: &Slot) -> u64 {
-        let epoch = self.current.load(Ordering::SeqCst);
-        slot.local_epoch.store(epoch, Ordering::SeqCst);
-        // Pairs with the fences in `bump` and `compute_safe_to_reclaim`: either a scan
-        // sees this slot's epoch, or this thread's later reads see every write made
-        // before that scan's bump.
-        fence(Ordering::SeqCst);
+        let mut epoch = self.current.load(Ordering::SeqCst);
+        loop {
+            slot.local_epoch.store(epoch, Ordering::SeqCst);
+            // Pairs with the fences in `bump` and `compute_safe_to_reclaim`: either a
+            // scan sees this slot's epoch, or this thread's later reads see every write
+            // made before that scan's bump.
+            fence(Ordering::SeqCst);
+            // If the epoch moved between the load and the store, a scan may have missed
+            // this slot and let an action at the old epoch run: store the new epoch. On
+            // return the slot is above every epoch bumped before its store, so while the
+            // thread stays protected no action at or above its epoch can run, and
+            // `safe_to_reclaim < local epoch <= current` holds (the paper's invariant).
+            let now = self.current.load(Ordering::SeqCst);
+            if now == epoch {
+                break;
+            }
+            epoch = now;
+        }
         if self.pending.load(Ordering::SeqCst) > 0 {
             self.drain();
         }
@@ -600,12 +613,14 @@ mod tests {
 
     /// Threads read the current version under protection while others swap in a new one
     /// and retire the old through a trigger action. The action asserts that no reader is
-    /// inside the old version, readers assert it is not retired, and every action runs
-    /// exactly once.
+    /// inside the old version and that every thread holding a guard is past the action's
+    /// epoch; readers assert the version is not retired; every action runs exactly once.
     #[test]
     fn stress_each_action_runs_once_and_never_early() {
         const THREADS: usize = 6;
         const OPS: usize = 20_000;
+        /// A thread's published local epoch while it changes it (or 0 while unknown).
+        const MOVING: u64 = u64::MAX;
         let epoch = Epoch::new();
         let versions: Vec<Arc<Version>> = (0..THREADS * OPS / 64 + 2)
             .map(|_| {
@@ -615,14 +630,19 @@ mod tests {
                 })
             })
             .collect();
+        // Each thread's local epoch as it last saw it after protecting or refreshing.
+        let published: Arc<Vec<StdU64>> = Arc::new((0..THREADS).map(|_| StdU64::new(0)).collect());
         let current = std::sync::atomic::AtomicUsize::new(0);
         let next = std::sync::atomic::AtomicUsize::new(1);
         std::thread::scope(|s| {
             for t in 0..THREADS {
                 let (epoch, versions, current, next) = (&epoch, &versions, &current, &next);
+                let published = published.clone();
                 s.spawn(move || {
+                    let mine = &published[t];
                     let mut handle = epoch.register();
                     let mut guard = handle.protect();
+                    mine.store(guard.local_epoch(), Ordering::SeqCst);
                     for i in 0..OPS {
                         let v = &versions[current.load(Ordering::SeqCst)];
                         v.readers.fetch_add(1, Ordering::SeqCst);
@@ -637,25 +657,42 @@ mod tests {
                             if n < versions.len() {
                                 let old = current.swap(n, Ordering::SeqCst);
                                 let old = versions[old].clone();
+                                let published = published.clone();
+                                // The action's epoch is at least this.
+                                let at_least = epoch.current();
+                                mine.store(MOVING, Ordering::SeqCst);
                                 guard.bump_with_action(move || {
                                     assert_eq!(
                                         old.readers.load(Ordering::SeqCst),
                                         0,
                                         "retired while a reader was inside"
                                     );
+                                    for p in published.iter() {
+                                        let p = p.load(Ordering::SeqCst);
+                                        assert!(
+                                            p == 0 || p == MOVING || p > at_least,
+                                            "ran while a thread was protected at {p}"
+                                        );
+                                    }
                                     old.retired.fetch_add(1, Ordering::SeqCst);
                                 });
+                                mine.store(guard.local_epoch(), Ordering::SeqCst);
                             }
                         }
                         if i % 7 == 0 {
+                            mine.store(MOVING, Ordering::SeqCst);
                             guard.refresh();
+                            mine.store(guard.local_epoch(), Ordering::SeqCst);
                         }
                         if i % 1000 == 999 {
                             // Leave and come back, as a thread between batches does.
+                            mine.store(0, Ordering::SeqCst);
                             drop(guard);
                             guard = handle.protect();
+                            mine.store(guard.local_epoch(), Ordering::SeqCst);
                         }
                     }
+                    mine.store(0, Ordering::SeqCst);
                 });
             }
         });

@@ -21,8 +21,9 @@
 //! - A thread holds at most one [`EntrySlot`] at a time. (A slot may hold a chunk pin;
 //!   two threads each holding one pin and waiting for the other's chunk would deadlock.)
 //!   Nor does it wait for other threads (for an epoch to become safe, say) while holding
-//!   one: a grow waits for pins to be released.
+//!   one: a grow waits for pins to be released. Debug builds assert the first rule.
 
+use std::marker::PhantomData;
 use std::ptr;
 
 use super::bucket::{Bucket, Entry, INVALID_ADDRESS, KeyHash, Table};
@@ -68,6 +69,9 @@ pub(crate) enum ChainLink {
     /// The record cannot be read cheaply (it is on disk). A grow then lets both halves
     /// of a split chain point at it, as FASTER does for records below the head address.
     NotInMemory,
+    /// The record is gone (below the log's begin address): the chain ends before it, and
+    /// a half whose walk reaches it gets no entry, as FASTER drops entries below begin.
+    Truncated,
 }
 
 /// The record allocator's side of a grow: FASTER reads the record at an address to
@@ -180,6 +184,8 @@ impl Drop for Pin<'_> {
 
 /// The one live entry for a key's (bucket, tag), borrowed for the length of one
 /// operation: read its address, then compare-and-swap a new one in.
+///
+/// Not `Send`: it belongs to the operation of the thread that found it.
 #[derive(Debug)]
 pub(crate) struct EntrySlot<'g> {
     slot: &'g AtomicU64,
@@ -187,6 +193,40 @@ pub(crate) struct EntrySlot<'g> {
     entry: Entry,
     tag: u16,
     _pin: Option<Pin<'g>>,
+    _not_send: PhantomData<*const ()>,
+}
+
+// Debug builds check the one-slot-per-thread rule (the module docs say why). Not under
+// shuttle, whose threads share OS threads and so thread-locals.
+#[cfg(all(debug_assertions, not(feature = "shuttle")))]
+thread_local! {
+    static SLOT_HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl<'g> EntrySlot<'g> {
+    fn new(slot: &'g AtomicU64, entry: Entry, tag: u16, pin: Option<Pin<'g>>) -> Self {
+        #[cfg(all(debug_assertions, not(feature = "shuttle")))]
+        SLOT_HELD.with(|held| {
+            assert!(
+                !held.replace(true),
+                "a thread holds at most one EntrySlot at a time"
+            );
+        });
+        EntrySlot {
+            slot,
+            entry,
+            tag,
+            _pin: pin,
+            _not_send: PhantomData,
+        }
+    }
+}
+
+impl Drop for EntrySlot<'_> {
+    fn drop(&mut self) {
+        #[cfg(all(debug_assertions, not(feature = "shuttle")))]
+        SLOT_HELD.with(|held| held.set(false));
+    }
 }
 
 impl EntrySlot<'_> {
@@ -366,12 +406,7 @@ impl HashIndex {
             for slot in &b.entries {
                 let entry = Entry(slot.load(Ordering::SeqCst));
                 if entry.is_final_for(tag) {
-                    return Some(EntrySlot {
-                        slot,
-                        entry,
-                        tag,
-                        _pin: pin,
-                    });
+                    return Some(EntrySlot::new(slot, entry, tag, pin));
                 }
             }
             bucket = table.next(b);
@@ -409,12 +444,7 @@ impl HashIndex {
                     if entry.is_empty() {
                         free = free.or(Some(slot));
                     } else if entry.is_final_for(tag) {
-                        return EntrySlot {
-                            slot,
-                            entry,
-                            tag,
-                            _pin: pin,
-                        };
+                        return EntrySlot::new(slot, entry, tag, pin);
                     }
                 }
                 last = b;
@@ -445,12 +475,7 @@ impl HashIndex {
             }
             let entry = Entry::new(INVALID_ADDRESS, tag, false);
             slot.store(entry.0, Ordering::SeqCst);
-            return EntrySlot {
-                slot,
-                entry,
-                tag,
-                _pin: pin,
-            };
+            return EntrySlot::new(slot, entry, tag, pin);
         }
     }
 
@@ -696,7 +721,8 @@ impl<'t> Appender<'t> {
 /// high bucket the high entry's; older records of either side stay reachable through the
 /// previous-address links (a chain may pass through records of the other side; readers
 /// compare keys anyway). A record not in memory ends the walk and both unfound sides
-/// point at it. A side with no record in the chain gets no entry.
+/// point at it; a truncated record ends the chain. A side with no record in the chain
+/// gets no entry.
 fn split_chain(old: &Table, new: &Table, index: usize, records: &dyn RecordHashes) {
     let old_len = old.len();
     let (low_index, high_index) = (index, index + old_len);
@@ -731,6 +757,7 @@ fn split_chain(old: &Table, new: &Table, index: usize, records: &dyn RecordHashe
                         high_address.get_or_insert(address);
                         break;
                     }
+                    ChainLink::Truncated => break,
                 }
             }
             if let Some(address) = low_address {

@@ -35,5 +35,7 @@ pub(crate) mod record;
 
 #[cfg(all(test, feature = "shuttle"))]
 mod shuttle_tests;
+#[cfg(test)]
+mod test_support;
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests;

@@ -1,167 +1,14 @@
 //! Tests of the hot index: its operations single-threaded, growth, and many threads
 //! inserting and finding distinct and colliding keys while the table doubles.
-//!
-//! Records live in [`Records`], a stand-in for the hybrid log: a record is a key, its
-//! hash and the address of the previous record of its chain, at addresses 1, 2, 3, ...
-//! Records below a movable "head" answer [`ChainLink::NotInMemory`] to a grow, as records
-//! on disk will.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::bucket::{Entry, INVALID_ADDRESS, KeyHash};
+use super::bucket::{Entry, INVALID_ADDRESS};
 use super::epoch::{Epoch, EpochGuard};
-use super::index::{ChainLink, HashIndex, IndexOptions, KEYS_PER_BUCKET, RecordHashes};
-
-/// Records at addresses `1..=capacity`.
-pub(super) struct Records {
-    keys: Vec<AtomicU64>,
-    hashes: Vec<AtomicU64>,
-    previous: Vec<AtomicU64>,
-    next: AtomicUsize,
-    /// Records below this address are "on disk" to a grow.
-    head: AtomicU64,
-}
-
-impl Records {
-    pub(super) fn new(capacity: usize) -> Self {
-        let atomics = || (0..capacity).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
-        Records {
-            keys: atomics(),
-            hashes: atomics(),
-            previous: atomics(),
-            next: AtomicUsize::new(0),
-            head: AtomicU64::new(0),
-        }
-    }
-
-    fn allocate(&self, key: u64, hash: KeyHash, previous: u64) -> u64 {
-        let i = self.next.fetch_add(1, Ordering::SeqCst);
-        assert!(i < self.keys.len(), "test record capacity exceeded");
-        self.keys[i].store(key, Ordering::SeqCst);
-        self.hashes[i].store(hash.0, Ordering::SeqCst);
-        self.previous[i].store(previous, Ordering::SeqCst);
-        i as u64 + 1
-    }
-
-    fn set_previous(&self, address: u64, previous: u64) {
-        self.previous[address as usize - 1].store(previous, Ordering::SeqCst);
-    }
-
-    fn key(&self, address: u64) -> u64 {
-        self.keys[address as usize - 1].load(Ordering::SeqCst)
-    }
-
-    fn previous(&self, address: u64) -> u64 {
-        self.previous[address as usize - 1].load(Ordering::SeqCst)
-    }
-}
-
-impl RecordHashes for Records {
-    fn link(&self, address: u64) -> ChainLink {
-        assert_ne!(address, INVALID_ADDRESS);
-        if address < self.head.load(Ordering::SeqCst) {
-            return ChainLink::NotInMemory;
-        }
-        let i = address as usize - 1;
-        ChainLink::Record {
-            key_hash: KeyHash(self.hashes[i].load(Ordering::SeqCst)),
-            previous: self.previous[i].load(Ordering::SeqCst),
-        }
-    }
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// Keys below 1000 come in groups of four sharing one whole hash (so they share a chain
-/// however large the table grows); other keys hash apart.
-pub(super) fn hash_of(key: u64) -> KeyHash {
-    if key < 1000 {
-        KeyHash(splitmix(key / 4))
-    } else {
-        KeyHash(splitmix(key))
-    }
-}
-
-/// Links a new record of `key` at the head of its chain, as an upsert will; returns its
-/// address.
-pub(super) fn upsert(
-    index: &HashIndex,
-    guard: &EpochGuard<'_, '_>,
-    records: &Records,
-    key: u64,
-) -> u64 {
-    let hash = hash_of(key);
-    loop {
-        let mut slot = index.find_or_create(guard, hash);
-        let address = records.allocate(key, hash, slot.address());
-        loop {
-            match slot.try_update(address) {
-                Ok(()) => return address,
-                Err(now) if now.is_final_for(hash.tag()) => {
-                    records.set_previous(address, now.address());
-                }
-                // The entry was removed: start over (the record is left unused).
-                Err(_) => break,
-            }
-        }
-    }
-}
-
-/// The addresses of every record of `key` reachable from the index, newest first.
-pub(super) fn find_all(
-    index: &HashIndex,
-    guard: &EpochGuard<'_, '_>,
-    records: &Records,
-    key: u64,
-) -> Vec<u64> {
-    let mut found = Vec::new();
-    let Some(slot) = index.find(guard, hash_of(key)) else {
-        return found;
-    };
-    let mut address = slot.address();
-    while address != INVALID_ADDRESS {
-        if records.key(address) == key {
-            found.push(address);
-        }
-        address = records.previous(address);
-    }
-    found
-}
-
-/// Every home bucket's chain holds at most one entry per tag and no tentative entry, and
-/// every entry sits in the bucket its tag's records hash to (when its head is in memory).
-pub(super) fn check_entries(index: &HashIndex, guard: &EpochGuard<'_, '_>, records: &Records) {
-    let len = index.buckets(guard);
-    let mut seen = HashSet::new();
-    for (home, entry) in index.entries(guard) {
-        assert!(
-            !entry.is_tentative(),
-            "tentative entry left in bucket {home}: {entry:?}"
-        );
-        assert!(
-            seen.insert((home, entry.tag())),
-            "two live entries of tag {} in bucket {home}",
-            entry.tag()
-        );
-        if entry.address() != INVALID_ADDRESS
-            && let ChainLink::Record { key_hash, .. } = records.link(entry.address())
-        {
-            assert_eq!(key_hash.tag(), entry.tag());
-            assert_eq!(
-                key_hash.bucket(len),
-                home,
-                "entry {entry:?} in the wrong bucket"
-            );
-        }
-    }
-}
+use super::index::{HashIndex, IndexOptions, KEYS_PER_BUCKET};
+use super::test_support::{Records, check_entries, find_all, hash_of, upsert};
 
 fn index_with(buckets: usize, chunk: usize) -> HashIndex {
     HashIndex::new(
@@ -208,25 +55,34 @@ fn find_or_create_then_find() {
         assert_eq!(slot.address(), 42);
     }
     let slot = index.find(&g, hash).unwrap();
+    let first = slot.slot_address();
     assert_eq!(slot.address(), 42);
-    // Another find-or-create returns the same entry rather than a second one.
-    let mut again = index.find_or_create(&g, hash);
-    assert_eq!(again.address(), 42);
     drop(slot);
-    // A slot whose view is stale fails its swap and learns the current entry.
+    // Another find-or-create returns the same entry rather than a second one.
+    let again = index.find_or_create(&g, hash);
+    assert_eq!(again.address(), 42);
+    assert_eq!(again.slot_address(), first);
+    drop(again);
+    // Another thread's operation changes the entry under this one's slot: the stale
+    // swap fails and learns the current entry, and the retry succeeds.
+    let in_other_thread = |f: &(dyn Fn(&EpochGuard<'_, '_>) + Sync)| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut h = epoch.register();
+                f(&h.protect());
+            });
+        });
+    };
     let mut stale = index.find(&g, hash).unwrap();
-    again.try_update(43).unwrap();
+    in_other_thread(&|g| index.find(g, hash).unwrap().try_update(43).unwrap());
     assert_eq!(stale.try_update(44), Err(Entry::new(43, hash.tag(), false)));
     stale.try_update(44).unwrap();
-    assert_eq!(index.find(&g, hash).unwrap().address(), 44);
-    // Removal, then the stale slot cannot resurrect the entry.
-    index.find(&g, hash).unwrap().try_remove().unwrap();
-    assert!(index.find(&g, hash).is_none());
-    assert!(again.try_update(45).is_err());
-    assert!(again.try_update(45).is_err(), "an emptied slot never swaps");
-    assert!(index.find(&g, hash).is_none());
-    drop(again);
+    // Removal by another thread: the slot cannot resurrect the entry.
+    in_other_thread(&|g| index.find(g, hash).unwrap().try_remove().unwrap());
+    assert!(stale.try_update(45).is_err());
+    assert!(stale.try_update(45).is_err(), "an emptied slot never swaps");
     drop(stale);
+    assert!(index.find(&g, hash).is_none());
     // Many keys in four buckets: overflow buckets, all found, no duplicates.
     let keys: Vec<u64> = (1000..1200).collect();
     let mut newest = HashMap::new();
@@ -240,6 +96,18 @@ fn find_or_create_then_find() {
     assert!(index.overflow_buckets(&g) > 0);
     assert!(find_all(&index, &g, &records, 999_999).is_empty());
     check_entries(&index, &g, &records);
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "at most one EntrySlot")]
+fn holding_two_slots_is_refused_in_debug_builds() {
+    let index = index_with(4, 1);
+    let epoch = index.epoch().clone();
+    let mut h = epoch.register();
+    let g = h.protect();
+    let _first = index.find_or_create(&g, hash_of(5000));
+    let _second = index.find_or_create(&g, hash_of(6000));
 }
 
 #[test]
@@ -323,6 +191,41 @@ fn grow_splits_chains_and_keeps_every_record() {
 }
 
 #[test]
+fn grow_drops_what_truncation_removed() {
+    let index = index_with(1, 1);
+    let epoch = index.epoch().clone();
+    let records = Arc::new(Records::new(1000));
+    let mut h = epoch.register();
+    let mut g = h.protect();
+    // Keys 1000..1100: the first 50 records are then truncated.
+    let keys: Vec<u64> = (1000..1100).collect();
+    let addresses: Vec<u64> = keys
+        .iter()
+        .map(|&k| upsert(&index, &g, &records, k))
+        .collect();
+    records.begin.store(addresses[50], Ordering::SeqCst);
+    assert!(index.grow(&mut g, records.clone()));
+    for (i, &k) in keys.iter().enumerate() {
+        let found = find_all(&index, &g, &records, k);
+        if i >= 50 {
+            assert_eq!(found, [addresses[i]], "key {k}");
+        } else {
+            // Either the entry is gone or its chain holds only the truncated record,
+            // which the log (not the index) will stop at.
+            assert!(found.is_empty() || found == [addresses[i]], "key {k}");
+        }
+    }
+    // An entry survives only if its chain reaches a record that is not truncated.
+    for (_, entry) in index.entries(&g) {
+        assert!(
+            entry.address() >= addresses[50],
+            "{entry:?} kept a truncated chain"
+        );
+    }
+    check_entries(&index, &g, &records);
+}
+
+#[test]
 fn a_grow_waits_for_protected_threads_to_refresh() {
     // A thread protected before the grow began may still be working in the old table
     // unpinned: the grow may not migrate anything until it has refreshed.
@@ -379,6 +282,13 @@ fn concurrent_inserts_and_finds_across_grows() {
     concurrent(3, 2_000, 64, 8, 3);
 }
 
+/// The same, longer: eight threads, ten doublings from two buckets.
+#[test]
+#[ignore = "a soak: cargo test --release --lib hash::tests::soak -- --ignored"]
+fn soak_concurrent_inserts_and_finds_across_many_grows() {
+    concurrent(8, 20_000, 2, 1, 10);
+}
+
 fn concurrent(threads: u64, per_thread: u64, buckets: usize, chunk: usize, grows: u32) {
     let epoch = Arc::new(Epoch::new());
     let index = HashIndex::new(
@@ -424,9 +334,12 @@ fn concurrent(threads: u64, per_thread: u64, buckets: usize, chunk: usize, grows
             s.spawn(move || {
                 let mut h = epoch.register();
                 let mut g = h.protect();
-                for _ in 0..grows {
-                    // Let some writes land first.
-                    while records.next.load(Ordering::SeqCst) < 100 {
+                // Spread the grows over the run: grow `round` waits for its share of
+                // the writes to land (they all do, so none waits forever).
+                let writes = (threads * per_thread) as usize;
+                for round in 0..grows as usize {
+                    let due = (round + 1) * writes / (grows as usize + 1);
+                    while records.next.load(Ordering::SeqCst) < due {
                         std::thread::yield_now();
                         g.refresh();
                     }
