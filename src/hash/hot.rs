@@ -427,7 +427,11 @@ impl RecordHashes for LogHashes {
     fn link(&self, address: u64) -> ChainLink {
         // A grow walks chains under its own guard; records at or above HEAD are in
         // memory while it holds it.
-        if address < self.0.addresses().head {
+        let addresses = self.0.addresses();
+        if address < addresses.begin {
+            return ChainLink::Truncated;
+        }
+        if address < addresses.head {
             return ChainLink::NotInMemory;
         }
         // SAFETY: at or above HEAD as loaded just now by a protected thread (the grow's),
