@@ -8,7 +8,7 @@
 //! read-hot records from disk. Threads coordinate page flushes, page closes, index growth
 //! and memory reclamation through *epoch protection with trigger actions*.
 //!
-//! Built so far, as self-contained parts the hybrid log and the operations will use:
+//! Built so far (crate-private; no public `HashStore` yet):
 //!
 //! - [`epoch`]: the epoch framework (per-thread slots, protect / refresh / bump with a
 //!   trigger action / unprotect, the drain list, the safe-to-reclaim epoch).
@@ -18,11 +18,16 @@
 //! - [`index`]: the hot index's protocols: find, the latch-free two-phase
 //!   find-or-create, the entry slot an operation compare-and-swaps its record address
 //!   into, and doubling while operations continue.
+//! - [`record`], [`device`], [`hlog`]: the HybridLog's records, its disk, and the log
+//!   itself (tail allocation, the regions, flush and close through trigger actions).
+//! - [`hot`]: the hot log with its index, FASTER's store (get, upsert, delete,
+//!   read-modify-write).
+//! - [`cold`]: the cold log and its two-level index of hash chunks.
 //!
-//! Not built yet: the HybridLog, the operations (read, upsert, RMW, delete), the cold log
-//! and cold index, compaction, the read cache, and durability through the `Db`.
+//! Not built yet: compaction, the read cache, F2's operations across both logs, the
+//! memory budget split, the public `HashStore`, and durability through the `Db`.
 //!
-//! Dependencies: `hash` uses `sync` (and, later, `storage`); nothing below it uses `hash`.
+//! Dependencies: `hash` uses `sync` and `error`; nothing below it uses `hash`.
 
 pub(crate) mod bucket;
 pub(crate) mod cold;
