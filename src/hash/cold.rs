@@ -1,0 +1,405 @@
+//! The cold log and its two-level index (F2, section 6).
+//!
+//! Write-cold records live in a second HybridLog with little memory: almost all of it
+//! is on disk. Its index must not cost memory per key either, so it is two-level:
+//!
+//! - **Hash chunks** of [`CHUNK_ENTRIES`] 8-byte entries (256 bytes) each hold the chain
+//!   heads of the keys whose hash selects them. The chunks live as records of a small
+//!   store of their own — a [`HotLog`] keyed by chunk number, with a little memory and
+//!   the rest on disk (F2's *hash chunk log*). Finding a cold chain head reads the chunk
+//!   (usually one disk read); changing one is a read-modify-write of the chunk.
+//! - **The chunk table** in memory is that store's hash index: one 8-byte entry per chunk,
+//!   a bucket of seven per 64 bytes. Sized at about 4 chunks per bucket and 32 keys per
+//!   chunk, it costs about half a byte per cold key ([`ColdIndex::memory_bytes`]).
+//!
+//! An entry is a bare 48-bit address (no tag): the keys that select one entry share its
+//! chain, and a chain walk compares keys, as in the hot log.
+//!
+//! Appending to the cold log ([`ColdLog::insert`]) links the record in front of the
+//! chain head it read and swaps the chunk's entry expecting that head (a compare-and-swap
+//! done as a read-modify-write of the chunk); if another record got there first, the
+//! new record is marked invalid and the insert starts again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::bucket::{INVALID_ADDRESS, KeyHash};
+use super::device::LogPages;
+use super::epoch::{Epoch, EpochGuard};
+use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog};
+use super::hot::{HotLog, Step, hash_key};
+use super::record::{Header, record_size_bytes};
+use crate::error::{Error, Result};
+use crate::sync::spin_wait;
+
+/// Entries per hash chunk.
+pub(crate) const CHUNK_ENTRIES: usize = 32;
+/// Bytes of a hash chunk.
+pub(crate) const CHUNK_BYTES: usize = CHUNK_ENTRIES * 8;
+
+/// The cold log's index: hash chunks in a small store of their own.
+pub(crate) struct ColdIndex {
+    chunks: HotLog,
+    /// Chunks (a power of two): the low bits of a key's hash choose one.
+    chunk_count: u64,
+}
+
+impl ColdIndex {
+    /// An index for about `expected_keys` cold keys, its chunks in a store with
+    /// `log` memory over `device`.
+    pub(crate) fn new(
+        expected_keys: u64,
+        log: HlogOptions,
+        device: Arc<dyn LogPages>,
+        epoch: Arc<Epoch>,
+    ) -> Result<ColdIndex> {
+        let chunk_count = expected_keys
+            .div_ceil(CHUNK_ENTRIES as u64)
+            .max(1)
+            .next_power_of_two();
+        Ok(ColdIndex {
+            chunks: HotLog::with_epoch(chunk_count, log, device, epoch)?,
+            chunk_count,
+        })
+    }
+
+    /// (chunk number, entry within it) of a key hash: the low bits choose the chunk,
+    /// five bits from the middle the entry.
+    fn place(&self, hash: KeyHash) -> (u64, usize) {
+        let chunk = hash.0 & (self.chunk_count - 1);
+        let entry = ((hash.0 >> 32) as usize) % CHUNK_ENTRIES;
+        (chunk, entry)
+    }
+
+    /// The chain head for `hash` ([`INVALID_ADDRESS`] if none).
+    pub(crate) fn find(&self, guard: &EpochGuard<'_, '_>, hash: KeyHash) -> Result<u64> {
+        let (chunk, entry) = self.place(hash);
+        Ok(match self.chunks.get(guard, &chunk.to_le_bytes())? {
+            Some(bytes) => entry_of(&bytes, entry)?,
+            None => INVALID_ADDRESS,
+        })
+    }
+
+    /// One try at setting the chain head for `hash` to `new` if it is still `expected`:
+    /// `Done(whether it was)`, or what must happen before the next try
+    /// ([`HotLog::settle`] through [`ColdIndex::settle`]). Never refreshes `guard`.
+    pub(crate) fn try_compare_and_set(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        hash: KeyHash,
+        expected: u64,
+        new: u64,
+    ) -> Result<Step<bool>> {
+        let (chunk, entry) = self.place(hash);
+        let swapped = AtomicBool::new(false);
+        let corrupt = AtomicBool::new(false);
+        let update = |old: Option<&[u8]>| {
+            let mut bytes = old.map_or_else(|| vec![0u8; CHUNK_BYTES], <[u8]>::to_vec);
+            if bytes.len() != CHUNK_BYTES {
+                // Not a chunk: leave it as it is; reported below.
+                corrupt.store(true, Ordering::Relaxed);
+                return bytes;
+            }
+            let at = entry * 8;
+            let current = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+            let ok = current == expected;
+            if ok {
+                bytes[at..at + 8].copy_from_slice(&new.to_le_bytes());
+            }
+            swapped.store(ok, Ordering::Relaxed);
+            bytes
+        };
+        let step = self.chunks.rmw_once(guard, &chunk.to_le_bytes(), &update)?;
+        if corrupt.load(Ordering::Relaxed) {
+            return Err(Error::Corrupted {
+                page: chunk,
+                reason: "a cold index chunk of the wrong size".into(),
+            });
+        }
+        Ok(match step {
+            Step::Done(_) => Step::Done(swapped.load(Ordering::Relaxed)),
+            Step::Retry => Step::Retry,
+            Step::PageFull(full) => Step::PageFull(full),
+        })
+    }
+
+    /// Does what a try asked for before the next one (the caller holds nothing).
+    pub(crate) fn settle<T>(&self, guard: &mut EpochGuard<'_, '_>, step: &Step<T>) -> Result<()> {
+        self.chunks.settle(guard, step)
+    }
+
+    /// Bytes of memory the index takes: the chunk table (the chunk store's hash index)
+    /// and the chunk store's page frames.
+    pub(crate) fn memory_bytes(&self, guard: &EpochGuard<'_, '_>) -> (u64, u64) {
+        (
+            self.chunks.index_size_bytes(guard) as u64,
+            self.chunks.log().memory_bytes(),
+        )
+    }
+
+    /// Chunks the index was sized for.
+    pub(crate) fn chunk_count(&self) -> u64 {
+        self.chunk_count
+    }
+}
+
+/// Entry `entry` of a chunk read back (from memory or disk).
+fn entry_of(bytes: &[u8], entry: usize) -> Result<u64> {
+    let at = entry * 8;
+    match bytes.get(at..at + 8) {
+        Some(b) if bytes.len() == CHUNK_BYTES => {
+            Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        }
+        _ => Err(Error::Corrupted {
+            page: 0,
+            reason: format!("a cold index chunk of {} bytes", bytes.len()),
+        }),
+    }
+}
+
+/// The cold log: a HybridLog of write-cold records and its two-level index.
+pub(crate) struct ColdLog {
+    log: HybridLog,
+    index: ColdIndex,
+}
+
+impl ColdLog {
+    /// A cold log of `log` memory over `device`, indexed for `expected_keys` by an index
+    /// whose chunk store has `index_log` memory over `index_device`; all on `epoch`.
+    pub(crate) fn new(
+        expected_keys: u64,
+        log: HlogOptions,
+        device: Arc<dyn LogPages>,
+        index_log: HlogOptions,
+        index_device: Arc<dyn LogPages>,
+        epoch: Arc<Epoch>,
+    ) -> Result<ColdLog> {
+        Ok(ColdLog {
+            log: HybridLog::new(log, device, Arc::clone(&epoch))?,
+            index: ColdIndex::new(expected_keys, index_log, index_device, epoch)?,
+        })
+    }
+
+    pub(crate) fn log(&self) -> &HybridLog {
+        &self.log
+    }
+
+    pub(crate) fn index(&self) -> &ColdIndex {
+        &self.index
+    }
+
+    /// The newest record of `key` in the cold log: `Some(None)` for a tombstone, `None`
+    /// if it has no record.
+    pub(crate) fn get(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+    ) -> Result<Option<Option<Vec<u8>>>> {
+        let mut address = self.index.find(guard, hash_key(key))?;
+        let begin = self.log.addresses().begin;
+        while address != INVALID_ADDRESS && address >= begin {
+            let (header, found) = match self.log.fetch(guard, address)? {
+                Fetched::Memory(record) => {
+                    let header = record.header();
+                    let found = (!header.is_invalid() && record.key_equals(key))
+                        .then(|| record.read_value().1);
+                    (header, found)
+                }
+                Fetched::Disk(record) => {
+                    let found =
+                        (!record.header.is_invalid() && record.key == key).then_some(record.value);
+                    (record.header, found)
+                }
+            };
+            if let Some(value) = found {
+                return Ok(Some((!header.is_tombstone()).then_some(value)));
+            }
+            address = header.previous();
+        }
+        Ok(None)
+    }
+
+    /// Appends `key`'s record (a tombstone for `None`) at the cold log's tail and makes it
+    /// the head of its chain. The caller holds nothing from under `guard`.
+    pub(crate) fn insert(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<u64> {
+        let hash = hash_key(key);
+        let bytes = value.unwrap_or(&[]);
+        let size = record_size_bytes(key.len(), bytes.len()) as u64;
+        if size > self.log.page_bytes() {
+            return Err(Error::ValueTooLarge {
+                len: bytes.len(),
+                max: (self.log.page_bytes() as usize)
+                    .saturating_sub(record_size_bytes(key.len(), 0)),
+            });
+        }
+        let mut spins = 0;
+        loop {
+            let head = self.index.find(guard, hash)?;
+            let address = match self.log.allocate(size)? {
+                Alloc::At(address) => address,
+                Alloc::PageFull(full) => {
+                    while !self.log.new_page(guard, full)? {
+                        guard.refresh();
+                        spins += 1;
+                        spin_wait(spins);
+                    }
+                    continue;
+                }
+            };
+            // SAFETY: just allocated at the tail (above HEAD); this thread does not
+            // refresh before it is filled and, if it loses, marked invalid: its page is
+            // not flushed before then, so the disk never holds it looking valid.
+            let record = unsafe { self.log.record(address) };
+            record.init(Header::new(head, value.is_none()), key, bytes);
+            let step = match self.index.try_compare_and_set(guard, hash, head, address) {
+                Ok(Step::Done(true)) => return Ok(address),
+                Ok(step) => step,
+                Err(e) => {
+                    record.invalidate();
+                    return Err(e);
+                }
+            };
+            // Another record became the chain's head first, or the chunk store must
+            // open a page or wait: this record is not linked; try again.
+            record.invalidate();
+            self.index.settle(guard, &step)?;
+        }
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::hash::device::MemPages;
+
+    fn small_log() -> HlogOptions {
+        HlogOptions {
+            page_bits: 12,
+            frames: 4,
+            mutable_pages: 2,
+        }
+    }
+
+    fn cold(expected_keys: u64) -> ColdLog {
+        ColdLog::new(
+            expected_keys,
+            small_log(),
+            Arc::new(MemPages::new()),
+            small_log(),
+            Arc::new(MemPages::new()),
+            Arc::new(Epoch::new()),
+        )
+        .unwrap()
+    }
+
+    fn key(i: u64) -> Vec<u8> {
+        format!("cold-key-{i}").into_bytes()
+    }
+
+    #[test]
+    fn cold_records_are_found_through_chunks_mostly_on_disk() {
+        let store = cold(4_000);
+        let epoch = Arc::clone(store.log().epoch());
+        let mut handle = epoch.register();
+        let mut guard = handle.protect();
+        let mut model = HashMap::new();
+        for round in 0..3u64 {
+            for i in 0..4_000u64 {
+                if (i + round) % 7 == 0 {
+                    store.insert(&mut guard, &key(i), None).unwrap();
+                    model.insert(i, None);
+                } else {
+                    let v = format!("value {i} of round {round}").into_bytes();
+                    store.insert(&mut guard, &key(i), Some(&v)).unwrap();
+                    model.insert(i, Some(v));
+                }
+                guard.refresh();
+            }
+        }
+        for i in 0..4_000u64 {
+            assert_eq!(
+                store.get(&guard, &key(i)).unwrap(),
+                Some(model[&i].clone()),
+                "{i}"
+            );
+        }
+        assert_eq!(store.get(&guard, b"never written").unwrap(), None);
+        // Both the cold log and the chunk store left memory.
+        assert!(store.log().addresses().head > 50 * 4096);
+        assert!(store.index().chunks.log().addresses().head > 0);
+    }
+
+    #[test]
+    fn threads_inserting_at_once_keep_every_key() {
+        let store = cold(8_000);
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let store = &store;
+                s.spawn(move || {
+                    let mut handle = store.log().epoch().register();
+                    let mut guard = handle.protect();
+                    for i in 0..2_000u64 {
+                        // Own keys, and keys every thread writes.
+                        let own = t * 2_000 + i;
+                        store
+                            .insert(&mut guard, &key(own), Some(&own.to_le_bytes()))
+                            .unwrap();
+                        let shared = 100_000 + i % 50;
+                        store
+                            .insert(&mut guard, &key(shared), Some(&t.to_le_bytes()))
+                            .unwrap();
+                        guard.refresh();
+                    }
+                });
+            }
+        });
+        let mut handle = store.log().epoch().register();
+        let guard = handle.protect();
+        for own in 0..8_000u64 {
+            assert_eq!(
+                store.get(&guard, &key(own)).unwrap(),
+                Some(Some(own.to_le_bytes().to_vec())),
+                "{own}"
+            );
+        }
+        for i in 0..50u64 {
+            let v = store
+                .get(&guard, &key(100_000 + i))
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert!(u64::from_le_bytes(v.try_into().unwrap()) < 4);
+        }
+    }
+
+    #[test]
+    fn the_chunk_table_costs_under_one_byte_per_cold_key() {
+        for keys in [100_000u64, 1_000_000, 20_000_000] {
+            let index = ColdIndex::new(
+                keys,
+                small_log(),
+                Arc::new(MemPages::new()),
+                Arc::new(Epoch::new()),
+            )
+            .unwrap();
+            let epoch = Arc::clone(index.chunks.epoch());
+            let mut handle = epoch.register();
+            let guard = handle.protect();
+            let (table, frames) = index.memory_bytes(&guard);
+            let per_key = table as f64 / keys as f64;
+            assert!(
+                per_key < 1.0,
+                "{keys} keys: {table} bytes of chunk table, {per_key:.2} per key"
+            );
+            assert!(index.chunk_count() * CHUNK_ENTRIES as u64 >= keys);
+            assert_eq!(frames, 4 * 4096);
+        }
+    }
+}

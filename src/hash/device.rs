@@ -1,0 +1,258 @@
+//! Where a hybrid log's pages go when they leave memory: a device addressed by the log's
+//! own logical addresses (FASTER, section 5.1: one address space over memory and disk).
+//!
+//! A [`LogPages`] device stores whole log pages at their logical address and reads any
+//! aligned range back; [`LogPages::truncate_before`] gives up everything below an
+//! address (the log's BEGIN moved past it). [`FilePages`] keeps the address space in
+//! segment files of a fixed size (`<prefix>-<segment as 8 hex digits>.hlog`), so that a
+//! truncation deletes whole files; [`MemPages`] keeps it in memory for tests.
+//!
+//! Invariants this module owns:
+//! - A page is written whole, at an address that is a multiple of its size, and a
+//!   segment holds a whole number of pages: no page straddles two files.
+//! - Reads and writes are [`IO_ALIGN_BYTES`]-aligned in offset and length (what O_DIRECT
+//!   asks of this machine's disk).
+//! - Nothing is read below the truncation point: such a read is an error, never stale
+//!   bytes of a deleted segment.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::sync::Mutex;
+
+/// The alignment of every device read and write, in offset and length.
+pub(crate) const IO_ALIGN_BYTES: u64 = 4096;
+
+/// A hybrid log's disk, addressed by logical address.
+pub(crate) trait LogPages: Send + Sync {
+    /// Writes `bytes` (one or more whole pages) at `address`. Both are aligned.
+    fn write(&self, address: u64, bytes: &[u8]) -> io::Result<()>;
+    /// Reads `buf.len()` bytes at `address` (both aligned). Bytes never written read as
+    /// zeros; bytes below the truncation point are an error.
+    fn read(&self, address: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Makes every write so far durable.
+    fn sync(&self) -> io::Result<()>;
+    /// Gives up every address below `address` (the device may keep part of it).
+    fn truncate_before(&self, address: u64) -> io::Result<()>;
+}
+
+/// Segment files in a directory.
+pub(crate) struct FilePages {
+    dir: PathBuf,
+    prefix: String,
+    segment_bytes: u64,
+    direct: bool,
+    state: Mutex<FileState>,
+}
+
+#[derive(Default)]
+struct FileState {
+    open: HashMap<u64, File>,
+    /// Segments below this were deleted.
+    truncated_segments: u64,
+    /// Segments written since the last sync.
+    dirty: Vec<u64>,
+}
+
+impl FilePages {
+    /// Segment files `<dir>/<prefix>-<n>.hlog` of `segment_bytes` each (a multiple of
+    /// [`IO_ALIGN_BYTES`]), opened with `O_DIRECT` if `direct`.
+    pub(crate) fn new(dir: &Path, prefix: &str, segment_bytes: u64, direct: bool) -> FilePages {
+        assert!(segment_bytes > 0 && segment_bytes.is_multiple_of(IO_ALIGN_BYTES));
+        FilePages {
+            dir: dir.to_path_buf(),
+            prefix: prefix.to_string(),
+            segment_bytes,
+            direct,
+            state: Mutex::new(FileState::default()),
+        }
+    }
+
+    fn path(&self, segment: u64) -> PathBuf {
+        self.dir.join(format!("{}-{segment:08x}.hlog", self.prefix))
+    }
+
+    /// Runs `f` on segment `segment`'s file, opening (or creating) it first.
+    fn with_file<T>(
+        &self,
+        segment: u64,
+        create: bool,
+        f: impl FnOnce(&File) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let mut state = self.state.lock();
+        if segment < state.truncated_segments {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: segment {segment} was truncated", self.prefix),
+            ));
+        }
+        if let std::collections::hash_map::Entry::Vacant(slot) = state.open.entry(segment) {
+            let mut options = OpenOptions::new();
+            options.read(true).write(true).create(create);
+            if self.direct {
+                use std::os::unix::fs::OpenOptionsExt;
+                options.custom_flags(libc::O_DIRECT);
+            }
+            let path = self.path(segment);
+            let file = options
+                .open(&path)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            slot.insert(file);
+        }
+        if create && !state.dirty.contains(&segment) {
+            state.dirty.push(segment);
+        }
+        f(&state.open[&segment])
+    }
+
+    fn split(&self, address: u64, len: usize) -> (u64, u64) {
+        let (segment, offset) = (address / self.segment_bytes, address % self.segment_bytes);
+        assert!(
+            offset + len as u64 <= self.segment_bytes,
+            "an access straddles two segments"
+        );
+        (segment, offset)
+    }
+}
+
+fn check_aligned(address: u64, len: usize) {
+    assert!(
+        address.is_multiple_of(IO_ALIGN_BYTES) && (len as u64).is_multiple_of(IO_ALIGN_BYTES),
+        "unaligned log IO at {address} of {len} bytes"
+    );
+}
+
+impl LogPages for FilePages {
+    fn write(&self, address: u64, bytes: &[u8]) -> io::Result<()> {
+        check_aligned(address, bytes.len());
+        let (segment, offset) = self.split(address, bytes.len());
+        self.with_file(segment, true, |f| f.write_all_at(bytes, offset))
+    }
+
+    fn read(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_aligned(address, buf.len());
+        let (segment, offset) = self.split(address, buf.len());
+        self.with_file(segment, false, |f| {
+            let mut done = 0;
+            while done < buf.len() {
+                let n = f.read_at(&mut buf[done..], offset + done as u64)?;
+                if n == 0 {
+                    // Past the end of what was written: zeros, as in a sparse file.
+                    buf[done..].fill(0);
+                    break;
+                }
+                done += n;
+            }
+            Ok(())
+        })
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut state = self.state.lock();
+        for segment in std::mem::take(&mut state.dirty) {
+            if let Some(f) = state.open.get(&segment) {
+                f.sync_data()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn truncate_before(&self, address: u64) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let below = address / self.segment_bytes;
+        for segment in state.truncated_segments..below {
+            state.open.remove(&segment);
+            state.dirty.retain(|&s| s != segment);
+            match std::fs::remove_file(self.path(segment)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        state.truncated_segments = state.truncated_segments.max(below);
+        Ok(())
+    }
+}
+
+/// A device in memory, page by page, for tests; counts its IO.
+#[derive(Default)]
+pub(crate) struct MemPages {
+    state: Mutex<MemState>,
+}
+
+#[derive(Default)]
+struct MemState {
+    blocks: HashMap<u64, Box<[u8]>>,
+    truncated_before: u64,
+    /// Bytes written and read.
+    written_bytes: u64,
+    read_bytes: u64,
+    /// Fail every write from now on.
+    fail_writes: bool,
+}
+
+impl MemPages {
+    pub(crate) fn new() -> MemPages {
+        MemPages::default()
+    }
+
+    /// (bytes written, bytes read) so far.
+    pub(crate) fn io_bytes(&self) -> (u64, u64) {
+        let s = self.state.lock();
+        (s.written_bytes, s.read_bytes)
+    }
+
+    /// Makes every later write fail.
+    pub(crate) fn fail_writes(&self) {
+        self.state.lock().fail_writes = true;
+    }
+}
+
+impl LogPages for MemPages {
+    fn write(&self, address: u64, bytes: &[u8]) -> io::Result<()> {
+        check_aligned(address, bytes.len());
+        let mut s = self.state.lock();
+        if s.fail_writes {
+            return Err(io::Error::other("simulated EIO on a log page write"));
+        }
+        for (i, chunk) in bytes.chunks(IO_ALIGN_BYTES as usize).enumerate() {
+            s.blocks
+                .insert(address + i as u64 * IO_ALIGN_BYTES, chunk.into());
+        }
+        s.written_bytes += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn read(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_aligned(address, buf.len());
+        let mut s = self.state.lock();
+        if address < s.truncated_before {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("read at {address}, below the truncation point"),
+            ));
+        }
+        for (i, chunk) in buf.chunks_mut(IO_ALIGN_BYTES as usize).enumerate() {
+            match s.blocks.get(&(address + i as u64 * IO_ALIGN_BYTES)) {
+                Some(block) => chunk.copy_from_slice(block),
+                None => chunk.fill(0),
+            }
+        }
+        s.read_bytes += buf.len() as u64;
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn truncate_before(&self, address: u64) -> io::Result<()> {
+        let mut s = self.state.lock();
+        s.blocks.retain(|&a, _| a >= address);
+        s.truncated_before = s.truncated_before.max(address);
+        Ok(())
+    }
+}

@@ -1,0 +1,848 @@
+//! The HybridLog (FASTER, SIGMOD 2018, sections 5 and 6): one logical address space
+//! over a circular buffer of in-memory page frames and a disk ([`LogPages`]).
+//!
+//! ```text
+//!   BEGIN        HEAD        SAFE_READ_ONLY   READ_ONLY            TAIL
+//!     │ on disk    │  in memory, read-only │ fuzzy │ mutable (in place) │
+//!     ▼            ▼                       ▼       ▼                    ▼
+//! ────┴────────────┴───────────────────────┴───────┴────────────────────┴────▶ address
+//! ```
+//!
+//! - **Addresses** are 48-bit logical addresses, `page << page_bits | offset`; 0 is no
+//!   address (page 0 starts at [`FIRST_ADDRESS`]). Page `p` lives in frame
+//!   `p % frames` while it is at or above HEAD.
+//! - **Allocation** at TAIL is a fetch-and-add on a word holding (page, offset). An add
+//!   that runs past the page's end gets nothing; its thread drops what it holds, and it
+//!   (with any other such thread) moves the tail to the next page once that page's frame
+//!   is free, refreshing its epoch between tries (FASTER's `Allocate` / `NewPage`). The
+//!   unused end of a page stays zero, which no record header is, so a scan knows where a
+//!   page's records end.
+//! - **Opening page `q`** moves READ_ONLY to the start of page `q - mutable_pages` and,
+//!   if frame `q % frames` still holds page `q - frames`, moves HEAD past that page once
+//!   it is flushed, then waits for it to be closed.
+//! - **Flush and close through epoch triggers.** Moving READ_ONLY bumps the epoch with an
+//!   action that, once every thread has refreshed (so no thread can still be updating a
+//!   record below it in place), sets SAFE_READ_ONLY and writes the pages below it to the
+//!   device. Moving HEAD (only ever to an address already flushed) bumps the epoch with an
+//!   action that, once no thread can still read those frames, zeroes them for reuse.
+//! - **Regions.** A record at or above READ_ONLY may be updated in place; between
+//!   SAFE_READ_ONLY and READ_ONLY (the fuzzy region) some thread may still do so, so a
+//!   read-modify-write must not copy it yet; below SAFE_READ_ONLY a copy goes to the
+//!   tail; below HEAD the record is read from the device; below BEGIN it is gone.
+//!
+//! Invariants this module owns:
+//! - `BEGIN <= HEAD <= SAFE_READ_ONLY <= READ_ONLY <= TAIL` (BEGIN may pass HEAD only in
+//!   a truncation, which is then also a truncation of memory), and
+//!   `closed_until <= HEAD <= flushed_until`: a frame is zeroed only after its page is on
+//!   the device, and only after every thread that could read it has refreshed.
+//! - A frame is reused for page `p` only after page `p - frames` was closed.
+//! - After a device error the log is failed: allocation returns the error (nothing
+//!   waits forever for a flush that will not come).
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::ptr::NonNull;
+use std::sync::Arc;
+// Frame words are raw memory: `std` atomics over it (see `crate::sync`).
+use std::sync::atomic::AtomicU64 as AtomicU64Std;
+
+use super::device::{IO_ALIGN_BYTES, LogPages};
+use super::epoch::{Epoch, EpochGuard};
+use super::record::{Decode, DiskRecord, MemRecord};
+use crate::error::{Error, Result};
+use crate::sync::Mutex;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::spin_wait;
+
+/// The first address of a log: page 0's first 64 bytes are never used, so 0 can mean
+/// "no address".
+pub(crate) const FIRST_ADDRESS: u64 = 64;
+
+/// The largest address: 48 bits.
+pub(crate) const MAX_ADDRESS: u64 = (1 << 48) - 1;
+
+/// How a hybrid log is laid out in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HlogOptions {
+    /// log2 of the page size (at least 12: pages are written with O_DIRECT).
+    pub(crate) page_bits: u32,
+    /// Page frames in memory (at least 2).
+    pub(crate) frames: u64,
+    /// Pages below TAIL's page that stay mutable (at most `frames - 1`). FASTER's
+    /// default is 90% of the frames.
+    pub(crate) mutable_pages: u64,
+}
+
+impl HlogOptions {
+    /// `memory_bytes` of frames of `1 << page_bits` bytes (at least two), 90% mutable.
+    pub(crate) fn with_memory(memory_bytes: u64, page_bits: u32) -> HlogOptions {
+        let frames = (memory_bytes >> page_bits).max(2);
+        HlogOptions {
+            page_bits,
+            frames,
+            mutable_pages: (frames * 9 / 10).clamp(1, frames - 1),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let ok = (12..=30).contains(&self.page_bits)
+            && self.frames >= 2
+            && (1..self.frames).contains(&self.mutable_pages);
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::InvalidConfig(format!(
+                "hybrid log: pages of 2^12..2^30 bytes, at least 2 frames, 1..frames \
+                 mutable pages; got {self:?}"
+            )))
+        }
+    }
+}
+
+/// The page frames: `frames` buffers of one page each, aligned for O_DIRECT.
+struct Frames {
+    ptrs: Vec<NonNull<u8>>,
+    layout: Layout,
+}
+
+// SAFETY: the frames are plain memory owned by this struct; who may touch which bytes is
+// governed by the log's protocol (allocation, epochs), not by the pointers.
+unsafe impl Send for Frames {}
+// SAFETY: as above.
+unsafe impl Sync for Frames {}
+
+impl Frames {
+    fn new(count: u64, page_bytes: usize) -> Frames {
+        let layout = Layout::from_size_align(page_bytes, IO_ALIGN_BYTES as usize)
+            .expect("a page size validated by HlogOptions");
+        let ptrs = (0..count)
+            .map(|_| {
+                // SAFETY: the layout has a non-zero size.
+                let ptr = unsafe { alloc_zeroed(layout) };
+                NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
+            })
+            .collect();
+        Frames { ptrs, layout }
+    }
+}
+
+impl Drop for Frames {
+    fn drop(&mut self) {
+        for ptr in &self.ptrs {
+            // SAFETY: allocated in `new` with this layout, freed once.
+            unsafe { dealloc(ptr.as_ptr(), self.layout) };
+        }
+    }
+}
+
+/// One page of memory aligned for O_DIRECT.
+struct AlignedPage {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl AlignedPage {
+    fn new(bytes: usize) -> AlignedPage {
+        let layout = Layout::from_size_align(bytes, IO_ALIGN_BYTES as usize)
+            .expect("a page size validated by HlogOptions");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        AlignedPage {
+            ptr: NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
+            layout,
+        }
+    }
+
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: an allocation of `layout.size()` bytes owned by `self`, zeroed at birth.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedPage {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// The log's state, shared with the trigger actions it registers.
+struct Shared {
+    options: HlogOptions,
+    page_bytes: u64,
+    frames: Frames,
+    device: Arc<dyn LogPages>,
+    /// `page << 32 | offset` of the next allocation. The offset may run past the page's
+    /// end while the next page is being opened.
+    tail: AtomicU64,
+    read_only: AtomicU64,
+    safe_read_only: AtomicU64,
+    head: AtomicU64,
+    safe_head: AtomicU64,
+    begin: AtomicU64,
+    /// Every page below this address is on the device.
+    flushed_until: AtomicU64,
+    /// Every frame of a page below this address is zeroed and free.
+    closed_until: AtomicU64,
+    /// Serialize flushes and closes (each in address order).
+    flushing: Mutex<()>,
+    closing: Mutex<()>,
+    failed: AtomicBool,
+    failure: Mutex<Option<String>>,
+}
+
+/// A hybrid log. Operations on it run under a guard of its epoch ([`HybridLog::epoch`]).
+pub(crate) struct HybridLog {
+    shared: Arc<Shared>,
+    epoch: Arc<Epoch>,
+}
+
+/// What [`HybridLog::allocate`] got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Alloc {
+    /// The space at this address is the caller's.
+    At(u64),
+    /// The tail's page (this one) is full: see [`HybridLog::allocate`].
+    PageFull(u64),
+}
+
+/// Where a record is.
+pub(crate) enum Fetched {
+    /// In a page frame, at or above HEAD: usable until the guard refreshes.
+    Memory(MemRecord),
+    /// Read from the device.
+    Disk(DiskRecord),
+}
+
+/// The log's addresses at one moment (loaded from the oldest up, so the order holds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Addresses {
+    pub(crate) begin: u64,
+    pub(crate) head: u64,
+    pub(crate) safe_read_only: u64,
+    pub(crate) read_only: u64,
+    pub(crate) tail: u64,
+    pub(crate) flushed_until: u64,
+}
+
+impl HybridLog {
+    /// An empty log over `device`, coordinated by `epoch`.
+    pub(crate) fn new(
+        options: HlogOptions,
+        device: Arc<dyn LogPages>,
+        epoch: Arc<Epoch>,
+    ) -> Result<HybridLog> {
+        options.validate()?;
+        let page_bytes = 1u64 << options.page_bits;
+        Ok(HybridLog {
+            shared: Arc::new(Shared {
+                options,
+                page_bytes,
+                frames: Frames::new(options.frames, page_bytes as usize),
+                device,
+                tail: AtomicU64::new(FIRST_ADDRESS),
+                read_only: AtomicU64::new(0),
+                safe_read_only: AtomicU64::new(0),
+                head: AtomicU64::new(0),
+                safe_head: AtomicU64::new(0),
+                begin: AtomicU64::new(FIRST_ADDRESS),
+                flushed_until: AtomicU64::new(0),
+                closed_until: AtomicU64::new(0),
+                flushing: Mutex::new(()),
+                closing: Mutex::new(()),
+                failed: AtomicBool::new(false),
+                failure: Mutex::new(None),
+            }),
+            epoch,
+        })
+    }
+
+    /// The epoch every operation on the log is protected by.
+    pub(crate) fn epoch(&self) -> &Arc<Epoch> {
+        &self.epoch
+    }
+
+    /// Bytes of one page: the largest record.
+    pub(crate) fn page_bytes(&self) -> u64 {
+        self.shared.page_bytes
+    }
+
+    /// Bytes of memory the page frames take.
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        self.shared.page_bytes * self.shared.options.frames
+    }
+
+    /// The addresses now.
+    pub(crate) fn addresses(&self) -> Addresses {
+        let s = &self.shared;
+        let begin = s.begin.load(Ordering::Acquire);
+        let head = s.head.load(Ordering::Acquire);
+        let safe_read_only = s.safe_read_only.load(Ordering::Acquire);
+        let read_only = s.read_only.load(Ordering::Acquire);
+        let flushed_until = s.flushed_until.load(Ordering::Acquire);
+        let tail = s.tail_address();
+        Addresses {
+            begin,
+            head,
+            safe_read_only,
+            read_only,
+            tail,
+            flushed_until,
+        }
+    }
+
+    /// Reserves `size_bytes` (a multiple of 8, at most a page) at the tail. The caller
+    /// fills the space ([`HybridLog::record`], then `MemRecord::init`) before it
+    /// refreshes its epoch.
+    ///
+    /// [`Alloc::PageFull`] means the tail's page is full and the next one is not open
+    /// yet: the caller drops whatever it holds from under its guard, then calls
+    /// [`HybridLog::new_page`] (refreshing between calls) until it answers `true`, and
+    /// starts its operation again (FASTER's `Allocate` / `NewPage` loop). An error if the
+    /// device failed.
+    pub(crate) fn allocate(&self, size_bytes: u64) -> Result<Alloc> {
+        let s = &self.shared;
+        assert!(
+            size_bytes > 0 && size_bytes.is_multiple_of(8) && size_bytes <= s.page_bytes,
+            "allocation of {size_bytes} bytes"
+        );
+        s.check_failed()?;
+        let old = s.tail.fetch_add(size_bytes, Ordering::AcqRel);
+        let (page, offset) = (old >> 32, old & 0xffff_ffff);
+        if offset + size_bytes <= s.page_bytes {
+            Ok(Alloc::At(page << s.options.page_bits | offset))
+        } else {
+            Ok(Alloc::PageFull(page))
+        }
+    }
+
+    /// Tries to move the tail from the full page `full` to the next page: moves
+    /// READ_ONLY, and HEAD if the next page's frame still holds an older page. Answers
+    /// `true` once the tail has left `full` (this thread or another moved it), `false`
+    /// if the frame is not free yet (refresh and call again: the flush and close wait
+    /// for every thread's refresh). Any thread whose allocation found `full` full may
+    /// call it; exactly one moves the tail. The caller holds nothing from under its
+    /// guard, which this refreshes.
+    pub(crate) fn new_page(&self, guard: &mut EpochGuard<'_, '_>, full: u64) -> Result<bool> {
+        let s = &self.shared;
+        let bits = s.options.page_bits;
+        let next = full + 1;
+        if s.tail.load(Ordering::Acquire) >> 32 != full {
+            return Ok(true);
+        }
+        s.check_failed()?;
+        if (next << bits) + s.page_bytes > MAX_ADDRESS {
+            s.fail("the log's 48-bit address space is exhausted".into());
+            return s.check_failed().map(|()| false);
+        }
+        self.shift_read_only(guard, next.saturating_sub(s.options.mutable_pages) << bits);
+        // Frame `next % frames` holds page `next - frames` until it is closed.
+        let need_head = (next + 1).saturating_sub(s.options.frames) << bits;
+        if s.closed_until.load(Ordering::Acquire) < need_head {
+            let target = need_head.min(s.flushed_until.load(Ordering::Acquire));
+            self.shift_head(guard, target);
+            return Ok(false);
+        }
+        let mut current = s.tail.load(Ordering::Acquire);
+        while current >> 32 == full {
+            match s
+                .tail
+                .compare_exchange(current, next << 32, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => current = now,
+            }
+        }
+        Ok(true)
+    }
+
+    /// Allocates `size_bytes` at the tail, opening pages as needed: for a caller that
+    /// holds nothing from under `guard` while it waits (this refreshes it).
+    pub(crate) fn allocate_waiting(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        size_bytes: u64,
+    ) -> Result<u64> {
+        let mut spins = 0;
+        loop {
+            match self.allocate(size_bytes)? {
+                Alloc::At(address) => return Ok(address),
+                Alloc::PageFull(full) => {
+                    while !self.new_page(guard, full)? {
+                        guard.refresh();
+                        spins += 1;
+                        spin_wait(spins);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves READ_ONLY up to `address` (never down); once every thread has seen it,
+    /// SAFE_READ_ONLY follows and the pages below are flushed.
+    pub(crate) fn shift_read_only(&self, guard: &mut EpochGuard<'_, '_>, address: u64) {
+        let address = address.min(self.shared.tail_address());
+        if self.shared.read_only.fetch_max(address, Ordering::AcqRel) < address {
+            let shared = Arc::clone(&self.shared);
+            guard.bump_with_action(move || shared.on_read_only_safe(address));
+        }
+    }
+
+    /// Moves HEAD up to `address` (never down, never past what is flushed); once no
+    /// thread can still read them, the frames below are zeroed for reuse.
+    fn shift_head(&self, guard: &mut EpochGuard<'_, '_>, address: u64) {
+        let s = &self.shared;
+        let address = address
+            .min(s.flushed_until.load(Ordering::Acquire))
+            .min(s.page_start(s.tail_address()));
+        if s.head.fetch_max(address, Ordering::AcqRel) < address {
+            let shared = Arc::clone(s);
+            guard.bump_with_action(move || shared.on_head_safe(address));
+        }
+    }
+
+    /// Makes every record below the tail read-only and flushed, and waits until they
+    /// are on the device (not synced: [`HybridLog::sync`] does that). Returns the
+    /// address everything below is flushed to. For checkpoints and tests.
+    pub(crate) fn flush_all(&self, guard: &mut EpochGuard<'_, '_>) -> Result<u64> {
+        let s = &self.shared;
+        let tail = s.tail_address();
+        self.shift_read_only(guard, tail);
+        let mut spins = 0;
+        while s.safe_read_only.load(Ordering::Acquire) < tail {
+            s.check_failed()?;
+            guard.refresh();
+            spins += 1;
+            spin_wait(spins);
+        }
+        // Every record below `tail` is complete now (their writers have refreshed since).
+        // The full pages below it are flushed by the action; the tail's page is written
+        // as far as it is filled, but `flushed_until` stays at its start: appends go on
+        // there, and the page is written whole again when the tail leaves it.
+        s.flush_until(s.page_start(tail));
+        if !tail.is_multiple_of(s.page_bytes) {
+            s.write_page(s.page_start(tail));
+        }
+        s.check_failed()?;
+        Ok(tail)
+    }
+
+    /// Makes everything flushed so far durable on the device.
+    pub(crate) fn sync(&self) -> Result<()> {
+        self.shared.device.sync().map_err(|e| {
+            self.shared.fail(format!("sync: {e}"));
+            Error::Io(e)
+        })
+    }
+
+    /// Moves BEGIN up to `address`: records below it are gone. The device gives up
+    /// their space once no thread can still be reading them.
+    pub(crate) fn truncate_before(&self, guard: &mut EpochGuard<'_, '_>, address: u64) {
+        let s = &self.shared;
+        if s.begin.fetch_max(address, Ordering::AcqRel) < address {
+            let shared = Arc::clone(s);
+            guard.bump_with_action(move || {
+                if let Err(e) = shared.device.truncate_before(address) {
+                    log::warn!("bfdb: truncating a hash log below {address}: {e}");
+                }
+            });
+        }
+    }
+
+    /// The record at `address`, which must be the address of a record this log
+    /// allocated and its writer published, at or above BEGIN (else an error). In memory
+    /// if at or above HEAD; otherwise read from the device.
+    pub(crate) fn fetch(&self, _guard: &EpochGuard<'_, '_>, address: u64) -> Result<Fetched> {
+        let s = &self.shared;
+        if address >= s.head.load(Ordering::Acquire) {
+            // SAFETY: at or above HEAD as this protected thread saw it: the frame is
+            // closed only by an action that waits for this thread to refresh, and the
+            // caller vouches that a published record starts here.
+            return Ok(Fetched::Memory(unsafe { self.record(address) }));
+        }
+        if address < s.begin.load(Ordering::Acquire) {
+            return Err(Error::Unsupported(format!(
+                "hash log address {address} is below BEGIN: the record was truncated"
+            )));
+        }
+        self.read_from_device(address).map(Fetched::Disk)
+    }
+
+    /// Reads the record at `address` from the device.
+    fn read_from_device(&self, address: u64) -> Result<DiskRecord> {
+        let s = &self.shared;
+        let start = address - address % IO_ALIGN_BYTES;
+        let page_end = s.page_start(address) + s.page_bytes;
+        let mut len = IO_ALIGN_BYTES;
+        loop {
+            let mut buf = vec![0u8; len as usize];
+            s.device.read(start, &mut buf).map_err(Error::Io)?;
+            let at = (address - start) as usize;
+            match DiskRecord::decode(&buf[at..], (page_end - address) as usize) {
+                Ok(record) => return Ok(record),
+                Err(Decode::NeedBytes(n)) => {
+                    let want = (at + n) as u64;
+                    len = want.div_ceil(IO_ALIGN_BYTES) * IO_ALIGN_BYTES;
+                }
+                Err(Decode::Corrupt(why)) => {
+                    return Err(Error::Corrupted {
+                        page: address,
+                        reason: format!("hash log record at {address}: {why}"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// A view of the record space at `address`.
+    ///
+    /// # Safety
+    ///
+    /// `address` is at or above HEAD as seen by a thread protected since before it
+    /// loaded HEAD, that thread uses the view only until it refreshes, and the address
+    /// was allocated by [`HybridLog::allocate`] (and is being filled by the caller, or
+    /// was published).
+    pub(crate) unsafe fn record(&self, address: u64) -> MemRecord {
+        let s = &self.shared;
+        let page = address >> s.options.page_bits;
+        let frame = s.frames.ptrs[(page % s.options.frames) as usize];
+        let offset = (address & (s.page_bytes - 1)) as usize;
+        // SAFETY: the offset is inside the frame (a page); the caller vouches for the
+        // rest of `MemRecord::at`'s contract.
+        unsafe { MemRecord::at(frame.as_ptr().add(offset)) }
+    }
+
+    /// The error the log failed with, if it did.
+    pub(crate) fn check_failed(&self) -> Result<()> {
+        self.shared.check_failed()
+    }
+}
+
+impl Shared {
+    fn tail_address(&self) -> u64 {
+        let t = self.tail.load(Ordering::Acquire);
+        let (page, offset) = (t >> 32, (t & 0xffff_ffff).min(self.page_bytes));
+        page << self.options.page_bits | offset
+    }
+
+    fn page_start(&self, address: u64) -> u64 {
+        address & !(self.page_bytes - 1)
+    }
+
+    fn fail(&self, why: String) {
+        let mut failure = self.failure.lock();
+        failure.get_or_insert(why);
+        self.failed.store(true, Ordering::Release);
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            let cause = self.failure.lock().clone().unwrap_or_default();
+            return Err(Error::Poisoned { cause });
+        }
+        Ok(())
+    }
+
+    /// Trigger action of a READ_ONLY move: every thread has seen READ_ONLY at
+    /// `address`, so no in-place update runs below it.
+    fn on_read_only_safe(&self, address: u64) {
+        self.safe_read_only.fetch_max(address, Ordering::AcqRel);
+        self.flush_until(self.page_start(address));
+    }
+
+    /// Writes the pages from `flushed_until` up to `until` (page-aligned, at most one
+    /// page past SAFE_READ_ONLY's page) to the device, in order.
+    fn flush_until(&self, until: u64) {
+        let _order = self.flushing.lock();
+        let mut at = self.flushed_until.load(Ordering::Acquire);
+        while at < until && !self.failed.load(Ordering::Acquire) {
+            // Page `at` is below SAFE_READ_ONLY (the callers), so nobody writes it in
+            // place any more, and its frame is not closed before `flushed_until` passes.
+            if !self.write_page(at) {
+                return;
+            }
+            at += self.page_bytes;
+            self.flushed_until.store(at, Ordering::Release);
+        }
+    }
+
+    /// Writes the page at `at` from its frame to the device; false (and the log
+    /// failed) on an error. The caller makes sure the frame holds that page.
+    fn write_page(&self, at: u64) -> bool {
+        let page = at >> self.options.page_bits;
+        let frame = self.frames.ptrs[(page % self.options.frames) as usize];
+        // The page is copied word by word with atomic loads: `flush_all` writes the
+        // tail's page while appends past the tail may still fill it, and the header
+        // words of records are atomics everywhere. (A flush of a page below
+        // SAFE_READ_ONLY races with nothing; the copy costs little beside the write.)
+        let mut copy = AlignedPage::new(self.page_bytes as usize);
+        for (i, out) in copy.as_mut().chunks_exact_mut(8).enumerate() {
+            // SAFETY: word `i` of a live, 8-aligned frame of `page_bytes`; frame words
+            // are only ever accessed atomically while threads run.
+            let word = unsafe { AtomicU64Std::from_ptr(frame.as_ptr().cast::<u64>().add(i)) };
+            out.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        match self.device.write(at, copy.as_mut()) {
+            Ok(()) => true,
+            Err(e) => {
+                self.fail(format!("writing hash log page at {at}: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Trigger action of a HEAD move: no thread reads the frames below `address`.
+    fn on_head_safe(&self, address: u64) {
+        let _order = self.closing.lock();
+        let mut at = self.closed_until.load(Ordering::Acquire);
+        while at < address {
+            let page = at >> self.options.page_bits;
+            let frame = self.frames.ptrs[(page % self.options.frames) as usize];
+            // SAFETY: the page is below HEAD, which every thread has seen (this is the
+            // trigger action of its move), and flushed; no thread touches the frame
+            // until `closed_until` passes it, which is set below.
+            unsafe { std::ptr::write_bytes(frame.as_ptr(), 0, self.page_bytes as usize) };
+            at += self.page_bytes;
+        }
+        self.safe_head.fetch_max(address, Ordering::AcqRel);
+        self.closed_until.fetch_max(address, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for HybridLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HybridLog")
+            .field("options", &self.shared.options)
+            .field("addresses", &self.addresses())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+    use crate::hash::device::{FilePages, MemPages};
+    use crate::hash::record::{Header, record_size_bytes};
+
+    fn key(i: u64) -> Vec<u8> {
+        format!("key-{i:06}").into_bytes()
+    }
+
+    fn value(i: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|j| (i as usize + j) as u8).collect()
+    }
+
+    /// Appends record `i` (previous address `prev`) and returns its address.
+    fn append(log: &HybridLog, guard: &mut EpochGuard<'_, '_>, i: u64, len: usize) -> u64 {
+        let (k, v) = (key(i), value(i, len));
+        let size = record_size_bytes(k.len(), v.len()) as u64;
+        let address = log.allocate_waiting(guard, size).unwrap();
+        // SAFETY: just allocated, at the tail (above HEAD); used before any refresh.
+        let rec = unsafe { log.record(address) };
+        rec.init(Header::new(i, false), &k, &v);
+        address
+    }
+
+    fn check(log: &HybridLog, guard: &EpochGuard<'_, '_>, address: u64, i: u64, len: usize) {
+        let (k, v, prev) = match log.fetch(guard, address).unwrap() {
+            Fetched::Memory(r) => {
+                let (h, v) = r.read_value();
+                (r.key(), v, h.previous())
+            }
+            Fetched::Disk(d) => (d.key, d.value, d.header.previous()),
+        };
+        assert_eq!(
+            (k, v, prev),
+            (key(i), value(i, len), i),
+            "record {i} at {address}"
+        );
+    }
+
+    #[test]
+    fn options_from_a_memory_size_keep_a_read_only_region() {
+        let o = HlogOptions::with_memory(40 << 20, 20);
+        assert_eq!((o.frames, o.mutable_pages), (40, 36));
+        let o = HlogOptions::with_memory(1 << 10, 12);
+        assert_eq!((o.frames, o.mutable_pages), (2, 1));
+        assert!(o.validate().is_ok());
+        let bad = HlogOptions {
+            mutable_pages: 2,
+            ..o
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    fn small(device: Arc<dyn LogPages>) -> HybridLog {
+        let options = HlogOptions {
+            page_bits: 12,
+            frames: 4,
+            mutable_pages: 2,
+        };
+        HybridLog::new(options, device, Arc::new(Epoch::new())).unwrap()
+    }
+
+    #[test]
+    fn records_beyond_memory_are_flushed_closed_and_read_back_from_the_device() {
+        let device = Arc::new(MemPages::new());
+        let log = small(device.clone());
+        let epoch = Arc::clone(log.epoch());
+        let mut handle = epoch.register();
+        let mut guard = handle.protect();
+        let mut addresses = Vec::new();
+        // About 60 pages of records of varied sizes, through four frames.
+        for i in 0..1_500u64 {
+            let len = (i % 300) as usize;
+            addresses.push(append(&log, &mut guard, i, len));
+            if i % 7 == 0 {
+                guard.refresh();
+            }
+            let a = log.addresses();
+            assert!(
+                a.begin <= a.head.max(a.begin)
+                    && a.head <= a.safe_read_only
+                    && a.safe_read_only <= a.read_only
+                    && a.read_only <= a.tail
+                    && a.head <= a.flushed_until,
+                "{a:?}"
+            );
+        }
+        let a = log.addresses();
+        assert!(a.head > 40 * 4096, "HEAD stayed at {}", a.head);
+        assert!(
+            a.tail - a.head <= 4 * 4096,
+            "more than the frames in memory: {a:?}"
+        );
+        // No two records overlap, and none crosses a page.
+        for w in addresses.windows(2) {
+            assert!(w[0] < w[1]);
+        }
+        for (i, &address) in addresses.iter().enumerate() {
+            let len = i % 300;
+            let size = record_size_bytes(key(i as u64).len(), len) as u64;
+            assert_eq!(
+                address / 4096,
+                (address + size - 1) / 4096,
+                "record {i} crosses a page"
+            );
+            check(&log, &guard, address, i as u64, len);
+        }
+        let (written, read) = device.io_bytes();
+        assert!(
+            written >= 40 * 4096 && read > 0,
+            "written {written}, read {read}"
+        );
+    }
+
+    #[test]
+    fn threads_appending_at_once_get_disjoint_space_and_every_record_reads_back() {
+        let log = small(Arc::new(MemPages::new()));
+        let per_thread = 2_000u64;
+        let all: Vec<Vec<(u64, u64)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let log = &log;
+                    s.spawn(move || {
+                        let mut handle = log.epoch().register();
+                        let mut guard = handle.protect();
+                        let mut mine = Vec::new();
+                        for n in 0..per_thread {
+                            let i = t * per_thread + n;
+                            mine.push((i, append(log, &mut guard, i, (i % 200) as usize)));
+                            guard.refresh();
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut spans: Vec<(u64, u64)> = all
+            .iter()
+            .flatten()
+            .map(|&(i, a)| {
+                (
+                    a,
+                    a + record_size_bytes(key(i).len(), (i % 200) as usize) as u64,
+                )
+            })
+            .collect();
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            assert!(w[0].1 <= w[1].0, "overlapping records {w:?}");
+        }
+        let mut handle = log.epoch().register();
+        let guard = handle.protect();
+        for &(i, address) in all.iter().flatten() {
+            check(&log, &guard, address, i, (i % 200) as usize);
+        }
+    }
+
+    #[test]
+    fn in_place_updates_and_flush_all_reach_the_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = Arc::new(FilePages::new(dir.path(), "hot", 8 * 4096, false));
+        let log = small(device.clone());
+        let mut handle = log.epoch().register();
+        let mut guard = handle.protect();
+        let first = append(&log, &mut guard, 1, 64);
+        // SAFETY: `first` is in the tail's page, in memory; used before a refresh.
+        assert!(unsafe { log.record(first) }.update_in_place(&value(2, 64)));
+        let flushed = log.flush_all(&mut guard).unwrap();
+        log.sync().unwrap();
+        assert!(flushed > first);
+        let mut buf = vec![0u8; 4096];
+        device.read(0, &mut buf).unwrap();
+        let on_disk = DiskRecord::decode(&buf[first as usize..], 4096 - first as usize).unwrap();
+        assert_eq!(on_disk.value, value(2, 64));
+        // Appends after a flush_all go on in the same page, and reach the device when it
+        // is flushed again.
+        let second = append(&log, &mut guard, 3, 10);
+        assert_eq!(second / 4096, first / 4096);
+        for i in 10..400 {
+            append(&log, &mut guard, i, 100);
+            guard.refresh();
+        }
+        check(&log, &guard, second, 3, 10);
+        assert!(log.addresses().head > second, "the page left memory");
+        // Truncation: the device's segments below BEGIN go, and reads below it fail.
+        let a = log.addresses();
+        log.truncate_before(&mut guard, a.head);
+        guard.refresh();
+        drop(guard);
+        let guard = handle.protect();
+        assert!(log.fetch(&guard, first).is_err());
+        let segments = std::fs::read_dir(dir.path()).unwrap().count() as u64;
+        assert!(
+            segments <= a.tail / (8 * 4096) + 1 - a.head / (8 * 4096) + 1,
+            "{segments}"
+        );
+        assert!(!dir.path().join("hot-00000000.hlog").exists());
+    }
+
+    #[test]
+    fn a_failed_device_fails_allocations_instead_of_waiting_forever() {
+        let device = Arc::new(MemPages::new());
+        let log = small(device.clone());
+        let mut handle = log.epoch().register();
+        let mut guard = handle.protect();
+        device.fail_writes();
+        let mut failed = None;
+        for i in 0..2_000 {
+            let size = record_size_bytes(8, 100) as u64;
+            match log.allocate_waiting(&mut guard, size) {
+                Ok(address) => {
+                    // SAFETY: just allocated; used before a refresh.
+                    unsafe { log.record(address) }.init(Header::new(0, false), &key(i), &[0; 100]);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        assert!(
+            matches!(failed, Some(Error::Poisoned { .. })),
+            "allocations went on past a failed flush: {failed:?}"
+        );
+        assert!(log.check_failed().is_err());
+    }
+}

@@ -1,0 +1,712 @@
+//! The hot log with its index: FASTER's store (SIGMOD 2018, sections 4-6), which F2
+//! keeps as its write-hot tier. Point reads, blind upserts, read-modify-writes and
+//! deletes over a [`HashIndex`] whose entries point at the newest record of each hash
+//! chain in a [`HybridLog`].
+//!
+//! **The update scheme** (FASTER's tables 1 and 2). The newest record of the key, found
+//! by walking the chain from the index entry, decides:
+//!
+//! | where the record is | upsert | read-modify-write |
+//! |---|---|---|
+//! | at or above READ_ONLY | in place (same value length) | in place, under the record's lock |
+//! | fuzzy: SAFE_READ_ONLY..READ_ONLY | new record at the tail | retry later (a thread may still update it in place) |
+//! | below SAFE_READ_ONLY (memory or disk) | new record at the tail | copy-update to the tail |
+//! | no record | new record | new record from the initial value |
+//!
+//! A new record is linked in front of the chain's head and published with a
+//! compare-and-swap of the index entry, expecting the head the operation started from.
+//! If the swap fails (another thread linked a record meanwhile), the new record is
+//! marked invalid and the operation starts again, so a read-modify-write never misses
+//! an update made after it read.
+//!
+//! **Sealing.** A read-modify-write whose result does not fit the old record in place
+//! copies it to the tail while holding the old record's lock, and marks the old record
+//! invalid before unlocking: an in-place writer waiting for the lock then finds it
+//! invalid and starts again from the index, where the new record is.
+//!
+//! Every operation runs under an epoch guard and never refreshes it while it holds an
+//! index entry slot or a record view: when the tail's page is full, or a record is in
+//! the fuzzy region, it drops them, refreshes, and starts again.
+
+use std::sync::Arc;
+
+use super::bucket::{INVALID_ADDRESS, KeyHash};
+use super::device::LogPages;
+use super::epoch::{Epoch, EpochGuard};
+use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog};
+use super::index::{ChainLink, EntrySlot, HashIndex, IndexOptions, RecordHashes};
+use super::record::{Header, MemRecord, record_size_bytes};
+use crate::error::{Error, Result};
+use crate::sync::spin_wait;
+
+/// The 64-bit hash of a key (a multiply-xorshift over 8-byte words and a final mix:
+/// bucket bits from the low end, the tag from the top, both well mixed).
+pub(crate) fn hash_key(key: &[u8]) -> KeyHash {
+    const M: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h = (key.len() as u64).wrapping_mul(M) ^ 0x2545_F491_4F6C_DD1D;
+    let mut chunks = key.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        h = (h ^ w).wrapping_mul(M).rotate_left(29);
+    }
+    let mut last = [0u8; 8];
+    last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+    h = (h ^ u64::from_le_bytes(last)).wrapping_mul(M);
+    // Final avalanche (the murmur3 finalizer).
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    KeyHash(h)
+}
+
+/// What a read-modify-write does with the current value (`None`: no record).
+pub(crate) trait Update: Sync {
+    fn update(&self, old: Option<&[u8]>) -> Vec<u8>;
+}
+
+impl<F: Fn(Option<&[u8]>) -> Vec<u8> + Sync> Update for F {
+    fn update(&self, old: Option<&[u8]>) -> Vec<u8> {
+        self(old)
+    }
+}
+
+/// Counters of what the store did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HotStats {
+    pub(crate) in_place_updates: u64,
+    pub(crate) appended_records: u64,
+    pub(crate) disk_reads: u64,
+    pub(crate) retries: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    in_place_updates: std::sync::atomic::AtomicU64,
+    appended_records: std::sync::atomic::AtomicU64,
+    disk_reads: std::sync::atomic::AtomicU64,
+    retries: std::sync::atomic::AtomicU64,
+}
+
+fn bump(c: &std::sync::atomic::AtomicU64) {
+    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The hot log and its index.
+pub(crate) struct HotLog {
+    epoch: Arc<Epoch>,
+    index: HashIndex,
+    log: Arc<HybridLog>,
+    counters: Counters,
+}
+
+/// One try of an operation: done, or what must happen (under a refreshed guard) before
+/// the next try.
+pub(crate) enum Step<T> {
+    Done(T),
+    /// Drop everything, refresh, start again.
+    Retry,
+    /// The tail's page is full: open the next one (refreshing), then start again.
+    PageFull(u64),
+}
+
+/// The newest record of a key, as a chain walk found it.
+enum Found {
+    /// In memory at this address.
+    Memory(u64, MemRecord),
+    /// On disk: its header and value.
+    Disk(Header, Vec<u8>),
+    None,
+}
+
+impl HotLog {
+    /// An empty store: an index sized for `expected_keys`, a log of `log` over `device`.
+    pub(crate) fn new(
+        expected_keys: u64,
+        log: HlogOptions,
+        device: Arc<dyn LogPages>,
+    ) -> Result<HotLog> {
+        HotLog::with_epoch(expected_keys, log, device, Arc::new(Epoch::new()))
+    }
+
+    /// As [`HotLog::new`], on an epoch shared with other parts of a store.
+    pub(crate) fn with_epoch(
+        expected_keys: u64,
+        log: HlogOptions,
+        device: Arc<dyn LogPages>,
+        epoch: Arc<Epoch>,
+    ) -> Result<HotLog> {
+        Ok(HotLog {
+            index: HashIndex::new(Arc::clone(&epoch), IndexOptions::for_keys(expected_keys)),
+            log: Arc::new(HybridLog::new(log, device, Arc::clone(&epoch))?),
+            epoch,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The epoch every operation is protected by: register a handle per thread.
+    pub(crate) fn epoch(&self) -> &Arc<Epoch> {
+        &self.epoch
+    }
+
+    /// The log (for its addresses, flushes and tests).
+    pub(crate) fn log(&self) -> &HybridLog {
+        &self.log
+    }
+
+    pub(crate) fn stats(&self) -> HotStats {
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        HotStats {
+            in_place_updates: load(&self.counters.in_place_updates),
+            appended_records: load(&self.counters.appended_records),
+            disk_reads: load(&self.counters.disk_reads),
+            retries: load(&self.counters.retries),
+        }
+    }
+
+    /// Walks the chain from `address` to the newest record of `key` at or above BEGIN.
+    fn find_record(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        mut address: u64,
+    ) -> Result<Found> {
+        let begin = self.log.addresses().begin;
+        while address != INVALID_ADDRESS && address >= begin {
+            match self.log.fetch(guard, address)? {
+                Fetched::Memory(record) => {
+                    let header = record.header();
+                    if !header.is_invalid() && record.key_equals(key) {
+                        return Ok(Found::Memory(address, record));
+                    }
+                    address = header.previous();
+                }
+                Fetched::Disk(record) => {
+                    bump(&self.counters.disk_reads);
+                    if !record.header.is_invalid() && record.key == key {
+                        return Ok(Found::Disk(record.header, record.value));
+                    }
+                    address = record.header.previous();
+                }
+            }
+        }
+        Ok(Found::None)
+    }
+
+    /// The value of `key`, if it has one.
+    pub(crate) fn get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let Some(slot) = self.index.find(guard, hash_key(key)) else {
+            return Ok(None);
+        };
+        let head = slot.address();
+        drop(slot);
+        Ok(match self.find_record(guard, key, head)? {
+            Found::Memory(_, record) => {
+                let (header, value) = record.read_value();
+                (!header.is_tombstone()).then_some(value)
+            }
+            Found::Disk(header, value) => (!header.is_tombstone()).then_some(value),
+            Found::None => None,
+        })
+    }
+
+    /// Sets `key` to `value` (or deletes it, for `None`).
+    pub(crate) fn upsert(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<()> {
+        self.run(guard, |this, guard| this.try_upsert(guard, key, value))
+    }
+
+    /// Replaces the value of `key` with `update(old)` atomically; returns the new value.
+    pub(crate) fn rmw(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        update: &dyn Update,
+    ) -> Result<Vec<u8>> {
+        self.run(guard, |this, guard| this.try_rmw(guard, key, update))
+    }
+
+    /// One try of a read-modify-write that never refreshes `guard`: for callers that
+    /// must act (with their own records still in memory) before any refresh. Settle a
+    /// `Retry` or `PageFull` with [`HotLog::settle`] and try again.
+    pub(crate) fn rmw_once(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        update: &dyn Update,
+    ) -> Result<Step<Vec<u8>>> {
+        self.try_rmw(guard, key, update)
+    }
+
+    /// Does what a `Retry` or `PageFull` asks before the next try: refreshes, or opens
+    /// the next page (refreshing between tries). The caller holds nothing from under
+    /// `guard`.
+    pub(crate) fn settle<T>(&self, guard: &mut EpochGuard<'_, '_>, step: &Step<T>) -> Result<()> {
+        match *step {
+            Step::Done(_) => Ok(()),
+            Step::Retry => {
+                bump(&self.counters.retries);
+                guard.refresh();
+                Ok(())
+            }
+            Step::PageFull(full) => {
+                let mut spins = 0;
+                while !self.log.new_page(guard, full)? {
+                    guard.refresh();
+                    spins += 1;
+                    spin_wait(spins);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs `step` until it is done, refreshing between tries as it asks.
+    fn run<T>(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        step: impl Fn(&Self, &EpochGuard<'_, '_>) -> Result<Step<T>>,
+    ) -> Result<T> {
+        loop {
+            match step(self, guard)? {
+                Step::Done(out) => return Ok(out),
+                other => self.settle(guard, &other)?,
+            }
+        }
+    }
+
+    fn check_key(key: &[u8]) -> Result<()> {
+        if key.len() > super::record::MAX_KEY_BYTES {
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                max: super::record::MAX_KEY_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    fn try_upsert(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<Step<()>> {
+        Self::check_key(key)?;
+        let mut slot = self.index.find_or_create(guard, hash_key(key));
+        if let Some(v) = value {
+            let read_only = self.log.addresses().read_only;
+            if let Found::Memory(address, record) = self.find_record(guard, key, slot.address())?
+                && address >= read_only
+                && !record.header().is_tombstone()
+                && record.update_in_place(v)
+            {
+                bump(&self.counters.in_place_updates);
+                return Ok(Step::Done(()));
+            }
+        }
+        self.append(guard, &mut slot, key, value.unwrap_or(&[]), value.is_none())
+    }
+
+    /// Appends a record in front of `slot`'s chain and swaps it in.
+    fn append(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        slot: &mut EntrySlot<'_>,
+        key: &[u8],
+        value: &[u8],
+        tombstone: bool,
+    ) -> Result<Step<()>> {
+        let _ = guard;
+        let size = record_size_bytes(key.len(), value.len()) as u64;
+        if size > self.log.page_bytes() {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: self.max_value_bytes(key.len()),
+            });
+        }
+        let address = match self.log.allocate(size)? {
+            Alloc::At(address) => address,
+            Alloc::PageFull(full) => return Ok(Step::PageFull(full)),
+        };
+        // SAFETY: just allocated at the tail (above HEAD), filled before any refresh.
+        let record = unsafe { self.log.record(address) };
+        record.init(Header::new(slot.address(), tombstone), key, value);
+        bump(&self.counters.appended_records);
+        match slot.try_update(address) {
+            Ok(()) => Ok(Step::Done(())),
+            Err(_) => {
+                record.invalidate();
+                Ok(Step::Retry)
+            }
+        }
+    }
+
+    /// The largest value a record with a key of `key_len` bytes holds.
+    pub(crate) fn max_value_bytes(&self, key_len: usize) -> usize {
+        (self.log.page_bytes() as usize).saturating_sub(record_size_bytes(key_len, 0))
+    }
+
+    fn try_rmw(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        update: &dyn Update,
+    ) -> Result<Step<Vec<u8>>> {
+        Self::check_key(key)?;
+        let mut slot = self.index.find_or_create(guard, hash_key(key));
+        let head = slot.address();
+        let addresses = self.log.addresses();
+        match self.find_record(guard, key, head)? {
+            Found::Memory(address, record) if address >= addresses.safe_read_only => {
+                if address < addresses.read_only {
+                    // The fuzzy region: a thread that has not seen READ_ONLY move may
+                    // still update this record in place; a copy now could lose that.
+                    return Ok(Step::Retry);
+                }
+                let Some(mut locked) = record.lock() else {
+                    return Ok(Step::Retry);
+                };
+                let old = (!locked.header().is_tombstone()).then(|| locked.value());
+                let new = update.update(old.as_deref());
+                if old.as_ref().is_some_and(|o| o.len() == new.len()) {
+                    locked.write_value(&new);
+                    bump(&self.counters.in_place_updates);
+                    return Ok(Step::Done(new));
+                }
+                // Does not fit in place: copy to the tail while the old record stays
+                // locked, then seal it.
+                match self.append(guard, &mut slot, key, &new, false)? {
+                    Step::Done(()) => {
+                        locked.seal();
+                        Ok(Step::Done(new))
+                    }
+                    Step::Retry => Ok(Step::Retry),
+                    Step::PageFull(full) => Ok(Step::PageFull(full)),
+                }
+            }
+            Found::Memory(_, record) => {
+                // Read-only in memory: nobody updates it in place any more.
+                let (header, value) = record.read_value();
+                let old = (!header.is_tombstone()).then_some(value);
+                self.copy_update(guard, &mut slot, key, old, update)
+            }
+            Found::Disk(header, value) => {
+                let old = (!header.is_tombstone()).then_some(value);
+                self.copy_update(guard, &mut slot, key, old, update)
+            }
+            Found::None => self.copy_update(guard, &mut slot, key, None, update),
+        }
+    }
+
+    fn copy_update(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        slot: &mut EntrySlot<'_>,
+        key: &[u8],
+        old: Option<Vec<u8>>,
+        update: &dyn Update,
+    ) -> Result<Step<Vec<u8>>> {
+        let new = update.update(old.as_deref());
+        Ok(match self.append(guard, slot, key, &new, false)? {
+            Step::Done(()) => Step::Done(new),
+            Step::Retry => Step::Retry,
+            Step::PageFull(full) => Step::PageFull(full),
+        })
+    }
+}
+
+/// The hot log's side of an index grow: the key hash and previous address of a record.
+struct LogHashes(Arc<HybridLog>);
+
+impl RecordHashes for LogHashes {
+    fn link(&self, address: u64) -> ChainLink {
+        // A grow walks chains under its own guard; records at or above HEAD are in
+        // memory while it holds it.
+        let addresses = self.0.addresses();
+        if address < addresses.begin {
+            return ChainLink::Truncated;
+        }
+        if address < addresses.head {
+            return ChainLink::NotInMemory;
+        }
+        // SAFETY: at or above HEAD as loaded just now by a protected thread (the grow's),
+        // and an address the index holds is a published record.
+        let record = unsafe { self.0.record(address) };
+        ChainLink::Record {
+            key_hash: hash_key(&record.key()),
+            previous: record.header().previous(),
+        }
+    }
+}
+
+impl HotLog {
+    /// Doubles the index while operations go on; false if another grow runs. The
+    /// caller holds nothing from under `guard`, which this refreshes while it waits for
+    /// the other threads (which must keep refreshing).
+    pub(crate) fn grow_index(&self, guard: &mut EpochGuard<'_, '_>) -> bool {
+        self.index
+            .grow(guard, Arc::new(LogHashes(Arc::clone(&self.log))))
+    }
+
+    /// Bytes of the index's memory (home and overflow buckets).
+    pub(crate) fn index_size_bytes(&self, guard: &EpochGuard<'_, '_>) -> usize {
+        self.index.size_bytes(guard)
+    }
+
+    /// Home buckets of the index now.
+    pub(crate) fn index_buckets(&self, guard: &EpochGuard<'_, '_>) -> usize {
+        self.index.buckets(guard)
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::hash::device::MemPages;
+
+    /// A small deterministic generator (splitmix64).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+
+        /// A skewed pick in 0..n: small values far more often (about Zipf-like).
+        fn skewed(&mut self, n: u64) -> u64 {
+            let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+            ((n as f64).powf(u) - 1.0) as u64 % n
+        }
+    }
+
+    fn tiny() -> HotLog {
+        let options = HlogOptions {
+            page_bits: 12,
+            frames: 4,
+            mutable_pages: 2,
+        };
+        HotLog::new(256, options, Arc::new(MemPages::new())).unwrap()
+    }
+
+    fn key(i: u64) -> Vec<u8> {
+        format!("k{i}").into_bytes()
+    }
+
+    fn counter(old: Option<&[u8]>) -> Vec<u8> {
+        let n = old.map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+        (n + 1).to_le_bytes().to_vec()
+    }
+
+    #[test]
+    fn random_operations_match_a_hash_map_through_flushes_and_disk_reads() {
+        let store = tiny();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut rng = Rng(7);
+        let append_byte = |old: Option<&[u8]>| {
+            let mut v = old.map(<[u8]>::to_vec).unwrap_or_default();
+            v.push(v.len() as u8);
+            v.truncate(300);
+            v
+        };
+        for step in 0..30_000u64 {
+            let k = key(rng.skewed(3_000));
+            match rng.below(10) {
+                0..=3 => {
+                    let got = store.get(&guard, &k).unwrap();
+                    assert_eq!(got.as_ref(), model.get(&k), "step {step}: get {k:?}");
+                }
+                4..=6 => {
+                    // Same-length overwrites (in place when mutable) and length changes.
+                    let len = if rng.below(2) == 0 {
+                        16
+                    } else {
+                        rng.below(200) as usize
+                    };
+                    let v: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                    store.upsert(&mut guard, &k, Some(&v)).unwrap();
+                    model.insert(k, v);
+                }
+                7..=8 => {
+                    let want = append_byte(model.get(&k).map(Vec::as_slice));
+                    let got = store.rmw(&mut guard, &k, &append_byte).unwrap();
+                    assert_eq!(got, want, "step {step}: rmw {k:?}");
+                    model.insert(k, want);
+                }
+                _ => {
+                    store.upsert(&mut guard, &k, None).unwrap();
+                    model.remove(&k);
+                }
+            }
+            if step % 64 == 0 {
+                guard.refresh();
+            }
+        }
+        for i in 0..3_000 {
+            let k = key(i);
+            assert_eq!(
+                store.get(&guard, &k).unwrap().as_ref(),
+                model.get(&k),
+                "{k:?}"
+            );
+        }
+        let stats = store.stats();
+        let a = store.log().addresses();
+        assert!(a.head > 100 * 4096, "the log never left memory: {a:?}");
+        assert!(
+            stats.disk_reads > 0 && stats.in_place_updates > 0,
+            "{stats:?}"
+        );
+    }
+
+    #[test]
+    fn counts_from_threads_racing_read_modify_writes_are_exact() {
+        // FASTER's count store: threads add 1 to skewed keys; no increment may be lost,
+        // whether it lands in place, in the fuzzy region, on a copy or on disk. (Copying
+        // a record from the fuzzy region instead of retrying loses increments in about
+        // one round in six.)
+        for round in 0..8 {
+            count_round(round);
+        }
+    }
+
+    fn count_round(round: u64) {
+        let store = tiny();
+        let threads = 4u64;
+        let per_thread = 20_000u64;
+        let keys = 500u64;
+        let expected: Vec<HashMap<u64, u64>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let store = &store;
+                    s.spawn(move || {
+                        let mut handle = store.epoch().register();
+                        let mut guard = handle.protect();
+                        let mut rng = Rng(100 * round + t);
+                        let mut mine = HashMap::new();
+                        for n in 0..per_thread {
+                            let k = rng.skewed(keys);
+                            store.rmw(&mut guard, &key(k), &counter).unwrap();
+                            *mine.entry(k).or_insert(0) += 1;
+                            if n % 16 == 0 {
+                                guard.refresh();
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut handle = store.epoch().register();
+        let guard = handle.protect();
+        let mut total = 0;
+        for k in 0..keys {
+            let want: u64 = expected
+                .iter()
+                .map(|m| m.get(&k).copied().unwrap_or(0))
+                .sum();
+            let got = store
+                .get(&guard, &key(k))
+                .unwrap()
+                .map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+            assert_eq!(got, want, "round {round}, key {k}");
+            total += got;
+        }
+        assert_eq!(total, threads * per_thread);
+        let stats = store.stats();
+        assert!(
+            stats.in_place_updates > 0 && stats.appended_records > keys,
+            "{stats:?}"
+        );
+        assert!(store.log().addresses().head > 0, "nothing left memory");
+    }
+
+    #[test]
+    fn the_index_doubles_while_threads_count_and_no_count_is_lost() {
+        let store = tiny();
+        let keys = 2_000u64;
+        let per_thread = 15_000u64;
+        let expected: Vec<HashMap<u64, u64>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let store = &store;
+                    s.spawn(move || {
+                        let mut handle = store.epoch().register();
+                        let mut guard = handle.protect();
+                        let mut rng = Rng(7_000 + t);
+                        let mut mine = HashMap::new();
+                        for _ in 0..per_thread {
+                            let k = rng.below(keys);
+                            store.rmw(&mut guard, &key(k), &counter).unwrap();
+                            *mine.entry(k).or_insert(0) += 1;
+                            guard.refresh();
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            let store = &store;
+            s.spawn(move || {
+                let mut handle = store.epoch().register();
+                let mut guard = handle.protect();
+                let before = store.index_buckets(&guard);
+                for _ in 0..3 {
+                    while !store.grow_index(&mut guard) {
+                        guard.refresh();
+                    }
+                    guard.refresh();
+                }
+                assert_eq!(store.index_buckets(&guard), before * 8);
+            });
+            workers.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut handle = store.epoch().register();
+        let guard = handle.protect();
+        for k in 0..keys {
+            let want: u64 = expected
+                .iter()
+                .map(|m| m.get(&k).copied().unwrap_or(0))
+                .sum();
+            let got = store
+                .get(&guard, &key(k))
+                .unwrap()
+                .map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+            assert_eq!(got, want, "key {k}");
+        }
+    }
+
+    #[test]
+    fn oversized_records_are_errors() {
+        let store = tiny();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let big = vec![0u8; 5000];
+        assert!(matches!(
+            store.upsert(&mut guard, b"k", Some(&big)),
+            Err(Error::ValueTooLarge { .. })
+        ));
+        let long_key = vec![1u8; 70_000];
+        assert!(matches!(
+            store.upsert(&mut guard, &long_key, Some(b"v")),
+            Err(Error::KeyTooLarge { .. })
+        ));
+        assert_eq!(store.get(&guard, b"k").unwrap(), None);
+    }
+}

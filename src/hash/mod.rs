@@ -1,0 +1,46 @@
+//! The hash tier: an F2-style store for skewed point workloads (Kanellis et al., PVLDB
+//! 2025), built on FASTER's hybrid log and hash index (Chandramouli et al., SIGMOD 2018).
+//!
+//! When finished, a `HashStore` keeps hot records in a *hot log* (a HybridLog: one
+//! address space over in-memory pages and disk, updated in place near the tail), reached
+//! through the *hot index* below; write-cold records move by lookup-based compaction to a
+//! mostly-on-disk *cold log* with a two-level cold index; a *read cache* holds copies of
+//! read-hot records from disk. Threads coordinate page flushes, page closes, index growth
+//! and memory reclamation through *epoch protection with trigger actions*.
+//!
+//! Built so far (crate-private; no public `HashStore` yet):
+//!
+//! - [`epoch`]: the epoch framework (per-thread slots, protect / refresh / bump with a
+//!   trigger action / unprotect, the drain list, the safe-to-reclaim epoch).
+//! - [`bucket`]: the hot index's layout (8-byte entries of address, tag and tentative
+//!   bit; 64-byte buckets of seven entries and an overflow pointer; the overflow-bucket
+//!   allocator; one table).
+//! - [`index`]: the hot index's protocols: find, the latch-free two-phase
+//!   find-or-create, the entry slot an operation compare-and-swaps its record address
+//!   into, and doubling while operations continue.
+//! - [`record`], [`device`], [`hlog`]: the HybridLog's records, its disk, and the log
+//!   itself (tail allocation, the regions, flush and close through trigger actions).
+//! - [`hot`]: the hot log with its index, FASTER's store (get, upsert, delete,
+//!   read-modify-write).
+//! - [`cold`]: the cold log and its two-level index of hash chunks.
+//!
+//! Not built yet: compaction, the read cache, F2's operations across both logs, the
+//! memory budget split, the public `HashStore`, and durability through the `Db`.
+//!
+//! Dependencies: `hash` uses `sync` and `error`; nothing below it uses `hash`.
+
+pub(crate) mod bucket;
+pub(crate) mod cold;
+pub(crate) mod device;
+pub(crate) mod epoch;
+pub(crate) mod hlog;
+pub(crate) mod hot;
+pub(crate) mod index;
+pub(crate) mod record;
+
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests;
+#[cfg(test)]
+mod test_support;
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests;

@@ -1,0 +1,452 @@
+//! The record layout of a hybrid log (hot log, cold log, read cache).
+//!
+//! ```text
+//!  0..8    header (u64, read and written atomically while the record is in memory)
+//!            bits  0..48  previous address in the record's hash chain (0: none)
+//!            bit   48     invalid: the record is not part of any chain (a failed insert)
+//!            bit   49     tombstone: the key is deleted
+//!            bit   50     locked: an in-place update is writing the value
+//!            bit   51     1 in every record (so that no header word is zero)
+//!            bits 52..64  version: bumped by every in-place update (12 bits, wrapping)
+//!  8..10   key length (u16 LE)
+//! 10..12   0
+//! 12..16   value length (u32 LE)
+//! 16..     key, zero-padded to a multiple of 8; then the value, zero-padded likewise
+//! ```
+//!
+//! A record never crosses a page of its log, and its size is a multiple of 8, so every
+//! record and every value starts 8-byte aligned. A header word of zero is never a
+//! record: it marks the unused end of a page (the allocator skips to the next page).
+//!
+//! **In-place updates** (FASTER §6: a record at or above the read-only address may be
+//! updated where it is) replace the value with one of the same length: the lengths and
+//! the key never change after the record is published. The header's lock bit and
+//! version make the value a seqlock: a writer sets the lock bit with a compare-and-swap,
+//! stores the value, and clears the bit while bumping the version; a reader copies the
+//! value between two loads of the header and retries if they differ or the bit was set.
+//! The value's words are read and written as atomics, so racing copies are torn (and
+//! retried) but never undefined.
+//!
+//! Decoding a record read from disk checks every length against the bytes read: a
+//! corrupt record is an error, never a panic.
+
+// Words inside page frames are raw memory: `std` atomics over it, as the pool's block
+// headers are (shuttle's atomics cannot live there; see `crate::sync`).
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes before the key.
+pub(crate) const RECORD_HEADER_BYTES: usize = 16;
+
+const ADDRESS_MASK: u64 = (1 << 48) - 1;
+const INVALID: u64 = 1 << 48;
+const TOMBSTONE: u64 = 1 << 49;
+const LOCKED: u64 = 1 << 50;
+const PRESENT: u64 = 1 << 51;
+const VERSION_SHIFT: u32 = 52;
+
+/// The largest key a record holds.
+pub(crate) const MAX_KEY_BYTES: usize = u16::MAX as usize;
+
+fn pad8(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// The bytes a record of this key and value takes in its log.
+pub(crate) fn record_size_bytes(key_len: usize, value_len: usize) -> usize {
+    RECORD_HEADER_BYTES + pad8(key_len) + pad8(value_len)
+}
+
+/// A record's header word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header(pub(crate) u64);
+
+impl Header {
+    pub(crate) fn new(previous: u64, tombstone: bool) -> Header {
+        assert!(
+            previous <= ADDRESS_MASK,
+            "address {previous} exceeds 48 bits"
+        );
+        Header(previous | PRESENT | if tombstone { TOMBSTONE } else { 0 })
+    }
+
+    pub(crate) fn previous(self) -> u64 {
+        self.0 & ADDRESS_MASK
+    }
+
+    pub(crate) fn is_invalid(self) -> bool {
+        self.0 & INVALID != 0
+    }
+
+    pub(crate) fn is_tombstone(self) -> bool {
+        self.0 & TOMBSTONE != 0
+    }
+
+    fn is_locked(self) -> bool {
+        self.0 & LOCKED != 0
+    }
+
+    fn bumped(self) -> Header {
+        let version = (self.0 >> VERSION_SHIFT).wrapping_add(1) << VERSION_SHIFT;
+        Header((self.0 & ((1 << VERSION_SHIFT) - 1) & !LOCKED) | version)
+    }
+}
+
+/// A record in a page frame: a view of its bytes by raw pointer.
+///
+/// The frame's page must stay in memory while the view is used: the caller is protected
+/// by the log's epoch and checked that the address is at or above the head address.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MemRecord {
+    ptr: *mut u8,
+}
+
+impl MemRecord {
+    /// # Safety
+    ///
+    /// `ptr` points at a published record (or at space being filled by its allocator,
+    /// for [`MemRecord::init`]) in a page frame that stays allocated while the view is
+    /// used, 8-byte aligned.
+    pub(crate) unsafe fn at(ptr: *mut u8) -> MemRecord {
+        debug_assert!((ptr as usize).is_multiple_of(8));
+        MemRecord { ptr }
+    }
+
+    fn header_word(&self) -> &AtomicU64 {
+        // SAFETY: 8-byte aligned and inside the frame (`at`'s contract); header words
+        // are only ever accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.ptr.cast::<u64>()) }
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset.is_multiple_of(8));
+        // SAFETY: as `header_word`: the offset is inside the record, whose words past the
+        // header are accessed only as atomics once it is published.
+        unsafe { AtomicU64::from_ptr(self.ptr.add(offset).cast::<u64>()) }
+    }
+
+    /// Writes a new record into space the caller allocated (and nobody else sees yet):
+    /// lengths, key and value; the header last, with release ordering, so a reader that
+    /// sees the header sees the rest.
+    pub(crate) fn init(&self, header: Header, key: &[u8], value: &[u8]) {
+        assert!(key.len() <= MAX_KEY_BYTES);
+        let lengths = (key.len() as u64) | ((value.len() as u64) << 32);
+        self.word(8).store(lengths, Ordering::Relaxed);
+        store_bytes(self, RECORD_HEADER_BYTES, key);
+        store_bytes(self, RECORD_HEADER_BYTES + pad8(key.len()), value);
+        self.header_word().store(header.0, Ordering::Release);
+    }
+
+    pub(crate) fn header(&self) -> Header {
+        Header(self.header_word().load(Ordering::Acquire))
+    }
+
+    fn lengths(&self) -> (usize, usize) {
+        let w = self.word(8).load(Ordering::Relaxed);
+        ((w & 0xffff) as usize, (w >> 32) as usize)
+    }
+
+    /// The record's size in its log.
+    pub(crate) fn size_bytes(&self) -> usize {
+        let (k, v) = self.lengths();
+        record_size_bytes(k, v)
+    }
+
+    pub(crate) fn key_equals(&self, key: &[u8]) -> bool {
+        let (k, _) = self.lengths();
+        k == key.len() && load_bytes(self, RECORD_HEADER_BYTES, k) == key
+    }
+
+    pub(crate) fn key(&self) -> Vec<u8> {
+        let (k, _) = self.lengths();
+        load_bytes(self, RECORD_HEADER_BYTES, k)
+    }
+
+    /// A consistent copy of the header and value (retrying while an in-place update
+    /// runs).
+    pub(crate) fn read_value(&self) -> (Header, Vec<u8>) {
+        let (k, v) = self.lengths();
+        let mut spins = 0u32;
+        loop {
+            let before = self.header();
+            if !before.is_locked() {
+                let value = load_bytes(self, RECORD_HEADER_BYTES + pad8(k), v);
+                if self.header_word().load(Ordering::Acquire) == before.0 {
+                    return (before, value);
+                }
+            }
+            spins += 1;
+            crate::sync::spin_wait(spins);
+        }
+    }
+
+    /// Replaces the value in place with `value` of the same length; false (nothing
+    /// written) if the length differs or the record is a tombstone or invalid.
+    pub(crate) fn update_in_place(&self, value: &[u8]) -> bool {
+        let (k, v) = self.lengths();
+        if v != value.len() {
+            return false;
+        }
+        let word = self.header_word();
+        let mut spins = 0u32;
+        let locked = loop {
+            let current = Header(word.load(Ordering::Acquire));
+            if current.is_invalid() || current.is_tombstone() {
+                return false;
+            }
+            if !current.is_locked()
+                && word
+                    .compare_exchange(
+                        current.0,
+                        current.0 | LOCKED,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                break current;
+            }
+            spins += 1;
+            crate::sync::spin_wait(spins);
+        };
+        store_bytes(self, RECORD_HEADER_BYTES + pad8(k), value);
+        word.store(locked.bumped().0, Ordering::Release);
+        true
+    }
+
+    /// Takes the record's lock (waiting while another writer holds it), for a
+    /// read-modify-write; `None` if the record is invalid (sealed or never linked).
+    pub(crate) fn lock(&self) -> Option<LockedRecord> {
+        let word = self.header_word();
+        let mut spins = 0u32;
+        loop {
+            let current = Header(word.load(Ordering::Acquire));
+            if current.is_invalid() {
+                return None;
+            }
+            if !current.is_locked()
+                && word
+                    .compare_exchange(
+                        current.0,
+                        current.0 | LOCKED,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                return Some(LockedRecord {
+                    record: *self,
+                    header: current,
+                    written: false,
+                });
+            }
+            spins += 1;
+            crate::sync::spin_wait(spins);
+        }
+    }
+
+    /// Sets the invalid bit (a record whose index insert failed).
+    pub(crate) fn invalidate(&self) {
+        self.header_word().fetch_or(INVALID, Ordering::AcqRel);
+    }
+}
+
+/// A record whose lock this thread holds: its value may be read and replaced without
+/// racing another writer. Dropping it unlocks (bumping the version if it wrote).
+pub(crate) struct LockedRecord {
+    record: MemRecord,
+    /// The header before locking.
+    header: Header,
+    written: bool,
+}
+
+impl LockedRecord {
+    pub(crate) fn header(&self) -> Header {
+        self.header
+    }
+
+    pub(crate) fn value(&self) -> Vec<u8> {
+        let (k, v) = self.record.lengths();
+        load_bytes(&self.record, RECORD_HEADER_BYTES + pad8(k), v)
+    }
+
+    /// Replaces the value with one of the same length.
+    pub(crate) fn write_value(&mut self, value: &[u8]) {
+        let (k, v) = self.record.lengths();
+        assert_eq!(v, value.len(), "an in-place write changes no length");
+        store_bytes(&self.record, RECORD_HEADER_BYTES + pad8(k), value);
+        self.written = true;
+    }
+
+    /// Marks the record invalid and unlocks it: a newer copy replaced it in its chain,
+    /// and writers that wait for the lock must go to that copy.
+    pub(crate) fn seal(self) {
+        self.record
+            .header_word()
+            .store((self.header.0 | INVALID) & !LOCKED, Ordering::Release);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for LockedRecord {
+    fn drop(&mut self) {
+        let unlocked = if self.written {
+            self.header.bumped()
+        } else {
+            self.header
+        };
+        self.record
+            .header_word()
+            .store(unlocked.0, Ordering::Release);
+    }
+}
+
+/// Stores `bytes` at `offset` (8-aligned) as whole atomic words, zero-padding the last.
+fn store_bytes(record: &MemRecord, offset: usize, bytes: &[u8]) {
+    for (i, chunk) in bytes.chunks(8).enumerate() {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        record
+            .word(offset + i * 8)
+            .store(u64::from_le_bytes(word), Ordering::Relaxed);
+    }
+}
+
+/// Loads `len` bytes at `offset` (8-aligned) as whole atomic words.
+fn load_bytes(record: &MemRecord, offset: usize, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(pad8(len));
+    for i in 0..pad8(len) / 8 {
+        let word = record.word(offset + i * 8).load(Ordering::Relaxed);
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A record decoded from bytes read from disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DiskRecord {
+    pub(crate) header: Header,
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Vec<u8>,
+}
+
+/// Why bytes read from disk are not a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Decode {
+    /// The record continues past the bytes read: read this many bytes from its start.
+    NeedBytes(usize),
+    /// The bytes are not a record.
+    Corrupt(String),
+}
+
+impl DiskRecord {
+    /// Decodes the record at the start of `bytes`, which must extend to the end of its
+    /// page or further (`page_room` is how many bytes of the page are left from the
+    /// record's start).
+    pub(crate) fn decode(bytes: &[u8], page_room: usize) -> Result<DiskRecord, Decode> {
+        let Some(fixed) = bytes.get(..RECORD_HEADER_BYTES) else {
+            return Err(Decode::NeedBytes(RECORD_HEADER_BYTES));
+        };
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&fixed[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let header = Header(word(0));
+        if header.0 & PRESENT == 0 {
+            return Err(Decode::Corrupt("no record at this address".into()));
+        }
+        let lengths = word(8);
+        let (k, v) = ((lengths & 0xffff) as usize, (lengths >> 32) as usize);
+        if lengths & 0xffff_0000 != 0 {
+            return Err(Decode::Corrupt(format!("reserved bits set: {lengths:#x}")));
+        }
+        let size = record_size_bytes(k, v);
+        if size > page_room {
+            return Err(Decode::Corrupt(format!(
+                "a record of {size} bytes where its page has {page_room} left"
+            )));
+        }
+        let Some(body) = bytes.get(RECORD_HEADER_BYTES..size) else {
+            return Err(Decode::NeedBytes(size));
+        };
+        let value_at = pad8(k);
+        Ok(DiskRecord {
+            header: Header(header.0 & !LOCKED),
+            key: body[..k].to_vec(),
+            value: body[value_at..value_at + v].to_vec(),
+        })
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    #[repr(align(8))]
+    struct Buf([u8; 256]);
+
+    #[test]
+    fn a_record_written_in_memory_decodes_from_its_bytes() {
+        let mut buf = Buf([0; 256]);
+        // SAFETY: the buffer is 8-aligned, large enough, and only this test uses it.
+        let rec = unsafe { MemRecord::at(buf.0.as_mut_ptr()) };
+        rec.init(
+            Header::new(12_345, false),
+            b"key-1",
+            b"a value of 21 bytes..",
+        );
+        assert_eq!(rec.size_bytes(), 16 + 8 + 24);
+        assert!(rec.key_equals(b"key-1") && !rec.key_equals(b"key-2"));
+        assert!(rec.update_in_place(b"another value, 21 b.."));
+        assert!(!rec.update_in_place(b"short"), "lengths must match");
+        let (h, v) = rec.read_value();
+        assert_eq!(v, b"another value, 21 b..");
+        assert_eq!(h.previous(), 12_345);
+        let d = DiskRecord::decode(&buf.0, 256).unwrap();
+        assert_eq!(d.key, b"key-1");
+        assert_eq!(d.value, b"another value, 21 b..");
+        assert_eq!(d.header.previous(), 12_345);
+        assert!(!d.header.is_tombstone());
+        // Every truncation asks for more or is corrupt; never a panic.
+        for cut in 0..48 {
+            assert!(DiskRecord::decode(&buf.0[..cut], 256).is_err());
+        }
+        assert!(matches!(
+            DiskRecord::decode(&buf.0, 40),
+            Err(Decode::Corrupt(_))
+        ));
+        // An invalid record refuses in-place updates and says so on disk too.
+        rec.invalidate();
+        assert!(!rec.update_in_place(b"a third value of 21 b"));
+        assert!(DiskRecord::decode(&buf.0, 256).unwrap().header.is_invalid());
+    }
+
+    #[test]
+    fn concurrent_in_place_updates_are_never_read_torn() {
+        let mut buf = Buf([0; 256]);
+        let ptr = buf.0.as_mut_ptr() as usize;
+        // SAFETY: as above; the threads below are scoped to the buffer's life.
+        let rec = unsafe { MemRecord::at(ptr as *mut u8) };
+        rec.init(Header::new(0, false), b"k", &[0u8; 96]);
+        std::thread::scope(|s| {
+            for t in 1..=2u8 {
+                s.spawn(move || {
+                    // SAFETY: as above.
+                    let rec = unsafe { MemRecord::at(ptr as *mut u8) };
+                    for _ in 0..20_000 {
+                        assert!(rec.update_in_place(&[t; 96]));
+                    }
+                });
+            }
+            s.spawn(move || {
+                // SAFETY: as above.
+                let rec = unsafe { MemRecord::at(ptr as *mut u8) };
+                for _ in 0..20_000 {
+                    let (_, v) = rec.read_value();
+                    assert!(v.iter().all(|&b| b == v[0]), "a torn value: {v:?}");
+                }
+            });
+        });
+    }
+}
