@@ -195,10 +195,24 @@ impl ColdLog {
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
     ) -> Result<Option<Option<Vec<u8>>>> {
-        let mut address = self.index.find(guard, hash_key(key))?;
-        let begin = self.log.addresses().begin;
-        while address != INVALID_ADDRESS && address >= begin {
-            let (header, found) = match self.log.fetch(guard, address)? {
+        let head = self.index.find(guard, hash_key(key))?;
+        Ok(self.newest(guard, key, head)?.map(|(_, value)| value))
+    }
+
+    /// Walks the chain from `address` to the newest record of `key`: its address and
+    /// value (`None` for a tombstone).
+    #[allow(clippy::type_complexity)]
+    fn newest(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        mut address: u64,
+    ) -> Result<Option<(u64, Option<Vec<u8>>)>> {
+        while address != INVALID_ADDRESS {
+            let Some(fetched) = self.log.fetch(guard, address)? else {
+                break;
+            };
+            let (header, found) = match fetched {
                 Fetched::Memory(record) => {
                     let header = record.header();
                     let found = (!header.is_invalid() && record.key_equals(key))
@@ -212,7 +226,7 @@ impl ColdLog {
                 }
             };
             if let Some(value) = found {
-                return Ok(Some((!header.is_tombstone()).then_some(value)));
+                return Ok(Some((address, (!header.is_tombstone()).then_some(value))));
             }
             address = header.previous();
         }
@@ -227,6 +241,33 @@ impl ColdLog {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<u64> {
+        Ok(self
+            .insert_if(guard, key, value, None)?
+            .expect("an unconditional insert happens"))
+    }
+
+    /// Conditional-Insert (F2 §5.1) within the cold log: appends a copy of the record of
+    /// `key` at `source` only while that record is still the key's newest, and answers
+    /// `None` (a no-op) once a newer one exists. The check and the link are one step:
+    /// the entry is swapped expecting the chain head the check walked from, and if it
+    /// moved, the check runs again.
+    pub(crate) fn insert_if_newest(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+        source: u64,
+    ) -> Result<Option<u64>> {
+        self.insert_if(guard, key, value, Some(source))
+    }
+
+    fn insert_if(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+        newest: Option<u64>,
+    ) -> Result<Option<u64>> {
         let hash = hash_key(key);
         let bytes = value.unwrap_or(&[]);
         let size = record_size_bytes(key.len(), bytes.len()) as u64;
@@ -240,6 +281,11 @@ impl ColdLog {
         let mut spins = 0;
         loop {
             let head = self.index.find(guard, hash)?;
+            if let Some(source) = newest
+                && self.newest(guard, key, head)?.map(|(a, _)| a) != Some(source)
+            {
+                return Ok(None);
+            }
             let address = match self.log.allocate(size)? {
                 Alloc::At(address) => address,
                 Alloc::PageFull(full) => {
@@ -257,7 +303,7 @@ impl ColdLog {
             let record = unsafe { self.log.record(address) };
             record.init(Header::new(head, value.is_none()), key, bytes);
             let step = match self.index.try_compare_and_set(guard, hash, head, address) {
-                Ok(Step::Done(true)) => return Ok(address),
+                Ok(Step::Done(true)) => return Ok(Some(address)),
                 Ok(step) => step,
                 Err(e) => {
                     record.invalidate();

@@ -449,22 +449,92 @@ impl HybridLog {
     }
 
     /// The record at `address`, which must be the address of a record this log
-    /// allocated and its writer published, at or above BEGIN (else an error). In memory
-    /// if at or above HEAD; otherwise read from the device.
-    pub(crate) fn fetch(&self, _guard: &EpochGuard<'_, '_>, address: u64) -> Result<Fetched> {
+    /// allocated and its writer published: in memory if at or above HEAD, otherwise read
+    /// from the device; `None` if it is below BEGIN (truncated: a chain walk ends there).
+    pub(crate) fn fetch(
+        &self,
+        _guard: &EpochGuard<'_, '_>,
+        address: u64,
+    ) -> Result<Option<Fetched>> {
         let s = &self.shared;
+        if address < s.begin.load(Ordering::Acquire) {
+            return Ok(None);
+        }
         if address >= s.head.load(Ordering::Acquire) {
             // SAFETY: at or above HEAD as this protected thread saw it: the frame is
             // closed only by an action that waits for this thread to refresh, and the
             // caller vouches that a published record starts here.
-            return Ok(Fetched::Memory(unsafe { self.record(address) }));
+            return Ok(Some(Fetched::Memory(unsafe { self.record(address) })));
         }
-        if address < s.begin.load(Ordering::Acquire) {
-            return Err(Error::Unsupported(format!(
-                "hash log address {address} is below BEGIN: the record was truncated"
-            )));
+        // A truncation that moves BEGIN past `address` after the check above gives up
+        // the device's space only once this thread has refreshed.
+        self.read_from_device(address)
+            .map(|r| Some(Fetched::Disk(r)))
+    }
+
+    /// The records of `[from, until)` (`from` at a record's start, at or above BEGIN),
+    /// in address order, with their addresses: read from the frames (word by word) or
+    /// the device page by page, each page's records up to its zero end. Invalid
+    /// records are included (their headers say so). For compaction.
+    pub(crate) fn records_in(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        from: u64,
+        until: u64,
+    ) -> Result<Vec<(u64, DiskRecord)>> {
+        let s = &self.shared;
+        let mut out = Vec::new();
+        let mut page = s.page_start(from);
+        while page < until {
+            let bytes = self.page_bytes_at(guard, page)?;
+            let mut at = from.saturating_sub(page) as usize;
+            if page == 0 {
+                at = at.max(FIRST_ADDRESS as usize);
+            }
+            while page + (at as u64) < until && at < bytes.len() {
+                match DiskRecord::decode(&bytes[at..], bytes.len() - at) {
+                    Ok(record) => {
+                        let size =
+                            super::record::record_size_bytes(record.key.len(), record.value.len());
+                        out.push((page + at as u64, record));
+                        at += size;
+                    }
+                    // The zero end of the page.
+                    Err(_) if bytes[at..].iter().take(8).all(|&b| b == 0) => break,
+                    Err(e) => {
+                        let why = match e {
+                            Decode::Corrupt(why) => why,
+                            Decode::NeedBytes(_) => "a record cut short".into(),
+                        };
+                        return Err(Error::Corrupted {
+                            page: page + at as u64,
+                            reason: format!("hash log page at {page}: {why}"),
+                        });
+                    }
+                }
+            }
+            page += s.page_bytes;
         }
-        self.read_from_device(address).map(Fetched::Disk)
+        Ok(out)
+    }
+
+    /// The bytes of the page at `page` (page-aligned, at or above BEGIN's page).
+    fn page_bytes_at(&self, _guard: &EpochGuard<'_, '_>, page: u64) -> Result<Vec<u8>> {
+        let s = &self.shared;
+        if page >= s.head.load(Ordering::Acquire) {
+            let frame = s.frames.ptrs[((page >> s.options.page_bits) % s.options.frames) as usize];
+            let mut out = Vec::with_capacity(s.page_bytes as usize);
+            for i in 0..(s.page_bytes / 8) as usize {
+                // SAFETY: at or above HEAD as this protected thread saw it (the frame is
+                // not closed before it refreshes); frame words are accessed atomically.
+                let word = unsafe { AtomicU64Std::from_ptr(frame.as_ptr().cast::<u64>().add(i)) };
+                out.extend_from_slice(&word.load(Ordering::Acquire).to_le_bytes());
+            }
+            return Ok(out);
+        }
+        let mut page_copy = AlignedPage::new(s.page_bytes as usize);
+        s.device.read(page, page_copy.as_mut()).map_err(Error::Io)?;
+        Ok(page_copy.as_mut().to_vec())
     }
 
     /// Reads the record at `address` from the device.
@@ -643,7 +713,7 @@ mod tests {
     }
 
     fn check(log: &HybridLog, guard: &EpochGuard<'_, '_>, address: u64, i: u64, len: usize) {
-        let (k, v, prev) = match log.fetch(guard, address).unwrap() {
+        let (k, v, prev) = match log.fetch(guard, address).unwrap().unwrap() {
             Fetched::Memory(r) => {
                 let (h, v) = r.read_value();
                 (r.key(), v, h.previous())
@@ -809,7 +879,7 @@ mod tests {
         guard.refresh();
         drop(guard);
         let guard = handle.protect();
-        assert!(log.fetch(&guard, first).is_err());
+        assert!(log.fetch(&guard, first).unwrap().is_none());
         let segments = std::fs::read_dir(dir.path()).unwrap().count() as u64;
         assert!(
             segments <= a.tail / (8 * 4096) + 1 - a.head / (8 * 4096) + 1,

@@ -115,8 +115,8 @@ pub(crate) enum Step<T> {
 enum Found {
     /// In memory at this address.
     Memory(u64, MemRecord),
-    /// On disk: its header and value.
-    Disk(Header, Vec<u8>),
+    /// On disk at this address: its header and value.
+    Disk(u64, Header, Vec<u8>),
     None,
 }
 
@@ -172,9 +172,12 @@ impl HotLog {
         key: &[u8],
         mut address: u64,
     ) -> Result<Found> {
-        let begin = self.log.addresses().begin;
-        while address != INVALID_ADDRESS && address >= begin {
-            match self.log.fetch(guard, address)? {
+        while address != INVALID_ADDRESS {
+            // Below BEGIN (truncated, perhaps while this walk ran) the chain ends.
+            let Some(fetched) = self.log.fetch(guard, address)? else {
+                break;
+            };
+            match fetched {
                 Fetched::Memory(record) => {
                     let header = record.header();
                     if !header.is_invalid() && record.key_equals(key) {
@@ -185,13 +188,53 @@ impl HotLog {
                 Fetched::Disk(record) => {
                     bump(&self.counters.disk_reads);
                     if !record.header.is_invalid() && record.key == key {
-                        return Ok(Found::Disk(record.header, record.value));
+                        return Ok(Found::Disk(address, record.header, record.value));
                     }
                     address = record.header.previous();
                 }
             }
         }
         Ok(Found::None)
+    }
+
+    /// The newest record of `key` in this log: `Some(None)` for a tombstone, `None` if
+    /// the log has no record of it (above BEGIN).
+    pub(crate) fn lookup(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+    ) -> Result<Option<Option<Vec<u8>>>> {
+        let Some(slot) = self.index.find(guard, hash_key(key)) else {
+            return Ok(None);
+        };
+        let head = slot.address();
+        drop(slot);
+        Ok(match self.find_record(guard, key, head)? {
+            Found::Memory(_, record) => {
+                let (header, value) = record.read_value();
+                Some((!header.is_tombstone()).then_some(value))
+            }
+            Found::Disk(_, header, value) => Some((!header.is_tombstone()).then_some(value)),
+            Found::None => None,
+        })
+    }
+
+    /// The address of the newest record of `key`, if the log has one above BEGIN: a
+    /// record at another address is not live (compaction's liveness check).
+    pub(crate) fn newest_address(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+    ) -> Result<Option<u64>> {
+        let Some(slot) = self.index.find(guard, hash_key(key)) else {
+            return Ok(None);
+        };
+        let head = slot.address();
+        drop(slot);
+        Ok(match self.find_record(guard, key, head)? {
+            Found::Memory(address, _) | Found::Disk(address, ..) => Some(address),
+            Found::None => None,
+        })
     }
 
     /// The value of `key`, if it has one.
@@ -206,7 +249,7 @@ impl HotLog {
                 let (header, value) = record.read_value();
                 (!header.is_tombstone()).then_some(value)
             }
-            Found::Disk(header, value) => (!header.is_tombstone()).then_some(value),
+            Found::Disk(_, header, value) => (!header.is_tombstone()).then_some(value),
             Found::None => None,
         })
     }
@@ -228,7 +271,23 @@ impl HotLog {
         key: &[u8],
         update: &dyn Update,
     ) -> Result<Vec<u8>> {
-        self.run(guard, |this, guard| this.try_rmw(guard, key, update))
+        self.run(guard, |this, guard| this.try_rmw(guard, key, update, None))
+    }
+
+    /// As [`HotLog::rmw`], but a key with no record in this log takes its old value from
+    /// `older` (F2's read of the cold log, algorithm 1): the result is appended only if
+    /// no record of the key's chain arrived since the chain head was read first
+    /// (Conditional-Insert); otherwise the operation starts again.
+    pub(crate) fn rmw_with_older(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        update: &dyn Update,
+        older: &dyn Fn(&EpochGuard<'_, '_>) -> Result<Option<Vec<u8>>>,
+    ) -> Result<Vec<u8>> {
+        self.run(guard, |this, guard| {
+            this.try_rmw(guard, key, update, Some(older))
+        })
     }
 
     /// One try of a read-modify-write that never refreshes `guard`: for callers that
@@ -240,7 +299,7 @@ impl HotLog {
         key: &[u8],
         update: &dyn Update,
     ) -> Result<Step<Vec<u8>>> {
-        self.try_rmw(guard, key, update)
+        self.try_rmw(guard, key, update, None)
     }
 
     /// Does what a `Retry` or `PageFull` asks before the next try: refreshes, or opens
@@ -351,11 +410,13 @@ impl HotLog {
         (self.log.page_bytes() as usize).saturating_sub(record_size_bytes(key_len, 0))
     }
 
+    #[allow(clippy::type_complexity)]
     fn try_rmw(
         &self,
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
         update: &dyn Update,
+        older: Option<&dyn Fn(&EpochGuard<'_, '_>) -> Result<Option<Vec<u8>>>>,
     ) -> Result<Step<Vec<u8>>> {
         Self::check_key(key)?;
         let mut slot = self.index.find_or_create(guard, hash_key(key));
@@ -395,11 +456,25 @@ impl HotLog {
                 let old = (!header.is_tombstone()).then_some(value);
                 self.copy_update(guard, &mut slot, key, old, update)
             }
-            Found::Disk(header, value) => {
+            Found::Disk(_, header, value) => {
                 let old = (!header.is_tombstone()).then_some(value);
                 self.copy_update(guard, &mut slot, key, old, update)
             }
-            Found::None => self.copy_update(guard, &mut slot, key, None, update),
+            Found::None => {
+                let Some(older) = older else {
+                    return self.copy_update(guard, &mut slot, key, None, update);
+                };
+                // Read the older tier without holding the entry slot (a thread holds one
+                // at a time), then take it again: the chain head must be the one read
+                // first, or a record of this key may have arrived meanwhile.
+                drop(slot);
+                let old = older(guard)?;
+                let mut slot = self.index.find_or_create(guard, hash_key(key));
+                if slot.address() != head {
+                    return Ok(Step::Retry);
+                }
+                self.copy_update(guard, &mut slot, key, old, update)
+            }
         }
     }
 

@@ -23,9 +23,11 @@
 //! - [`hot`]: the hot log with its index, FASTER's store (get, upsert, delete,
 //!   read-modify-write).
 //! - [`cold`]: the cold log and its two-level index of hash chunks.
+//! - [`f2`]: F2's operations across both logs, and lookup-based compaction from the hot
+//!   log to the cold log and within the cold log.
 //!
-//! Not built yet: compaction, the read cache, F2's operations across both logs, the
-//! memory budget split, the public `HashStore`, and durability through the `Db`.
+//! Not built yet: the read cache, multi-threaded background compaction, the memory
+//! budget split, the public `HashStore`, and durability through the `Db`.
 //!
 //! Dependencies: `hash` uses `sync` and `error`; nothing below it uses `hash`.
 
@@ -33,6 +35,7 @@ pub(crate) mod bucket;
 pub(crate) mod cold;
 pub(crate) mod device;
 pub(crate) mod epoch;
+pub(crate) mod f2;
 pub(crate) mod hlog;
 pub(crate) mod hot;
 pub(crate) mod index;

@@ -1,0 +1,522 @@
+//! F2's two tiers together (PVLDB 2025, sections 4-5): operations across the hot log
+//! and the cold log, and lookup-based compaction from the hot log to the cold log and
+//! within the cold log.
+//!
+//! - **Reads** look in the hot log; a key it has no record of is looked up in the cold
+//!   log. A tombstone in the hot log answers "absent" without the cold log.
+//! - **Upserts and deletes** go to the hot log only (a delete appends a tombstone).
+//! - **Read-modify-writes** (algorithm 1): in the hot log if it has a record of the key;
+//!   otherwise the old value comes from the cold log, and the result is appended to the
+//!   hot log by Conditional-Insert — only if the key's hot chain still has the head it
+//!   had when the operation began.
+//! - **Hot→cold compaction** copies the live records of the oldest part of the hot log
+//!   (below SAFE_READ_ONLY, so nothing there changes in place) to the cold log's tail,
+//!   then moves the hot log's BEGIN past them. A record is live if it is its key's
+//!   newest in the hot log (a lookup: F2's *lookup-based* compaction, no scan of the
+//!   rest of the log). A newer record arriving after the check only makes the copy
+//!   superfluous: reads find the newer one first.
+//! - **Cold→cold compaction** does the same within the cold log, with Conditional-Insert
+//!   (`ColdLog::insert_if_newest`): a copy is linked only while its source is still the
+//!   key's newest cold record.
+//! - **False absence** (§5.4): a cold read that walked into a region truncated while it
+//!   ran may miss the copy made at the tail. Every cold truncation bumps a counter
+//!   *before* moving BEGIN; a cold read that found nothing reads it again and, if it
+//!   moved, looks again. (The copy was linked before the bump, so a read that began
+//!   after it finds the copy; one that began before sees the counter move.)
+//!
+//! Compaction runs in the caller's thread, one at a time per store, page by page (so its
+//! memory is one page of records).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::cold::ColdLog;
+use super::device::LogPages;
+use super::epoch::{Epoch, EpochGuard};
+use super::hlog::{Addresses, HlogOptions};
+use super::hot::{HotLog, Update};
+use crate::error::Result;
+use crate::sync::Mutex;
+
+/// How an [`F2`] store is laid out.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct F2Options {
+    /// Keys the hot index is sized for.
+    pub(crate) hot_keys: u64,
+    /// Keys the cold index is sized for.
+    pub(crate) cold_keys: u64,
+    pub(crate) hot_log: HlogOptions,
+    pub(crate) cold_log: HlogOptions,
+    /// The cold index's chunk store.
+    pub(crate) chunk_log: HlogOptions,
+    /// Bytes of log (TAIL - BEGIN) the hot log may keep; past `compact_at_percent` of it,
+    /// its oldest `compact_percent` is compacted into the cold log.
+    pub(crate) hot_log_budget_bytes: u64,
+    /// The same for the cold log (compacted into itself).
+    pub(crate) cold_log_budget_bytes: u64,
+    /// Default 80.
+    pub(crate) compact_at_percent: u64,
+    /// Default 10.
+    pub(crate) compact_percent: u64,
+}
+
+/// Counters of what compaction did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct F2Stats {
+    pub(crate) hot_cold_compactions: u64,
+    pub(crate) cold_cold_compactions: u64,
+    /// Records copied by compactions, and records they found no longer live.
+    pub(crate) records_copied: u64,
+    pub(crate) records_dropped: u64,
+    /// Cold reads that looked again after a truncation (false absence avoided).
+    pub(crate) cold_reads_repeated: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hot_cold_compactions: AtomicU64,
+    cold_cold_compactions: AtomicU64,
+    records_copied: AtomicU64,
+    records_dropped: AtomicU64,
+    cold_reads_repeated: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The hot and cold logs of one store, on one epoch.
+pub(crate) struct F2 {
+    epoch: Arc<Epoch>,
+    hot: HotLog,
+    cold: ColdLog,
+    options: F2Options,
+    /// Cold truncations so far (the false-absence check).
+    cold_truncations: AtomicU64,
+    /// One compaction at a time.
+    compacting: Mutex<()>,
+    counters: Counters,
+}
+
+/// The devices of an [`F2`] store.
+pub(crate) struct F2Devices {
+    pub(crate) hot: Arc<dyn LogPages>,
+    pub(crate) cold: Arc<dyn LogPages>,
+    pub(crate) chunks: Arc<dyn LogPages>,
+}
+
+impl F2 {
+    pub(crate) fn new(options: F2Options, devices: F2Devices) -> Result<F2> {
+        let epoch = Arc::new(Epoch::new());
+        Ok(F2 {
+            hot: HotLog::with_epoch(
+                options.hot_keys,
+                options.hot_log,
+                devices.hot,
+                Arc::clone(&epoch),
+            )?,
+            cold: ColdLog::new(
+                options.cold_keys,
+                options.cold_log,
+                devices.cold,
+                options.chunk_log,
+                devices.chunks,
+                Arc::clone(&epoch),
+            )?,
+            epoch,
+            options,
+            cold_truncations: AtomicU64::new(0),
+            compacting: Mutex::new(()),
+            counters: Counters::default(),
+        })
+    }
+
+    pub(crate) fn epoch(&self) -> &Arc<Epoch> {
+        &self.epoch
+    }
+
+    pub(crate) fn hot(&self) -> &HotLog {
+        &self.hot
+    }
+
+    pub(crate) fn cold(&self) -> &ColdLog {
+        &self.cold
+    }
+
+    pub(crate) fn stats(&self) -> F2Stats {
+        let c = &self.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        F2Stats {
+            hot_cold_compactions: load(&c.hot_cold_compactions),
+            cold_cold_compactions: load(&c.cold_cold_compactions),
+            records_copied: load(&c.records_copied),
+            records_dropped: load(&c.records_dropped),
+            cold_reads_repeated: load(&c.cold_reads_repeated),
+        }
+    }
+
+    /// The value of `key`, if it has one.
+    pub(crate) fn get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(found) = self.hot.lookup(guard, key)? {
+            return Ok(found);
+        }
+        self.cold_get(guard, key)
+    }
+
+    /// The cold log's answer for `key`, looked up again if a cold truncation ran
+    /// meanwhile and it found nothing (the false-absence anomaly).
+    fn cold_get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        loop {
+            let truncations = self.cold_truncations.load(Ordering::SeqCst);
+            match self.cold.get(guard, key)? {
+                Some(found) => return Ok(found),
+                None if self.cold_truncations.load(Ordering::SeqCst) == truncations => {
+                    return Ok(None);
+                }
+                None => bump(&self.counters.cold_reads_repeated, 1),
+            }
+        }
+    }
+
+    /// Sets `key` to `value`, or deletes it for `None`.
+    pub(crate) fn upsert(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<()> {
+        self.hot.upsert(guard, key, value)
+    }
+
+    /// Replaces the value of `key` with `update(old)` atomically; returns the new value.
+    pub(crate) fn rmw(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        update: &dyn Update,
+    ) -> Result<Vec<u8>> {
+        let older = |guard: &EpochGuard<'_, '_>| self.cold_get(guard, key);
+        self.hot.rmw_with_older(guard, key, update, &older)
+    }
+
+    /// Compacts each log that is past its budget's threshold (the hot log first, into
+    /// the cold log; then the cold log into itself); returns whether any was. The
+    /// caller holds nothing from under `guard`.
+    pub(crate) fn maybe_compact(&self, guard: &mut EpochGuard<'_, '_>) -> Result<bool> {
+        let o = &self.options;
+        let over = |a: Addresses, budget: u64| {
+            (a.tail - a.begin > budget * o.compact_at_percent / 100)
+                .then_some(a.begin + (budget * o.compact_percent / 100).max(1))
+        };
+        let mut compacted = false;
+        if let Some(until) = over(self.hot.log().addresses(), o.hot_log_budget_bytes) {
+            self.compact_hot(guard, until)?;
+            compacted = true;
+        }
+        if let Some(until) = over(self.cold.log().addresses(), o.cold_log_budget_bytes) {
+            self.compact_cold(guard, until)?;
+            compacted = true;
+        }
+        Ok(compacted)
+    }
+
+    /// The end of a compaction of `[BEGIN, until)` of a log whose addresses are `a`:
+    /// `until` rounded up to a page, but never past SAFE_READ_ONLY's page (records above
+    /// may still change in place) and never below BEGIN.
+    fn compaction_end(a: Addresses, until: u64, page_bytes: u64) -> u64 {
+        let up = until.div_ceil(page_bytes) * page_bytes;
+        let safe = a.safe_read_only - a.safe_read_only % page_bytes;
+        up.min(safe).max(a.begin)
+    }
+
+    /// Hot→cold compaction of the hot log below `until` (rounded down to a page, at most
+    /// SAFE_READ_ONLY). Returns the new BEGIN.
+    pub(crate) fn compact_hot(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
+        let _one = self.compacting.lock();
+        let log = self.hot.log();
+        let a = log.addresses();
+        let end = Self::compaction_end(a, until, log.page_bytes());
+        let mut page = a.begin;
+        while page < end {
+            let page_end = (page - page % log.page_bytes() + log.page_bytes()).min(end);
+            let records = log.records_in(guard, page, page_end)?;
+            for (address, record) in records {
+                if record.header.is_invalid() {
+                    continue;
+                }
+                if self.hot.newest_address(guard, &record.key)? != Some(address) {
+                    bump(&self.counters.records_dropped, 1);
+                    continue;
+                }
+                let value = (!record.header.is_tombstone()).then_some(record.value.as_slice());
+                self.cold.insert(guard, &record.key, value)?;
+                bump(&self.counters.records_copied, 1);
+                guard.refresh();
+            }
+            page = page_end;
+        }
+        if end > a.begin {
+            log.truncate_before(guard, end);
+            bump(&self.counters.hot_cold_compactions, 1);
+        }
+        Ok(end)
+    }
+
+    /// Cold→cold compaction of the cold log below `until` (as for `compact_hot`).
+    pub(crate) fn compact_cold(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
+        let _one = self.compacting.lock();
+        let log = self.cold.log();
+        let a = log.addresses();
+        let end = Self::compaction_end(a, until, log.page_bytes());
+        let mut page = a.begin;
+        while page < end {
+            let page_end = (page - page % log.page_bytes() + log.page_bytes()).min(end);
+            let records = log.records_in(guard, page, page_end)?;
+            for (address, record) in records {
+                if record.header.is_invalid() {
+                    continue;
+                }
+                let value = (!record.header.is_tombstone()).then_some(record.value.as_slice());
+                match self
+                    .cold
+                    .insert_if_newest(guard, &record.key, value, address)?
+                {
+                    Some(_) => bump(&self.counters.records_copied, 1),
+                    None => bump(&self.counters.records_dropped, 1),
+                }
+                guard.refresh();
+            }
+            page = page_end;
+        }
+        if end > a.begin {
+            // The counter moves before BEGIN does: see the module docs.
+            self.cold_truncations.fetch_add(1, Ordering::SeqCst);
+            log.truncate_before(guard, end);
+            bump(&self.counters.cold_cold_compactions, 1);
+        }
+        Ok(end)
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::hash::device::MemPages;
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+
+        fn skewed(&mut self, n: u64) -> u64 {
+            let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+            ((n as f64).powf(u) - 1.0) as u64 % n
+        }
+    }
+
+    fn pages(frames: u64) -> HlogOptions {
+        HlogOptions {
+            page_bits: 12,
+            frames,
+            mutable_pages: frames - 2,
+        }
+    }
+
+    /// A store whose logs keep a few pages each: compaction runs all the time.
+    fn tiny() -> F2 {
+        tiny_with(64 * 4096)
+    }
+
+    fn tiny_with(cold_log_budget_bytes: u64) -> F2 {
+        let options = F2Options {
+            hot_keys: 512,
+            cold_keys: 4096,
+            hot_log: pages(4),
+            cold_log: pages(3),
+            chunk_log: pages(3),
+            hot_log_budget_bytes: 16 * 4096,
+            cold_log_budget_bytes,
+            compact_at_percent: 80,
+            compact_percent: 10,
+        };
+        let devices = F2Devices {
+            hot: Arc::new(MemPages::new()),
+            cold: Arc::new(MemPages::new()),
+            chunks: Arc::new(MemPages::new()),
+        };
+        F2::new(options, devices).unwrap()
+    }
+
+    fn key(i: u64) -> Vec<u8> {
+        format!("key{i}").into_bytes()
+    }
+
+    fn counter(old: Option<&[u8]>) -> Vec<u8> {
+        let n = old.map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+        (n + 1).to_le_bytes().to_vec()
+    }
+
+    fn count(v: Option<Vec<u8>>) -> u64 {
+        v.map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()))
+    }
+
+    #[test]
+    fn random_operations_match_a_hash_map_through_both_compactions() {
+        let store = tiny();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut rng = Rng(11);
+        let keys = 2_000;
+        let grow = |old: Option<&[u8]>| {
+            let mut v = old.map(<[u8]>::to_vec).unwrap_or_default();
+            v.push(v.len() as u8);
+            v.truncate(120);
+            v
+        };
+        for step in 0..40_000u64 {
+            let k = key(rng.skewed(keys));
+            match rng.below(10) {
+                0..=3 => {
+                    let got = store.get(&guard, &k).unwrap();
+                    assert_eq!(got.as_ref(), model.get(&k), "step {step}: get {k:?}");
+                }
+                4..=6 => {
+                    let len = if rng.below(2) == 0 {
+                        24
+                    } else {
+                        rng.below(100) as usize
+                    };
+                    let v: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                    store.upsert(&mut guard, &k, Some(&v)).unwrap();
+                    model.insert(k, v);
+                }
+                7..=8 => {
+                    let want = grow(model.get(&k).map(Vec::as_slice));
+                    assert_eq!(
+                        store.rmw(&mut guard, &k, &grow).unwrap(),
+                        want,
+                        "step {step}"
+                    );
+                    model.insert(k, want);
+                }
+                _ => {
+                    store.upsert(&mut guard, &k, None).unwrap();
+                    model.remove(&k);
+                }
+            }
+            store.maybe_compact(&mut guard).unwrap();
+            guard.refresh();
+        }
+        for i in 0..keys {
+            let k = key(i);
+            assert_eq!(
+                store.get(&guard, &k).unwrap().as_ref(),
+                model.get(&k),
+                "{k:?}"
+            );
+        }
+        let stats = store.stats();
+        assert!(stats.hot_cold_compactions > 10, "{stats:?}");
+        assert!(stats.cold_cold_compactions > 3, "{stats:?}");
+        assert!(
+            stats.records_copied > 0 && stats.records_dropped > 0,
+            "{stats:?}"
+        );
+        assert!(store.hot().stats().disk_reads > 0);
+    }
+
+    #[test]
+    fn counts_stay_exact_while_both_compactions_run() {
+        // FASTER's count store under F2: read-modify-writes of skewed keys from three
+        // threads while a fourth keeps compacting both logs; no increment is lost or
+        // counted twice, whether its key was hot, on the hot log's disk part, or cold.
+        for round in 0..3u64 {
+            let store = tiny_with(4 * 4096);
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let keys = 3_000u64;
+            let expected: Vec<HashMap<u64, u64>> = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..3u64)
+                    .map(|t| {
+                        let store = &store;
+                        s.spawn(move || {
+                            let mut handle = store.epoch().register();
+                            let mut guard = handle.protect();
+                            let mut rng = Rng(round * 10 + t);
+                            let mut mine = HashMap::new();
+                            for n in 0..8_000 {
+                                let k = rng.skewed(keys);
+                                store.rmw(&mut guard, &key(k), &counter).unwrap();
+                                *mine.entry(k).or_insert(0) += 1;
+                                guard.refresh();
+                                if n % 1_000 == 999 {
+                                    // Let the compactor get a pass in while we work.
+                                    let seen = store.stats();
+                                    for _ in 0..10_000 {
+                                        let now = store.stats();
+                                        if now.hot_cold_compactions > seen.hot_cold_compactions
+                                            && now.cold_cold_compactions
+                                                > seen.cold_cold_compactions
+                                        {
+                                            break;
+                                        }
+                                        guard.refresh();
+                                        std::thread::yield_now();
+                                    }
+                                }
+                            }
+                            mine
+                        })
+                    })
+                    .collect();
+                let (store, done) = (&store, &done);
+                s.spawn(move || {
+                    let mut handle = store.epoch().register();
+                    let mut guard = handle.protect();
+                    while !done.load(std::sync::atomic::Ordering::Acquire) {
+                        // A page at a time, as far as each log allows.
+                        let hot = store.hot().log().addresses().begin;
+                        store.compact_hot(&mut guard, hot + 4096).unwrap();
+                        let cold = store.cold().log().addresses().begin;
+                        store.compact_cold(&mut guard, cold + 4096).unwrap();
+                        guard.refresh();
+                        std::thread::yield_now();
+                    }
+                });
+                let out = workers.into_iter().map(|h| h.join().unwrap()).collect();
+                done.store(true, std::sync::atomic::Ordering::Release);
+                out
+            });
+            let mut handle = store.epoch().register();
+            let guard = handle.protect();
+            for k in 0..keys {
+                let want: u64 = expected
+                    .iter()
+                    .map(|m| m.get(&k).copied().unwrap_or(0))
+                    .sum();
+                assert_eq!(
+                    count(store.get(&guard, &key(k)).unwrap()),
+                    want,
+                    "round {round}, key {k}"
+                );
+            }
+            let stats = store.stats();
+            assert!(
+                stats.hot_cold_compactions > 0 && stats.cold_cold_compactions > 0,
+                "{stats:?}"
+            );
+        }
+    }
+}
