@@ -161,6 +161,10 @@ fn entry_of(bytes: &[u8], entry: usize) -> Result<u64> {
 pub(crate) struct ColdLog {
     log: HybridLog,
     index: ColdIndex,
+    /// Runs in `get` between reading the chain head and walking the chain: tests widen
+    /// the window of the false-absence anomaly with it.
+    #[cfg(test)]
+    pub(crate) after_find_hook: crate::sync::Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
 }
 
 impl ColdLog {
@@ -177,6 +181,8 @@ impl ColdLog {
         Ok(ColdLog {
             log: HybridLog::new(log, device, Arc::clone(&epoch))?,
             index: ColdIndex::new(expected_keys, index_log, index_device, epoch)?,
+            #[cfg(test)]
+            after_find_hook: crate::sync::Mutex::new(None),
         })
     }
 
@@ -196,6 +202,10 @@ impl ColdLog {
         key: &[u8],
     ) -> Result<Option<Option<Vec<u8>>>> {
         let head = self.index.find(guard, hash_key(key))?;
+        #[cfg(test)]
+        if let Some(hook) = self.after_find_hook.lock().as_ref() {
+            hook();
+        }
         Ok(self.newest(guard, key, head)?.map(|(_, value)| value))
     }
 

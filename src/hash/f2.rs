@@ -519,4 +519,98 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_cold_read_racing_a_cold_compaction_and_truncation_finds_the_copy() {
+        // F2's false-absence anomaly (section 5.4), made certain by a hook: a cold read
+        // has read its key's chain head (a record of another key, in front of the key's
+        // own record at the start of the cold log) and pauses; a cold→cold compaction
+        // copies the key's record to the tail and truncates the start; the read then
+        // walks into the truncated region. Without the truncation counter it answers
+        // "absent".
+        let roomy = HlogOptions {
+            page_bits: 12,
+            frames: 32,
+            mutable_pages: 2,
+        };
+        let options = F2Options {
+            hot_keys: 64,
+            cold_keys: 32,
+            hot_log: roomy,
+            cold_log: roomy,
+            chunk_log: roomy,
+            hot_log_budget_bytes: 1 << 30,
+            cold_log_budget_bytes: 1 << 30,
+            compact_at_percent: 80,
+            compact_percent: 10,
+        };
+        let devices = F2Devices {
+            hot: Arc::new(MemPages::new()),
+            cold: Arc::new(MemPages::new()),
+            chunks: Arc::new(MemPages::new()),
+        };
+        let store = F2::new(options, devices).unwrap();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        // Two keys of one cold chain: with one chunk of 32 entries, keys whose hashes
+        // pick the same entry share a chain. Find such a pair.
+        let entry = |k: &[u8]| (crate::hash::hot::hash_key(k).0 >> 32) % 32;
+        let target = key(0);
+        let other = (1..10_000)
+            .map(key)
+            .find(|k| entry(k) == entry(&target))
+            .unwrap();
+        store
+            .cold()
+            .insert(&mut guard, &target, Some(b"the value"))
+            .unwrap();
+        store
+            .cold()
+            .insert(&mut guard, &other, Some(b"another"))
+            .unwrap();
+        // Fill a few pages behind them so that the first page becomes read-only.
+        for i in 0..200u64 {
+            let filler = format!("filler{i}").into_bytes();
+            store
+                .cold()
+                .insert(&mut guard, &filler, Some(&[7; 64]))
+                .unwrap();
+            guard.refresh();
+        }
+        assert!(store.cold().log().addresses().safe_read_only >= 4096);
+        drop(guard);
+
+        let (paused_tx, paused_rx) = std::sync::mpsc::channel::<()>();
+        let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+        let resume_rx = std::sync::Mutex::new(resume_rx);
+        let paused_tx = std::sync::Mutex::new(Some(paused_tx));
+        *store.cold().after_find_hook.lock() = Some(Box::new(move || {
+            if let Some(tx) = paused_tx.lock().unwrap().take() {
+                tx.send(()).unwrap();
+                resume_rx.lock().unwrap().recv().unwrap();
+            }
+        }));
+        std::thread::scope(|s| {
+            let store = &store;
+            let target = &target;
+            let reader = s.spawn(move || {
+                let mut handle = store.epoch().register();
+                let guard = handle.protect();
+                store.get(&guard, target).unwrap()
+            });
+            paused_rx.recv().unwrap();
+            // The reader holds the chain head (`other`'s record). Compact the first page.
+            let mut guard = handle.protect();
+            let end = store.compact_cold(&mut guard, 4096).unwrap();
+            assert_eq!(end, 4096);
+            drop(guard);
+            resume_tx.send(()).unwrap();
+            assert_eq!(
+                reader.join().unwrap().as_deref(),
+                Some(&b"the value"[..]),
+                "the read reported a present key absent"
+            );
+        });
+        assert_eq!(store.stats().cold_reads_repeated, 1);
+    }
 }
