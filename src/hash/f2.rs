@@ -70,6 +70,8 @@ pub(crate) struct F2Stats {
     pub(crate) records_dropped: u64,
     /// Cold reads that looked again after a truncation (false absence avoided).
     pub(crate) cold_reads_repeated: u64,
+    /// Hot index entries removed after hot truncations.
+    pub(crate) hot_entries_removed: u64,
 }
 
 #[derive(Default)]
@@ -79,6 +81,7 @@ struct Counters {
     records_copied: AtomicU64,
     records_dropped: AtomicU64,
     cold_reads_repeated: AtomicU64,
+    hot_entries_removed: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -152,6 +155,7 @@ impl F2 {
             records_copied: load(&c.records_copied),
             records_dropped: load(&c.records_dropped),
             cold_reads_repeated: load(&c.cold_reads_repeated),
+            hot_entries_removed: load(&c.hot_entries_removed),
         }
     }
 
@@ -257,6 +261,10 @@ impl F2 {
         }
         if end > a.begin {
             log.truncate_before(guard, end);
+            // Keys whose hot records are all gone lose their hot index entries, so the
+            // hot index holds only the hot set (F2 §5.2).
+            let removed = self.hot.remove_entries_below(guard, end);
+            bump(&self.counters.hot_entries_removed, removed as u64);
             bump(&self.counters.hot_cold_compactions, 1);
         }
         Ok(end)
@@ -436,6 +444,36 @@ mod tests {
             "{stats:?}"
         );
         assert!(store.hot().stats().disk_reads > 0);
+    }
+
+    #[test]
+    fn the_hot_index_keeps_only_keys_with_hot_records() {
+        let store = tiny();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        for i in 0..3_000u64 {
+            store.upsert(&mut guard, &key(i), Some(&[1; 40])).unwrap();
+            store.maybe_compact(&mut guard).unwrap();
+            guard.refresh();
+        }
+        let entries = store.hot().index_entries(&guard);
+        // The hot log holds at most its budget: about 16 pages of 64-byte records.
+        assert!(
+            entries < 1_200,
+            "{entries} hot index entries for a hot log of 16 pages"
+        );
+        assert!(
+            store.stats().hot_entries_removed > 1_000,
+            "{:?}",
+            store.stats()
+        );
+        for i in (0..3_000u64).step_by(7) {
+            assert_eq!(
+                store.get(&guard, &key(i)).unwrap(),
+                Some(vec![1; 40]),
+                "{i}"
+            );
+        }
     }
 
     #[test]

@@ -533,6 +533,18 @@ impl HotLog {
         self.index.size_bytes(guard)
     }
 
+    /// Removes the index entries whose chains lie wholly below `begin` (after a
+    /// truncation); returns how many.
+    pub(crate) fn remove_entries_below(&self, guard: &EpochGuard<'_, '_>, begin: u64) -> usize {
+        self.index.remove_entries_below(guard, begin)
+    }
+
+    /// Live entries of the index (tests).
+    #[cfg(test)]
+    pub(crate) fn index_entries(&self, guard: &EpochGuard<'_, '_>) -> usize {
+        self.index.entries(guard).len()
+    }
+
     /// Home buckets of the index now.
     pub(crate) fn index_buckets(&self, guard: &EpochGuard<'_, '_>) -> usize {
         self.index.buckets(guard)

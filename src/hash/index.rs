@@ -635,6 +635,41 @@ impl HashIndex {
         !self.grow.load(Ordering::SeqCst).is_null()
     }
 
+    /// Removes every entry whose chain head is below `address` (the log's new BEGIN: its
+    /// whole chain is gone), as F2 does after a truncation; returns how many it removed.
+    /// Skipped (0) while a grow runs: the next truncation sweeps again. An operation
+    /// holding the slot of a removed entry fails its compare-and-swap and starts again,
+    /// creating a fresh entry.
+    pub(crate) fn remove_entries_below(&self, guard: &EpochGuard<'_, '_>, address: u64) -> usize {
+        let Some(_no_grow) = self.grow_lock.try_lock() else {
+            return 0;
+        };
+        if self.is_growing() {
+            return 0;
+        }
+        let table = self.active(guard);
+        let mut removed = 0;
+        for index in 0..table.len() {
+            table.for_each_in_chain(index, |b| {
+                for slot in &b.entries {
+                    let entry = Entry(slot.load(Ordering::SeqCst));
+                    let gone = !entry.is_empty()
+                        && !entry.is_tentative()
+                        && entry.address() != INVALID_ADDRESS
+                        && entry.address() < address;
+                    if gone
+                        && slot
+                            .compare_exchange(entry.0, 0, Ordering::SeqCst, Ordering::SeqCst)
+                            .is_ok()
+                    {
+                        removed += 1;
+                    }
+                }
+            });
+        }
+        removed
+    }
+
     /// Every non-empty entry of the active table with its home bucket (tests).
     #[cfg(test)]
     pub(crate) fn entries(&self, guard: &EpochGuard<'_, '_>) -> Vec<(usize, Entry)> {
