@@ -24,8 +24,10 @@
 //!   moved, looks again. (The copy was linked before the bump, so a read that began
 //!   after it finds the copy; one that began before sees the counter move.)
 //!
-//! Compaction runs in the caller's thread, one at a time per store, page by page (so its
-//! memory is one page of records).
+//! A compaction runs on `compaction_threads` threads (the caller's among them), one
+//! compaction at a time per store, each thread holding one page of records. A writer
+//! that finds a log past its whole budget compacts before it returns (it is throttled,
+//! never failed).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +60,9 @@ pub(crate) struct F2Options {
     pub(crate) compact_at_percent: u64,
     /// Default 10.
     pub(crate) compact_percent: u64,
+    /// Threads a compaction runs on (the caller's among them), each with one page of
+    /// records in memory at a time. Default 2.
+    pub(crate) compaction_threads: usize,
 }
 
 /// Counters of what compaction did.
@@ -72,6 +77,8 @@ pub(crate) struct F2Stats {
     pub(crate) cold_reads_repeated: u64,
     /// Hot index entries removed after hot truncations.
     pub(crate) hot_entries_removed: u64,
+    /// Writes that found a log past its whole budget and compacted before returning.
+    pub(crate) throttled_writes: u64,
 }
 
 #[derive(Default)]
@@ -82,6 +89,7 @@ struct Counters {
     records_dropped: AtomicU64,
     cold_reads_repeated: AtomicU64,
     hot_entries_removed: AtomicU64,
+    throttled_writes: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -156,6 +164,7 @@ impl F2 {
             records_dropped: load(&c.records_dropped),
             cold_reads_repeated: load(&c.cold_reads_repeated),
             hot_entries_removed: load(&c.hot_entries_removed),
+            throttled_writes: load(&c.throttled_writes),
         }
     }
 
@@ -189,7 +198,8 @@ impl F2 {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<()> {
-        self.hot.upsert(guard, key, value)
+        self.hot.upsert(guard, key, value)?;
+        self.throttle(guard)
     }
 
     /// Replaces the value of `key` with `update(old)` atomically; returns the new value.
@@ -200,7 +210,9 @@ impl F2 {
         update: &dyn Update,
     ) -> Result<Vec<u8>> {
         let older = |guard: &EpochGuard<'_, '_>| self.cold_get(guard, key);
-        self.hot.rmw_with_older(guard, key, update, &older)
+        let value = self.hot.rmw_with_older(guard, key, update, &older)?;
+        self.throttle(guard)?;
+        Ok(value)
     }
 
     /// Compacts each log that is past its budget's threshold (the hot log first, into
@@ -233,32 +245,14 @@ impl F2 {
         up.min(safe).max(a.begin)
     }
 
-    /// Hot→cold compaction of the hot log below `until` (rounded down to a page, at most
-    /// SAFE_READ_ONLY). Returns the new BEGIN.
+    /// Hot→cold compaction of the hot log below `until` (rounded up to a page, at most
+    /// SAFE_READ_ONLY's page). Returns the new BEGIN.
     pub(crate) fn compact_hot(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
-        let _one = self.compacting.lock();
+        let _one = self.one_compaction(guard);
         let log = self.hot.log();
         let a = log.addresses();
         let end = Self::compaction_end(a, until, log.page_bytes());
-        let mut page = a.begin;
-        while page < end {
-            let page_end = (page - page % log.page_bytes() + log.page_bytes()).min(end);
-            let records = log.records_in(guard, page, page_end)?;
-            for (address, record) in records {
-                if record.header.is_invalid() {
-                    continue;
-                }
-                if self.hot.newest_address(guard, &record.key)? != Some(address) {
-                    bump(&self.counters.records_dropped, 1);
-                    continue;
-                }
-                let value = (!record.header.is_tombstone()).then_some(record.value.as_slice());
-                self.cold.insert(guard, &record.key, value)?;
-                bump(&self.counters.records_copied, 1);
-                guard.refresh();
-            }
-            page = page_end;
-        }
+        self.copy_live(guard, Tier::Hot, a.begin, end)?;
         if end > a.begin {
             log.truncate_before(guard, end);
             // Keys whose hot records are all gone lose their hot index entries, so the
@@ -272,30 +266,11 @@ impl F2 {
 
     /// Cold→cold compaction of the cold log below `until` (as for `compact_hot`).
     pub(crate) fn compact_cold(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
-        let _one = self.compacting.lock();
+        let _one = self.one_compaction(guard);
         let log = self.cold.log();
         let a = log.addresses();
         let end = Self::compaction_end(a, until, log.page_bytes());
-        let mut page = a.begin;
-        while page < end {
-            let page_end = (page - page % log.page_bytes() + log.page_bytes()).min(end);
-            let records = log.records_in(guard, page, page_end)?;
-            for (address, record) in records {
-                if record.header.is_invalid() {
-                    continue;
-                }
-                let value = (!record.header.is_tombstone()).then_some(record.value.as_slice());
-                match self
-                    .cold
-                    .insert_if_newest(guard, &record.key, value, address)?
-                {
-                    Some(_) => bump(&self.counters.records_copied, 1),
-                    None => bump(&self.counters.records_dropped, 1),
-                }
-                guard.refresh();
-            }
-            page = page_end;
-        }
+        self.copy_live(guard, Tier::Cold, a.begin, end)?;
         if end > a.begin {
             // The counter moves before BEGIN does: see the module docs.
             self.cold_truncations.fetch_add(1, Ordering::SeqCst);
@@ -304,6 +279,161 @@ impl F2 {
         }
         Ok(end)
     }
+
+    /// Waits for a running compaction to end, refreshing: a protected thread must never
+    /// block (the compaction's page opens may wait for its refresh).
+    fn one_compaction(&self, guard: &mut EpochGuard<'_, '_>) -> crate::sync::MutexGuard<'_, ()> {
+        let mut spins = 0;
+        loop {
+            if let Some(one) = self.compacting.try_lock() {
+                return one;
+            }
+            guard.refresh();
+            spins += 1;
+            crate::sync::spin_wait(spins);
+        }
+    }
+
+    /// Throttles a writer while a log is past its whole budget: it compacts (or waits
+    /// for the running compaction) while that shrinks the logs. It stops once they are
+    /// back under their budgets, or once a compaction shrank nothing (what is left is in
+    /// the mutable region, or live: a budget below the live data cannot be met, and the
+    /// writer is not held forever).
+    fn throttle(&self, guard: &mut EpochGuard<'_, '_>) -> Result<()> {
+        let o = &self.options;
+        let sizes = || {
+            let (hot, cold) = (self.hot.log().addresses(), self.cold.log().addresses());
+            (hot.tail - hot.begin, cold.tail - cold.begin)
+        };
+        loop {
+            let (hot, cold) = sizes();
+            if hot <= o.hot_log_budget_bytes && cold <= o.cold_log_budget_bytes {
+                return Ok(());
+            }
+            bump(&self.counters.throttled_writes, 1);
+            self.maybe_compact(guard)?;
+            let (hot_after, cold_after) = sizes();
+            if hot_after + cold_after >= hot + cold {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Copies the live records of `[begin, end)` of `tier`'s log to the cold log's tail,
+    /// a page at a time, on `compaction_threads` threads (the caller's among them): each
+    /// takes the next page, reads its records (its one page of buffer) and copies the
+    /// live ones. The caller's thread refreshes while it waits for the others, which may
+    /// need every protected thread to refresh before their next page opens.
+    fn copy_live(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        tier: Tier,
+        begin: u64,
+        end: u64,
+    ) -> Result<()> {
+        if end <= begin {
+            return Ok(());
+        }
+        let log = match tier {
+            Tier::Hot => self.hot.log(),
+            Tier::Cold => self.cold.log(),
+        };
+        let page_bytes = log.page_bytes();
+        let first_page = begin - begin % page_bytes;
+        let pages = (end - first_page).div_ceil(page_bytes);
+        let next = AtomicU64::new(0);
+        let failure: Mutex<Option<crate::error::Error>> = Mutex::new(None);
+        let finished = AtomicU64::new(0);
+        let work = |guard: &mut EpochGuard<'_, '_>| {
+            loop {
+                if failure.lock().is_some() {
+                    return;
+                }
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= pages {
+                    return;
+                }
+                let from = (first_page + i * page_bytes).max(begin);
+                let until = (first_page + (i + 1) * page_bytes).min(end);
+                if let Err(e) = self.copy_page(guard, tier, from, until) {
+                    failure.lock().get_or_insert(e);
+                    return;
+                }
+            }
+        };
+        let helpers = self.options.compaction_threads.max(1) - 1;
+        std::thread::scope(|s| {
+            for _ in 0..helpers {
+                s.spawn(|| {
+                    let mut handle = self.epoch.register();
+                    let mut guard = handle.protect();
+                    work(&mut guard);
+                    finished.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+            work(guard);
+            let mut spins = 0;
+            while finished.load(Ordering::SeqCst) < helpers as u64 {
+                guard.refresh();
+                spins += 1;
+                crate::sync::spin_wait(spins);
+            }
+        });
+        match failure.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Copies the live records of `[from, until)` (within one page) of `tier`'s log.
+    fn copy_page(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        tier: Tier,
+        from: u64,
+        until: u64,
+    ) -> Result<()> {
+        let log = match tier {
+            Tier::Hot => self.hot.log(),
+            Tier::Cold => self.cold.log(),
+        };
+        for (address, record) in log.records_in(guard, from, until)? {
+            if record.header.is_invalid() {
+                continue;
+            }
+            let value = (!record.header.is_tombstone()).then_some(record.value.as_slice());
+            let copied = match tier {
+                Tier::Hot => {
+                    // Live if it is its key's newest hot record (a lookup); a newer one
+                    // arriving after this check makes the copy superfluous, not wrong.
+                    if self.hot.newest_address(guard, &record.key)? == Some(address) {
+                        self.cold.insert(guard, &record.key, value)?;
+                        true
+                    } else {
+                        false
+                    }
+                }
+                Tier::Cold => self
+                    .cold
+                    .insert_if_newest(guard, &record.key, value, address)?
+                    .is_some(),
+            };
+            if copied {
+                bump(&self.counters.records_copied, 1);
+            } else {
+                bump(&self.counters.records_dropped, 1);
+            }
+            guard.refresh();
+        }
+        Ok(())
+    }
+}
+
+/// Which log a compaction reads.
+#[derive(Clone, Copy, Debug)]
+enum Tier {
+    Hot,
+    Cold,
 }
 
 #[cfg(all(test, not(feature = "shuttle")))]
@@ -358,6 +488,7 @@ mod tests {
             cold_log_budget_bytes,
             compact_at_percent: 80,
             compact_percent: 10,
+            compaction_threads: 2,
         };
         let devices = F2Devices {
             hot: Arc::new(MemPages::new()),
@@ -447,6 +578,39 @@ mod tests {
     }
 
     #[test]
+    fn writers_past_the_budget_are_throttled_by_compacting_not_failed() {
+        // Nobody compacts but the writers themselves: once a log passes its whole budget,
+        // each write compacts before it returns, and the logs stay within their budgets.
+        let store = tiny();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let budget = 16 * 4096;
+        for i in 0..6_000u64 {
+            store
+                .upsert(&mut guard, &key(i % 1_500), Some(&i.to_le_bytes()))
+                .unwrap();
+            let a = store.hot().log().addresses();
+            assert!(
+                a.tail - a.begin <= budget + 4096,
+                "write {i}: the hot log holds {a:?}"
+            );
+            guard.refresh();
+        }
+        let stats = store.stats();
+        assert!(
+            stats.throttled_writes > 0 && stats.hot_cold_compactions > 0,
+            "{stats:?}"
+        );
+        for i in (0..1_500u64).step_by(11) {
+            let newest = (0..6_000u64).filter(|j| j % 1_500 == i).max().unwrap();
+            assert_eq!(
+                store.get(&guard, &key(i)).unwrap(),
+                Some(newest.to_le_bytes().to_vec())
+            );
+        }
+    }
+
+    #[test]
     fn the_hot_index_keeps_only_keys_with_hot_records() {
         let store = tiny();
         let mut handle = store.epoch().register();
@@ -482,7 +646,7 @@ mod tests {
         // threads while a fourth keeps compacting both logs; no increment is lost or
         // counted twice, whether its key was hot, on the hot log's disk part, or cold.
         for round in 0..3u64 {
-            let store = tiny_with(4 * 4096);
+            let store = tiny();
             let done = std::sync::atomic::AtomicBool::new(false);
             let keys = 3_000u64;
             let expected: Vec<HashMap<u64, u64>> = std::thread::scope(|s| {
@@ -581,6 +745,7 @@ mod tests {
             cold_log_budget_bytes: 1 << 30,
             compact_at_percent: 80,
             compact_percent: 10,
+            compaction_threads: 2,
         };
         let devices = F2Devices {
             hot: Arc::new(MemPages::new()),
