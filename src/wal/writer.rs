@@ -91,6 +91,8 @@ struct State {
     /// exists.
     creating: bool,
     failure: Option<String>,
+    /// Groups written and synced so far.
+    groups_written: u64,
 }
 
 /// The write-ahead log (see the module docs).
@@ -149,6 +151,7 @@ impl Log {
                 next_segment_id,
                 creating: false,
                 failure: None,
+                groups_written: 0,
             }),
             durable: Condvar::new(),
         }
@@ -237,6 +240,13 @@ impl Log {
         self.state.lock().next_seq
     }
 
+    /// How many groups have been written and synced since the log was opened: one
+    /// `fdatasync` of a segment each (a segment's creation syncs once more). Records
+    /// made durable divided by this is the mean group size.
+    pub fn groups_written(&self) -> u64 {
+        self.state.lock().groups_written
+    }
+
     /// Waits until every record up to `seq` is durable, leading a group write when no
     /// leader has taken the records yet.
     pub fn wait_durable(&self, seq: u64) -> io::Result<()> {
@@ -276,6 +286,7 @@ impl Log {
                 s = self.state.lock();
                 match written {
                     Ok(()) => {
+                        s.groups_written += 1;
                         if let Some(g) = s.in_flight.iter_mut().find(|g| g.last_seq == last_seq) {
                             g.done = true;
                         }
