@@ -2,14 +2,16 @@
 //!
 //! Writers append framed records to an in-memory tail under one short mutex, each taking
 //! the next sequence number, and return at once; a writer that must be durable then
-//! waits for its sequence number. The first waiter that finds records not yet being
-//! written becomes a *leader*: it takes every record appended so far as one *group*,
-//! reserves the group's blocks, and — outside the mutex — packs the records into
-//! blocks, writes them with one call and syncs the segment. Records appended meanwhile
-//! form the next group, whose leader may write while the first group's sync is still in
-//! flight (up to [`MAX_GROUPS_IN_FLIGHT`] groups), as SpanDB's parallel log writers do.
-//! Durability advances in group order: a group is durable once its own sync returned
-//! and every earlier group is durable, and every writer it covers is released together.
+//! waits for its sequence number. A waiter that finds records not yet taken, and no group
+//! being written, becomes the *leader*: it takes every record appended so far as one
+//! *group*, reserves the group's blocks, and — outside the mutex — packs the records into
+//! blocks, writes them with one call and syncs the segment. At most one group is being
+//! written or synced at a time: writers that arrive meanwhile queue up, and when the sync
+//! returns, every writer the group covers is released together and the next leader takes
+//! everything that queued during it as one group. (An earlier version let up to four
+//! groups be in flight, as SpanDB's parallel log writers do; on a disk whose concurrent
+//! `fdatasync`s do not overlap, that made groups small — about two writes per sync at 16
+//! threads — for no gain. See `docs/design.md`.)
 //!
 //! A group always starts a fresh block, and its last block is padded: a block that holds
 //! durable records is never written again, because a crash during a rewrite could tear
@@ -19,7 +21,6 @@
 //! After a failed write or sync the log is poisoned: every waiter and every later append
 //! gets the error, since what reached the disk is unknown.
 
-use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 
@@ -29,9 +30,6 @@ use crate::storage::{LOG_BLOCK_BYTES, LogDevice};
 // The log is not yet explored by shuttle: it uses parking_lot directly, for its
 // condition variable.
 use parking_lot::{Condvar, Mutex};
-
-/// Most groups whose write or sync may be in flight at once.
-pub const MAX_GROUPS_IN_FLIGHT: usize = 4;
 
 /// How the log is laid out on its device.
 #[derive(Clone, Copy, Debug)]
@@ -64,15 +62,6 @@ impl Segment {
     }
 }
 
-/// A group being written: the last sequence number it holds, and whether its write and
-/// sync are done.
-struct InFlight {
-    last_seq: u64,
-    /// The address past the group's last block.
-    end_block: u64,
-    done: bool,
-}
-
 struct State {
     /// Framed records appended and not yet taken by a leader, and their end offsets.
     pending: Vec<u8>,
@@ -83,13 +72,10 @@ struct State {
     durable_seq: u64,
     /// Every block below this address is durable.
     durable_block: u64,
-    /// Groups taken by a leader, oldest first.
-    in_flight: VecDeque<InFlight>,
+    /// A leader is writing or syncing a group: no other group is taken meanwhile.
+    writing: bool,
     segment: Option<Segment>,
     next_segment_id: u64,
-    /// A leader is creating the next segment: no other group may be written until it
-    /// exists.
-    creating: bool,
     failure: Option<String>,
     /// Groups written and synced so far.
     groups_written: u64,
@@ -146,10 +132,9 @@ impl Log {
                 next_seq,
                 durable_seq: next_seq.saturating_sub(1),
                 durable_block: next_block,
-                in_flight: VecDeque::new(),
+                writing: false,
                 segment: None,
                 next_segment_id,
-                creating: false,
                 failure: None,
                 groups_written: 0,
             }),
@@ -248,7 +233,7 @@ impl Log {
     }
 
     /// Waits until every record up to `seq` is durable, leading a group write when no
-    /// leader has taken the records yet.
+    /// group is being written and records wait to be taken.
     pub fn wait_durable(&self, seq: u64) -> io::Result<()> {
         let mut s = self.state.lock();
         if seq >= s.next_seq {
@@ -267,43 +252,30 @@ impl Log {
             if s.durable_seq >= seq {
                 return Ok(());
             }
-            let led =
-                !s.pending.is_empty() && !s.creating && s.in_flight.len() < MAX_GROUPS_IN_FLIGHT;
-            if led {
-                let group = self.take_group(&mut s);
-                let last_seq = s.next_seq - 1;
-                s.in_flight.push_back(InFlight {
-                    last_seq,
-                    end_block: group.segment.next_block,
-                    done: false,
-                });
-                s.creating = group.create.is_some();
-                drop(s);
-                // `write_group` clears `creating` itself, once its segment exists; a
-                // leader whose group created nothing must not touch it (another leader
-                // may be creating the next segment right now).
-                let written = self.write_group(group);
-                s = self.state.lock();
-                match written {
-                    Ok(()) => {
-                        s.groups_written += 1;
-                        if let Some(g) = s.in_flight.iter_mut().find(|g| g.last_seq == last_seq) {
-                            g.done = true;
-                        }
-                        while s.in_flight.front().is_some_and(|g| g.done) {
-                            let g = s.in_flight.pop_front().expect("checked");
-                            s.durable_seq = s.durable_seq.max(g.last_seq);
-                            s.durable_block = s.durable_block.max(g.end_block);
-                        }
-                    }
-                    Err(e) => {
-                        s.failure = Some(format!("the write-ahead log failed: {e}"));
-                    }
-                }
-                self.durable.notify_all();
-            } else {
+            // One group at a time: records appended while a group is written wait,
+            // and the next leader takes all of them.
+            if s.writing || s.pending.is_empty() {
                 self.durable.wait(&mut s);
+                continue;
             }
+            let group = self.take_group(&mut s);
+            let last_seq = s.next_seq - 1;
+            s.writing = true;
+            drop(s);
+            let written = self.write_group(&group);
+            s = self.state.lock();
+            s.writing = false;
+            match written {
+                Ok(()) => {
+                    s.groups_written += 1;
+                    s.durable_seq = last_seq;
+                    s.durable_block = group.segment.next_block;
+                }
+                Err(e) => {
+                    s.failure = Some(format!("the write-ahead log failed: {e}"));
+                }
+            }
+            self.durable.notify_all();
         }
     }
 
@@ -347,25 +319,16 @@ impl Log {
         }
     }
 
-    /// Writes a group's blocks and syncs its segment (creating it first if needed,
-    /// after which other leaders may write to it).
-    fn write_group(&self, group: Group) -> io::Result<()> {
+    /// Writes a group's blocks and syncs its segment, creating the segment first if
+    /// needed (the file, then its header written and synced, so that no block of the
+    /// segment is written before its header is durable).
+    fn write_group(&self, group: &Group) -> io::Result<()> {
         let id = group.segment.header.id;
         if let Some(header) = group.create {
             let len = (header.data_blocks + 1) * LOG_BLOCK_BYTES as u64;
-            let created = self
-                .device
-                .create(id, len)
-                .and_then(|()| self.device.write_at(id, 0, &header.encode()))
-                .and_then(|()| self.device.sync(id));
-            let mut s = self.state.lock();
-            s.creating = false;
-            if let Err(e) = &created {
-                s.failure = Some(format!("the write-ahead log failed: {e}"));
-            }
-            drop(s);
-            self.durable.notify_all();
-            created?;
+            self.device.create(id, len)?;
+            self.device.write_at(id, 0, &header.encode())?;
+            self.device.sync(id)?;
         }
         let mut buf =
             Vec::with_capacity(group.bytes.len().div_ceil(BLOCK_PAYLOAD_BYTES) * LOG_BLOCK_BYTES);
