@@ -16,6 +16,12 @@
 //! records, and reading on would lose them silently: that is an `InvalidData` error
 //! naming the segment and block. A crash alone cannot make that happen: groups become
 //! durable in order, so no group written after the hole's can carry a horizon past it.
+//!
+//! **Stale blocks.** A segment made from a spare (a recycled segment) still holds blocks
+//! of its file's earlier lives past what was written since: their checksums hold, but
+//! they carry an older segment's id (see the writer's module docs for why no such block
+//! can carry the id of the segment it is now in). Such a block ends the log like a
+//! block never written: it is not damage, and nothing is counted as discarded for it.
 
 use std::io;
 
@@ -57,9 +63,10 @@ fn damaged(what: String) -> io::Error {
 
 /// One data block as read.
 enum Block {
-    /// Never written: all zeros.
+    /// Never written in this segment's life: all zeros, or a stale block of the file's
+    /// earlier life (a valid block tagged with an older segment's id).
     Empty,
-    /// Written, but torn, damaged, or tagged for another segment.
+    /// Written, but torn, damaged, or tagged for a later segment.
     Invalid,
     Valid(format::BlockHeader, Vec<u8>),
 }
@@ -86,6 +93,7 @@ fn blocks_of(device: &dyn LogDevice, id: u64, data_blocks: u64) -> io::Result<Ve
         let bytes = block.get(..n).unwrap_or_default();
         out.push(match format::decode_block(bytes) {
             Some((h, payload)) if h.segment == id => Block::Valid(h, payload.to_vec()),
+            Some((h, _)) if h.segment < id => Block::Empty,
             _ if bytes.iter().all(|&b| b == 0) => Block::Empty,
             _ => Block::Invalid,
         });
