@@ -473,7 +473,10 @@ fn writers_that_arrive_during_a_sync_go_in_one_next_group() {
     let wrote = w_in
         .recv_timeout(std::time::Duration::from_millis(500))
         .is_ok();
-    assert!(!wrote, "a group was written while another's sync was in flight");
+    assert!(
+        !wrote,
+        "a group was written while another's sync was in flight"
+    );
     a_go.send(()).unwrap();
     a.join().unwrap().unwrap();
     w_in.recv().unwrap();
@@ -753,7 +756,10 @@ fn log_with_spares(seed: u64) -> (Arc<SimLog>, wal::Log, Vec<LogRecord>, wal::Lo
     let position = log.position();
     let before = device.list().unwrap().len();
     let retired = log.remove_segments_before(position.block).unwrap();
-    assert!(retired > wal::MAX_SPARE_SEGMENTS, "{retired} segments retired");
+    assert!(
+        retired > wal::MAX_SPARE_SEGMENTS,
+        "{retired} segments retired"
+    );
     assert_eq!(device.list().unwrap().len(), before - retired);
     assert_eq!(log.spare_segments(), wal::MAX_SPARE_SEGMENTS);
     assert_eq!(device.spares().unwrap().len(), wal::MAX_SPARE_SEGMENTS);
@@ -797,7 +803,10 @@ fn a_recycled_segment_recovers_exactly_its_new_records_and_stops_at_the_stale_on
     device
         .read_at(recycled, 4 * LOG_BLOCK_BYTES as u64, &mut stale)
         .unwrap();
-    assert!(checksum_holds(&stale), "the recycled file kept its old block");
+    assert!(
+        checksum_holds(&stale),
+        "the recycled file kept its old block"
+    );
 
     let crashed = Arc::new(device.crash());
     let (reopened, recovered) = recover_at(crashed.clone(), small_segments(), position);
@@ -840,7 +849,10 @@ fn a_torn_write_over_a_stale_block_ends_the_log_cleanly() {
         device.fail_syncs_after(0);
         let ops = put(i, 3000);
         let seq = log.append(&ops).unwrap();
-        assert!(log.wait_durable(seq).is_err(), "seed {seed}: the sync failed");
+        assert!(
+            log.wait_durable(seq).is_err(),
+            "seed {seed}: the sync failed"
+        );
         let unsynced = LogRecord { seq, ops };
         let (_, recovered) = recover_at(Arc::new(device.crash()), small_segments(), position);
         let records = recovered.records;
@@ -882,11 +894,10 @@ impl CrashEverywhere {
         let model = self.model.lock().unwrap();
         let crashed = Arc::new(self.inner.crash());
         let what = format!("crash before {op} (check {})", model.checked);
-        let (reopened, recovered) =
-            match wal::open_at(crashed.clone(), self.options, model.start) {
-                Ok(x) => x,
-                Err(e) => panic!("{what}: the log does not open: {e}"),
-            };
+        let (reopened, recovered) = match wal::open_at(crashed.clone(), self.options, model.start) {
+            Ok(x) => x,
+            Err(e) => panic!("{what}: the log does not open: {e}"),
+        };
         let expected: Vec<&LogRecord> = model
             .appended
             .iter()
@@ -898,7 +909,10 @@ impl CrashEverywhere {
             .count();
         let records = &recovered.records;
         assert!(records.len() >= acked, "{what}: acknowledged records lost");
-        assert!(records.len() <= expected.len(), "{what}: records never appended");
+        assert!(
+            records.len() <= expected.len(),
+            "{what}: records never appended"
+        );
         for (r, e) in records.iter().zip(&expected) {
             assert_eq!(r, *e, "{what}");
         }
@@ -1015,7 +1029,11 @@ fn a_crash_at_every_step_of_recycling_leaves_a_log_that_opens() {
         }
         log.flush().unwrap();
         let m = model.lock().unwrap();
-        assert!(m.checked > 100, "seed {seed}: only {} crash points", m.checked);
+        assert!(
+            m.checked > 100,
+            "seed {seed}: only {} crash points",
+            m.checked
+        );
         checks += m.checked;
     }
     println!("{checks} crash points checked");
@@ -1040,7 +1058,10 @@ fn spares_are_capped_kept_across_reopening_and_reused() {
     log.remove_segments_before(position.block).unwrap();
     let spares: Vec<u64> = device.spares().unwrap().iter().map(|&(id, _)| id).collect();
     assert_eq!(spares.len(), wal::MAX_SPARE_SEGMENTS);
-    assert!(!spares.contains(&big_segment), "a larger segment is no spare");
+    assert!(
+        !spares.contains(&big_segment),
+        "a larger segment is no spare"
+    );
     assert!(!device.list().unwrap().contains(&big_segment));
     // Making one more spare is refused: the pool is full.
     assert!(!log.prepare_spare().unwrap());
@@ -1054,7 +1075,10 @@ fn spares_are_capped_kept_across_reopening_and_reused() {
             .unwrap();
     }
     let left = device.spares().unwrap().len();
-    assert!(left < wal::MAX_SPARE_SEGMENTS, "the reopened log used its spares");
+    assert!(
+        left < wal::MAX_SPARE_SEGMENTS,
+        "the reopened log used its spares"
+    );
     let newest = *device.list().unwrap().last().unwrap();
     assert!(spares.iter().all(|&s| s < newest));
     let (_, recovered) = recover_at(Arc::new(device.crash()), small_segments(), position);
@@ -1100,7 +1124,10 @@ fn the_preparer_makes_the_next_segment_ahead_of_need() {
         seqs.push(seq);
     }
     assert_eq!(device.list().unwrap().len(), 2);
-    assert!(!device.spares().unwrap().contains(&spare), "the spare was used");
+    assert!(
+        !device.spares().unwrap().contains(&spare),
+        "the spare was used"
+    );
     drop(preparer);
     let (records, _) = recover(Arc::new(device.crash()));
     assert_eq!(records.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs);
@@ -1137,7 +1164,9 @@ fn a_directory_log_recycles_its_segments() {
     // A fresh spare: the whole length written with zeros (no hole, no unwritten
     // extent that a later write would have to convert).
     let fresh = DirLog::open(dir.path()).unwrap();
-    fresh.create_spare(1 << 40, 9 * LOG_BLOCK_BYTES as u64).unwrap();
+    fresh
+        .create_spare(1 << 40, 9 * LOG_BLOCK_BYTES as u64)
+        .unwrap();
     let path = dir.path().join(format!("wal-{:016x}.spare", 1u64 << 40));
     let bytes = std::fs::read(&path).unwrap();
     assert_eq!(bytes.len(), 9 * LOG_BLOCK_BYTES);
@@ -1155,7 +1184,10 @@ fn a_directory_log_recycles_its_segments() {
         log.wait_durable(seq).unwrap();
         expected.push(LogRecord { seq, ops });
     }
-    assert!(spare_files() < wal::MAX_SPARE_SEGMENTS, "spares were reused");
+    assert!(
+        spare_files() < wal::MAX_SPARE_SEGMENTS,
+        "spares were reused"
+    );
     drop(log);
     let device = Arc::new(DirLog::open(dir.path()).unwrap());
     let (_, recovered) = recover_at(device, small_segments(), position);
@@ -1194,5 +1226,45 @@ fn segment_ids_stay_above_the_spares_when_every_segment_was_retired() {
         segments[0]
     );
     let (_, recovered) = recover_at(Arc::new(device.crash()), small_segments(), position);
-    assert_eq!(recovered.records.iter().map(|r| r.seq).collect::<Vec<_>>(), [seq]);
+    assert_eq!(
+        recovered.records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        [seq]
+    );
+}
+
+/// Regression (found by `tests/db_kill.rs`): after a crash, recovery starts a new
+/// segment where the valid blocks end, inside the range the abandoned segment's header
+/// still claims. A position (a checkpoint's) inside both ranges was read from the
+/// abandoned segment: a hole at the start, then the new segment's blocks vouching for
+/// it, and the log was refused as damaged.
+#[test]
+fn a_position_in_a_segment_that_overlaps_an_abandoned_one() {
+    let options = LogOptions { segment_blocks: 8 };
+    let device = Arc::new(SimLog::new(61));
+    let (log, _) = wal::open(device.clone(), options).unwrap();
+    for i in 0..3 {
+        log.wait_durable(log.append(&put(i, 3000)).unwrap())
+            .unwrap();
+    }
+    // The crash abandons segment 1 (blocks 0..=2 of its 0..=7); the reopened log starts
+    // segment 2 at block 3.
+    let crashed = Arc::new(device.crash());
+    let (log, _) = wal::open(crashed.clone(), options).unwrap();
+    let mut after = Vec::new();
+    let mut position = None;
+    for i in 3..10 {
+        if i == 6 {
+            position = Some(log.position());
+        }
+        let ops = put(i, 3000);
+        let seq = log.append(&ops).unwrap();
+        log.wait_durable(seq).unwrap();
+        if i >= 6 {
+            after.push(LogRecord { seq, ops });
+        }
+    }
+    let position = position.unwrap();
+    assert!(position.block > 3 && position.block < 8, "{position:?}");
+    let (_, recovered) = recover_at(Arc::new(crashed.crash()), options, position);
+    assert_eq!(recovered.records, after);
 }
