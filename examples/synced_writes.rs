@@ -74,9 +74,13 @@ fn disk_flushes(dir: &Path) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/diskstats").ok()?;
     text.lines().find_map(|line| {
         let f: Vec<&str> = line.split_whitespace().collect();
-        let ours = f.first()?.parse::<u32>().ok()? == major
-            && f.get(1)?.parse::<u32>().ok()? == minor;
-        if ours { f.get(3 + 14)?.parse().ok() } else { None }
+        let ours =
+            f.first()?.parse::<u32>().ok()? == major && f.get(1)?.parse::<u32>().ok()? == minor;
+        if ours {
+            f.get(3 + 14)?.parse().ok()
+        } else {
+            None
+        }
     })
 }
 

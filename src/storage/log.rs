@@ -340,8 +340,7 @@ impl LogDevice for DirLog {
         }
         std::fs::rename(&from, &to).map_err(|e| named(&from, e))?;
         // The segment's records must not vanish with its name after a crash.
-        self.sync_dir()
-            .map_err(|e| self.fail(&self.dir.clone(), e))
+        self.sync_dir().map_err(|e| self.fail(&self.dir, e))
     }
 
     fn remove_spare(&self, id: u64) -> io::Result<()> {

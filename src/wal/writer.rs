@@ -533,7 +533,9 @@ impl Log {
             }
             self.reserve_spare(&mut s)
         };
-        let made = self.device.create_spare(id, self.options.segment_file_bytes());
+        let made = self
+            .device
+            .create_spare(id, self.options.segment_file_bytes());
         self.spare_made(id, made.as_ref().map(|_| ()).map_err(io::Error::kind));
         match made {
             Ok(()) => Ok(true),
@@ -581,7 +583,9 @@ impl Log {
                 }
                 self.reserve_spare(&mut s)
             };
-            let made = self.device.create_spare(id, self.options.segment_file_bytes());
+            let made = self
+                .device
+                .create_spare(id, self.options.segment_file_bytes());
             if let Err(e) = &made
                 && e.kind() != io::ErrorKind::Unsupported
             {
