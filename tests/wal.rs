@@ -878,6 +878,8 @@ struct Model {
     acked: usize,
     start: wal::LogPosition,
     checked: usize,
+    /// How many crash points each kind of device call gave.
+    points: std::collections::BTreeMap<&'static str, usize>,
 }
 
 /// A SimLog that, before each operation that changes it, crashes a copy of itself and
@@ -890,7 +892,8 @@ struct CrashEverywhere {
 }
 
 impl CrashEverywhere {
-    fn check(&self, op: &str) {
+    fn check(&self, op: &'static str) {
+        *self.model.lock().unwrap().points.entry(op).or_default() += 1;
         let model = self.model.lock().unwrap();
         let crashed = Arc::new(self.inner.crash());
         let what = format!("crash before {op} (check {})", model.checked);
@@ -979,7 +982,8 @@ impl LogDevice for CrashEverywhere {
 /// A crash before every device operation of a workload that retires segments as spares,
 /// zero-fills spares, and starts segments from them (rename, header write, header sync,
 /// first group): every crash leaves a log that opens, returns a prefix of the records
-/// with every acknowledged one and no stale one, and takes appends after it.
+/// with every acknowledged one and no stale one, and takes appends after it. (About 735
+/// crash points over the three seeds.)
 #[test]
 fn a_crash_at_every_step_of_recycling_leaves_a_log_that_opens() {
     let mut checks = 0;
@@ -991,6 +995,7 @@ fn a_crash_at_every_step_of_recycling_leaves_a_log_that_opens() {
             acked: 0,
             start: wal::LogPosition::default(),
             checked: 0,
+            points: Default::default(),
         }));
         let device = Arc::new(CrashEverywhere {
             inner: Arc::new(SimLog::new(seed)),
@@ -1029,11 +1034,22 @@ fn a_crash_at_every_step_of_recycling_leaves_a_log_that_opens() {
         }
         log.flush().unwrap();
         let m = model.lock().unwrap();
+        println!("{:?}", m.points);
         assert!(
             m.checked > 100,
             "seed {seed}: only {} crash points",
             m.checked
         );
+        for op in [
+            "retire",
+            "remove",
+            "create_spare",
+            "reuse",
+            "header write",
+            "create",
+        ] {
+            assert!(m.points.contains_key(op), "seed {seed}: no crash at a {op}");
+        }
         checks += m.checked;
     }
     println!("{checks} crash points checked");
