@@ -67,9 +67,6 @@ struct Stripe(RwLock<()>);
 
 /// The write-ahead log and the stripe locks of one database (see the module docs).
 pub(crate) struct Journal {
-    /// The database directory's locked `LOCK` file: held while any handle to the
-    /// database's keyspaces lives, since each can still write through this journal.
-    _lock: std::fs::File,
     log: Arc<Log>,
     stripes: Box<[Stripe]>,
     /// Makes `Logged` writes durable within the flush interval. Dropped before the log's
@@ -77,6 +74,11 @@ pub(crate) struct Journal {
     _flusher: Flusher,
     /// Zero-fills the log's next segment ahead of need, off the writers' path.
     _preparer: Preparer,
+    /// The database directory's locked `LOCK` file: held while any handle to the
+    /// database's keyspaces lives, since each can still write through this journal.
+    /// Declared last, so dropped last: the flusher's last group write and the
+    /// preparer's last spare are done before another process can take the directory.
+    _lock: std::fs::File,
 }
 
 impl std::fmt::Debug for Journal {
