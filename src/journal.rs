@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-use crate::wal::{Flusher, Log, LogOpRef};
+use crate::wal::{Flusher, Log, LogOpRef, Preparer};
 
 /// Stripe locks of a journal: writers of keys in different stripes never wait for each
 /// other. A power of two.
@@ -67,14 +67,18 @@ struct Stripe(RwLock<()>);
 
 /// The write-ahead log and the stripe locks of one database (see the module docs).
 pub(crate) struct Journal {
-    /// The database directory's locked `LOCK` file: held while any handle to the
-    /// database's keyspaces lives, since each can still write through this journal.
-    _lock: std::fs::File,
     log: Arc<Log>,
     stripes: Box<[Stripe]>,
     /// Makes `Logged` writes durable within the flush interval. Dropped before the log's
     /// last user, which stops its thread.
     _flusher: Flusher,
+    /// Zero-fills the log's next segment ahead of need, off the writers' path.
+    _preparer: Preparer,
+    /// The database directory's locked `LOCK` file: held while any handle to the
+    /// database's keyspaces lives, since each can still write through this journal.
+    /// Declared last, so dropped last: the flusher's last group write and the
+    /// preparer's last spare are done before another process can take the directory.
+    _lock: std::fs::File,
 }
 
 impl std::fmt::Debug for Journal {
@@ -109,18 +113,21 @@ fn target<'a>(op: &LogOpRef<'a>) -> (u32, &'a [u8]) {
 }
 
 impl Journal {
-    /// A journal over `log`, whose flusher runs every `flush_interval`.
+    /// A journal over `log`, whose flusher runs every `flush_interval`, and whose
+    /// preparer makes the log's spare segments.
     pub(crate) fn new(
         lock: std::fs::File,
         log: Arc<Log>,
         flush_interval: std::time::Duration,
     ) -> Journal {
         let flusher = Flusher::start(Arc::clone(&log), flush_interval);
+        let preparer = Preparer::start(Arc::clone(&log));
         Journal {
             _lock: lock,
             log,
             stripes: (0..STRIPES).map(|_| Stripe(RwLock::new(()))).collect(),
             _flusher: flusher,
+            _preparer: preparer,
         }
     }
 

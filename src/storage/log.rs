@@ -8,10 +8,19 @@
 //! [`SimLog::crash`], loses, keeps or tears (by 512-byte sector) every write since the
 //! segment's last sync.
 //!
+//! Besides segments a device may keep *spares*: files of the same kind, outside the log
+//! (never listed by [`LogDevice::list`], never read by recovery), kept to become later
+//! segments. A spare is a retired segment renamed ([`LogDevice::retire`]) or a file
+//! zero-filled ahead of need ([`LogDevice::create_spare`]); either way every block of it
+//! has been written, so the writes and `fdatasync`s of the segment it becomes change no
+//! file system metadata. [`LogDevice::reuse`] renames a spare into a segment.
+//!
 //! Invariants: a write covers whole blocks at a block-aligned offset; a segment's bytes
-//! written before a successful [`LogDevice::sync`] of that segment are durable; after a
-//! failed write or sync the device refuses further writes (poisoned), since Linux may
-//! drop dirty pages after reporting a writeback error.
+//! written before a successful [`LogDevice::sync`] of that segment are durable; a rename
+//! between segment and spare is durable when its call returns (a crash during it leaves
+//! the file under one name or the other, with its bytes); after a failed write or sync
+//! the device refuses further writes (poisoned), since Linux may drop dirty pages after
+//! reporting a writeback error.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -30,7 +39,12 @@ pub const LOG_BLOCK_BYTES: usize = 4096;
 const SECTOR_BYTES: usize = 512;
 
 /// Where the write-ahead log's segments live. Segments are named by a `u64` id that is
-/// never reused.
+/// never reused; spares (see the module docs) by a `u64` id of the same space, which no
+/// later segment takes (the log sees to both).
+///
+/// The spare methods have defaults for a device without spares: it lists none, and
+/// refuses the rest with [`io::ErrorKind::Unsupported`], so the log removes retired
+/// segments and creates every segment afresh.
 pub trait LogDevice: Send + Sync {
     /// Creates segment `id`, `len_bytes` long (a multiple of [`LOG_BLOCK_BYTES`]) and
     /// zeroed, replacing nothing: an existing segment of that id is an error.
@@ -51,6 +65,47 @@ pub trait LogDevice: Send + Sync {
 
     /// The ids of the segments present, ascending.
     fn list(&self) -> io::Result<Vec<u64>>;
+
+    /// The spares present, ascending by id, with their lengths in bytes.
+    fn spares(&self) -> io::Result<Vec<(u64, u64)>> {
+        Ok(Vec::new())
+    }
+
+    /// Creates spare `id`, `len_bytes` long, every byte of it written (zeros) and
+    /// durable, and its name durable. A crash during the call may leave it shorter, or
+    /// with blocks not written: the log checks a spare's length before using it, and a
+    /// block not written reads as zeros (only slower to write).
+    fn create_spare(&self, id: u64, len_bytes: u64) -> io::Result<()> {
+        let _ = (id, len_bytes);
+        Err(no_spares())
+    }
+
+    /// Turns segment `id` into spare `id`, bytes and all; durable when it returns.
+    fn retire(&self, id: u64) -> io::Result<()> {
+        let _ = id;
+        Err(no_spares())
+    }
+
+    /// Turns spare `spare` into segment `id` (which must not exist), bytes and all;
+    /// durable when it returns.
+    fn reuse(&self, spare: u64, id: u64) -> io::Result<()> {
+        let _ = (spare, id);
+        Err(no_spares())
+    }
+
+    /// Removes spare `id`.
+    fn remove_spare(&self, id: u64) -> io::Result<()> {
+        let _ = id;
+        Err(no_spares())
+    }
+}
+
+/// What a device without spares answers.
+fn no_spares() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        "this log device keeps no spare segments",
+    )
 }
 
 /// Refuses writes once a write or sync failed.
@@ -58,7 +113,8 @@ fn poisoned() -> io::Error {
     io::Error::other("the log device refuses writes after a failed write or sync")
 }
 
-/// A directory of segment files, `wal-<id as 16 hex digits>.log`.
+/// A directory of segment files, `wal-<id as 16 hex digits>.log`, and spares,
+/// `wal-<id as 16 hex digits>.spare`.
 #[derive(Debug)]
 pub struct DirLog {
     dir: PathBuf,
@@ -85,6 +141,36 @@ impl DirLog {
 
     fn path(&self, id: u64) -> PathBuf {
         self.dir.join(format!("wal-{id:016x}.log"))
+    }
+
+    fn spare_path(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("wal-{id:016x}.spare"))
+    }
+
+    /// Makes the directory's entries durable (a creation, rename or removal).
+    fn sync_dir(&self) -> io::Result<()> {
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| named(&self.dir, e))
+    }
+
+    /// The ids of the files named `wal-<16 hex digits><suffix>`, ascending.
+    fn ids_with_suffix(&self, suffix: &str) -> io::Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(|e| named(&self.dir, e))? {
+            let name = entry.map_err(|e| named(&self.dir, e))?.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(hex) = name
+                .strip_prefix("wal-")
+                .and_then(|n| n.strip_suffix(suffix))
+                && hex.len() == 16
+                && let Ok(id) = u64::from_str_radix(hex, 16)
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
     }
 
     /// The open file of segment `id`.
@@ -137,7 +223,7 @@ impl LogDevice for DirLog {
         // Preallocate, so that appends do not change the file's size and a full disk
         // shows at creation, not mid-commit. (On ext4 and xfs the first write to each
         // preallocated extent still changes metadata, so an fdatasync after it commits
-        // the journal too; zero-filling the file would avoid that, at creation's cost.)
+        // the journal too: the log prefers spares, whose blocks are all written.)
         let len = i64::try_from(len_bytes)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "log segment too large"))?;
         // SAFETY: `f` is an open file descriptor for the duration of the call.
@@ -148,9 +234,7 @@ impl LogDevice for DirLog {
             err => return Err(named(&path, io::Error::from_raw_os_error(err))),
         }
         f.sync_all().map_err(|e| named(&path, e))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| named(&self.dir, e))?;
+        self.sync_dir()?;
         self.files.lock().insert(id, std::sync::Arc::new(f));
         Ok(())
     }
@@ -192,21 +276,76 @@ impl LogDevice for DirLog {
     }
 
     fn list(&self) -> io::Result<Vec<u64>> {
-        let mut ids = Vec::new();
-        for entry in std::fs::read_dir(&self.dir).map_err(|e| named(&self.dir, e))? {
-            let name = entry.map_err(|e| named(&self.dir, e))?.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if let Some(hex) = name
-                .strip_prefix("wal-")
-                .and_then(|n| n.strip_suffix(".log"))
-                && hex.len() == 16
-                && let Ok(id) = u64::from_str_radix(hex, 16)
-            {
-                ids.push(id);
-            }
+        self.ids_with_suffix(".log")
+    }
+
+    fn spares(&self) -> io::Result<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        for id in self.ids_with_suffix(".spare")? {
+            let path = self.spare_path(id);
+            let len = std::fs::metadata(&path).map_err(|e| named(&path, e))?.len();
+            out.push((id, len));
         }
-        ids.sort_unstable();
-        Ok(ids)
+        Ok(out)
+    }
+
+    fn create_spare(&self, id: u64, len_bytes: u64) -> io::Result<()> {
+        self.check_writable()?;
+        let path = self.spare_path(id);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| named(&path, e))?;
+        // Written, not only allocated: zeros over the whole length, in large writes.
+        // A block of zeros never validates as a log block.
+        let zeros = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        let filled = (|| {
+            while at < len_bytes {
+                let n = (len_bytes - at).min(zeros.len() as u64) as usize;
+                f.write_all_at(&zeros[..n], at)?;
+                at += n as u64;
+            }
+            f.sync_all()
+        })();
+        if let Err(e) = filled.and_then(|()| self.sync_dir()) {
+            // Nothing refers to a spare yet: a failed one is removed, and the device
+            // stays writable (the log's own bytes are untouched).
+            let _ = std::fs::remove_file(&path);
+            return Err(named(&path, e));
+        }
+        Ok(())
+    }
+
+    fn retire(&self, id: u64) -> io::Result<()> {
+        self.check_writable()?;
+        self.files.lock().remove(&id);
+        let (from, to) = (self.path(id), self.spare_path(id));
+        std::fs::rename(&from, &to).map_err(|e| named(&from, e))?;
+        self.sync_dir()
+    }
+
+    fn reuse(&self, spare: u64, id: u64) -> io::Result<()> {
+        self.check_writable()?;
+        let (from, to) = (self.spare_path(spare), self.path(id));
+        // `rename` would replace a segment of that id; the log never asks for one that
+        // exists, and a check here keeps a bug from destroying log records.
+        if to.exists() {
+            return Err(named(
+                &to,
+                io::Error::new(io::ErrorKind::AlreadyExists, "log segment exists"),
+            ));
+        }
+        std::fs::rename(&from, &to).map_err(|e| named(&from, e))?;
+        // The segment's records must not vanish with its name after a crash.
+        self.sync_dir().map_err(|e| self.fail(&self.dir, e))
+    }
+
+    fn remove_spare(&self, id: u64) -> io::Result<()> {
+        let path = self.spare_path(id);
+        std::fs::remove_file(&path).map_err(|e| named(&path, e))
     }
 }
 
@@ -218,10 +357,13 @@ struct SimSegment {
     durable: Vec<u8>,
 }
 
-/// A seeded, in-memory log device for crash tests (see the module docs).
+/// A seeded, in-memory log device for crash tests (see the module docs). Its renames
+/// between segments and spares are atomic and durable at once (a directory log's
+/// `rename` and directory sync, which a crash leaves done or not done).
 #[derive(Debug)]
 pub struct SimLog {
     segments: Mutex<BTreeMap<u64, SimSegment>>,
+    spares: Mutex<BTreeMap<u64, SimSegment>>,
     seed: Mutex<u64>,
     fail_syncs_after: Mutex<Option<u64>>,
     failed: AtomicBool,
@@ -232,6 +374,7 @@ impl SimLog {
     pub fn new(seed: u64) -> SimLog {
         SimLog {
             segments: Mutex::new(BTreeMap::new()),
+            spares: Mutex::new(BTreeMap::new()),
             seed: Mutex::new(mix(seed) | 1),
             fail_syncs_after: Mutex::new(None),
             failed: AtomicBool::new(false),
@@ -256,9 +399,26 @@ impl SimLog {
     /// written since its last sync is, by the seeded coin, lost or kept, so a block may
     /// come back torn. Nothing is poisoned on the new device.
     pub fn crash(&self) -> SimLog {
-        let segments = self.segments.lock().clone();
+        // Both maps at once, so a rename between them is seen done or not done.
+        let (segments, spares) = {
+            let segments = self.segments.lock();
+            let spares = self.spares.lock();
+            (segments.clone(), spares.clone())
+        };
+        SimLog {
+            segments: Mutex::new(self.crash_files(segments)),
+            spares: Mutex::new(self.crash_files(spares)),
+            seed: Mutex::new(self.next_random() | 1),
+            fail_syncs_after: Mutex::new(None),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// The files as a crash leaves them: each sector written since the last sync lost or
+    /// kept by the seeded coin.
+    fn crash_files(&self, files: BTreeMap<u64, SimSegment>) -> BTreeMap<u64, SimSegment> {
         let mut after = BTreeMap::new();
-        for (id, seg) in segments {
+        for (id, seg) in files {
             let mut bytes = seg.durable.clone();
             for (i, chunk) in seg.live.chunks(SECTOR_BYTES).enumerate() {
                 let at = i * SECTOR_BYTES;
@@ -276,12 +436,7 @@ impl SimLog {
                 },
             );
         }
-        SimLog {
-            segments: Mutex::new(after),
-            seed: Mutex::new(self.next_random() | 1),
-            fail_syncs_after: Mutex::new(None),
-            failed: AtomicBool::new(false),
-        }
+        after
     }
 
     /// Flips one bit of segment `id`'s bytes, live and durable, as media rot would.
@@ -406,5 +561,79 @@ impl LogDevice for SimLog {
 
     fn list(&self) -> io::Result<Vec<u64>> {
         Ok(self.segments.lock().keys().copied().collect())
+    }
+
+    fn spares(&self) -> io::Result<Vec<(u64, u64)>> {
+        Ok(self
+            .spares
+            .lock()
+            .iter()
+            .map(|(&id, seg)| (id, seg.live.len() as u64))
+            .collect())
+    }
+
+    fn create_spare(&self, id: u64, len_bytes: u64) -> io::Result<()> {
+        self.check_writable()?;
+        let mut spares = self.spares.lock();
+        if spares.contains_key(&id) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("spare {id} exists"),
+            ));
+        }
+        let zero = vec![0u8; len_bytes as usize];
+        spares.insert(
+            id,
+            SimSegment {
+                live: zero.clone(),
+                durable: zero,
+            },
+        );
+        Ok(())
+    }
+
+    fn retire(&self, id: u64) -> io::Result<()> {
+        self.check_writable()?;
+        // Segments, then spares: the order `crash` takes the locks in.
+        let mut segments = self.segments.lock();
+        let mut spares = self.spares.lock();
+        if spares.contains_key(&id) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("spare {id} exists"),
+            ));
+        }
+        let seg = segments.remove(&id).ok_or_else(|| no_segment(id))?;
+        spares.insert(id, seg);
+        Ok(())
+    }
+
+    fn reuse(&self, spare: u64, id: u64) -> io::Result<()> {
+        self.check_writable()?;
+        let mut segments = self.segments.lock();
+        let mut spares = self.spares.lock();
+        if segments.contains_key(&id) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("log segment {id} exists"),
+            ));
+        }
+        let seg = spares.remove(&spare).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("spare {spare} does not exist"),
+            )
+        })?;
+        segments.insert(id, seg);
+        Ok(())
+    }
+
+    fn remove_spare(&self, id: u64) -> io::Result<()> {
+        self.spares.lock().remove(&id).map(|_| ()).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("spare {id} does not exist"),
+            )
+        })
     }
 }

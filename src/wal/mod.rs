@@ -1,6 +1,6 @@
 //! The write-ahead log: checksummed records with sequence numbers, appended with group
-//! commit to preallocated 4 KiB-block segments on a [`LogDevice`], and read back on open
-//! up to a torn or stale tail.
+//! commit to preallocated 4 KiB-block segments on a [`LogDevice`] (retired segments
+//! recycled as spares), and read back on open up to a torn or stale tail.
 //!
 //! This is the log the database directory's durability is built on ([`crate::Db`]
 //! writes through it, and truncates it behind its checkpoints); it is public for the
@@ -30,12 +30,12 @@ mod writer;
 use std::io;
 use std::sync::Arc;
 
-use crate::storage::LogDevice;
+use crate::storage::{LOG_BLOCK_BYTES, LogDevice};
 
 pub(crate) use format::Cursor;
 pub use format::{LogOp, LogOpRef, LogRecord};
 pub use reader::Recovered;
-pub use writer::{Flusher, Log, LogOptions, MAX_GROUPS_IN_FLIGHT};
+pub use writer::{Flusher, Log, LogOptions, MAX_SPARE_SEGMENTS, Preparer};
 
 /// Where the log begins for a recovery: a block address at or below the first block
 /// that can hold a record of sequence number `seq` or later, and that number. Records
@@ -59,7 +59,9 @@ pub fn open(device: Arc<dyn LogDevice>, options: LogOptions) -> io::Result<(Log,
 /// was discarded at a torn tail), and returns a [`Log`] that appends after it, in a new
 /// segment that starts past the last valid block, so that nothing after a torn block is
 /// ever read again. Sequence numbers go on from the last record read, and never below
-/// `start.seq`.
+/// `start.seq`. Spares on the device of the usual segment length are kept for reuse (up
+/// to [`MAX_SPARE_SEGMENTS`]); others are removed. New segments get ids above every
+/// segment and spare on the device, so no block of a spare can pass for one of them.
 pub fn open_at(
     device: Arc<dyn LogDevice>,
     options: LogOptions,
@@ -89,7 +91,25 @@ pub fn open_at(
         .map_or(1, |r| r.seq + 1)
         .max(start.seq)
         .max(1);
-    let next_segment_id = device.list()?.last().map_or(1, |id| id + 1);
+    let spares = device.spares()?;
+    let next_segment_id = device
+        .list()?
+        .last()
+        .copied()
+        .into_iter()
+        .chain(spares.iter().map(|&(id, _)| id))
+        .max()
+        .map_or(1, |id| id + 1);
+    let mut kept = Vec::new();
+    for (id, len_bytes) in spares {
+        if len_bytes == (options.segment_blocks + 1) * LOG_BLOCK_BYTES as u64
+            && kept.len() < MAX_SPARE_SEGMENTS
+        {
+            kept.push(id);
+        } else {
+            device.remove_spare(id)?;
+        }
+    }
     let log = Log::new(
         device,
         options,
@@ -97,5 +117,6 @@ pub fn open_at(
         next_segment_id,
         recovered.next_block,
     );
+    log.adopt_spares(kept);
     Ok((log, recovered))
 }

@@ -16,6 +16,12 @@
 //! records, and reading on would lose them silently: that is an `InvalidData` error
 //! naming the segment and block. A crash alone cannot make that happen: groups become
 //! durable in order, so no group written after the hole's can carry a horizon past it.
+//!
+//! **Stale blocks.** A segment made from a spare (a recycled segment) still holds blocks
+//! of its file's earlier lives past what was written since: their checksums hold, but
+//! they carry an older segment's id (see the writer's module docs for why no such block
+//! can carry the id of the segment it is now in). Such a block ends the log like a
+//! block never written: it is not damage, and nothing is counted as discarded for it.
 
 use std::io;
 
@@ -57,9 +63,10 @@ fn damaged(what: String) -> io::Error {
 
 /// One data block as read.
 enum Block {
-    /// Never written: all zeros.
+    /// Never written in this segment's life: all zeros, or a stale block of the file's
+    /// earlier life (a valid block tagged with an older segment's id).
     Empty,
-    /// Written, but torn, damaged, or tagged for another segment.
+    /// Written, but torn, damaged, or tagged for a later segment.
     Invalid,
     Valid(format::BlockHeader, Vec<u8>),
 }
@@ -86,6 +93,7 @@ fn blocks_of(device: &dyn LogDevice, id: u64, data_blocks: u64) -> io::Result<Ve
         let bytes = block.get(..n).unwrap_or_default();
         out.push(match format::decode_block(bytes) {
             Some((h, payload)) if h.segment == id => Block::Valid(h, payload.to_vec()),
+            Some((h, _)) if h.segment < id => Block::Empty,
             _ if bytes.iter().all(|&b| b == 0) => Block::Empty,
             _ => Block::Invalid,
         });
@@ -127,7 +135,9 @@ pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<R
     let mut expected = start_block;
     let mut hole: Option<(u64, u64)> = None;
     let mut header_block = vec![0u8; LOG_BLOCK_BYTES];
-    for id in device.list()? {
+    let ids = device.list()?;
+    let start_segment = start_segment(device, &ids, start_block)?;
+    for id in ids {
         let read = device.read_at(id, 0, &mut header_block)?;
         let header = match SegmentHeader::decode(header_block.get(..read).unwrap_or_default()) {
             Ok(h) if h.id == id => h,
@@ -160,7 +170,8 @@ pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<R
         let blocks = blocks_of(device, id, header.data_blocks)?;
         // The segment the log starts in, if it starts mid-segment (a checkpoint's log
         // position): its blocks below the start are truncated history.
-        let skip = if out.next_block == start_block
+        let skip = if Some(id) == start_segment
+            && out.next_block == start_block
             && hole.is_none()
             && header.first_block < expected
             && expected < header.first_block + header.data_blocks
@@ -208,6 +219,34 @@ pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<R
         out.discarded_records += 1;
     }
     Ok(out)
+}
+
+/// The segment the log starts in when `start_block` may lie inside one (a checkpoint's
+/// position): the last, in id order, whose header is valid and whose range holds it.
+///
+/// A segment's header gives its capacity, not what was written: after a crash,
+/// recovery starts a new segment at the end of the valid blocks, inside the range the
+/// last segment's header still claims. So two segments can claim the start, and the
+/// later one is the log there (the earlier one's blocks from its first block on were
+/// abandoned). Choosing the earlier one read a hole at the start and then refused the
+/// log as damaged, since the later segment's blocks vouch for the start (found by
+/// `tests/db_kill.rs`).
+fn start_segment(device: &dyn LogDevice, ids: &[u64], start_block: u64) -> io::Result<Option<u64>> {
+    let mut header_block = vec![0u8; LOG_BLOCK_BYTES];
+    let mut found = None;
+    for &id in ids {
+        let read = device.read_at(id, 0, &mut header_block)?;
+        if let Ok(h) = SegmentHeader::decode(header_block.get(..read).unwrap_or_default())
+            && h.id == id
+            && h.first_block <= start_block
+            && h.first_block
+                .checked_add(h.data_blocks)
+                .is_some_and(|end| start_block < end)
+        {
+            found = Some(id);
+        }
+    }
+    Ok(found)
 }
 
 /// `Err` if a valid block among `blocks` was written when the hole at address `at` (in

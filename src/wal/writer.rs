@@ -2,24 +2,40 @@
 //!
 //! Writers append framed records to an in-memory tail under one short mutex, each taking
 //! the next sequence number, and return at once; a writer that must be durable then
-//! waits for its sequence number. The first waiter that finds records not yet being
-//! written becomes a *leader*: it takes every record appended so far as one *group*,
-//! reserves the group's blocks, and — outside the mutex — packs the records into
-//! blocks, writes them with one call and syncs the segment. Records appended meanwhile
-//! form the next group, whose leader may write while the first group's sync is still in
-//! flight (up to [`MAX_GROUPS_IN_FLIGHT`] groups), as SpanDB's parallel log writers do.
-//! Durability advances in group order: a group is durable once its own sync returned
-//! and every earlier group is durable, and every writer it covers is released together.
+//! waits for its sequence number. A waiter that finds records not yet taken, and no group
+//! being written, becomes the *leader*: it takes every record appended so far as one
+//! *group*, reserves the group's blocks, and — outside the mutex — packs the records into
+//! blocks, writes them with one call and syncs the segment. At most one group is being
+//! written or synced at a time: writers that arrive meanwhile queue up, and when the sync
+//! returns, every writer the group covers is released together and the next leader takes
+//! everything that queued during it as one group. (An earlier version let up to four
+//! groups be in flight, as SpanDB's parallel log writers do; on a disk whose concurrent
+//! `fdatasync`s do not overlap, that made groups small — about two writes per sync at 16
+//! threads — for no gain. See `docs/design.md`.)
 //!
 //! A group always starts a fresh block, and its last block is padded: a block that holds
 //! durable records is never written again, because a crash during a rewrite could tear
 //! it (atomic writes are not assumed). A group never spans two segments; when the
-//! current segment has too few blocks left, the leader starts the next segment first.
+//! current segment has too few blocks left, the leader starts the next segment first:
+//! from a *spare* when one is ready (a retired segment, or a file zero-filled ahead of
+//! need by a [`Preparer`]), else a newly created file. A spare's every block has been
+//! written, so writing and syncing the segment it becomes changes no file system
+//! metadata; [`Log::remove_segments_before`] keeps up to [`MAX_SPARE_SEGMENTS`] retired
+//! segments as spares instead of deleting them.
+//!
+//! **Stale blocks.** A spare still holds the blocks of its earlier lives, with valid
+//! checksums. Every block carries its segment's id (its tag), and no block of a spare
+//! can carry the id of the segment the spare becomes: a spare is named by an id no
+//! later segment takes (a retired segment's own id, or one reserved for a fresh spare),
+//! every block in a file carries an id at or below the file's name, and a new segment's
+//! id is above every id named on the device (`wal::open` starts past the highest segment
+//! *and* spare). So the reader sees an old block as stale, the end of the log, whatever
+//! its checksum and address say. The new segment's header is written and synced before
+//! any of its blocks is written, and the rename into a segment is durable before that.
 //!
 //! After a failed write or sync the log is poisoned: every waiter and every later append
 //! gets the error, since what reached the disk is unknown.
 
-use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 
@@ -30,8 +46,13 @@ use crate::storage::{LOG_BLOCK_BYTES, LogDevice};
 // condition variable.
 use parking_lot::{Condvar, Mutex};
 
-/// Most groups whose write or sync may be in flight at once.
-pub const MAX_GROUPS_IN_FLIGHT: usize = 4;
+/// Most spare segments kept: retired segments beyond these are deleted. Four 16 MiB
+/// segments are what the default checkpoint trigger (64 MiB of log) retires at a time.
+pub const MAX_SPARE_SEGMENTS: usize = 4;
+
+/// The id of the placeholder segment a log starts with (no file: the first group
+/// starts a real segment where it begins).
+const PLACEHOLDER: u64 = u64::MAX;
 
 /// How the log is laid out on its device.
 #[derive(Clone, Copy, Debug)]
@@ -50,6 +71,13 @@ impl Default for LogOptions {
     }
 }
 
+impl LogOptions {
+    /// The length of a segment file of the usual size (a spare's length), in bytes.
+    fn segment_file_bytes(&self) -> u64 {
+        (self.segment_blocks + 1) * LOG_BLOCK_BYTES as u64
+    }
+}
+
 /// The segment being appended to.
 #[derive(Clone, Copy, Debug)]
 struct Segment {
@@ -64,13 +92,21 @@ impl Segment {
     }
 }
 
-/// A group being written: the last sequence number it holds, and whether its write and
-/// sync are done.
-struct InFlight {
-    last_seq: u64,
-    /// The address past the group's last block.
-    end_block: u64,
-    done: bool,
+/// The spare segments (see the module docs).
+#[derive(Debug, Default)]
+struct Spares {
+    /// Spares ready to become segments, ascending: each of the usual segment file
+    /// length, every block written, named by an id below `State::next_segment_id`.
+    ready: Vec<u64>,
+    /// A spare is being zero-filled (its id is reserved).
+    preparing: bool,
+    /// The device keeps no spares.
+    unsupported: bool,
+    /// The last preparation failed while this segment was current: not retried until
+    /// the next segment.
+    failed_in: Option<u64>,
+    /// The preparer thread is to stop.
+    stop: bool,
 }
 
 struct State {
@@ -83,14 +119,32 @@ struct State {
     durable_seq: u64,
     /// Every block below this address is durable.
     durable_block: u64,
-    /// Groups taken by a leader, oldest first.
-    in_flight: VecDeque<InFlight>,
-    segment: Option<Segment>,
+    /// A leader is writing or syncing a group: no other group is taken meanwhile.
+    writing: bool,
+    segment: Segment,
+    /// The id the next segment (or fresh spare) gets: above every id on the device.
     next_segment_id: u64,
-    /// A leader is creating the next segment: no other group may be written until it
-    /// exists.
-    creating: bool,
     failure: Option<String>,
+    /// Groups written and synced so far.
+    groups_written: u64,
+    spares: Spares,
+}
+
+impl State {
+    /// Whether the preparer should zero-fill a spare now: none is ready or being made,
+    /// and the current segment is half used, so that the next is ready before it is
+    /// needed (a log that writes little never makes one).
+    fn wants_spare(&self) -> bool {
+        let seg = &self.segment;
+        !self.spares.unsupported
+            && !self.spares.preparing
+            && !self.spares.stop
+            && self.spares.ready.is_empty()
+            && self.failure.is_none()
+            && seg.header.id != PLACEHOLDER
+            && self.spares.failed_in != Some(seg.header.id)
+            && (seg.next_block - seg.header.first_block) * 2 >= seg.header.data_blocks
+    }
 }
 
 /// The write-ahead log (see the module docs).
@@ -98,7 +152,10 @@ pub struct Log {
     device: Arc<dyn LogDevice>,
     options: LogOptions,
     state: Mutex<State>,
+    /// Signalled when durability advances, the log fails, or a spare becomes ready.
     durable: Condvar,
+    /// Signalled when the preparer has work (or must stop).
+    spare_wanted: Condvar,
 }
 
 impl std::fmt::Debug for Log {
@@ -111,6 +168,15 @@ impl std::fmt::Debug for Log {
     }
 }
 
+/// How a group's new segment comes to exist.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    /// A new file.
+    Create(SegmentHeader),
+    /// A spare renamed into the segment.
+    Reuse { spare: u64, header: SegmentHeader },
+}
+
 /// The blocks a leader writes for one group.
 struct Group {
     segment: Segment,
@@ -120,14 +186,15 @@ struct Group {
     first_block: u64,
     bytes: Vec<u8>,
     ends: Vec<usize>,
-    /// A segment to create before the group is written.
-    create: Option<SegmentHeader>,
+    /// A segment to start before the group is written.
+    start: Option<Start>,
 }
 
 impl Log {
     /// A log on `device` whose next record gets sequence number `next_seq`, starting a
     /// new segment `next_segment_id` at block address `next_block` (the end of what
     /// recovery read, so a segment never continues after a torn block).
+    /// `next_segment_id` must be above the id of every segment and spare on the device.
     pub fn new(
         device: Arc<dyn LogDevice>,
         options: LogOptions,
@@ -144,31 +211,33 @@ impl Log {
                 next_seq,
                 durable_seq: next_seq.saturating_sub(1),
                 durable_block: next_block,
-                in_flight: VecDeque::new(),
-                segment: None,
+                writing: false,
+                // A zero-length placeholder: the first group starts a real segment there.
+                segment: Segment {
+                    header: SegmentHeader {
+                        id: PLACEHOLDER,
+                        first_block: next_block,
+                        data_blocks: 0,
+                    },
+                    next_block,
+                },
                 next_segment_id,
-                creating: false,
                 failure: None,
+                groups_written: 0,
+                spares: Spares::default(),
             }),
             durable: Condvar::new(),
+            spare_wanted: Condvar::new(),
         }
-        .with_next_block(next_block)
     }
 
-    fn with_next_block(self, next_block: u64) -> Log {
-        {
-            let mut s = self.state.lock();
-            // A zero-length placeholder: the first group starts a real segment there.
-            s.segment = Some(Segment {
-                header: SegmentHeader {
-                    id: u64::MAX,
-                    first_block: next_block,
-                    data_blocks: 0,
-                },
-                next_block,
-            });
-        }
-        self
+    /// Adopts spares found on the device (ids below the log's next segment id, each of
+    /// the usual segment file length).
+    pub(crate) fn adopt_spares(&self, ids: Vec<u64>) {
+        let mut s = self.state.lock();
+        debug_assert!(ids.iter().all(|&id| id < s.next_segment_id));
+        s.spares.ready = ids;
+        s.spares.ready.sort_unstable();
     }
 
     /// Appends a record of `ops` and returns its sequence number; nothing waits for the
@@ -199,30 +268,61 @@ impl Log {
     pub fn position(&self) -> LogPosition {
         let s = self.state.lock();
         LogPosition {
-            block: s.segment.map_or(s.durable_block, |seg| seg.next_block),
+            block: s.segment.next_block,
             seq: s.next_seq,
         }
     }
 
-    /// Removes the segments whose blocks all lie below address `block` (a checkpoint's
-    /// position that recovery no longer reads before) and returns how many. The segment
-    /// being appended to is never removed, nor a segment whose header does not decode.
+    /// Retires the segments whose blocks all lie below address `block` (a checkpoint's
+    /// position that recovery no longer reads before) and returns how many. Up to
+    /// [`MAX_SPARE_SEGMENTS`] of the usual size are kept as spares, to become later
+    /// segments; the others are removed. The segment being appended to is never
+    /// retired, nor a segment whose header does not decode.
+    ///
+    /// A retired segment is never one recovery could still need: recovery reads from
+    /// `block` or a later position, and skips every segment wholly below where it
+    /// starts; a spare is not read at all, and its old blocks are stale to the segment
+    /// it becomes (see the module docs).
     pub fn remove_segments_before(&self, block: u64) -> io::Result<usize> {
-        let current = self.state.lock().segment.map(|seg| seg.header.id);
+        let current = self.state.lock().segment.header.id;
         let mut removed = 0;
         let mut header = vec![0u8; LOG_BLOCK_BYTES];
         for id in self.device.list()? {
-            if Some(id) == current {
+            if id == current {
                 continue;
             }
             let n = self.device.read_at(id, 0, &mut header)?;
             let Ok(h) = SegmentHeader::decode(header.get(..n).unwrap_or_default()) else {
                 continue;
             };
-            if h.id == id && h.first_block.saturating_add(h.data_blocks) <= block {
-                self.device.remove(id)?;
-                removed += 1;
+            if h.id != id || h.first_block.saturating_add(h.data_blocks) > block {
+                continue;
             }
+            let keep = h.data_blocks == self.options.segment_blocks && {
+                let s = self.state.lock();
+                !s.spares.unsupported
+                    && s.spares.ready.len() + usize::from(s.spares.preparing) < MAX_SPARE_SEGMENTS
+            };
+            if keep {
+                match self.device.retire(id) {
+                    Ok(()) => {
+                        let mut s = self.state.lock();
+                        s.spares.ready.push(id);
+                        s.spares.ready.sort_unstable();
+                        drop(s);
+                        // A leader may be waiting for a spare.
+                        self.durable.notify_all();
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                        self.state.lock().spares.unsupported = true;
+                        self.device.remove(id)?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            } else {
+                self.device.remove(id)?;
+            }
+            removed += 1;
         }
         Ok(removed)
     }
@@ -237,8 +337,20 @@ impl Log {
         self.state.lock().next_seq
     }
 
+    /// How many groups have been written and synced since the log was opened: one
+    /// `fdatasync` of a segment each (a segment's start syncs once more). Records
+    /// made durable divided by this is the mean group size.
+    pub fn groups_written(&self) -> u64 {
+        self.state.lock().groups_written
+    }
+
+    /// How many spare segments are ready to become segments.
+    pub fn spare_segments(&self) -> usize {
+        self.state.lock().spares.ready.len()
+    }
+
     /// Waits until every record up to `seq` is durable, leading a group write when no
-    /// leader has taken the records yet.
+    /// group is being written and records wait to be taken.
     pub fn wait_durable(&self, seq: u64) -> io::Result<()> {
         let mut s = self.state.lock();
         if seq >= s.next_seq {
@@ -257,42 +369,38 @@ impl Log {
             if s.durable_seq >= seq {
                 return Ok(());
             }
-            let led =
-                !s.pending.is_empty() && !s.creating && s.in_flight.len() < MAX_GROUPS_IN_FLIGHT;
-            if led {
-                let group = self.take_group(&mut s);
-                let last_seq = s.next_seq - 1;
-                s.in_flight.push_back(InFlight {
-                    last_seq,
-                    end_block: group.segment.next_block,
-                    done: false,
-                });
-                s.creating = group.create.is_some();
-                drop(s);
-                // `write_group` clears `creating` itself, once its segment exists; a
-                // leader whose group created nothing must not touch it (another leader
-                // may be creating the next segment right now).
-                let written = self.write_group(group);
-                s = self.state.lock();
-                match written {
-                    Ok(()) => {
-                        if let Some(g) = s.in_flight.iter_mut().find(|g| g.last_seq == last_seq) {
-                            g.done = true;
-                        }
-                        while s.in_flight.front().is_some_and(|g| g.done) {
-                            let g = s.in_flight.pop_front().expect("checked");
-                            s.durable_seq = s.durable_seq.max(g.last_seq);
-                            s.durable_block = s.durable_block.max(g.end_block);
-                        }
-                    }
-                    Err(e) => {
-                        s.failure = Some(format!("the write-ahead log failed: {e}"));
-                    }
-                }
-                self.durable.notify_all();
-            } else {
+            // One group at a time: records appended while a group is written wait,
+            // and the next leader takes all of them. A group that must start a new
+            // segment waits for a spare being zero-filled rather than create a file
+            // whose first writes change metadata.
+            if s.writing
+                || s.pending.is_empty()
+                || (s.spares.preparing && s.spares.ready.is_empty() && self.needs_segment(&s))
+            {
                 self.durable.wait(&mut s);
+                continue;
             }
+            let group = self.take_group(&mut s);
+            let last_seq = s.next_seq - 1;
+            s.writing = true;
+            drop(s);
+            let written = self.write_group(&group);
+            s = self.state.lock();
+            s.writing = false;
+            match written {
+                Ok(()) => {
+                    s.groups_written += 1;
+                    s.durable_seq = last_seq;
+                    s.durable_block = group.segment.next_block;
+                }
+                Err(e) => {
+                    s.failure = Some(format!("the write-ahead log failed: {e}"));
+                }
+            }
+            if s.wants_spare() {
+                self.spare_wanted.notify_one();
+            }
+            self.durable.notify_all();
         }
     }
 
@@ -302,14 +410,20 @@ impl Log {
         self.wait_durable(last)
     }
 
+    /// Whether the pending records do not fit in the current segment.
+    fn needs_segment(&self, s: &State) -> bool {
+        let blocks = s.pending.len().div_ceil(BLOCK_PAYLOAD_BYTES) as u64;
+        s.segment.next_block + blocks > s.segment.end()
+    }
+
     /// Takes the pending records as a group and reserves its blocks (starting a new
     /// segment if the current one has too few left). Called under the state lock.
     fn take_group(&self, s: &mut State) -> Group {
         let bytes = std::mem::take(&mut s.pending);
         let ends = std::mem::take(&mut s.ends);
         let blocks = bytes.len().div_ceil(BLOCK_PAYLOAD_BYTES) as u64;
-        let mut segment = s.segment.expect("a log always has a segment");
-        let mut create = None;
+        let mut segment = s.segment;
+        let mut start = None;
         if segment.next_block + blocks > segment.end() {
             let header = SegmentHeader {
                 id: s.next_segment_id,
@@ -321,40 +435,51 @@ impl Log {
                 header,
                 next_block: header.first_block,
             };
-            create = Some(header);
+            // Spares are all of the usual size; a larger group gets a file of its own.
+            let spare = if header.data_blocks == self.options.segment_blocks
+                && !s.spares.ready.is_empty()
+            {
+                Some(s.spares.ready.remove(0))
+            } else {
+                None
+            };
+            start = Some(match spare {
+                Some(spare) => Start::Reuse { spare, header },
+                None => Start::Create(header),
+            });
         }
         let first_block = segment.next_block;
         segment.next_block += blocks;
-        s.segment = Some(segment);
+        s.segment = segment;
         Group {
             segment,
             durable_horizon: s.durable_block,
             first_block,
             bytes,
             ends,
-            create,
+            start,
         }
     }
 
-    /// Writes a group's blocks and syncs its segment (creating it first if needed,
-    /// after which other leaders may write to it).
-    fn write_group(&self, group: Group) -> io::Result<()> {
+    /// Writes a group's blocks and syncs its segment, starting the segment first if
+    /// needed: the file created or the spare renamed, then its header written and
+    /// synced, so that no block of the segment is written before its header is durable.
+    fn write_group(&self, group: &Group) -> io::Result<()> {
         let id = group.segment.header.id;
-        if let Some(header) = group.create {
-            let len = (header.data_blocks + 1) * LOG_BLOCK_BYTES as u64;
-            let created = self
-                .device
-                .create(id, len)
-                .and_then(|()| self.device.write_at(id, 0, &header.encode()))
-                .and_then(|()| self.device.sync(id));
-            let mut s = self.state.lock();
-            s.creating = false;
-            if let Err(e) = &created {
-                s.failure = Some(format!("the write-ahead log failed: {e}"));
-            }
-            drop(s);
-            self.durable.notify_all();
-            created?;
+        if let Some(start) = group.start {
+            let header = match start {
+                Start::Create(header) => {
+                    let len = (header.data_blocks + 1) * LOG_BLOCK_BYTES as u64;
+                    self.device.create(id, len)?;
+                    header
+                }
+                Start::Reuse { spare, header } => {
+                    self.device.reuse(spare, id)?;
+                    header
+                }
+            };
+            self.device.write_at(id, 0, &header.encode())?;
+            self.device.sync(id)?;
         }
         let mut buf =
             Vec::with_capacity(group.bytes.len().div_ceil(BLOCK_PAYLOAD_BYTES) * LOG_BLOCK_BYTES);
@@ -391,6 +516,132 @@ impl Log {
             (group.first_block - group.segment.header.first_block + 1) * LOG_BLOCK_BYTES as u64;
         self.device.write_at(id, offset, &buf)?;
         self.device.sync(id)
+    }
+
+    /// Zero-fills one spare segment now, unless [`MAX_SPARE_SEGMENTS`] are ready or one
+    /// is being made; returns whether it made one. (A [`Preparer`] does this in the
+    /// background when the log will soon need one.) A device that keeps no spares
+    /// answers `Ok(false)`.
+    pub fn prepare_spare(&self) -> io::Result<bool> {
+        let id = {
+            let mut s = self.state.lock();
+            if s.spares.unsupported
+                || s.spares.preparing
+                || s.spares.ready.len() >= MAX_SPARE_SEGMENTS
+            {
+                return Ok(false);
+            }
+            self.reserve_spare(&mut s)
+        };
+        let made = self
+            .device
+            .create_spare(id, self.options.segment_file_bytes());
+        self.spare_made(id, made.as_ref().map(|_| ()).map_err(io::Error::kind));
+        match made {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reserves an id for a spare being made. Called under the state lock.
+    fn reserve_spare(&self, s: &mut State) -> u64 {
+        let id = s.next_segment_id;
+        s.next_segment_id += 1;
+        s.spares.preparing = true;
+        id
+    }
+
+    /// Records the end of a spare's preparation.
+    fn spare_made(&self, id: u64, made: Result<(), io::ErrorKind>) {
+        let mut s = self.state.lock();
+        s.spares.preparing = false;
+        match made {
+            Ok(()) => {
+                s.spares.ready.push(id);
+                s.spares.ready.sort_unstable();
+            }
+            Err(io::ErrorKind::Unsupported) => s.spares.unsupported = true,
+            Err(_) => s.spares.failed_in = Some(s.segment.header.id),
+        }
+        drop(s);
+        // A leader may be waiting for this spare.
+        self.durable.notify_all();
+    }
+
+    /// The preparer thread's loop: waits until the log wants a spare, makes it, and
+    /// goes on until told to stop.
+    fn prepare_spares(&self) {
+        loop {
+            let id = {
+                let mut s = self.state.lock();
+                while !s.spares.stop && !s.wants_spare() {
+                    self.spare_wanted.wait(&mut s);
+                }
+                if s.spares.stop {
+                    return;
+                }
+                self.reserve_spare(&mut s)
+            };
+            let made = self
+                .device
+                .create_spare(id, self.options.segment_file_bytes());
+            if let Err(e) = &made
+                && e.kind() != io::ErrorKind::Unsupported
+            {
+                log::warn!(
+                    "bfdb: preparing a spare log segment failed (the next segment is \
+                     created instead): {e}"
+                );
+            }
+            self.spare_made(id, made.map_err(|e| e.kind()));
+        }
+    }
+
+    /// Tells the preparer thread to stop.
+    fn stop_preparing(&self) {
+        self.state.lock().spares.stop = true;
+        self.spare_wanted.notify_all();
+    }
+}
+
+/// A thread that zero-fills the log's next segment ahead of need: once the current
+/// segment is half used and no spare is ready, it makes one ([`Log::prepare_spare`]),
+/// so that the segment after it is a file whose blocks are all written. A leader that
+/// must start a segment while a spare is being made waits for it. Dropping the
+/// preparer stops its thread (after the spare in progress, if any).
+pub struct Preparer {
+    log: Arc<Log>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Preparer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Preparer").finish_non_exhaustive()
+    }
+}
+
+impl Preparer {
+    /// Starts preparing spares for `log`.
+    pub fn start(log: Arc<Log>) -> Preparer {
+        let worker = Arc::clone(&log);
+        let handle = std::thread::Builder::new()
+            .name("bfdb-wal-spares".into())
+            .spawn(move || worker.prepare_spares())
+            .expect("spawning the log's spare preparer");
+        Preparer {
+            log,
+            handle: Some(handle),
+        }
+    }
+}
+
+impl Drop for Preparer {
+    fn drop(&mut self) {
+        self.log.stop_preparing();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
     }
 }
 
