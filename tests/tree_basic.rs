@@ -341,7 +341,7 @@ fn assert_full_scan(tree: &Tree, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
 /// runs interleaved (the driver's load with two threads: one inserts into the middle of a
 /// page, below the other's newest keys): the pages still come out full, and merges read
 /// almost no leaf pages, because a split puts a page boundary right past the stream that
-/// split it and keeps that page as a mirror. (The session-7 code made 539 pages, 1.15x
+/// split it and keeps that page as a mirror. (An earlier version made 539 pages, 1.15x
 /// raw, and read 779 leaf pages for 536 splits; this code ~383 pages and ~69 reads.)
 #[test]
 fn interleaved_sorted_streams_fill_pages() {
@@ -433,7 +433,7 @@ fn sorted_loads_fill_leaf_pages() {
         if order != "random" {
             // Each split keeps the page the next keys land in as a mirror, so merges
             // read no leaf page (the first merge, of the first leaf, does; the
-            // session-7 code read 937 for 468 splits).
+            // an earlier version read 937 for 468 splits).
             assert!(
                 loaded.open_end_mirrors * 10 >= loaded.leaf_splits * 9,
                 "{order}: {loaded:?}"
@@ -551,7 +551,7 @@ fn random_loads_redistribute_into_neighbours() {
 /// A load that frees most of what it allocates (two sorted streams: open ends mirrored,
 /// split off, demoted) moves the pool's tail far along its first lap while little of the
 /// pool stays in use. Point reads after it still cache whole pages as mirrors: the pool
-/// has room while it is on its first lap and under 80% in use. (Until session 8 the room
+/// has room while it is on its first lap and under 80% in use. (In an earlier version the room
 /// was the tail's position alone, and reads after such a load cached single records.)
 #[test]
 fn reads_mirror_pages_after_a_load_that_freed_its_blocks() {

@@ -749,7 +749,7 @@ fn copy_on_access_keeps_dirty_records_instead_of_merging() {
     assert!(scanned == model);
 }
 
-/// Regression (fuzz, session 5): with nearly the whole pool a copy-on-access region and
+/// Regression (found by fuzzing): with nearly the whole pool a copy-on-access region and
 /// values of up to half a leaf page, a full mini-page that cannot take the next record
 /// used to answer "restart, the next attempt merges"; the next attempt copied it out of
 /// the region, which shrank it below full size, grew it back, and restarted again,
