@@ -334,10 +334,7 @@ impl F2 {
         if end <= begin {
             return Ok(());
         }
-        let log = match tier {
-            Tier::Hot => self.hot.log(),
-            Tier::Cold => self.cold.log(),
-        };
+        let log = self.log_of(tier);
         let page_bytes = log.page_bytes();
         let first_page = begin - begin % page_bytes;
         let pages = (end - first_page).div_ceil(page_bytes);
@@ -385,6 +382,13 @@ impl F2 {
         }
     }
 
+    fn log_of(&self, tier: Tier) -> &super::hlog::HybridLog {
+        match tier {
+            Tier::Hot => self.hot.log(),
+            Tier::Cold => self.cold.log(),
+        }
+    }
+
     /// Copies the live records of `[from, until)` (within one page) of `tier`'s log.
     fn copy_page(
         &self,
@@ -393,10 +397,7 @@ impl F2 {
         from: u64,
         until: u64,
     ) -> Result<()> {
-        let log = match tier {
-            Tier::Hot => self.hot.log(),
-            Tier::Cold => self.cold.log(),
-        };
+        let log = self.log_of(tier);
         for (address, record) in log.records_in(guard, from, until)? {
             if record.header.is_invalid() {
                 continue;
@@ -442,27 +443,7 @@ mod tests {
 
     use super::*;
     use crate::hash::device::MemPages;
-
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-
-        fn skewed(&mut self, n: u64) -> u64 {
-            let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-            ((n as f64).powf(u) - 1.0) as u64 % n
-        }
-    }
+    use crate::hash::test_support::{Rng, count, counter, expected_count};
 
     fn pages(frames: u64) -> HlogOptions {
         HlogOptions {
@@ -500,15 +481,6 @@ mod tests {
 
     fn key(i: u64) -> Vec<u8> {
         format!("key{i}").into_bytes()
-    }
-
-    fn counter(old: Option<&[u8]>) -> Vec<u8> {
-        let n = old.map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
-        (n + 1).to_le_bytes().to_vec()
-    }
-
-    fn count(v: Option<Vec<u8>>) -> u64 {
-        v.map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()))
     }
 
     #[test]
@@ -704,10 +676,7 @@ mod tests {
             let mut handle = store.epoch().register();
             let guard = handle.protect();
             for k in 0..keys {
-                let want: u64 = expected
-                    .iter()
-                    .map(|m| m.get(&k).copied().unwrap_or(0))
-                    .sum();
+                let want = expected_count(&expected, k);
                 assert_eq!(
                     count(store.get(&guard, &key(k)).unwrap()),
                     want,

@@ -557,29 +557,7 @@ mod tests {
 
     use super::*;
     use crate::hash::device::MemPages;
-
-    /// A small deterministic generator (splitmix64).
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-
-        /// A skewed pick in 0..n: small values far more often (about Zipf-like).
-        fn skewed(&mut self, n: u64) -> u64 {
-            let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-            ((n as f64).powf(u) - 1.0) as u64 % n
-        }
-    }
+    use crate::hash::test_support::{Rng, count, counter, expected_count};
 
     fn tiny() -> HotLog {
         let options = HlogOptions {
@@ -592,11 +570,6 @@ mod tests {
 
     fn key(i: u64) -> Vec<u8> {
         format!("k{i}").into_bytes()
-    }
-
-    fn counter(old: Option<&[u8]>) -> Vec<u8> {
-        let n = old.map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
-        (n + 1).to_le_bytes().to_vec()
     }
 
     #[test]
@@ -705,14 +678,8 @@ mod tests {
         let guard = handle.protect();
         let mut total = 0;
         for k in 0..keys {
-            let want: u64 = expected
-                .iter()
-                .map(|m| m.get(&k).copied().unwrap_or(0))
-                .sum();
-            let got = store
-                .get(&guard, &key(k))
-                .unwrap()
-                .map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+            let want = expected_count(&expected, k);
+            let got = count(store.get(&guard, &key(k)).unwrap());
             assert_eq!(got, want, "round {round}, key {k}");
             total += got;
         }
@@ -767,14 +734,8 @@ mod tests {
         let mut handle = store.epoch().register();
         let guard = handle.protect();
         for k in 0..keys {
-            let want: u64 = expected
-                .iter()
-                .map(|m| m.get(&k).copied().unwrap_or(0))
-                .sum();
-            let got = store
-                .get(&guard, &key(k))
-                .unwrap()
-                .map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+            let want = expected_count(&expected, k);
+            let got = count(store.get(&guard, &key(k)).unwrap());
             assert_eq!(got, want, "key {k}");
         }
     }

@@ -182,34 +182,16 @@ impl MemRecord {
     /// Replaces the value in place with `value` of the same length; false (nothing
     /// written) if the length differs or the record is a tombstone or invalid.
     pub(crate) fn update_in_place(&self, value: &[u8]) -> bool {
-        let (k, v) = self.lengths();
-        if v != value.len() {
+        if self.lengths().1 != value.len() {
             return false;
         }
-        let word = self.header_word();
-        let mut spins = 0u32;
-        let locked = loop {
-            let current = Header(word.load(Ordering::Acquire));
-            if current.is_invalid() || current.is_tombstone() {
-                return false;
-            }
-            if !current.is_locked()
-                && word
-                    .compare_exchange(
-                        current.0,
-                        current.0 | LOCKED,
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
-            {
-                break current;
-            }
-            spins += 1;
-            crate::sync::spin_wait(spins);
+        let Some(mut locked) = self.lock() else {
+            return false;
         };
-        store_bytes(self, RECORD_HEADER_BYTES + pad8(k), value);
-        word.store(locked.bumped().0, Ordering::Release);
+        if locked.header().is_tombstone() {
+            return false;
+        }
+        locked.write_value(value);
         true
     }
 

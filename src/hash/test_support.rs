@@ -166,3 +166,46 @@ pub(super) fn check_entries(index: &HashIndex, guard: &EpochGuard<'_, '_>, recor
         }
     }
 }
+
+/// A small deterministic generator (splitmix64) for the hash tier's random tests.
+pub(super) struct Rng(pub(super) u64);
+
+impl Rng {
+    pub(super) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub(super) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// A skewed pick in `0..n`: small values far more often (about Zipf-like).
+    pub(super) fn skewed(&mut self, n: u64) -> u64 {
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        ((n as f64).powf(u) - 1.0) as u64 % n
+    }
+}
+
+/// The count store's update: adds 1 to a little-endian `u64` (absent: 0).
+pub(super) fn counter(old: Option<&[u8]>) -> Vec<u8> {
+    (count(old.map(<[u8]>::to_vec)) + 1).to_le_bytes().to_vec()
+}
+
+/// A count store's value as a number (absent: 0).
+pub(super) fn count(value: Option<Vec<u8>>) -> u64 {
+    value.map_or(0, |v| {
+        u64::from_le_bytes(v.try_into().expect("an 8-byte count"))
+    })
+}
+
+/// The count of key `k` that the threads' own tallies add up to.
+pub(super) fn expected_count(tallies: &[std::collections::HashMap<u64, u64>], k: u64) -> u64 {
+    tallies
+        .iter()
+        .map(|m| m.get(&k).copied().unwrap_or(0))
+        .sum()
+}
