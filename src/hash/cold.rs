@@ -450,6 +450,7 @@ mod tests {
             let guard = handle.protect();
             let (table, frames) = index.memory_bytes(&guard);
             let per_key = table as f64 / keys as f64;
+            eprintln!("{keys} cold keys: chunk table {table} bytes, {per_key:.3} bytes per key");
             assert!(
                 per_key < 1.0,
                 "{keys} keys: {table} bytes of chunk table, {per_key:.2} per key"
