@@ -184,6 +184,69 @@ impl Journal {
         Ok(out)
     }
 
+    /// Runs `apply`, an unlogged write of `key` in `keyspace`, while the key's stripe is
+    /// locked shared: it does not run inside a logged read-modify-write of the key
+    /// ([`Journal::commit_computed`]), which holds the stripe exclusively from its read
+    /// to its write, nor inside a logged write or batch of the key.
+    pub(crate) fn unlogged<T>(
+        &self,
+        keyspace: u32,
+        key: &[u8],
+        apply: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let _shared = self.stripes[stripe_of(keyspace, key)].0.read();
+        apply()
+    }
+
+    /// Runs `f`, an unlogged read-modify-write of `key` in `keyspace`, while the key's
+    /// stripe is locked exclusively: no other write of the key runs meanwhile.
+    pub(crate) fn exclusive<T>(
+        &self,
+        keyspace: u32,
+        key: &[u8],
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let _held = self.stripes[stripe_of(keyspace, key)].0.write();
+        f()
+    }
+
+    /// A read-modify-write of `key` in `keyspace` at `durability` (not `Unlogged`):
+    /// with the key's stripe locked exclusively, `compute` reads the key and gives its
+    /// new value (`None` deletes), which is logged and then written by `apply`; then
+    /// waits as `durability` says. Every other write of the key holds its stripe too
+    /// (exclusively, or shared for an unlogged one), so none comes between the read and
+    /// the write, and the log orders the key's writes as they reached the index.
+    pub(crate) fn commit_computed<T>(
+        &self,
+        keyspace: u32,
+        key: &[u8],
+        durability: Durability,
+        compute: impl FnOnce() -> Result<(Option<Vec<u8>>, T)>,
+        apply: impl FnOnce(Option<&[u8]>) -> Result<()>,
+    ) -> Result<T> {
+        let stripe = self.stripes[stripe_of(keyspace, key)].0.write();
+        let (value, out) = compute()?;
+        let op = match &value {
+            Some(value) => LogOpRef::Put {
+                keyspace,
+                key,
+                value,
+            },
+            None => LogOpRef::Delete { keyspace, key },
+        };
+        let seq = self
+            .log
+            .append_refs(std::iter::once(op))
+            .map_err(log_error)?;
+        let applied = apply(value.as_deref());
+        drop(stripe);
+        applied?;
+        if durability == Durability::Synced {
+            self.log.wait_durable(seq).map_err(log_error)?;
+        }
+        Ok(out)
+    }
+
     /// Runs `read` while the stripes of `keys` are locked shared: it sees any batch that
     /// writes one of `keys` wholly or not at all.
     pub(crate) fn read_locked<'a, T>(

@@ -1,6 +1,7 @@
 //! [`WriteBatch`]: writes to several keys and keyspaces of one database, applied
 //! atomically by [`Db::write`](crate::Db::write).
 
+use crate::hash::store::HashStore;
 use crate::tree::Tree;
 
 /// One write of a batch.
@@ -16,7 +17,8 @@ pub(crate) struct BatchOp {
     pub(crate) value: Option<Vec<u8>>,
 }
 
-/// Writes to several keys, in one or more keyspaces of a [`Db`](crate::Db), that
+/// Writes to several keys, in one or more keyspaces (trees and hash stores) of a
+/// [`Db`](crate::Db), that
 /// [`Db::write`](crate::Db::write) applies atomically: after a crash all of them are
 /// there or none is, and a [`Tree::get_many`] never sees some without the others.
 ///
@@ -61,6 +63,16 @@ impl WriteBatch {
         self.push(tree, key, None);
     }
 
+    /// Adds an insert (or replacement) of `key` in hash keyspace `store`.
+    pub fn insert_hash(&mut self, store: &HashStore, key: &[u8], value: &[u8]) {
+        self.push_hash(store, key, Some(value));
+    }
+
+    /// Adds a delete of `key` from hash keyspace `store`.
+    pub fn delete_hash(&mut self, store: &HashStore, key: &[u8]) {
+        self.push_hash(store, key, None);
+    }
+
     /// Writes in the batch.
     pub fn len(&self) -> usize {
         self.ops.len()
@@ -74,6 +86,16 @@ impl WriteBatch {
     /// Removes every write, keeping the allocation.
     pub fn clear(&mut self) {
         self.ops.clear();
+    }
+
+    fn push_hash(&mut self, store: &HashStore, key: &[u8], value: Option<&[u8]>) {
+        let a = store.attached();
+        self.ops.push(BatchOp {
+            keyspace: a.keyspace,
+            db: std::sync::Arc::as_ptr(&a.journal) as usize,
+            key: key.to_vec(),
+            value: value.map(<[u8]>::to_vec),
+        });
     }
 
     fn push(&mut self, tree: &Tree, key: &[u8], value: Option<&[u8]>) {

@@ -13,6 +13,10 @@
 //!   keyspace count (u32)
 //!   per keyspace: id (u32), leaf count (u64),
 //!                 per leaf: page slot (u64), low key length (u16), low key
+//!   hash keyspace count (u32)                                  (version 2 on)
+//!   per hash keyspace: id (u32); the hot log's begin and tail, its index's home
+//!                 buckets; the cold log's begin and tail; the chunk log's begin and
+//!                 tail, the chunk table's home buckets (u64 each)
 //! trailer:
 //!   body length (u64), crc32c of the body (u32)
 //! ```
@@ -29,11 +33,14 @@ use std::path::{Path, PathBuf};
 
 use super::manifest::{named, sync_dir};
 use crate::error::{Error, Result};
+use crate::hash::f2::F2Extents;
+use crate::hash::hlog::LogExtent;
 use crate::wal::{Cursor, LogPosition};
 
 const MAGIC: [u8; 8] = *b"BFDBCKPT";
-/// The checkpoint format this build reads and writes.
-pub(crate) const CHECKPOINT_VERSION: u32 = 1;
+/// The checkpoint format this build writes. It reads this one and version 1 (before
+/// hash keyspaces, which has no hash section).
+pub(crate) const CHECKPOINT_VERSION: u32 = 2;
 const TRAILER_BYTES: usize = 12;
 
 /// One keyspace's leaves in a checkpoint.
@@ -50,6 +57,51 @@ pub(crate) struct Checkpoint {
     pub(crate) generation: u64,
     pub(crate) position: LogPosition,
     pub(crate) keyspaces: Vec<KeyspaceLeaves>,
+    /// Each hash keyspace's logs, by keyspace id.
+    pub(crate) hash: Vec<(u32, F2Extents)>,
+}
+
+/// The numbers of a hash keyspace's record, in file order.
+fn extent_fields(e: &F2Extents) -> [u64; 8] {
+    [
+        e.hot.begin,
+        e.hot.tail,
+        e.hot_buckets,
+        e.cold.begin,
+        e.cold.tail,
+        e.chunks.begin,
+        e.chunks.tail,
+        e.chunk_buckets,
+    ]
+}
+
+fn extents_from(f: [u64; 8]) -> F2Extents {
+    let [
+        hot_begin,
+        hot_tail,
+        hot_buckets,
+        cold_begin,
+        cold_tail,
+        chunks_begin,
+        chunks_tail,
+        chunk_buckets,
+    ] = f;
+    F2Extents {
+        hot: LogExtent {
+            begin: hot_begin,
+            tail: hot_tail,
+        },
+        hot_buckets,
+        cold: LogExtent {
+            begin: cold_begin,
+            tail: cold_tail,
+        },
+        chunks: LogExtent {
+            begin: chunks_begin,
+            tail: chunks_tail,
+        },
+        chunk_buckets,
+    }
 }
 
 /// The file name of checkpoint `generation`.
@@ -79,6 +131,13 @@ impl Checkpoint {
                 b.extend_from_slice(&slot.to_le_bytes());
                 b.extend_from_slice(&(low.len() as u16).to_le_bytes());
                 b.extend_from_slice(low);
+            }
+        }
+        b.extend_from_slice(&(self.hash.len() as u32).to_le_bytes());
+        for (id, extents) in &self.hash {
+            b.extend_from_slice(&id.to_le_bytes());
+            for n in extent_fields(extents) {
+                b.extend_from_slice(&n.to_le_bytes());
             }
         }
         let crc = crc32c::crc32c(&b);
@@ -124,11 +183,11 @@ impl Checkpoint {
         }
         let truncated = || corrupt("truncated body".into());
         let version = r.u32().ok_or_else(truncated)?;
-        if version != CHECKPOINT_VERSION {
+        if version != CHECKPOINT_VERSION && version != 1 {
             return Err(Error::Incompatible {
                 reason: format!(
                     "{} is checkpoint format version {version}; this build reads version \
-                     {CHECKPOINT_VERSION}",
+                     {CHECKPOINT_VERSION} and 1",
                     path.display()
                 ),
             });
@@ -153,6 +212,18 @@ impl Checkpoint {
             }
             keyspaces.push(KeyspaceLeaves { id, leaves });
         }
+        let mut hash = Vec::new();
+        if version >= 2 {
+            let count = r.u32().ok_or_else(truncated)?;
+            for _ in 0..count {
+                let id = r.u32().ok_or_else(truncated)?;
+                let mut fields = [0u64; 8];
+                for f in &mut fields {
+                    *f = r.u64().ok_or_else(truncated)?;
+                }
+                hash.push((id, extents_from(fields)));
+            }
+        }
         if !r.bytes.is_empty() {
             return Err(corrupt(format!(
                 "{} bytes after the last keyspace",
@@ -163,6 +234,7 @@ impl Checkpoint {
             generation,
             position,
             keyspaces,
+            hash,
         })
     }
 
@@ -221,6 +293,7 @@ mod tests {
                     leaves: vec![(vec![], 3)],
                 },
             ],
+            hash: vec![(5, extents_from([64, 9000, 1024, 64, 4096, 128, 70000, 256]))],
         }
     }
 

@@ -13,7 +13,11 @@
 //!           largest key and value a write may have had (u32, u32): the options'
 //!             limits when written, never lowered
 //!           keyspace count (u32)
-//!           per keyspace: id (u32), kind (u8: 1 = tree), name length (u16), name (UTF-8)
+//!           per keyspace: id (u32), kind (u8: 1 = tree, 2 = hash store), name length
+//!                         (u16), name (UTF-8), and for a hash store its layout:
+//!                         memory bytes, expected keys, hot and cold log disk bytes
+//!                         (u64 each), compaction threads (u16), log2 of the page size
+//!                         of the hot, cold and chunk logs (u8 each)
 //!           checkpoint count (u8, at most 2), newest first
 //!           per checkpoint: generation (u64, at most 2^62), log position block (u64) and sequence
 //!                           number (u64)
@@ -40,6 +44,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::hash::store::{HashLayout, HashStoreOptions};
 use crate::wal::{Cursor, LogPosition};
 
 /// The manifest's file name in the database directory.
@@ -55,9 +60,21 @@ const HEADER_BYTES: usize = 20;
 pub(crate) const MAX_NAME_BYTES: usize = 255;
 
 /// The kind of index a keyspace is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum KeyspaceKind {
-    Tree = 1,
+    /// An ordered [`Tree`](crate::Tree).
+    Tree,
+    /// A [`HashStore`](crate::HashStore) of this layout.
+    Hash(HashLayout),
+}
+
+impl KeyspaceKind {
+    fn code(&self) -> u8 {
+        match self {
+            KeyspaceKind::Tree => 1,
+            KeyspaceKind::Hash(_) => 2,
+        }
+    }
 }
 
 /// One keyspace of the catalog.
@@ -119,9 +136,22 @@ impl Manifest {
         body.extend_from_slice(&(self.keyspaces.len() as u32).to_le_bytes());
         for (name, entry) in &self.keyspaces {
             body.extend_from_slice(&entry.id.to_le_bytes());
-            body.push(entry.kind as u8);
+            body.push(entry.kind.code());
             body.extend_from_slice(&(name.len() as u16).to_le_bytes());
             body.extend_from_slice(name.as_bytes());
+            if let KeyspaceKind::Hash(layout) = &entry.kind {
+                let o = &layout.options;
+                for n in [
+                    o.memory_bytes,
+                    o.expected_keys,
+                    o.hot_log_disk_bytes,
+                    o.cold_log_disk_bytes,
+                ] {
+                    body.extend_from_slice(&n.to_le_bytes());
+                }
+                body.extend_from_slice(&(o.compaction_threads as u16).to_le_bytes());
+                body.extend_from_slice(&layout.page_bits);
+            }
         }
         body.push(self.checkpoints.len() as u8);
         for c in &self.checkpoints {
@@ -190,13 +220,38 @@ impl Manifest {
         let mut keyspaces = BTreeMap::new();
         for _ in 0..count {
             let id = r.u32().ok_or_else(truncated)?;
-            let kind = match r.u8().ok_or_else(truncated)? {
-                1 => KeyspaceKind::Tree,
-                other => return Err(format!("keyspace {id} has unknown kind {other}")),
-            };
+            let code = r.u8().ok_or_else(truncated)?;
             let len = usize::from(r.u16().ok_or_else(truncated)?);
             let name = std::str::from_utf8(r.take(len).ok_or_else(truncated)?)
                 .map_err(|_| format!("keyspace {id}'s name is not UTF-8"))?;
+            let kind = match code {
+                1 => KeyspaceKind::Tree,
+                2 => {
+                    let mut n = [0u64; 4];
+                    for v in &mut n {
+                        *v = r.u64().ok_or_else(truncated)?;
+                    }
+                    let threads = usize::from(r.u16().ok_or_else(truncated)?);
+                    let bits: [u8; 3] = r
+                        .take(3)
+                        .and_then(|b| b.try_into().ok())
+                        .ok_or_else(truncated)?;
+                    let layout = HashLayout {
+                        options: HashStoreOptions::default()
+                            .memory_bytes(n[0])
+                            .expected_keys(n[1])
+                            .hot_log_disk_bytes(n[2])
+                            .cold_log_disk_bytes(n[3])
+                            .compaction_threads(threads),
+                        page_bits: bits,
+                    };
+                    layout
+                        .check()
+                        .map_err(|e| format!("hash keyspace {id}'s layout: {e}"))?;
+                    KeyspaceKind::Hash(layout)
+                }
+                other => return Err(format!("keyspace {id} has unknown kind {other}")),
+            };
             if id == 0 || id >= next_id {
                 return Err(format!("keyspace id {id} is out of range 1..{next_id}"));
             }
@@ -311,6 +366,16 @@ mod tests {
                 },
             );
         }
+        m.keyspaces.insert(
+            "counts".to_string(),
+            KeyspaceEntry {
+                id: 6,
+                kind: KeyspaceKind::Hash(
+                    HashLayout::new(HashStoreOptions::default().memory_bytes(3 << 20), 4096)
+                        .unwrap(),
+                ),
+            },
+        );
         m.next_id = 7;
         m.max_key_bytes = 512;
         m.max_value_bytes = 2048;

@@ -39,6 +39,10 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::hash::f2::F2Extents;
+use crate::hash::store::{
+    self as hash_store, HashAttached, HashFiles, HashLayout, HashStore, HashStoreOptions,
+};
 use crate::journal::{Durability, Journal};
 use crate::storage::{
     ActiveBackend, DirLog, LOG_BLOCK_BYTES, LogDevice, PageNo, PinSet, ShadowStore, SimPages,
@@ -241,11 +245,45 @@ enum Pages {
     Sim(Arc<SimPages>),
 }
 
-/// One open keyspace: its tree and the shadow store under it.
+/// One open keyspace.
 #[derive(Clone)]
-struct Keyspace {
-    tree: Arc<Tree>,
-    shadow: Arc<ShadowStore>,
+enum Keyspace {
+    /// A tree and the shadow store under it.
+    Tree {
+        tree: Arc<Tree>,
+        shadow: Arc<ShadowStore>,
+    },
+    /// A hash store.
+    Hash(Arc<HashStore>),
+}
+
+impl Keyspace {
+    /// Checks a write against the keyspace's limits.
+    fn check_record(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        match self {
+            Keyspace::Tree { tree, .. } => tree.check_record(key, value),
+            Keyspace::Hash(store) => store.check_record(key, value),
+        }
+    }
+
+    /// Writes with no log record (recovery's replay, and batches, logged as a whole).
+    fn write_unlogged(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        match self {
+            Keyspace::Tree { tree, .. } => tree.write_unlogged(key, value),
+            Keyspace::Hash(store) => store.write_unlogged(key, value),
+        }
+    }
+
+    /// Marks the keyspace dropped: its handles refuse writes from now on.
+    fn mark_dropped(&self) {
+        let dropped = match self {
+            Keyspace::Tree { tree, .. } => tree.attached().map(|a| &a.dropped),
+            Keyspace::Hash(store) => Some(&store.attached().dropped),
+        };
+        if let Some(d) = dropped {
+            d.store(true, Ordering::Release);
+        }
+    }
 }
 
 /// The keyspaces, by name and by id.
@@ -254,11 +292,13 @@ struct Catalog {
     keyspaces: HashMap<u32, Keyspace>,
 }
 
-/// A committed checkpoint the database keeps, with the slots it pinned per keyspace.
+/// A committed checkpoint the database keeps, with the slots it pinned per tree
+/// keyspace and the log extents it holds per hash keyspace.
 struct Kept {
     generation: u64,
     position: LogPosition,
     pins: HashMap<u32, PinSet>,
+    hash: HashMap<u32, F2Extents>,
 }
 
 /// The checkpoints kept, newest first, and what the next one needs.
@@ -546,11 +586,44 @@ impl Db {
             .collect()
     }
 
-    /// Drops keyspace `name` and everything in it; `false` if there was none. Handles
-    /// to it still read what it held, and refuse writes with
-    /// [`Error::KeyspaceDropped`]. The drop is durable when the call returns.
+    /// Drops tree keyspace `name` and everything in it; `false` if there was none.
+    /// Handles to it still read what it held, and refuse writes with
+    /// [`Error::KeyspaceDropped`]. The drop is durable when the call returns. A hash
+    /// store is dropped with [`Db::drop_hash_store`].
     pub fn drop_tree(&self, name: &str) -> Result<bool> {
-        self.shared.drop_tree(name)
+        self.shared.drop_keyspace(name, false)
+    }
+
+    /// The hash keyspace `name` ([`HashStore`]), created (durably, in the manifest)
+    /// with [`HashStoreOptions::default`] if it does not exist.
+    pub fn hash_store(&self, name: &str) -> Result<Arc<HashStore>> {
+        self.hash_store_with(name, HashStoreOptions::default())
+    }
+
+    /// The hash keyspace `name`, created with `options` if it does not exist (an
+    /// existing one keeps the options it was created with). A name that holds a tree
+    /// is refused with [`Error::InvalidConfig`], as [`Db::tree`] refuses a hash store's.
+    ///
+    /// ```
+    /// use bfdb::{Db, DbOptions, HashStoreOptions};
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = Db::open(dir.path(), DbOptions::default())?;
+    /// let sessions = db.hash_store_with(
+    ///     "sessions",
+    ///     HashStoreOptions::default().memory_bytes(16 << 20).expected_keys(100_000),
+    /// )?;
+    /// sessions.insert(b"user-17", b"token")?;
+    /// assert!(db.tree("sessions").is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn hash_store_with(&self, name: &str, options: HashStoreOptions) -> Result<Arc<HashStore>> {
+        self.shared.hash_store(name, options)
+    }
+
+    /// Drops hash keyspace `name` and everything in it, as [`Db::drop_tree`] drops a
+    /// tree; `false` if there was none.
+    pub fn drop_hash_store(&self, name: &str) -> Result<bool> {
+        self.shared.drop_keyspace(name, true)
     }
 
     /// Applies `batch` atomically at the database's default durability
@@ -702,12 +775,22 @@ impl Shared {
                 generation: c.generation,
                 position: c.position,
                 pins: HashMap::new(),
+                hash: c.hash.iter().copied().collect(),
             })
             .collect();
         // Every kept checkpoint's slots of a keyspace stay pinned.
         let mut keyspaces = HashMap::new();
         for (name, entry) in &manifest.keyspaces {
-            let KeyspaceKind::Tree = entry.kind;
+            if let KeyspaceKind::Hash(layout) = &entry.kind {
+                let floors = kept_floors(&kept, entry.id);
+                let extents = loaded
+                    .first()
+                    .and_then(|c| c.hash.iter().find(|(id, _)| *id == entry.id))
+                    .map(|(_, e)| (e, floors));
+                let store = self.open_hash_store(name, entry.id, layout, extents)?;
+                keyspaces.insert(entry.id, Keyspace::Hash(store));
+                continue;
+            }
             let pinned: Vec<PinSet> = loaded
                 .iter()
                 .filter_map(|c| {
@@ -819,10 +902,75 @@ impl Shared {
             durability: self.options.durability,
             dropped: AtomicBool::new(false),
         });
-        Ok(Keyspace {
+        Ok(Keyspace::Tree {
             tree: Arc::new(tree),
             shadow,
         })
+    }
+
+    /// Opens hash keyspace `id`: as a checkpoint's `extents` recorded it (with the
+    /// floors its kept checkpoints need), or empty — in which case any log files it has
+    /// (a crash before a checkpoint recorded it left them) are removed first.
+    fn open_hash_store(
+        &self,
+        name: &str,
+        id: u32,
+        layout: &HashLayout,
+        extents: Option<(&F2Extents, [u64; 3])>,
+    ) -> Result<Arc<HashStore>> {
+        if extents.is_none() {
+            self.remove_hash_files(id)?;
+        }
+        let files = match &self.pages {
+            Pages::Files => HashFiles::Dir {
+                dir: &self.dir,
+                direct: !matches!(self.options.config.backend, crate::config::Backend::Std),
+            },
+            Pages::Sim(sim) => HashFiles::Sim(sim),
+        };
+        let attached = HashAttached {
+            journal: Arc::clone(&self.journal),
+            keyspace: id,
+            name: name.to_string(),
+            durability: self.options.durability,
+            dropped: AtomicBool::new(false),
+            max_key_bytes: self.options.config.max_key_bytes,
+            max_value_bytes: self.options.config.max_value_bytes,
+        };
+        let store = HashStore::open(layout, files, extents, attached).map_err(|e| match e {
+            Error::Corrupted { reason, .. } => Error::CorruptFile {
+                path: self.dir.join(hash_store::file_prefix(id, "*")),
+                reason,
+            },
+            other => other,
+        })?;
+        Ok(Arc::new(store))
+    }
+
+    /// Removes every log file of hash keyspace `id`.
+    fn remove_hash_files(&self, id: u32) -> Result<()> {
+        match &self.pages {
+            Pages::Files => {
+                let entries = std::fs::read_dir(&self.dir)
+                    .map_err(|e| Error::Io(manifest::named(&self.dir, e)))?;
+                for entry in entries {
+                    let entry = entry.map_err(|e| Error::Io(manifest::named(&self.dir, e)))?;
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if hash_store::is_file_of(&name, id) {
+                        std::fs::remove_file(entry.path())
+                            .map_err(|e| Error::Io(manifest::named(&entry.path(), e)))?;
+                    }
+                }
+            }
+            Pages::Sim(sim) => {
+                for name in sim.block_names() {
+                    if hash_store::is_file_of(&name, id) {
+                        sim.remove_blocks(&name);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Replays the recovered log records into the keyspaces, in log order.
@@ -843,13 +991,13 @@ impl Shared {
                     skipped += 1;
                     continue;
                 };
-                ks.tree.check_record(key, value).map_err(|e| {
+                ks.check_record(key, value).map_err(|e| {
                     Error::InvalidConfig(format!(
                         "the log holds a write that these options refuse ({e}); open the \
                          database with limits at least those it was written with"
                     ))
                 })?;
-                ks.tree.write_unlogged(key, value)?;
+                ks.write_unlogged(key, value)?;
                 replayed += 1;
             }
         }
@@ -870,8 +1018,17 @@ impl Shared {
         let live_pages: Vec<String> = manifest
             .keyspaces
             .values()
+            .filter(|e| e.kind == KeyspaceKind::Tree)
             .map(|e| page_file(e.id))
             .collect();
+        let live_hash: Vec<u32> = manifest
+            .keyspaces
+            .values()
+            .filter(|e| matches!(e.kind, KeyspaceKind::Hash(_)))
+            .map(|e| e.id)
+            .collect();
+        let stale_hash =
+            |name: &str| hash_store::file_owner(name).is_some_and(|id| !live_hash.contains(&id));
         let entries =
             std::fs::read_dir(&self.dir).map_err(|e| Error::Io(manifest::named(&self.dir, e)))?;
         // Checkpoints older than the oldest one kept were superseded: a crash between a
@@ -889,7 +1046,8 @@ impl Shared {
                 && name.starts_with("ks-")
                 && name.ends_with(".pages")
                 && !live_pages.contains(&name);
-            if name.ends_with(".tmp") || uncommitted || superseded || stale_pages {
+            let stale_log = matches!(self.pages, Pages::Files) && stale_hash(&name);
+            if name.ends_with(".tmp") || uncommitted || superseded || stale_pages || stale_log {
                 std::fs::remove_file(entry.path())
                     .map_err(|e| Error::Io(manifest::named(&entry.path(), e)))?;
             }
@@ -900,13 +1058,34 @@ impl Shared {
                     sim.remove(&name);
                 }
             }
+            for name in sim.block_names() {
+                if stale_hash(&name) {
+                    sim.remove_blocks(&name);
+                }
+            }
         }
         Ok(())
     }
 
     fn tree(&self, name: &str) -> Result<Arc<Tree>> {
-        if let Some(tree) = self.lookup(name) {
-            return Ok(tree);
+        match self.keyspace(name, None)? {
+            Keyspace::Tree { tree, .. } => Ok(tree),
+            Keyspace::Hash(_) => Err(wrong_kind(name, "a hash store", "Db::hash_store")),
+        }
+    }
+
+    fn hash_store(&self, name: &str, options: HashStoreOptions) -> Result<Arc<HashStore>> {
+        match self.keyspace(name, Some(options))? {
+            Keyspace::Hash(store) => Ok(store),
+            Keyspace::Tree { .. } => Err(wrong_kind(name, "a tree", "Db::tree")),
+        }
+    }
+
+    /// Keyspace `name`, created if there is none: a hash store with `hash` options if
+    /// they are given, else a tree.
+    fn keyspace(&self, name: &str, hash: Option<HashStoreOptions>) -> Result<Keyspace> {
+        if let Some(ks) = self.lookup(name) {
+            return Ok(ks);
         }
         if name.is_empty() || name.len() > MAX_NAME_BYTES {
             return Err(Error::InvalidConfig(format!(
@@ -914,51 +1093,73 @@ impl Shared {
                 name.len()
             )));
         }
+        let kind = match hash {
+            Some(options) => {
+                let c = &self.options.config;
+                // The largest record: a header, the longest key and the longest value.
+                let record = 16 + c.max_key_bytes as u64 + c.max_value_bytes as u64;
+                KeyspaceKind::Hash(HashLayout::new(options, record)?)
+            }
+            None => KeyspaceKind::Tree,
+        };
         let mut catalog = self.catalog.write();
         if let Some(entry) = catalog.manifest.keyspaces.get(name) {
-            return Ok(Arc::clone(&catalog.keyspaces[&entry.id].tree));
+            return Ok(catalog.keyspaces[&entry.id].clone());
         }
         let entry = KeyspaceEntry {
             id: catalog.manifest.next_id,
-            kind: KeyspaceKind::Tree,
+            kind,
         };
         let next_id = entry.id.checked_add(1).ok_or_else(|| {
             Error::Unsupported("the database has used all 2^32 keyspace ids".into())
         })?;
-        let keyspace = self.open_keyspace(name, &entry, None, &[])?;
+        let keyspace = match &entry.kind {
+            KeyspaceKind::Tree => self.open_keyspace(name, &entry, None, &[])?,
+            KeyspaceKind::Hash(layout) => {
+                Keyspace::Hash(self.open_hash_store(name, entry.id, layout, None)?)
+            }
+        };
         let mut manifest = catalog.manifest.clone();
         manifest.next_id = next_id;
         manifest.keyspaces.insert(name.to_string(), entry.clone());
         // Durable before the first write to it can be logged.
         manifest.store(&self.dir)?;
         catalog.manifest = manifest;
-        let tree = Arc::clone(&keyspace.tree);
-        catalog.keyspaces.insert(entry.id, keyspace);
-        Ok(tree)
+        catalog.keyspaces.insert(entry.id, keyspace.clone());
+        Ok(keyspace)
     }
 
-    fn lookup(&self, name: &str) -> Option<Arc<Tree>> {
+    fn lookup(&self, name: &str) -> Option<Keyspace> {
         let catalog = self.catalog.read();
         let entry = catalog.manifest.keyspaces.get(name)?;
-        catalog
-            .keyspaces
-            .get(&entry.id)
-            .map(|k| Arc::clone(&k.tree))
+        catalog.keyspaces.get(&entry.id).cloned()
     }
 
-    fn drop_tree(&self, name: &str) -> Result<bool> {
+    /// Drops keyspace `name` if it is of the kind `hash` says; `false` if there is none.
+    fn drop_keyspace(&self, name: &str, hash: bool) -> Result<bool> {
         let mut catalog = self.catalog.write();
         let Some(entry) = catalog.manifest.keyspaces.get(name).cloned() else {
             return Ok(false);
         };
+        match (&entry.kind, hash) {
+            (KeyspaceKind::Tree, true) => {
+                return Err(wrong_kind(name, "a tree", "Db::drop_tree"));
+            }
+            (KeyspaceKind::Hash(_), false) => {
+                return Err(wrong_kind(name, "a hash store", "Db::drop_hash_store"));
+            }
+            _ => {}
+        }
         let mut manifest = catalog.manifest.clone();
         manifest.keyspaces.remove(name);
         manifest.store(&self.dir)?;
         catalog.manifest = manifest;
-        if let Some(ks) = catalog.keyspaces.remove(&entry.id)
-            && let Some(a) = ks.tree.attached()
-        {
-            a.dropped.store(true, Ordering::Release);
+        if let Some(ks) = catalog.keyspaces.remove(&entry.id) {
+            ks.mark_dropped();
+        }
+        if hash {
+            // Handles to it still read: only the files' names go; an open file lives on.
+            return self.remove_hash_files(entry.id).map(|()| true);
         }
         match &self.pages {
             Pages::Files => {
@@ -979,7 +1180,7 @@ impl Shared {
             return Ok(());
         }
         let me = Arc::as_ptr(&self.journal) as usize;
-        let trees = {
+        let targets = {
             let catalog = self.catalog.read();
             batch
                 .ops
@@ -992,15 +1193,15 @@ impl Shared {
                                 .into(),
                         ));
                     }
-                    let tree = catalog
+                    let ks = catalog
                         .keyspaces
                         .get(&op.keyspace)
-                        .map(|k| Arc::clone(&k.tree))
+                        .cloned()
                         .ok_or_else(|| Error::KeyspaceDropped {
                             name: format!("#{}", op.keyspace),
                         })?;
-                    tree.check_record(&op.key, op.value.as_deref())?;
-                    Ok(tree)
+                    ks.check_record(&op.key, op.value.as_deref())?;
+                    Ok(ks)
                 })
                 .collect::<Result<Vec<_>>>()?
         };
@@ -1026,8 +1227,8 @@ impl Shared {
             level => level,
         };
         self.journal.commit(&ops, durability, || {
-            for (op, tree) in batch.ops.iter().zip(&trees) {
-                tree.write_unlogged(&op.key, op.value.as_deref())?;
+            for (op, ks) in batch.ops.iter().zip(&targets) {
+                ks.write_unlogged(&op.key, op.value.as_deref())?;
             }
             Ok(())
         })
@@ -1081,18 +1282,26 @@ impl Shared {
         // The keyspaces after the position: one created before it (and so possibly
         // written below it) is in the catalog by now; one created later has no record
         // below it, and recovery starts it empty and replays all of it.
-        let keyspaces: Vec<(u32, Keyspace)> = self
-            .catalog
-            .read()
-            .keyspaces
-            .iter()
-            .map(|(id, k)| (*id, k.clone()))
-            .collect();
-        // 2. Every record in a tree's memory reaches its pages (copy-on-write of pinned
-        //    slots keeps the kept checkpoints' pages as they were).
-        for (_, ks) in &keyspaces {
-            ks.tree.flush()?;
+        let (mut keyspaces, mut hashes) = (Vec::new(), Vec::new());
+        for (id, ks) in &self.catalog.read().keyspaces {
+            match ks {
+                Keyspace::Tree { tree, shadow } => {
+                    keyspaces.push((*id, Arc::clone(tree), Arc::clone(shadow)));
+                }
+                Keyspace::Hash(store) => hashes.push((*id, Arc::clone(store))),
+            }
         }
+        // 2. Every record in a tree's memory reaches its pages (copy-on-write of pinned
+        //    slots keeps the kept checkpoints' pages as they were); every hash store's
+        //    logs are flushed and synced, and their extents recorded (segments a kept
+        //    checkpoint needs are never deleted).
+        for (_, tree, _) in &keyspaces {
+            tree.flush()?;
+        }
+        let hash: Vec<(u32, F2Extents)> = hashes
+            .iter()
+            .map(|(id, store)| Ok((*id, store.checkpoint()?)))
+            .collect::<Result<_>>()?;
         self.crash_point(CheckpointCrashPoint::AfterFlush)?;
         // 3. Record every tree's leaves in key order, pinning each one's slot.
         let mut pins: HashMap<u32, PinSet> = HashMap::new();
@@ -1100,21 +1309,22 @@ impl Shared {
             generation,
             position,
             keyspaces: Vec::new(),
+            hash,
         };
-        let captured = keyspaces.iter().try_for_each(|(id, ks)| {
+        let captured = keyspaces.iter().try_for_each(|(id, tree, shadow)| {
             let mut leaves = Vec::new();
             let set = pins.entry(*id).or_insert_with(|| PinSet {
                 generation,
                 slots: Vec::new(),
             });
-            let result = ks.tree.capture_leaves(|low, no| {
+            let result = tree.capture_leaves(|low, no| {
                 if low.is_empty() {
                     // The walk starts (or, after a redistribution moved a boundary it
                     // relied on, starts over). Slots pinned by an abandoned walk stay in
                     // the pin set, to be unpinned with it.
                     leaves.clear();
                 }
-                let slot = ks.shadow.pin(no, generation)?;
+                let slot = shadow.pin(no, generation)?;
                 set.slots.push(slot);
                 leaves.push((low.to_vec(), slot));
                 Ok(())
@@ -1130,9 +1340,9 @@ impl Shared {
             Ok(()) => {}
             Err(Uncommitted::Before(e)) => {
                 // Not committed: its pins protect nothing.
-                for (id, ks) in &keyspaces {
+                for (id, _, shadow) in &keyspaces {
                     if let Some(set) = pins.get(id) {
-                        let _ = ks.shadow.unpin(set);
+                        let _ = shadow.unpin(set);
                     }
                 }
                 return Err(e);
@@ -1151,6 +1361,7 @@ impl Shared {
                 generation,
                 position,
                 pins,
+                hash: ckpt.hash.iter().copied().collect(),
             },
         );
         let keep = KEPT_CHECKPOINTS.min(c.kept.len());
@@ -1163,9 +1374,9 @@ impl Shared {
                 .kept
                 .iter()
                 .any(|k| PinSet::share_bit(k.generation, old.generation));
-            for (id, ks) in keyspaces.iter().filter(|_| !shared) {
+            for (id, _, shadow) in keyspaces.iter().filter(|_| !shared) {
                 if let Some(set) = old.pins.get(id) {
-                    ks.shadow.unpin(set)?;
+                    shadow.unpin(set)?;
                 }
             }
             let path = checkpoint::path(&self.dir, old.generation);
@@ -1174,6 +1385,10 @@ impl Shared {
             {
                 return Err(Error::Io(manifest::named(&path, e)));
             }
+        }
+        // The hash stores' log segments below what the kept checkpoints need go.
+        for (id, store) in &hashes {
+            store.retain_from(kept_floors(&c.kept, *id))?;
         }
         if let Some(oldest) = c.kept.last() {
             self.journal
@@ -1195,13 +1410,13 @@ impl Shared {
     /// checkpoint file written, and the manifest naming it.
     fn commit_checkpoint(
         &self,
-        keyspaces: &[(u32, Keyspace)],
+        keyspaces: &[(u32, Arc<Tree>, Arc<ShadowStore>)],
         ckpt: &Checkpoint,
     ) -> std::result::Result<(), Uncommitted> {
         let before = || -> std::result::Result<(), Uncommitted> {
-            for (_, ks) in keyspaces {
+            for (_, _, shadow) in keyspaces {
                 use crate::storage::PageStore;
-                ks.shadow.sync().map_err(Error::from)?;
+                shadow.sync().map_err(Error::from)?;
             }
             self.crash_point(CheckpointCrashPoint::AfterPageSync)?;
             self.journal.persist()?;
@@ -1350,13 +1565,41 @@ pub fn fuzz_decode_files(bytes: &[u8]) {
             "a manifest that decodes encodes back as it was"
         );
     }
-    if let Ok(c) = Checkpoint::decode(path, bytes) {
+    // A checkpoint of the older version decodes too, and encodes as the current one.
+    let current = bytes.get(8..12) == Some(&checkpoint::CHECKPOINT_VERSION.to_le_bytes()[..]);
+    if let Ok(c) = Checkpoint::decode(path, bytes)
+        && current
+    {
         assert_eq!(
             c.encode(),
             bytes,
             "a checkpoint that decodes encodes back as it was"
         );
     }
+}
+
+/// The error for keyspace `name` asked for as the wrong kind.
+fn wrong_kind(name: &str, is: &str, use_instead: &str) -> Error {
+    Error::InvalidConfig(format!(
+        "keyspace {name:?} is {is}: open it with {use_instead}"
+    ))
+}
+
+/// The lowest BEGIN of each of hash keyspace `id`'s logs that a kept checkpoint needs
+/// (0 for a log none records: keep everything).
+fn kept_floors(kept: &[Kept], id: u32) -> [u64; 3] {
+    // A kept checkpoint from before the keyspace existed needs none of it (recovery
+    // from it starts the keyspace empty); one that records it needs what it records.
+    let recorded: Vec<&F2Extents> = kept.iter().filter_map(|k| k.hash.get(&id)).collect();
+    if recorded.is_empty() {
+        return [0; 3];
+    }
+    let low = |f: fn(&F2Extents) -> u64| recorded.iter().map(|e| f(e)).min().unwrap_or(0);
+    [
+        low(|e| e.hot.begin),
+        low(|e| e.cold.begin),
+        low(|e| e.chunks.begin),
+    ]
 }
 
 /// The page file of keyspace `id`.

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::bucket::{INVALID_ADDRESS, KeyHash};
 use super::device::LogPages;
 use super::epoch::{Epoch, EpochGuard};
-use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog};
+use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog, LogExtent};
 use super::hot::{HotLog, Step, hash_key};
 use super::record::{Header, record_size_bytes};
 use crate::error::{Error, Result};
@@ -53,14 +53,40 @@ impl ColdIndex {
         device: Arc<dyn LogPages>,
         epoch: Arc<Epoch>,
     ) -> Result<ColdIndex> {
-        let chunk_count = expected_keys
-            .div_ceil(CHUNK_ENTRIES as u64)
-            .max(1)
-            .next_power_of_two();
+        let chunk_count = Self::chunks_for(expected_keys);
         Ok(ColdIndex {
             chunks: HotLog::with_epoch(chunk_count, log, device, epoch)?,
             chunk_count,
         })
+    }
+
+    /// Chunks for about `expected_keys` cold keys: a power of two.
+    pub(crate) fn chunks_for(expected_keys: u64) -> u64 {
+        expected_keys
+            .div_ceil(CHUNK_ENTRIES as u64)
+            .max(1)
+            .next_power_of_two()
+    }
+
+    /// The index a checkpoint captured: its chunk store recovered from `extent` with a
+    /// chunk table of `buckets` buckets ([`HotLog::recover`]).
+    pub(crate) fn recover(
+        expected_keys: u64,
+        log: HlogOptions,
+        device: Arc<dyn LogPages>,
+        epoch: Arc<Epoch>,
+        extent: LogExtent,
+        buckets: usize,
+    ) -> Result<ColdIndex> {
+        Ok(ColdIndex {
+            chunks: HotLog::recover(buckets, log, device, epoch, extent)?,
+            chunk_count: Self::chunks_for(expected_keys),
+        })
+    }
+
+    /// The store the chunks live in.
+    pub(crate) fn chunks(&self) -> &HotLog {
+        &self.chunks
     }
 
     /// (chunk number, entry within it) of a key hash: the low bits choose the chunk,
@@ -181,6 +207,30 @@ impl ColdLog {
         Ok(ColdLog {
             log: HybridLog::new(log, device, Arc::clone(&epoch))?,
             index: ColdIndex::new(expected_keys, index_log, index_device, epoch)?,
+            #[cfg(test)]
+            after_find_hook: crate::sync::Mutex::new(None),
+        })
+    }
+
+    /// The cold log a checkpoint captured: the log as `extent`, its index as
+    /// `index_extent` with a chunk table of `buckets` buckets.
+    pub(crate) fn recover(
+        expected_keys: u64,
+        (log, device, extent): (HlogOptions, Arc<dyn LogPages>, LogExtent),
+        (index_log, index_device, index_extent): (HlogOptions, Arc<dyn LogPages>, LogExtent),
+        buckets: usize,
+        epoch: Arc<Epoch>,
+    ) -> Result<ColdLog> {
+        Ok(ColdLog {
+            log: HybridLog::recover(log, device, Arc::clone(&epoch), extent)?,
+            index: ColdIndex::recover(
+                expected_keys,
+                index_log,
+                index_device,
+                epoch,
+                index_extent,
+                buckets,
+            )?,
             #[cfg(test)]
             after_find_hook: crate::sync::Mutex::new(None),
         })

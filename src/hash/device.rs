@@ -20,6 +20,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::sync::Mutex;
 
@@ -97,9 +98,16 @@ impl FilePages {
                 options.custom_flags(libc::O_DIRECT);
             }
             let path = self.path(segment);
-            let file = options
-                .open(&path)
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            let file = match options.open(&path) {
+                // A filesystem that refuses O_DIRECT (tmpfs) gets buffered IO.
+                Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                    let mut buffered = OpenOptions::new();
+                    buffered.read(true).write(true).create(create);
+                    buffered.open(&path)
+                }
+                other => other,
+            }
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
             slot.insert(file);
         }
         if create && !state.dirty.contains(&segment) {
@@ -177,6 +185,72 @@ impl LogPages for FilePages {
     }
 }
 
+impl LogPages for crate::storage::SimBlocks {
+    fn write(&self, address: u64, bytes: &[u8]) -> io::Result<()> {
+        crate::storage::SimBlocks::write(self, address, bytes)
+    }
+
+    fn read(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
+        crate::storage::SimBlocks::read(self, address, buf)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        crate::storage::SimBlocks::sync(self)
+    }
+
+    fn truncate_before(&self, address: u64) -> io::Result<()> {
+        self.discard_below(address);
+        Ok(())
+    }
+}
+
+/// A device whose truncations stop at a floor: the part of the log that a checkpoint
+/// still kept needs stays on the device until that checkpoint is retired (a log's BEGIN
+/// may move past it meanwhile; nothing reads below BEGIN).
+pub(crate) struct Retaining {
+    inner: Arc<dyn LogPages>,
+    /// (the highest truncation asked for, the floor).
+    state: Mutex<(u64, u64)>,
+}
+
+impl Retaining {
+    /// `inner`, keeping everything from `floor` up (0 keeps everything).
+    pub(crate) fn new(inner: Arc<dyn LogPages>, floor: u64) -> Retaining {
+        Retaining {
+            inner,
+            state: Mutex::new((0, floor)),
+        }
+    }
+
+    /// Moves the floor up to `floor` (once the checkpoints that needed what is below it
+    /// are retired) and gives up what is below both it and the truncation asked for.
+    pub(crate) fn retain_from(&self, floor: u64) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.1 = state.1.max(floor);
+        self.inner.truncate_before(state.0.min(state.1))
+    }
+}
+
+impl LogPages for Retaining {
+    fn write(&self, address: u64, bytes: &[u8]) -> io::Result<()> {
+        self.inner.write(address, bytes)
+    }
+
+    fn read(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read(address, buf)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+
+    fn truncate_before(&self, address: u64) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.0 = state.0.max(address);
+        self.inner.truncate_before(state.0.min(state.1))
+    }
+}
+
 /// A device in memory, page by page, for tests; counts its IO.
 #[derive(Default)]
 pub(crate) struct MemPages {
@@ -250,6 +324,8 @@ impl LogPages for MemPages {
     }
 
     fn truncate_before(&self, address: u64) -> io::Result<()> {
+        // Whole blocks only: the block holding `address` keeps the records above it.
+        let address = address - address % IO_ALIGN_BYTES;
         let mut s = self.state.lock();
         s.blocks.retain(|&a, _| a >= address);
         s.truncated_before = s.truncated_before.max(address);

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::cold::ColdLog;
 use super::device::LogPages;
 use super::epoch::{Epoch, EpochGuard};
-use super::hlog::{Addresses, HlogOptions};
+use super::hlog::{Addresses, HlogOptions, LogExtent};
 use super::hot::{HotLog, Update};
 use crate::error::Result;
 use crate::sync::Mutex;
@@ -106,6 +106,9 @@ pub(crate) struct F2 {
     cold_truncations: AtomicU64,
     /// One compaction at a time.
     compacting: Mutex<()>,
+    /// Per log (hot, cold): its size after the last compaction if that freed nothing,
+    /// else 0 (see `maybe_compact`).
+    futile_at: [AtomicU64; 2],
     counters: Counters,
 }
 
@@ -116,7 +119,98 @@ pub(crate) struct F2Devices {
     pub(crate) chunks: Arc<dyn LogPages>,
 }
 
+/// What a checkpoint of an [`F2`] store holds: the extent of each of its logs on their
+/// devices, and the sizes of the indexes recovery rebuilds from them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct F2Extents {
+    pub(crate) hot: LogExtent,
+    /// Home buckets of the hot index.
+    pub(crate) hot_buckets: u64,
+    pub(crate) cold: LogExtent,
+    pub(crate) chunks: LogExtent,
+    /// Home buckets of the chunk table (the chunk store's index).
+    pub(crate) chunk_buckets: u64,
+}
+
 impl F2 {
+    /// The store a checkpoint captured as `extents` on `devices` (see
+    /// [`HotLog::recover`]).
+    pub(crate) fn recover(
+        options: F2Options,
+        devices: F2Devices,
+        extents: &F2Extents,
+    ) -> Result<F2> {
+        let epoch = Arc::new(Epoch::new());
+        let buckets = |b: u64| {
+            usize::try_from(b).map_err(|_| crate::error::Error::Corrupted {
+                page: 0,
+                reason: format!("a hash index of {b} buckets"),
+            })
+        };
+        Ok(F2 {
+            hot: HotLog::recover(
+                buckets(extents.hot_buckets)?,
+                options.hot_log,
+                devices.hot,
+                Arc::clone(&epoch),
+                extents.hot,
+            )?,
+            cold: ColdLog::recover(
+                options.cold_keys,
+                (options.cold_log, devices.cold, extents.cold),
+                (options.chunk_log, devices.chunks, extents.chunks),
+                buckets(extents.chunk_buckets)?,
+                Arc::clone(&epoch),
+            )?,
+            epoch,
+            options,
+            cold_truncations: AtomicU64::new(0),
+            compacting: Mutex::new(()),
+            futile_at: [AtomicU64::new(0), AtomicU64::new(0)],
+            counters: Counters::default(),
+        })
+    }
+
+    /// Captures the store for a checkpoint: every record of each log flushed and synced,
+    /// and the extents recovery needs. While it runs no compaction does (so the cold log
+    /// and its index, which only compaction writes, stand still, and no log's BEGIN
+    /// moves); operations go on, and those that append to the hot log after its flush
+    /// are not captured (the write-ahead log replays them).
+    pub(crate) fn checkpoint(&self, guard: &mut EpochGuard<'_, '_>) -> Result<F2Extents> {
+        let _one = self.one_compaction(guard);
+        let chunks = self.cold.index().chunks();
+        let cold_tail = self.cold.log().flush_all(guard)?;
+        let chunks_tail = chunks.log().flush_all(guard)?;
+        self.cold.log().sync()?;
+        chunks.log().sync()?;
+        let hot_tail = self.hot.log().flush_all(guard)?;
+        self.hot.log().sync()?;
+        // Every record below the hot tail was linked at an index size no larger than
+        // the size once a grow under way has finished (`HotLog::recover`).
+        let mut spins = 0;
+        while self.hot.index_is_growing() {
+            guard.refresh();
+            spins += 1;
+            crate::sync::spin_wait(spins);
+        }
+        Ok(F2Extents {
+            hot: LogExtent {
+                begin: self.hot.log().addresses().begin,
+                tail: hot_tail,
+            },
+            hot_buckets: self.hot.index_buckets(guard) as u64,
+            cold: LogExtent {
+                begin: self.cold.log().addresses().begin,
+                tail: cold_tail,
+            },
+            chunks: LogExtent {
+                begin: chunks.log().addresses().begin,
+                tail: chunks_tail,
+            },
+            chunk_buckets: chunks.index_buckets(guard) as u64,
+        })
+    }
+
     pub(crate) fn new(options: F2Options, devices: F2Devices) -> Result<F2> {
         let epoch = Arc::new(Epoch::new());
         Ok(F2 {
@@ -138,6 +232,7 @@ impl F2 {
             options,
             cold_truncations: AtomicU64::new(0),
             compacting: Mutex::new(()),
+            futile_at: [AtomicU64::new(0), AtomicU64::new(0)],
             counters: Counters::default(),
         })
     }
@@ -215,22 +310,44 @@ impl F2 {
         Ok(value)
     }
 
+    /// Bytes of the hot log and of the cold log (TAIL - BEGIN).
+    pub(crate) fn log_sizes(&self) -> (u64, u64) {
+        let (hot, cold) = (self.hot.log().addresses(), self.cold.log().addresses());
+        (hot.tail - hot.begin, cold.tail - cold.begin)
+    }
+
     /// Compacts each log that is past its budget's threshold (the hot log first, into
     /// the cold log; then the cold log into itself); returns whether any was. The
     /// caller holds nothing from under `guard`.
     pub(crate) fn maybe_compact(&self, guard: &mut EpochGuard<'_, '_>) -> Result<bool> {
         let o = &self.options;
-        let over = |a: Addresses, budget: u64| {
-            (a.tail - a.begin > budget * o.compact_at_percent / 100)
-                .then_some(a.begin + (budget * o.compact_percent / 100).max(1))
-        };
         let mut compacted = false;
-        if let Some(until) = over(self.hot.log().addresses(), o.hot_log_budget_bytes) {
-            self.compact_hot(guard, until)?;
-            compacted = true;
-        }
-        if let Some(until) = over(self.cold.log().addresses(), o.cold_log_budget_bytes) {
-            self.compact_cold(guard, until)?;
+        for (tier, budget) in [
+            (Tier::Hot, o.hot_log_budget_bytes),
+            (Tier::Cold, o.cold_log_budget_bytes),
+        ] {
+            let a = self.log_of(tier).addresses();
+            let size = a.tail - a.begin;
+            if size <= budget * o.compact_at_percent / 100 {
+                continue;
+            }
+            // A log whose live records fill its threshold cannot shrink: after a pass
+            // that freed nothing, the next waits until the log has grown by another
+            // `compact_percent` of its budget (or shrunk), so that neither the
+            // compactor nor throttled writers copy the same records round and round.
+            let futile = &self.futile_at[tier as usize];
+            let at = futile.load(Ordering::Relaxed);
+            if at > 0 && size >= at && size < at + budget * o.compact_percent / 100 {
+                continue;
+            }
+            let until = a.begin + (budget * o.compact_percent / 100).max(1);
+            match tier {
+                Tier::Hot => self.compact_hot(guard, until)?,
+                Tier::Cold => self.compact_cold(guard, until)?,
+            };
+            let after = self.log_of(tier).addresses();
+            let after = after.tail - after.begin;
+            futile.store(if after >= size { after } else { 0 }, Ordering::Relaxed);
             compacted = true;
         }
         Ok(compacted)
@@ -301,18 +418,14 @@ impl F2 {
     /// writer is not held forever).
     fn throttle(&self, guard: &mut EpochGuard<'_, '_>) -> Result<()> {
         let o = &self.options;
-        let sizes = || {
-            let (hot, cold) = (self.hot.log().addresses(), self.cold.log().addresses());
-            (hot.tail - hot.begin, cold.tail - cold.begin)
-        };
         loop {
-            let (hot, cold) = sizes();
+            let (hot, cold) = self.log_sizes();
             if hot <= o.hot_log_budget_bytes && cold <= o.cold_log_budget_bytes {
                 return Ok(());
             }
             bump(&self.counters.throttled_writes, 1);
             self.maybe_compact(guard)?;
-            let (hot_after, cold_after) = sizes();
+            let (hot_after, cold_after) = self.log_sizes();
             if hot_after + cold_after >= hot + cold {
                 return Ok(());
             }
@@ -433,8 +546,8 @@ impl F2 {
 /// Which log a compaction reads.
 #[derive(Clone, Copy, Debug)]
 enum Tier {
-    Hot,
-    Cold,
+    Hot = 0,
+    Cold = 1,
 }
 
 #[cfg(all(test, not(feature = "shuttle")))]
@@ -442,7 +555,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::hash::device::MemPages;
+    use crate::hash::device::{MemPages, Retaining};
     use crate::hash::test_support::{Rng, count, counter, expected_count};
 
     fn pages(frames: u64) -> HlogOptions {
@@ -481,6 +594,107 @@ mod tests {
 
     fn key(i: u64) -> Vec<u8> {
         format!("key{i}").into_bytes()
+    }
+
+    /// A store whose devices survive it, so that it can be recovered from them.
+    struct Durable {
+        devices: [Arc<MemPages>; 3],
+        floors: [Arc<Retaining>; 3],
+    }
+
+    impl Durable {
+        fn new() -> Durable {
+            let devices = [(); 3].map(|()| Arc::new(MemPages::new()));
+            Durable {
+                floors: devices
+                    .clone()
+                    .map(|d| Arc::new(Retaining::new(d as Arc<dyn LogPages>, 0))),
+                devices,
+            }
+        }
+
+        fn options() -> F2Options {
+            let mut options = tiny().options;
+            options.hot_log_budget_bytes = 24 * 4096;
+            options.cold_log_budget_bytes = 24 * 4096;
+            options
+        }
+
+        fn devices(&self) -> F2Devices {
+            let [hot, cold, chunks] = self.floors.clone().map(|f| f as Arc<dyn LogPages>);
+            F2Devices { hot, cold, chunks }
+        }
+
+        /// The devices again, with the floors of `extents` (a restart).
+        fn reopen(&mut self, extents: &F2Extents) {
+            let floors = [extents.hot.begin, extents.cold.begin, extents.chunks.begin];
+            self.floors = std::array::from_fn(|i| {
+                Arc::new(Retaining::new(
+                    Arc::clone(&self.devices[i]) as Arc<dyn LogPages>,
+                    floors[i],
+                ))
+            });
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_recovers_what_it_captured_while_compactions_go_on() {
+        let mut disk = Durable::new();
+        let mut store = F2::new(Durable::options(), disk.devices()).unwrap();
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut rng = Rng(5);
+        let keys = 1_500;
+        let (mut recoveries, mut cold_cold) = (0, 0);
+        for round in 0..6u64 {
+            let (extents, captured, stats) = {
+                let mut handle = store.epoch().register();
+                let mut guard = handle.protect();
+                let mut write = |guard: &mut EpochGuard<'_, '_>,
+                                 model: &mut HashMap<Vec<u8>, Vec<u8>>,
+                                 n: u64| {
+                    for step in 0..n {
+                        let k = key(rng.skewed(keys));
+                        if step % 13 == 0 {
+                            store.upsert(guard, &k, None).unwrap();
+                            model.remove(&k);
+                        } else {
+                            let v = format!("{round}-{step}-{}", rng.below(1 << 20)).into_bytes();
+                            store.upsert(guard, &k, Some(&v)).unwrap();
+                            model.insert(k, v);
+                        }
+                        if step % 64 == 0 {
+                            store.maybe_compact(guard).unwrap();
+                        }
+                    }
+                };
+                write(&mut guard, &mut model, 6_000);
+                let extents = store.checkpoint(&mut guard).unwrap();
+                let captured = model.clone();
+                // Writes after the checkpoint (and the compactions they cause) must not
+                // disturb what it captured.
+                write(&mut guard, &mut model, 6_000);
+                (extents, captured, store.stats())
+            };
+            assert!(stats.hot_cold_compactions > 0, "{stats:?}");
+            cold_cold += stats.cold_cold_compactions;
+            drop(store);
+            disk.reopen(&extents);
+            store = F2::recover(Durable::options(), disk.devices(), &extents).unwrap();
+            recoveries += 1;
+            model = captured;
+            let mut handle = store.epoch().register();
+            let guard = handle.protect();
+            for i in 0..keys {
+                let k = key(i);
+                assert_eq!(
+                    store.get(&guard, &k).unwrap(),
+                    model.get(&k).cloned(),
+                    "round {round}: key {i}"
+                );
+            }
+        }
+        assert_eq!(recoveries, 6);
+        assert!(cold_cold > 0);
     }
 
     #[test]

@@ -213,6 +213,13 @@ pub(crate) enum Fetched {
     Disk(DiskRecord),
 }
 
+/// The part of a log a checkpoint holds: its records `[begin, tail)`, on the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LogExtent {
+    pub(crate) begin: u64,
+    pub(crate) tail: u64,
+}
+
 /// The log's addresses at one moment (loaded from the oldest up, so the order holds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Addresses {
@@ -254,6 +261,54 @@ impl HybridLog {
             }),
             epoch,
         })
+    }
+
+    /// The log a checkpoint captured as `extent` on `device`: its records `[begin,
+    /// tail)` are on the device (a checkpoint flushed and synced them). The tail's page
+    /// is read back into its frame up to `tail` — bytes at and past `tail` on the device
+    /// were written after the checkpoint and are not part of it — and appends go on at
+    /// `tail`. Everything below is read-only: the checkpoint's records never change.
+    pub(crate) fn recover(
+        options: HlogOptions,
+        device: Arc<dyn LogPages>,
+        epoch: Arc<Epoch>,
+        extent: LogExtent,
+    ) -> Result<HybridLog> {
+        let log = HybridLog::new(options, device, epoch)?;
+        let s = &log.shared;
+        let LogExtent { begin, tail } = extent;
+        if begin < FIRST_ADDRESS || begin > tail || tail > MAX_ADDRESS || !tail.is_multiple_of(8) {
+            return Err(Error::Corrupted {
+                page: tail,
+                reason: format!("a hash log extent {begin}..{tail} is impossible"),
+            });
+        }
+        let page = s.page_start(tail);
+        let offset = tail - page;
+        if offset > 0 && tail > FIRST_ADDRESS {
+            let mut bytes = AlignedPage::new(s.page_bytes as usize);
+            s.device.read(page, bytes.as_mut()).map_err(Error::Io)?;
+            let frame = s.frames.ptrs[((page >> options.page_bits) % options.frames) as usize];
+            // SAFETY: the frame is `page_bytes` long and no other thread has the log yet.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_mut().as_ptr(),
+                    frame.as_ptr(),
+                    offset as usize,
+                )
+            };
+        }
+        s.tail.store(
+            (page >> options.page_bits) << 32 | offset,
+            Ordering::Release,
+        );
+        for a in [&s.head, &s.safe_head, &s.closed_until, &s.flushed_until] {
+            a.store(page, Ordering::Release);
+        }
+        s.read_only.store(tail, Ordering::Release);
+        s.safe_read_only.store(tail, Ordering::Release);
+        s.begin.store(begin, Ordering::Release);
+        Ok(log)
     }
 
     /// The epoch every operation on the log is protected by.
@@ -544,8 +599,10 @@ impl HybridLog {
         let page_end = s.page_start(address) + s.page_bytes;
         let mut len = IO_ALIGN_BYTES;
         loop {
-            let mut buf = vec![0u8; len as usize];
-            s.device.read(start, &mut buf).map_err(Error::Io)?;
+            // Aligned for O_DIRECT.
+            let mut page = AlignedPage::new(len as usize);
+            let buf = page.as_mut();
+            s.device.read(start, buf).map_err(Error::Io)?;
             let at = (address - start) as usize;
             match DiskRecord::decode(&buf[at..], (page_end - address) as usize) {
                 Ok(record) => return Ok(record),

@@ -145,6 +145,65 @@ impl HotLog {
         })
     }
 
+    /// The store a checkpoint captured as `extent` of a log over `device` (see
+    /// [`HybridLog::recover`]), its index of `buckets` home buckets (the size it had
+    /// then) rebuilt from the log: every valid record from BEGIN up, in address order,
+    /// becomes the head of its entry's chain.
+    ///
+    /// Why that gives every key its newest record below the checkpoint's tail: a record
+    /// linked to the head its entry had, so a chain holds its entry's records newest
+    /// first and a new head has a higher address than the one it links to. With the
+    /// index at its size of then (never smaller than any size it had before: it only
+    /// doubles), two keys that share an entry now shared one at every earlier size, so
+    /// the entry's newest record links, through older records, to each of them.
+    pub(crate) fn recover(
+        buckets: usize,
+        log: HlogOptions,
+        device: Arc<dyn LogPages>,
+        epoch: Arc<Epoch>,
+        extent: super::hlog::LogExtent,
+    ) -> Result<HotLog> {
+        if !buckets.is_power_of_two() || buckets > 1 << 40 {
+            return Err(Error::Corrupted {
+                page: 0,
+                reason: format!("a hash index of {buckets} buckets is impossible"),
+            });
+        }
+        let options = IndexOptions {
+            buckets,
+            ..IndexOptions::for_keys(1)
+        };
+        let store = HotLog {
+            index: HashIndex::new(Arc::clone(&epoch), options),
+            log: Arc::new(HybridLog::recover(log, device, Arc::clone(&epoch), extent)?),
+            epoch,
+            counters: Counters::default(),
+        };
+        let mut handle = store.epoch.register();
+        let guard = handle.protect();
+        let page_bytes = store.log.page_bytes();
+        let mut from = extent.begin;
+        while from < extent.tail {
+            let until = (from - from % page_bytes + page_bytes).min(extent.tail);
+            for (address, record) in store.log.records_in(&guard, from, until)? {
+                if record.header.is_invalid() {
+                    continue;
+                }
+                let mut slot = store.index.find_or_create(&guard, hash_key(&record.key));
+                if slot.address() < address && slot.try_update(address).is_err() {
+                    return Err(Error::Corrupted {
+                        page: address,
+                        reason: "a hash index entry changed while recovery rebuilt it".into(),
+                    });
+                }
+            }
+            from = until;
+        }
+        drop(guard);
+        drop(handle);
+        Ok(store)
+    }
+
     /// The epoch every operation is protected by: register a handle per thread.
     pub(crate) fn epoch(&self) -> &Arc<Epoch> {
         &self.epoch
@@ -526,6 +585,11 @@ impl HotLog {
     pub(crate) fn grow_index(&self, guard: &mut EpochGuard<'_, '_>) -> bool {
         self.index
             .grow(guard, Arc::new(LogHashes(Arc::clone(&self.log))))
+    }
+
+    /// Whether the index is doubling now.
+    pub(crate) fn index_is_growing(&self) -> bool {
+        self.index.is_growing()
     }
 
     /// Bytes of the index's memory (home and overflow buckets).

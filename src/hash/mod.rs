@@ -40,6 +40,7 @@ pub(crate) mod hlog;
 pub(crate) mod hot;
 pub(crate) mod index;
 pub(crate) mod record;
+pub(crate) mod store;
 
 #[cfg(all(test, feature = "shuttle"))]
 mod shuttle_tests;

@@ -231,11 +231,185 @@ impl super::SlotStore for SimStore {
     }
 }
 
-/// The page files of a simulated database directory: a [`SimStore`] per name, shared
-/// with the test, which crashes them all at once with [`SimPages::crash`].
+/// The bytes of one block of a [`SimBlocks`].
+type Block = Box<[u8; BLOCK_BYTES]>;
+
+/// Bytes of a [`SimBlocks`] block: the unit of its writes and reads.
+pub const BLOCK_BYTES: usize = 4096;
+
+#[derive(Debug)]
+struct BlocksState {
+    rng: u64,
+    live: HashMap<u64, Block>,
+    durable: HashMap<u64, Block>,
+    /// Blocks written since the last sync, in order.
+    unsynced: Vec<u64>,
+    /// Blocks below this were given up.
+    discarded_below: u64,
+    fail_writes: Countdown,
+    fail_syncs: Countdown,
+    poisoned: Option<String>,
+}
+
+/// A simulated file of raw, unchecksummed 4 KiB blocks (a hash log's segment files),
+/// with the crash semantics of [`SimStore`]: a live and a durable image, and
+/// [`SimBlocks::crash`] losing, keeping or tearing (at 512-byte sectors) each block
+/// written since the last sync.
+#[derive(Debug)]
+pub struct SimBlocks {
+    state: Mutex<BlocksState>,
+}
+
+impl SimBlocks {
+    /// An empty file whose crashes follow `seed`.
+    pub fn new(seed: u64) -> SimBlocks {
+        SimBlocks {
+            state: Mutex::new(BlocksState {
+                rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+                live: HashMap::new(),
+                durable: HashMap::new(),
+                unsynced: Vec::new(),
+                discarded_below: 0,
+                fail_writes: Countdown::default(),
+                fail_syncs: Countdown::default(),
+                poisoned: None,
+            }),
+        }
+    }
+
+    fn check_aligned(offset: u64, len: usize) -> io::Result<()> {
+        if offset.is_multiple_of(BLOCK_BYTES as u64) && len.is_multiple_of(BLOCK_BYTES) {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("unaligned block IO at {offset} of {len} bytes"),
+            ))
+        }
+    }
+
+    /// Writes whole blocks at `offset`.
+    pub fn write(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        Self::check_aligned(offset, bytes.len())?;
+        let mut s = self.state.lock();
+        if let Some(cause) = &s.poisoned {
+            return Err(super::store_poisoned(cause.clone()));
+        }
+        if s.fail_writes.tick() {
+            s.poisoned = Some("simulated EIO on a block write".into());
+            return Err(eio("a block write"));
+        }
+        for (i, chunk) in bytes.chunks_exact(BLOCK_BYTES).enumerate() {
+            let at = offset / BLOCK_BYTES as u64 + i as u64;
+            let mut block: Block = Box::new([0; BLOCK_BYTES]);
+            block.copy_from_slice(chunk);
+            s.live.insert(at, block);
+            s.unsynced.push(at);
+        }
+        Ok(())
+    }
+
+    /// Reads whole blocks at `offset`; blocks never written read as zeros.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        Self::check_aligned(offset, buf.len())?;
+        let s = self.state.lock();
+        if offset < s.discarded_below {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("read at {offset}, below the discarded part"),
+            ));
+        }
+        for (i, chunk) in buf.chunks_exact_mut(BLOCK_BYTES).enumerate() {
+            match s.live.get(&(offset / BLOCK_BYTES as u64 + i as u64)) {
+                Some(block) => chunk.copy_from_slice(&block[..]),
+                None => chunk.fill(0),
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes every write so far durable.
+    pub fn sync(&self) -> io::Result<()> {
+        let mut s = self.state.lock();
+        if let Some(cause) = &s.poisoned {
+            return Err(super::store_poisoned(cause.clone()));
+        }
+        if s.fail_syncs.tick() {
+            s.poisoned = Some("simulated EIO on a block sync".into());
+            return Err(eio("a block sync"));
+        }
+        for at in std::mem::take(&mut s.unsynced) {
+            if let Some(block) = s.live.get(&at).cloned() {
+                s.durable.insert(at, block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives up every block below `offset` (durably at once, as deleting a file whose
+    /// directory is synced later would, near enough for the tests).
+    pub fn discard_below(&self, offset: u64) {
+        let mut s = self.state.lock();
+        let below = offset / BLOCK_BYTES as u64;
+        s.live.retain(|&at, _| at >= below);
+        s.durable.retain(|&at, _| at >= below);
+        s.discarded_below = s.discarded_below.max(below * BLOCK_BYTES as u64);
+    }
+
+    /// The sync after the next `n` syncs fails with `EIO` (and poisons the file).
+    pub fn fail_syncs_after(&self, n: u64) {
+        self.state.lock().fail_syncs = Countdown(Some(n));
+    }
+
+    /// The write after the next `n` writes fails with `EIO` (and poisons the file).
+    pub fn fail_writes_after(&self, n: u64) {
+        self.state.lock().fail_writes = Countdown(Some(n));
+    }
+
+    /// What a restarted process would find: the durable image, plus each block written
+    /// since the last sync lost, kept or torn by the seeded coin.
+    pub fn crash(&self) -> SimBlocks {
+        let mut s = self.state.lock();
+        let mut blocks = s.durable.clone();
+        for at in std::mem::take(&mut s.unsynced) {
+            let Some(new) = s.live.get(&at).cloned() else {
+                continue;
+            };
+            match next_random(&mut s.rng) % 3 {
+                0 => {}
+                1 => {
+                    blocks.insert(at, new);
+                }
+                _ => {
+                    let sectors = BLOCK_BYTES / SECTOR_BYTES;
+                    let kept = 1 + (next_random(&mut s.rng) as usize % (sectors - 1));
+                    let mut torn = blocks
+                        .get(&at)
+                        .cloned()
+                        .unwrap_or_else(|| Box::new([0; BLOCK_BYTES]));
+                    torn[..kept * SECTOR_BYTES].copy_from_slice(&new[..kept * SECTOR_BYTES]);
+                    blocks.insert(at, torn);
+                }
+            }
+        }
+        let crashed = SimBlocks::new(next_random(&mut s.rng));
+        {
+            let mut c = crashed.state.lock();
+            c.live = blocks.clone();
+            c.durable = blocks;
+            c.discarded_below = s.discarded_below;
+        }
+        crashed
+    }
+}
+
+/// The page files of a simulated database directory: a [`SimStore`] per name, and a
+/// [`SimBlocks`] per name for files of raw blocks, shared with the test, which crashes
+/// them all at once with [`SimPages::crash`].
 #[derive(Debug)]
 pub struct SimPages {
     stores: Mutex<std::collections::BTreeMap<String, std::sync::Arc<SimStore>>>,
+    blocks: Mutex<std::collections::BTreeMap<String, std::sync::Arc<SimBlocks>>>,
     seed: Mutex<u64>,
 }
 
@@ -244,8 +418,30 @@ impl SimPages {
     pub fn new(seed: u64) -> SimPages {
         SimPages {
             stores: Mutex::new(std::collections::BTreeMap::new()),
+            blocks: Mutex::new(std::collections::BTreeMap::new()),
             seed: Mutex::new(seed),
         }
+    }
+
+    /// The block file `name`, created empty if there is none.
+    pub fn blocks(&self, name: &str) -> std::sync::Arc<SimBlocks> {
+        let mut blocks = self.blocks.lock();
+        let mut seed = self.seed.lock();
+        let file = blocks.entry(name.to_string()).or_insert_with(|| {
+            *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            std::sync::Arc::new(SimBlocks::new(*seed))
+        });
+        std::sync::Arc::clone(file)
+    }
+
+    /// The names of the block files.
+    pub fn block_names(&self) -> Vec<String> {
+        self.blocks.lock().keys().cloned().collect()
+    }
+
+    /// Removes block file `name`.
+    pub fn remove_blocks(&self, name: &str) {
+        self.blocks.lock().remove(name);
     }
 
     /// The store of page file `name`, created empty if there is none.
@@ -276,16 +472,27 @@ impl SimPages {
             .iter()
             .map(|(name, s)| (name.clone(), std::sync::Arc::new(s.crash())))
             .collect();
+        let blocks = self
+            .blocks
+            .lock()
+            .iter()
+            .map(|(name, b)| (name.clone(), std::sync::Arc::new(b.crash())))
+            .collect();
         SimPages {
             stores: Mutex::new(crashed),
+            blocks: Mutex::new(blocks),
             seed: Mutex::new(self.seed.lock().wrapping_add(1)),
         }
     }
 
-    /// Arms [`SimStore::fail_syncs_after`] on every store that exists now.
+    /// Arms [`SimStore::fail_syncs_after`] (and [`SimBlocks::fail_syncs_after`]) on every
+    /// store and block file that exists now.
     pub fn fail_syncs_after(&self, n: u64) {
         for s in self.stores.lock().values() {
             s.fail_syncs_after(n);
+        }
+        for b in self.blocks.lock().values() {
+            b.fail_syncs_after(n);
         }
     }
 }

@@ -1,0 +1,754 @@
+//! [`HashStore`]: the hash tier as a keyspace of a [`Db`](crate::Db) — F2's store
+//! ([`F2`]) with its logs in the database directory, its writes through the database's
+//! write-ahead log, its state in the database's checkpoints, and a background thread
+//! that compacts its logs.
+//!
+//! # Files
+//!
+//! ```text
+//! <dir>/hs-<id as 8 hex>-hot-<segment as 8 hex>.hlog     the hot log
+//! <dir>/hs-<id as 8 hex>-cold-<segment as 8 hex>.hlog    the cold log
+//! <dir>/hs-<id as 8 hex>-chunks-<segment as 8 hex>.hlog  the cold index's chunks
+//! ```
+//!
+//! # Durability
+//!
+//! A write is logged before it reaches the store, under its key's stripe (the journal's
+//! order rule); a read-modify-write reads, computes, logs and writes under the stripe
+//! held exclusively, and every other write of the key holds the stripe too, so the log
+//! orders a key's writes as the store applied them. A checkpoint ([`F2::checkpoint`])
+//! flushes and syncs each log and records its extent; recovery rebuilds the store from
+//! those extents and replays the log from the checkpoint's position. A log segment that
+//! a kept checkpoint needs is never deleted ([`Retaining`]).
+//!
+//! Uses: `hash::f2`, `journal`, `error`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::device::{FilePages, LogPages, Retaining};
+use super::f2::{F2, F2Devices, F2Extents, F2Options};
+use super::hlog::HlogOptions;
+use crate::error::{Error, Result};
+use crate::journal::{Durability, Journal};
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::wal::LogOpRef;
+
+/// How a hash keyspace is sized, fixed when [`Db::hash_store_with`](crate::Db::hash_store_with)
+/// creates it (and recorded in the database's manifest).
+///
+/// The memory budget is split as the F2 paper splits its budget at 10% of the data:
+/// about a sixth for the hot index, a sixth held for the read cache, a forty-eighth each
+/// for the cold log's pages and the cold index's chunk pages, and the rest for the hot
+/// log's pages.
+///
+/// ```
+/// use bfdb::HashStoreOptions;
+///
+/// let options = HashStoreOptions::default()
+///     .memory_bytes(256 << 20)
+///     .expected_keys(20_000_000)
+///     .hot_log_disk_bytes(2 << 30);
+/// assert_eq!(options.memory_bytes, 256 << 20);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HashStoreOptions {
+    /// Bytes of memory the store keeps (indexes and log pages). Default 64 MiB.
+    pub memory_bytes: u64,
+    /// Distinct keys the store expects: sizes the cold index (its chunks, under a byte
+    /// of memory per cold key) and bounds the hot index. Default 1M.
+    pub expected_keys: u64,
+    /// Bytes of disk the hot log may use; past 80% of it, its oldest 10% is compacted
+    /// into the cold log. Default 1 GiB.
+    pub hot_log_disk_bytes: u64,
+    /// Bytes of disk the cold log may use; past 80% of it, its oldest 10% is compacted
+    /// within it. Default 16 GiB. Writers that find a log past its whole budget compact
+    /// before they return (they are slowed, never failed).
+    pub cold_log_disk_bytes: u64,
+    /// Threads a compaction runs on. Default 2.
+    pub compaction_threads: usize,
+}
+
+impl Default for HashStoreOptions {
+    fn default() -> Self {
+        HashStoreOptions {
+            memory_bytes: 64 << 20,
+            expected_keys: 1 << 20,
+            hot_log_disk_bytes: 1 << 30,
+            cold_log_disk_bytes: 16 << 30,
+            compaction_threads: 2,
+        }
+    }
+}
+
+impl HashStoreOptions {
+    /// Sets [`HashStoreOptions::memory_bytes`].
+    pub fn memory_bytes(mut self, bytes: u64) -> Self {
+        self.memory_bytes = bytes;
+        self
+    }
+
+    /// Sets [`HashStoreOptions::expected_keys`].
+    pub fn expected_keys(mut self, keys: u64) -> Self {
+        self.expected_keys = keys;
+        self
+    }
+
+    /// Sets [`HashStoreOptions::hot_log_disk_bytes`].
+    pub fn hot_log_disk_bytes(mut self, bytes: u64) -> Self {
+        self.hot_log_disk_bytes = bytes;
+        self
+    }
+
+    /// Sets [`HashStoreOptions::cold_log_disk_bytes`].
+    pub fn cold_log_disk_bytes(mut self, bytes: u64) -> Self {
+        self.cold_log_disk_bytes = bytes;
+        self
+    }
+
+    /// Sets [`HashStoreOptions::compaction_threads`].
+    pub fn compaction_threads(mut self, threads: usize) -> Self {
+        self.compaction_threads = threads;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(Error::InvalidConfig(why));
+        if self.memory_bytes < 64 << 10 || self.memory_bytes > 1 << 44 {
+            return bad(format!(
+                "a hash store's memory_bytes {} must be between 64 KiB and 16 TiB",
+                self.memory_bytes
+            ));
+        }
+        if self.expected_keys == 0 || self.expected_keys > 1 << 40 {
+            return bad(format!(
+                "expected_keys {} must be between 1 and 2^40",
+                self.expected_keys
+            ));
+        }
+        for (what, bytes) in [
+            ("hot_log_disk_bytes", self.hot_log_disk_bytes),
+            ("cold_log_disk_bytes", self.cold_log_disk_bytes),
+        ] {
+            if !(64 << 10..=1 << 46).contains(&bytes) {
+                return bad(format!("{what} {bytes} must be between 64 KiB and 64 TiB"));
+            }
+        }
+        if !(1..=64).contains(&self.compaction_threads) {
+            return bad(format!(
+                "compaction_threads {} must be between 1 and 64",
+                self.compaction_threads
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A hash keyspace's layout: its options and the page sizes of its logs, which its
+/// files depend on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct HashLayout {
+    pub(crate) options: HashStoreOptions,
+    /// log2 of the page size of the hot log, the cold log and the chunk log.
+    pub(crate) page_bits: [u8; 3],
+}
+
+/// Bytes of a log segment file.
+const SEGMENT_BYTES: u64 = 64 << 20;
+/// The largest log page: a segment holds a whole number of them.
+const MAX_PAGE_BITS: u32 = 22;
+
+impl HashLayout {
+    /// The layout for `options`, with pages that hold a record of `max_record_bytes`.
+    pub(crate) fn new(options: HashStoreOptions, max_record_bytes: u64) -> Result<HashLayout> {
+        options.validate()?;
+        let least = max_record_bytes
+            .next_power_of_two()
+            .trailing_zeros()
+            .max(12);
+        // Pages of about a sixteenth of each log's memory, so that most of it can be
+        // mutable, between the largest record and 4 MiB.
+        let bits = |memory: u64| {
+            let fit = (memory / 16).max(1).ilog2();
+            fit.clamp(least, MAX_PAGE_BITS.max(least)) as u8
+        };
+        let split = Split::of(options.memory_bytes);
+        let layout = HashLayout {
+            page_bits: [
+                bits(split.hot_log),
+                bits(split.cold_log),
+                bits(split.chunk_log),
+            ],
+            options,
+        };
+        layout.check()?;
+        Ok(layout)
+    }
+
+    /// Checks a layout read back from a manifest.
+    pub(crate) fn check(&self) -> Result<()> {
+        self.options.validate()?;
+        if self
+            .page_bits
+            .iter()
+            .any(|&b| !(12..=MAX_PAGE_BITS as u8 + 1).contains(&b))
+        {
+            return Err(Error::InvalidConfig(format!(
+                "hash log pages of 2^{:?} bytes",
+                self.page_bits
+            )));
+        }
+        Ok(())
+    }
+
+    /// The store's options for [`F2`].
+    pub(crate) fn f2_options(&self) -> F2Options {
+        let o = &self.options;
+        let split = Split::of(o.memory_bytes);
+        let log = |memory: u64, bits: u8| {
+            let frames = (memory >> bits).max(3);
+            HlogOptions {
+                page_bits: u32::from(bits),
+                frames,
+                mutable_pages: (frames * 9 / 10).clamp(1, frames - 2),
+            }
+        };
+        F2Options {
+            // The hot index gets its share of memory, and no more than the keys need.
+            hot_keys: (split.hot_index / 64 * super::index::KEYS_PER_BUCKET)
+                .clamp(1024, o.expected_keys.max(1024)),
+            cold_keys: o.expected_keys,
+            hot_log: log(split.hot_log, self.page_bits[0]),
+            cold_log: log(split.cold_log, self.page_bits[1]),
+            chunk_log: log(split.chunk_log, self.page_bits[2]),
+            hot_log_budget_bytes: o.hot_log_disk_bytes,
+            cold_log_budget_bytes: o.cold_log_disk_bytes,
+            compact_at_percent: 80,
+            compact_percent: 10,
+            compaction_threads: o.compaction_threads,
+        }
+    }
+}
+
+/// The memory budget split in parts (see [`HashStoreOptions`]).
+struct Split {
+    hot_index: u64,
+    hot_log: u64,
+    cold_log: u64,
+    chunk_log: u64,
+}
+
+impl Split {
+    fn of(memory: u64) -> Split {
+        let sixth = memory / 6;
+        let small = memory / 48;
+        Split {
+            hot_index: sixth,
+            // The read cache's sixth is held back for it.
+            hot_log: memory - 2 * sixth - 2 * small,
+            cold_log: small,
+            chunk_log: small,
+        }
+    }
+}
+
+/// Where a hash keyspace keeps its logs.
+pub(crate) enum HashFiles<'a> {
+    /// Segment files in the database directory.
+    Dir { dir: &'a Path, direct: bool },
+    /// Simulated files (crash tests).
+    Sim(&'a crate::storage::SimPages),
+}
+
+/// The names of the three logs' files.
+const LOGS: [&str; 3] = ["hot", "cold", "chunks"];
+
+/// The file-name prefix of log `log` of keyspace `id`.
+pub(crate) fn file_prefix(id: u32, log: &str) -> String {
+    format!("hs-{id:08x}-{log}")
+}
+
+/// Whether `name` is a file of hash keyspace `id`'s logs.
+pub(crate) fn is_file_of(name: &str, id: u32) -> bool {
+    name.starts_with(&format!("hs-{id:08x}-"))
+}
+
+/// The keyspace id a hash log file's name gives, if it is one.
+pub(crate) fn file_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("hs-")?;
+    u32::from_str_radix(rest.get(..8)?, 16).ok()
+}
+
+/// What a hash keyspace writes through: its database's journal.
+pub(crate) struct HashAttached {
+    pub(crate) journal: Arc<Journal>,
+    pub(crate) keyspace: u32,
+    pub(crate) name: String,
+    /// The level of `insert`, `delete` and `rmw` (`DbOptions::durability`).
+    pub(crate) durability: Durability,
+    /// Set when the keyspace is dropped from its database.
+    pub(crate) dropped: AtomicBool,
+    /// The largest key and value a write may have.
+    pub(crate) max_key_bytes: usize,
+    pub(crate) max_value_bytes: usize,
+}
+
+/// What a [`HashStore`] has done since its database was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HashStoreStats {
+    /// Hot→cold compactions: the oldest part of the hot log moved to the cold log.
+    pub hot_cold_compactions: u64,
+    /// Cold→cold compactions: the oldest part of the cold log copied to its tail.
+    pub cold_cold_compactions: u64,
+    /// Records compactions copied (live), and records they left behind (superseded).
+    pub records_copied: u64,
+    /// Records compactions left behind (a newer record of the key existed).
+    pub records_dropped: u64,
+    /// Writes that found a log past its whole disk budget and compacted before they
+    /// returned.
+    pub throttled_writes: u64,
+    /// Updates made in place in the hot log's mutable region.
+    pub in_place_updates: u64,
+    /// Records appended to the hot log.
+    pub appended_records: u64,
+    /// Records read from disk in the hot log.
+    pub hot_disk_reads: u64,
+    /// Bytes of the hot log and of the cold log (from BEGIN to TAIL).
+    pub hot_log_bytes: u64,
+    /// Bytes of the cold log (from BEGIN to TAIL).
+    pub cold_log_bytes: u64,
+    /// Bytes of memory of the hot index, of the chunk table, and of the three logs'
+    /// page frames together.
+    pub memory_bytes: u64,
+}
+
+/// The part of a hash store its compactor thread shares.
+struct Inner {
+    f2: F2,
+    /// The devices of the hot log, the cold log and the chunk log, with their floors.
+    floors: [Arc<Retaining>; 3],
+    attached: HashAttached,
+}
+
+/// The background compactor; dropping it stops the thread.
+struct Compactor {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Compactor {
+    fn drop(&mut self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// A hash keyspace of a [`Db`](crate::Db): an F2-style store for point reads and writes
+/// of skewed workloads larger than memory (Kanellis et al., PVLDB 2025), with no range
+/// scans.
+///
+/// Recently written keys live in a *hot log* in memory and on disk, reached through an
+/// in-memory hash index, and are updated in place while they are near its tail;
+/// write-cold keys move by compaction to a *cold log* on disk whose index costs under a
+/// byte of memory per key. Writes go through the database's write-ahead log at its
+/// [`Durability`] levels and may be part of a [`WriteBatch`](crate::WriteBatch); the
+/// store is part of the database's checkpoints and is recovered on open.
+///
+/// ```
+/// use bfdb::{Db, DbOptions};
+/// # let dir = tempfile::tempdir()?;
+/// let db = Db::open(dir.path(), DbOptions::default())?;
+/// let counts = db.hash_store("counts")?;
+/// counts.insert(b"apples", &3u64.to_le_bytes())?;
+/// // Read-modify-write: adds one, atomically.
+/// let add = |old: Option<&[u8]>| {
+///     let n = old.map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+///     (n + 1).to_le_bytes().to_vec()
+/// };
+/// counts.rmw(b"apples", add)?;
+/// counts.rmw(b"pears", add)?;
+/// assert_eq!(counts.get(b"apples")?, Some(4u64.to_le_bytes().to_vec()));
+/// assert_eq!(counts.get(b"pears")?, Some(1u64.to_le_bytes().to_vec()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct HashStore {
+    inner: Arc<Inner>,
+    _compactor: Option<Compactor>,
+}
+
+impl std::fmt::Debug for HashStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HashStore")
+            .field("name", &self.inner.attached.name)
+            .finish_non_exhaustive()
+    }
+}
+
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<HashStore>();
+};
+
+impl HashStore {
+    /// Opens hash keyspace `attached.keyspace` with `layout` on `files`: as `extents`
+    /// (a checkpoint's record of it, with `floors` the lowest BEGIN of each log that a
+    /// kept checkpoint needs), or empty.
+    pub(crate) fn open(
+        layout: &HashLayout,
+        files: HashFiles<'_>,
+        extents: Option<(&F2Extents, [u64; 3])>,
+        attached: HashAttached,
+    ) -> Result<HashStore> {
+        layout.check()?;
+        let id = attached.keyspace;
+        let devices: [Arc<dyn LogPages>; 3] = std::array::from_fn(|i| -> Arc<dyn LogPages> {
+            match &files {
+                HashFiles::Dir { dir, direct } => Arc::new(FilePages::new(
+                    dir,
+                    &file_prefix(id, LOGS[i]),
+                    SEGMENT_BYTES,
+                    *direct,
+                )),
+                HashFiles::Sim(sim) => sim.blocks(&file_prefix(id, LOGS[i])),
+            }
+        });
+        let floors_at = extents.map_or([0; 3], |(_, floors)| floors);
+        let floors: [Arc<Retaining>; 3] = std::array::from_fn(|i| {
+            Arc::new(Retaining::new(Arc::clone(&devices[i]), floors_at[i]))
+        });
+        let f2_devices = {
+            let [hot, cold, chunks] = floors.clone().map(|f| f as Arc<dyn LogPages>);
+            F2Devices { hot, cold, chunks }
+        };
+        let options = layout.f2_options();
+        let f2 = match extents {
+            Some((extents, _)) => F2::recover(options, f2_devices, extents)?,
+            None => F2::new(options, f2_devices)?,
+        };
+        let inner = Arc::new(Inner {
+            f2,
+            floors,
+            attached,
+        });
+        let compactor = Compactor::start(&inner);
+        Ok(HashStore {
+            inner,
+            _compactor: compactor,
+        })
+    }
+
+    /// The keyspace's name.
+    pub fn name(&self) -> &str {
+        &self.inner.attached.name
+    }
+
+    /// The value stored under `key`, if any.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.check_key(key)?;
+        self.inner.get(key)
+    }
+
+    /// The values stored under `keys`, in the order of `keys`. The answers see any
+    /// [`WriteBatch`](crate::WriteBatch) that writes some of `keys` whole or not at
+    /// all.
+    pub fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        for key in keys {
+            self.check_key(key.as_ref())?;
+        }
+        let a = &self.inner.attached;
+        a.journal
+            .read_locked(keys.iter().map(|k| (a.keyspace, k.as_ref())), || {
+                keys.iter().map(|k| self.inner.get(k.as_ref())).collect()
+            })
+    }
+
+    /// Stores `value` under `key`, replacing any previous value, at the database's
+    /// default [`Durability`] ([`DbOptions::durability`](crate::DbOptions::durability)).
+    pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.insert_with(key, value, self.inner.attached.durability)
+    }
+
+    /// Stores `value` under `key` at `durability`.
+    pub fn insert_with(&self, key: &[u8], value: &[u8], durability: Durability) -> Result<()> {
+        self.write(key, Some(value), durability)
+    }
+
+    /// Removes `key` (a tombstone: deleting an absent key is fine) at the database's
+    /// default durability.
+    pub fn delete(&self, key: &[u8]) -> Result<()> {
+        self.delete_with(key, self.inner.attached.durability)
+    }
+
+    /// Removes `key` at `durability`.
+    pub fn delete_with(&self, key: &[u8], durability: Durability) -> Result<()> {
+        self.write(key, None, durability)
+    }
+
+    /// Replaces the value of `key` with `update(old)` (`old` is `None` if the key has
+    /// none) atomically, at the database's default durability, and returns the new
+    /// value. `update` may be called more than once (a try that raced with another
+    /// writer starts again); the value of its last call is the one stored.
+    pub fn rmw(
+        &self,
+        key: &[u8],
+        update: impl Fn(Option<&[u8]>) -> Vec<u8> + Sync,
+    ) -> Result<Vec<u8>> {
+        self.rmw_with(key, update, self.inner.attached.durability)
+    }
+
+    /// [`HashStore::rmw`] at `durability`. At [`Durability::Unlogged`] the update runs
+    /// in the store as FASTER's read-modify-write (in place near the hot log's tail);
+    /// at the logged levels it reads, computes, logs and writes while holding the key's
+    /// stripe of the database's journal.
+    pub fn rmw_with(
+        &self,
+        key: &[u8],
+        update: impl Fn(Option<&[u8]>) -> Vec<u8> + Sync,
+        durability: Durability,
+    ) -> Result<Vec<u8>> {
+        self.check_key(key)?;
+        self.check_writable()?;
+        let a = &self.inner.attached;
+        let max = a.max_value_bytes;
+        match durability {
+            Durability::Unlogged => a.journal.exclusive(a.keyspace, key, || {
+                // F2's read-modify-write, with a result over the limit replaced by the
+                // old value (or, for an absent key, a tombstone written after it), so
+                // that nothing over the limit is stored; no other write of the key runs
+                // meanwhile.
+                let refused = AtomicUsize::new(0);
+                let had_value = AtomicBool::new(false);
+                let bounded = |old: Option<&[u8]>| {
+                    let new = update(old);
+                    had_value.store(old.is_some(), Ordering::Relaxed);
+                    if new.len() > max {
+                        refused.store(new.len(), Ordering::Relaxed);
+                        return old.map(<[u8]>::to_vec).unwrap_or_default();
+                    }
+                    refused.store(0, Ordering::Relaxed);
+                    new
+                };
+                let value = self
+                    .inner
+                    .with_guard(|g| self.inner.f2.rmw(g, key, &bounded))?;
+                let len = refused.load(Ordering::Relaxed);
+                if len > 0 {
+                    if !had_value.load(Ordering::Relaxed) {
+                        self.inner.apply(key, None)?;
+                    }
+                    return Err(Error::ValueTooLarge { len, max });
+                }
+                Ok(value)
+            }),
+            level => a.journal.commit_computed(
+                a.keyspace,
+                key,
+                level,
+                || {
+                    let old = self.inner.get(key)?;
+                    let new = update(old.as_deref());
+                    self.check_value(&new)?;
+                    Ok((Some(new.clone()), new))
+                },
+                |new| self.inner.apply(key, new),
+            ),
+        }
+    }
+
+    /// What the store has done since the database was opened.
+    pub fn stats(&self) -> HashStoreStats {
+        let f2 = &self.inner.f2;
+        let s = f2.stats();
+        let hot = f2.hot().stats();
+        let (h, c) = (f2.hot().log().addresses(), f2.cold().log().addresses());
+        let memory = self.inner.with_guard(|g| {
+            let (table, chunk_frames) = f2.cold().index().memory_bytes(g);
+            Ok(f2.hot().index_size_bytes(g) as u64
+                + table
+                + chunk_frames
+                + f2.hot().log().memory_bytes()
+                + f2.cold().log().memory_bytes())
+        });
+        HashStoreStats {
+            hot_cold_compactions: s.hot_cold_compactions,
+            cold_cold_compactions: s.cold_cold_compactions,
+            records_copied: s.records_copied,
+            records_dropped: s.records_dropped,
+            throttled_writes: s.throttled_writes,
+            in_place_updates: hot.in_place_updates,
+            appended_records: hot.appended_records,
+            hot_disk_reads: hot.disk_reads,
+            hot_log_bytes: h.tail - h.begin,
+            cold_log_bytes: c.tail - c.begin,
+            memory_bytes: memory.unwrap_or(0),
+        }
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        let max = self.inner.attached.max_key_bytes;
+        if key.len() > max {
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_value(&self, value: &[u8]) -> Result<()> {
+        let max = self.inner.attached.max_value_bytes;
+        if value.len() > max {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks `key` and `value` against the database's limits.
+    pub(crate) fn check_record(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        self.check_key(key)?;
+        value.map_or(Ok(()), |v| self.check_value(v))
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        let a = &self.inner.attached;
+        if a.dropped.load(Ordering::Acquire) {
+            return Err(Error::KeyspaceDropped {
+                name: a.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn write(&self, key: &[u8], value: Option<&[u8]>, durability: Durability) -> Result<()> {
+        self.check_record(key, value)?;
+        self.check_writable()?;
+        let a = &self.inner.attached;
+        match durability {
+            Durability::Unlogged => a
+                .journal
+                .unlogged(a.keyspace, key, || self.inner.apply(key, value)),
+            level => {
+                let op = match value {
+                    Some(value) => LogOpRef::Put {
+                        keyspace: a.keyspace,
+                        key,
+                        value,
+                    },
+                    None => LogOpRef::Delete {
+                        keyspace: a.keyspace,
+                        key,
+                    },
+                };
+                a.journal
+                    .commit(&[op], level, || self.inner.apply(key, value))
+            }
+        }
+    }
+
+    /// Writes `key` (deletes it for `None`) with no log record: for recovery's replay
+    /// and the database's batches, which log on their own.
+    pub(crate) fn write_unlogged(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        self.inner.apply(key, value)
+    }
+
+    /// The attachment to the database.
+    pub(crate) fn attached(&self) -> &HashAttached {
+        &self.inner.attached
+    }
+
+    /// Captures the store for a checkpoint ([`F2::checkpoint`]).
+    pub(crate) fn checkpoint(&self) -> Result<F2Extents> {
+        self.inner.with_guard(|g| self.inner.f2.checkpoint(g))
+    }
+
+    /// Lets the devices give up what is below `floors` (the lowest BEGIN of each log
+    /// that a kept checkpoint needs).
+    pub(crate) fn retain_from(&self, floors: [u64; 3]) -> Result<()> {
+        for (device, floor) in self.inner.floors.iter().zip(floors) {
+            device.retain_from(floor).map_err(Error::Io)?;
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Runs `f` under a guard of the store's epoch.
+    fn with_guard<T>(
+        &self,
+        f: impl FnOnce(&mut super::epoch::EpochGuard<'_, '_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut handle = self.f2.epoch().register();
+        let mut guard = handle.protect();
+        f(&mut guard)
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.with_guard(|g| self.f2.get(g, key))
+    }
+
+    fn apply(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        self.with_guard(|g| self.f2.upsert(g, key, value))
+    }
+}
+
+impl Compactor {
+    /// How often the compactor looks at the logs' sizes.
+    const TICK: Duration = Duration::from_millis(20);
+
+    fn start(inner: &Arc<Inner>) -> Option<Compactor> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let (signal, inner) = (Arc::clone(&stop), Arc::clone(inner));
+        let handle = std::thread::Builder::new()
+            .name("bfdb-hash-compactor".into())
+            .spawn(move || {
+                let (stopped, wake) = &*signal;
+                loop {
+                    {
+                        let mut stopped = stopped.lock();
+                        if *stopped {
+                            return;
+                        }
+                        wake.wait_for(&mut stopped, Self::TICK);
+                        if *stopped {
+                            return;
+                        }
+                    }
+                    // A dropped keyspace's files are gone: nothing to compact.
+                    if inner.attached.dropped.load(Ordering::Acquire) {
+                        return;
+                    }
+                    // Compacts while a log is past its threshold (and that helps: see
+                    // `F2::maybe_compact`).
+                    loop {
+                        match inner.with_guard(|g| inner.f2.maybe_compact(g)) {
+                            Ok(true) if !*signal.0.lock() => {}
+                            Ok(_) => break,
+                            Err(e) => {
+                                log::warn!(
+                                    "bfdb: compacting hash keyspace {:?} failed: {e}",
+                                    inner.attached.name
+                                );
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+            .ok()?;
+        Some(Compactor {
+            stop,
+            handle: Some(handle),
+        })
+    }
+}
