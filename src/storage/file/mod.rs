@@ -398,12 +398,12 @@ impl FileStore {
     /// lock held exclusively and never without blocking, so io_uring, whose first try of
     /// a write may not block, hands every such write to a kernel worker thread. A `Db`
     /// whose checkpoint pinned every page writes each page's next version to a new
-    /// slot, so after a checkpoint most leaf writes went that way: at 10M records those
-    /// workers took 0.45 µs of CPU per update, and the writers lost more to the switches
-    /// (docs/benchmarks.md). A write into reserved blocks is an overwrite as far as the
-    /// lock and io_uring are concerned. Nothing about the slots changes: reserved
-    /// blocks lie past the file's length until `set_len` covers them, read as zeros,
-    /// and a reopen does not see them. A failure (a filesystem without `fallocate`, a
+    /// slot, so after a checkpoint about half its leaf writes went that way: at 10M
+    /// records those workers took 0.41-0.48 µs of CPU per update, and the writers lost
+    /// more to the switches (docs/benchmarks.md). A write into reserved blocks is an
+    /// overwrite as far as the lock and io_uring are concerned. Nothing about the slots
+    /// changes: reserved blocks lie past the file's length until `set_len` covers them,
+    /// read as zeros, and a reopen does not see them. A failure (a filesystem without `fallocate`, a
     /// full disk) is ignored: writes then allocate their blocks as they did without it.
     fn reserve_ahead(&self, state: &mut AllocState, want_bytes: u64) {
         let ahead = (want_bytes / RESERVE_AHEAD_DIVISOR)
