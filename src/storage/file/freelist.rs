@@ -76,6 +76,9 @@ pub(super) struct AllocState {
     /// The file length in bytes as this store knows it; `allocate` keeps it at or above
     /// `high_water * PAGE_SIZE`.
     pub(super) file_len_bytes: u64,
+    /// How far past the file's start disk blocks were reserved (`fallocate` with
+    /// `FALLOC_FL_KEEP_SIZE`) ahead of the file's length; at least `file_len_bytes`.
+    pub(super) reserved_bytes: u64,
     /// The allocation state changed since the last superblock was planned.
     pub(super) dirty: bool,
 }
@@ -92,6 +95,7 @@ impl AllocState {
             chain: Vec::new(),
             generation: 1,
             file_len_bytes: offset_of(FIRST_DATA_SLOT),
+            reserved_bytes: offset_of(FIRST_DATA_SLOT),
             dirty: false,
         }
     }
@@ -237,6 +241,7 @@ pub(super) fn load_state(file: &File, len: u64, record: ChainRecord) -> io::Resu
         chain,
         generation: record.generation,
         file_len_bytes: len,
+        reserved_bytes: len,
         dirty: false,
     })
 }

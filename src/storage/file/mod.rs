@@ -96,6 +96,13 @@ const FIRST_DATA_SLOT: u64 = 2;
 /// `PAGE_SIZE` as a `u64`, for offset arithmetic.
 const PAGE_SIZE_U64: u64 = PAGE_SIZE as u64;
 
+/// When the file grows past the disk blocks reserved for it, blocks are reserved for
+/// this share of its length beyond what it needs (`FileStore::reserve_ahead`), within
+/// the two bounds below: a 380 MiB file reserves ~6 MiB (1,500 slots) at a time.
+const RESERVE_AHEAD_DIVISOR: u64 = 64;
+const RESERVE_AHEAD_MIN_BYTES: u64 = 1 << 20;
+const RESERVE_AHEAD_MAX_BYTES: u64 = 16 << 20;
+
 /// Byte offset of slot `no`; the caller has checked that `no` is below the high-water
 /// mark, which the file length bounds, so the product cannot overflow.
 fn offset_of(no: u64) -> u64 {
@@ -374,10 +381,55 @@ impl FileStore {
     fn ensure_len(&self, state: &mut AllocState, pages: u64) -> io::Result<()> {
         let want_bytes = offset_of(pages);
         if want_bytes > state.file_len_bytes {
+            if want_bytes > state.reserved_bytes {
+                self.reserve_ahead(state, want_bytes);
+            }
             self.file.set_len(want_bytes).map_err(|e| self.at_path(e))?;
             state.file_len_bytes = want_bytes;
         }
         Ok(())
+    }
+
+    /// Reserves disk blocks past the file's end, through `want_bytes` and a share of the
+    /// file beyond it, without changing the file's length (`FALLOC_FL_KEEP_SIZE`).
+    ///
+    /// Why: the `ftruncate` that grows the file leaves the new slots as a hole, and a
+    /// direct write into a hole must allocate blocks. ext4 does that only with the inode
+    /// lock held exclusively and never without blocking, so io_uring, whose first try of
+    /// a write may not block, hands every such write to a kernel worker thread. A `Db`
+    /// whose checkpoint pinned every page writes each page's next version to a new
+    /// slot, so after a checkpoint about half its leaf writes went that way: at 10M
+    /// records those workers took 0.41-0.48 µs of CPU per update, and the writers lost
+    /// more to the switches (docs/benchmarks.md). A write into reserved blocks is an
+    /// overwrite as far as the lock and io_uring are concerned. Nothing about the slots
+    /// changes: reserved blocks lie past the file's length until `set_len` covers them,
+    /// read as zeros, and a reopen does not see them. A failure (a filesystem without `fallocate`, a
+    /// full disk) is ignored: writes then allocate their blocks as they did without it.
+    fn reserve_ahead(&self, state: &mut AllocState, want_bytes: u64) {
+        let ahead = (want_bytes / RESERVE_AHEAD_DIVISOR)
+            .clamp(RESERVE_AHEAD_MIN_BYTES, RESERVE_AHEAD_MAX_BYTES);
+        let until = (want_bytes + ahead).next_multiple_of(PAGE_SIZE_U64);
+        let from = state.reserved_bytes.max(state.file_len_bytes);
+        #[cfg(target_os = "linux")]
+        if let (Ok(offset), Ok(len)) = (
+            libc::off_t::try_from(from),
+            libc::off_t::try_from(until - from),
+        ) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: the descriptor belongs to `self.file`, open for the whole call, and
+            // fallocate takes no pointer argument, so the call touches no memory of ours.
+            let _ = unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    offset,
+                    len,
+                )
+            };
+        }
+        // Also after a failure: the next try comes a whole share of the file later, so
+        // a filesystem that refuses costs one call per share, not one per slot.
+        state.reserved_bytes = until;
     }
 }
 
