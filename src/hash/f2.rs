@@ -36,7 +36,7 @@ use super::cold::ColdLog;
 use super::device::LogPages;
 use super::epoch::{Epoch, EpochGuard};
 use super::hlog::{Addresses, HlogOptions};
-use super::hot::{HotLog, Update};
+use super::hot::{HotLog, HotRead, Update};
 use crate::error::Result;
 use crate::sync::Mutex;
 
@@ -63,6 +63,9 @@ pub(crate) struct F2Options {
     /// Threads a compaction runs on (the caller's among them), each with one page of
     /// records in memory at a time. Default 2.
     pub(crate) compaction_threads: usize,
+    /// Bytes of memory for the read cache, in pages of the hot log's size (at least
+    /// three); 0 turns it off.
+    pub(crate) read_cache_memory_bytes: u64,
 }
 
 /// Counters of what compaction did.
@@ -79,6 +82,20 @@ pub(crate) struct F2Stats {
     pub(crate) hot_entries_removed: u64,
     /// Writes that found a log past its whole budget and compacted before returning.
     pub(crate) throttled_writes: u64,
+    /// Reads (and read-modify-writes) answered by a copy in the read cache.
+    pub(crate) read_cache_hits: u64,
+    /// Copies of records read from disk linked into the read cache.
+    pub(crate) read_cache_inserts: u64,
+    /// Copies made but not linked (the key's chain changed meanwhile, or no space).
+    pub(crate) read_cache_inserts_abandoned: u64,
+    /// Second chances: copies read again in the cache's older half, copied to its tail.
+    pub(crate) read_cache_copies_to_tail: u64,
+    /// Copies unlinked from the hot index by the eviction of their page.
+    pub(crate) read_cache_evictions: u64,
+    /// Read-cache pages evicted.
+    pub(crate) read_cache_pages_evicted: u64,
+    /// Copies marked invalid by a write of their key.
+    pub(crate) read_cache_invalidations: u64,
 }
 
 #[derive(Default)]
@@ -120,11 +137,12 @@ impl F2 {
     pub(crate) fn new(options: F2Options, devices: F2Devices) -> Result<F2> {
         let epoch = Arc::new(Epoch::new());
         Ok(F2 {
-            hot: HotLog::with_epoch(
+            hot: HotLog::with_read_cache(
                 options.hot_keys,
                 options.hot_log,
                 devices.hot,
                 Arc::clone(&epoch),
+                options.read_cache_memory_bytes,
             )?,
             cold: ColdLog::new(
                 options.cold_keys,
@@ -157,7 +175,15 @@ impl F2 {
     pub(crate) fn stats(&self) -> F2Stats {
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let rc = self.hot.read_cache_stats().unwrap_or_default();
         F2Stats {
+            read_cache_hits: rc.hits,
+            read_cache_inserts: rc.inserts,
+            read_cache_inserts_abandoned: rc.inserts_abandoned,
+            read_cache_copies_to_tail: rc.copies_to_tail,
+            read_cache_evictions: rc.evictions,
+            read_cache_pages_evicted: rc.pages_evicted,
+            read_cache_invalidations: rc.invalidations,
             hot_cold_compactions: load(&c.hot_cold_compactions),
             cold_cold_compactions: load(&c.cold_cold_compactions),
             records_copied: load(&c.records_copied),
@@ -168,12 +194,18 @@ impl F2 {
         }
     }
 
-    /// The value of `key`, if it has one.
+    /// The value of `key`, if it has one. A value read from disk (the hot log's or the
+    /// cold log's) is copied into the read cache.
     pub(crate) fn get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        if let Some(found) = self.hot.lookup(guard, key)? {
-            return Ok(found);
+        let ticket = match self.hot.read(guard, key)? {
+            HotRead::Found(found) => return Ok(found),
+            HotRead::NotFound(ticket) => ticket,
+        };
+        let found = self.cold_get(guard, key)?;
+        if let Some(value) = &found {
+            self.hot.cache_older(guard, key, value, ticket);
         }
-        self.cold_get(guard, key)
+        Ok(found)
     }
 
     /// The cold log's answer for `key`, looked up again if a cold truncation ran
@@ -470,6 +502,7 @@ mod tests {
             compact_at_percent: 80,
             compact_percent: 10,
             compaction_threads: 2,
+            read_cache_memory_bytes: 0,
         };
         let devices = F2Devices {
             hot: Arc::new(MemPages::new()),
@@ -715,6 +748,7 @@ mod tests {
             compact_at_percent: 80,
             compact_percent: 10,
             compaction_threads: 2,
+            read_cache_memory_bytes: 0,
         };
         let devices = F2Devices {
             hot: Arc::new(MemPages::new()),

@@ -39,6 +39,7 @@ pub(crate) mod f2;
 pub(crate) mod hlog;
 pub(crate) mod hot;
 pub(crate) mod index;
+pub(crate) mod read_cache;
 pub(crate) mod record;
 
 #[cfg(all(test, feature = "shuttle"))]
