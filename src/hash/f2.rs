@@ -485,12 +485,13 @@ mod tests {
         }
     }
 
-    /// A store whose logs keep a few pages each: compaction runs all the time.
+    /// A store whose logs keep a few pages each, and a read cache of four: compaction
+    /// and eviction run all the time.
     fn tiny() -> F2 {
-        tiny_with(64 * 4096)
+        tiny_with(64 * 4096, 4 * 4096)
     }
 
-    fn tiny_with(cold_log_budget_bytes: u64) -> F2 {
+    fn tiny_with(cold_log_budget_bytes: u64, read_cache_memory_bytes: u64) -> F2 {
         let options = F2Options {
             hot_keys: 512,
             cold_keys: 4096,
@@ -502,7 +503,7 @@ mod tests {
             compact_at_percent: 80,
             compact_percent: 10,
             compaction_threads: 2,
-            read_cache_memory_bytes: 0,
+            read_cache_memory_bytes,
         };
         let devices = F2Devices {
             hot: Arc::new(MemPages::new()),
@@ -580,6 +581,81 @@ mod tests {
             "{stats:?}"
         );
         assert!(store.hot().stats().disk_reads > 0);
+    }
+
+    #[test]
+    fn random_reads_and_writes_match_a_hash_map_through_a_tiny_read_cache() {
+        // Mostly reads, on skewed keys: the keys read often but written rarely end up on
+        // disk (hot or cold) and are cached; the three pages of copies fill and evict
+        // all the time, re-read copies get second chances, and writes replace copies.
+        // Every read is checked against the model.
+        let seed = 23;
+        println!("seed {seed}");
+        let store = tiny_with(64 * 4096, 4 * 4096);
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut rng = Rng(seed);
+        let keys = 2_000;
+        let grow = |old: Option<&[u8]>| {
+            let mut v = old.map(<[u8]>::to_vec).unwrap_or_default();
+            v.push(v.len() as u8);
+            v.truncate(60);
+            v
+        };
+        for step in 0..60_000u64 {
+            let k = key(rng.skewed(keys));
+            match rng.below(20) {
+                0..=12 => {
+                    let got = store.get(&guard, &k).unwrap();
+                    assert_eq!(got.as_ref(), model.get(&k), "step {step}: get {k:?}");
+                }
+                13..=15 => {
+                    let len = 8 + rng.below(40) as usize;
+                    let v: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                    store.upsert(&mut guard, &k, Some(&v)).unwrap();
+                    model.insert(k, v);
+                }
+                16..=18 => {
+                    let want = grow(model.get(&k).map(Vec::as_slice));
+                    assert_eq!(
+                        store.rmw(&mut guard, &k, &grow).unwrap(),
+                        want,
+                        "step {step}: rmw {k:?}"
+                    );
+                    model.insert(k, want);
+                }
+                _ => {
+                    store.upsert(&mut guard, &k, None).unwrap();
+                    model.remove(&k);
+                }
+            }
+            store.maybe_compact(&mut guard).unwrap();
+            guard.refresh();
+        }
+        for i in 0..keys {
+            let k = key(i);
+            assert_eq!(
+                store.get(&guard, &k).unwrap().as_ref(),
+                model.get(&k),
+                "{k:?}"
+            );
+        }
+        let stats = store.stats();
+        println!("{stats:?}");
+        assert!(
+            stats.read_cache_hits > 1_000
+                && stats.read_cache_inserts > 1_000
+                && stats.read_cache_evictions > 500
+                && stats.read_cache_pages_evicted > 20
+                && stats.read_cache_copies_to_tail > 10
+                && stats.read_cache_invalidations > 10,
+            "{stats:?}"
+        );
+        assert!(
+            stats.hot_cold_compactions > 5 && stats.cold_cold_compactions > 0,
+            "{stats:?}"
+        );
     }
 
     #[test]
@@ -719,6 +795,84 @@ mod tests {
             let stats = store.stats();
             assert!(
                 stats.hot_cold_compactions > 0 && stats.cold_cold_compactions > 0,
+                "{stats:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn counts_stay_exact_and_reads_never_go_back_with_the_read_cache() {
+        // The count store with reads: three threads add 1 to skewed keys or read them,
+        // while a fourth compacts both logs. A thread never reads a count below one it
+        // saw or made before (a stale copy in the read cache would show as one), and the
+        // counts end exact.
+        for round in 0..3u64 {
+            let store = tiny();
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let keys = 3_000u64;
+            let expected: Vec<HashMap<u64, u64>> = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..3u64)
+                    .map(|t| {
+                        let store = &store;
+                        s.spawn(move || {
+                            let mut handle = store.epoch().register();
+                            let mut guard = handle.protect();
+                            let seed = 1_000 + round * 10 + t;
+                            let mut rng = Rng(seed);
+                            let mut mine = HashMap::new();
+                            let mut seen: HashMap<u64, u64> = HashMap::new();
+                            for n in 0..12_000 {
+                                let k = rng.skewed(keys);
+                                let last = seen.get(&k).copied().unwrap_or(0);
+                                let now = if rng.below(3) == 0 {
+                                    *mine.entry(k).or_insert(0) += 1;
+                                    count(Some(store.rmw(&mut guard, &key(k), &counter).unwrap()))
+                                } else {
+                                    count(store.get(&guard, &key(k)).unwrap())
+                                };
+                                assert!(
+                                    now >= last,
+                                    "seed {seed}, op {n}: key {k} went back from {last} to {now}"
+                                );
+                                seen.insert(k, now);
+                                guard.refresh();
+                            }
+                            mine
+                        })
+                    })
+                    .collect();
+                let (store, done) = (&store, &done);
+                s.spawn(move || {
+                    let mut handle = store.epoch().register();
+                    let mut guard = handle.protect();
+                    while !done.load(std::sync::atomic::Ordering::Acquire) {
+                        let hot = store.hot().log().addresses().begin;
+                        store.compact_hot(&mut guard, hot + 4096).unwrap();
+                        let cold = store.cold().log().addresses().begin;
+                        store.compact_cold(&mut guard, cold + 4096).unwrap();
+                        guard.refresh();
+                        std::thread::yield_now();
+                    }
+                });
+                let out = workers.into_iter().map(|h| h.join().unwrap()).collect();
+                done.store(true, std::sync::atomic::Ordering::Release);
+                out
+            });
+            let mut handle = store.epoch().register();
+            let guard = handle.protect();
+            for k in 0..keys {
+                let want = expected_count(&expected, k);
+                assert_eq!(
+                    count(store.get(&guard, &key(k)).unwrap()),
+                    want,
+                    "round {round}, key {k}"
+                );
+            }
+            let stats = store.stats();
+            assert!(
+                stats.read_cache_hits > 0
+                    && stats.read_cache_inserts > 0
+                    && stats.read_cache_evictions > 0,
                 "{stats:?}"
             );
         }

@@ -459,3 +459,187 @@ pub(crate) fn unlink(
         slot.try_update(previous).is_ok()
     }
 }
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::hash::device::MemPages;
+    use crate::hash::epoch::Epoch;
+    use crate::hash::hlog::HlogOptions;
+    use crate::hash::hot::{HotLog, HotRead};
+
+    /// A hot log of four 4 KiB frames with a read cache of `pages` 4 KiB pages.
+    fn store(pages: u64) -> HotLog {
+        let options = HlogOptions {
+            page_bits: 12,
+            frames: 4,
+            mutable_pages: 2,
+        };
+        HotLog::with_read_cache(
+            256,
+            options,
+            Arc::new(MemPages::new()),
+            Arc::new(Epoch::new()),
+            pages * 4096,
+        )
+        .unwrap()
+    }
+
+    fn key(i: u64) -> Vec<u8> {
+        format!("cold{i}").into_bytes()
+    }
+
+    fn value(i: u64) -> Vec<u8> {
+        vec![i as u8; 40 + (i % 50) as usize]
+    }
+
+    /// Reads `key(i)` as F2 does for a key only the cold log holds (whose value is
+    /// `value(i)`): answers whether the read cache did.
+    fn read_cold(store: &HotLog, guard: &crate::hash::epoch::EpochGuard<'_, '_>, i: u64) -> bool {
+        match store.read(guard, &key(i)).unwrap() {
+            HotRead::Found(found) => {
+                assert_eq!(found, Some(value(i)), "key {i}");
+                true
+            }
+            HotRead::NotFound(ticket) => {
+                store.cache_older(guard, &key(i), &value(i), ticket);
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn too_small_a_read_cache_is_refused() {
+        let options = HlogOptions {
+            page_bits: 12,
+            frames: 4,
+            mutable_pages: 2,
+        };
+        let made = HotLog::with_read_cache(
+            16,
+            options,
+            Arc::new(MemPages::new()),
+            Arc::new(Epoch::new()),
+            2 * 4096,
+        );
+        assert!(matches!(made, Err(crate::error::Error::InvalidConfig(_))));
+    }
+
+    #[test]
+    fn copies_of_cold_keys_cycle_through_the_pages_and_their_entries_go_with_them() {
+        // 3,000 keys only the cold log has, read in turn through a three-page cache: each
+        // read caches its key (creating a hot index entry for a copy whose chain has no
+        // hot record); evicting the copy removes the entry again, so the hot index does
+        // not keep every key ever read.
+        let store = store(3);
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        for i in 0..3_000 {
+            assert!(!read_cold(&store, &guard, i), "key {i} was cached before");
+            guard.refresh();
+        }
+        let stats = store.read_cache_stats().unwrap();
+        assert!(stats.pages_evicted > 20, "{stats:?}");
+        assert!(stats.inserts > 2_900, "{stats:?}");
+        let entries = store.index_entries(&guard);
+        assert!(
+            entries < 400,
+            "{entries} hot index entries for a cache of three pages"
+        );
+        // The newest keys are still cached and hit.
+        assert!(read_cold(&store, &guard, 2_999));
+        let rc = store.read_cache().unwrap();
+        assert_eq!(rc.memory_bytes(), 3 * 4096);
+        let (head, tail) = rc.head_and_tail();
+        assert!(head > 0 && tail - head <= 3 * 4096, "head {head}, tail {tail}");
+    }
+
+    #[test]
+    fn a_copy_read_again_in_the_older_half_gets_a_second_chance() {
+        // Key 0 is read again every few reads of other keys: each time its copy has aged
+        // into the older half it is copied to the tail, so it is never evicted and every
+        // read of it after the first hits.
+        let store = store(5);
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        assert!(!read_cold(&store, &guard, 0));
+        for i in 1..3_000 {
+            read_cold(&store, &guard, i);
+            if i % 20 == 0 {
+                assert!(read_cold(&store, &guard, 0), "key 0 was evicted by read {i}");
+            }
+            guard.refresh();
+        }
+        let stats = store.read_cache_stats().unwrap();
+        assert!(
+            stats.copies_to_tail > 5 && stats.evictions > 1_000,
+            "{stats:?}"
+        );
+    }
+
+    #[test]
+    fn writes_replace_copies_and_reads_see_the_writes() {
+        let store = store(4);
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        for i in 0..50 {
+            read_cold(&store, &guard, i);
+        }
+        for i in 0..50 {
+            assert!(read_cold(&store, &guard, i), "key {i} is cached");
+        }
+        for i in (0..50).step_by(2) {
+            store.upsert(&mut guard, &key(i), Some(b"new")).unwrap();
+        }
+        for i in (1..50).step_by(4) {
+            store.upsert(&mut guard, &key(i), None).unwrap();
+        }
+        for i in 0..50 {
+            let want = match i % 4 {
+                0 | 2 => Some(b"new".to_vec()),
+                1 => None,
+                _ => Some(value(i)),
+            };
+            match store.read(&guard, &key(i)).unwrap() {
+                HotRead::Found(found) => assert_eq!(found, want, "key {i}"),
+                HotRead::NotFound(_) => panic!("key {i}: a copy or a hot record answers"),
+            }
+        }
+        let stats = store.read_cache_stats().unwrap();
+        assert_eq!(stats.invalidations, 25 + 13, "{stats:?}");
+    }
+
+    #[test]
+    fn the_index_doubles_with_copies_at_chain_heads() {
+        let store = store(8);
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        // Hot records of some keys, then copies of cold keys in front of them in shared
+        // chains (256 expected keys: 64 buckets).
+        for i in 0..100u64 {
+            store
+                .upsert(&mut guard, format!("hot{i}").as_bytes(), Some(&[7; 30]))
+                .unwrap();
+        }
+        for i in 0..200 {
+            read_cold(&store, &guard, i);
+        }
+        let before = store.index_buckets(&guard);
+        assert!(store.grow_index(&mut guard));
+        assert!(store.grow_index(&mut guard));
+        assert_eq!(store.index_buckets(&guard), before * 4);
+        let hits = store.read_cache_stats().unwrap().hits;
+        for i in 0..200 {
+            read_cold(&store, &guard, i);
+        }
+        for i in 0..100u64 {
+            assert_eq!(
+                store.get(&guard, format!("hot{i}").as_bytes()).unwrap(),
+                Some(vec![7; 30])
+            );
+        }
+        let hits = store.read_cache_stats().unwrap().hits - hits;
+        assert!(hits > 100, "{hits} of 200 reads hit after the grows");
+    }
+}
