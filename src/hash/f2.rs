@@ -3,7 +3,10 @@
 //! within the cold log.
 //!
 //! - **Reads** look in the hot log; a key it has no record of is looked up in the cold
-//!   log. A tombstone in the hot log answers "absent" without the cold log.
+//!   log. A tombstone in the hot log answers "absent" without the cold log. With a read
+//!   cache (`read_cache_memory_bytes`), a value read from disk — the hot log's or the
+//!   cold log's — is copied into it, at the head of the key's hot chain, where the next
+//!   read finds it (section 7).
 //! - **Upserts and deletes** go to the hot log only (a delete appends a tombstone).
 //! - **Read-modify-writes** (algorithm 1): in the hot log if it has a record of the key;
 //!   otherwise the old value comes from the cold log, and the result is appended to the

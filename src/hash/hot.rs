@@ -24,6 +24,12 @@
 //! invalid before unlocking: an in-place writer waiting for the lock then finds it
 //! invalid and starts again from the index, where the new record is.
 //!
+//! **The read cache** (`read_cache.rs`, F2's only). An entry may name a copy in the read
+//! cache (address bit 47), in front of the chain's hot-log records. Reads answer from a
+//! valid copy of their key and copy records they read from disk into the cache; writes
+//! mark a copy of their key invalid and link their record past the copy, so their swap
+//! of the entry unlinks it; compaction's liveness check starts past it.
+//!
 //! Every operation runs under an epoch guard and never refreshes it while it holds an
 //! index entry slot or a record view: when the tail's page is full, or a record is in
 //! the fuzzy region, it drops them, refreshes, and starts again.
@@ -309,12 +315,7 @@ impl HotLog {
         }
     }
 
-    fn read_inner(
-        &self,
-        guard: &EpochGuard<'_, '_>,
-        key: &[u8],
-        caching: bool,
-    ) -> Result<HotRead> {
+    fn read_inner(&self, guard: &EpochGuard<'_, '_>, key: &[u8], caching: bool) -> Result<HotRead> {
         // BEGIN first, then the entry: see `link_copy`.
         let begin = self.log.addresses().begin;
         let entry = self
@@ -644,8 +645,7 @@ impl HotLog {
         if self.read_cache.is_some() && address >= READ_CACHE_BIT {
             // Entries tell copies from hot-log records by this bit.
             return Err(Error::Poisoned {
-                cause: "the hot log's 47-bit address space (with a read cache) is exhausted"
-                    .into(),
+                cause: "the hot log's 47-bit address space (with a read cache) is exhausted".into(),
             });
         }
         let previous = self.bypass_copy(slot.address(), key);
@@ -818,11 +818,10 @@ impl HotLog {
     /// caller holds nothing from under `guard`, which this refreshes while it waits for
     /// the other threads (which must keep refreshing).
     pub(crate) fn grow_index(&self, guard: &mut EpochGuard<'_, '_>) -> bool {
-        self.index
-            .grow(
-                guard,
-                Arc::new(LogHashes(Arc::clone(&self.log), self.read_cache.clone())),
-            )
+        self.index.grow(
+            guard,
+            Arc::new(LogHashes(Arc::clone(&self.log), self.read_cache.clone())),
+        )
     }
 
     /// Bytes of the index's memory (home and overflow buckets).
@@ -834,6 +833,28 @@ impl HotLog {
     /// truncation); returns how many.
     pub(crate) fn remove_entries_below(&self, guard: &EpochGuard<'_, '_>, begin: u64) -> usize {
         self.index.remove_entries_below(guard, begin)
+    }
+
+    /// Moves the read cache's tail to its next page now (tests).
+    #[cfg(all(test, feature = "shuttle"))]
+    pub(crate) fn read_cache_turn_page(&self, guard: &EpochGuard<'_, '_>) -> bool {
+        let rc = self.read_cache.as_ref().expect("a read cache");
+        rc.turn_page(guard, &self.index, self.log.addresses().begin)
+    }
+
+    /// Evicts the read cache's oldest page now, if sealed (tests).
+    #[cfg(all(test, feature = "shuttle"))]
+    pub(crate) fn read_cache_evict_oldest(&self, guard: &EpochGuard<'_, '_>) -> bool {
+        let rc = self.read_cache.as_ref().expect("a read cache");
+        rc.evict_oldest(guard, &self.index, self.log.addresses().begin)
+    }
+
+    /// The address in `key`'s index entry, if it has one (tests).
+    #[cfg(all(test, feature = "shuttle"))]
+    pub(crate) fn entry_address(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Option<u64> {
+        self.index
+            .find(guard, hash_key(key))
+            .map(|slot| slot.address())
     }
 
     /// Live entries of the index (tests).

@@ -55,8 +55,8 @@ use super::epoch::{Epoch, EpochGuard};
 use super::index::HashIndex;
 use super::record::{MemRecord, RECORD_HEADER_BYTES};
 use crate::error::{Error, Result};
-use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::Mutex;
+use crate::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The bit of a hot index entry's address that says "a copy in the read cache" (FASTER's
@@ -382,8 +382,7 @@ impl ReadCache {
         };
         loop {
             let page_start = self.head.load(Ordering::SeqCst);
-            if page_start >= until
-                || self.shared.sealed_until.load(Ordering::SeqCst) <= page_start
+            if page_start >= until || self.shared.sealed_until.load(Ordering::SeqCst) <= page_start
             {
                 return;
             }
@@ -433,6 +432,31 @@ impl ReadCache {
     #[cfg(test)]
     pub(crate) fn head_and_tail(&self) -> (u64, u64) {
         (self.head.load(Ordering::SeqCst), self.tail_address())
+    }
+
+    /// Moves the tail to the next page now (tests); false if its frame is not free.
+    #[cfg(all(test, feature = "shuttle"))]
+    pub(crate) fn turn_page(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        index: &HashIndex,
+        hot_begin: u64,
+    ) -> bool {
+        let full = self.tail.load(Ordering::SeqCst) >> 32;
+        self.open_next_page(guard, index, hot_begin, full)
+    }
+
+    /// Evicts the oldest page now if it is sealed (tests); answers whether it did.
+    #[cfg(all(test, feature = "shuttle"))]
+    pub(crate) fn evict_oldest(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        index: &HashIndex,
+        hot_begin: u64,
+    ) -> bool {
+        let head = self.head.load(Ordering::SeqCst);
+        self.evict_before(guard, index, hot_begin, head + self.page_bytes);
+        self.head.load(Ordering::SeqCst) > head
     }
 }
 
@@ -552,7 +576,10 @@ mod tests {
         let rc = store.read_cache().unwrap();
         assert_eq!(rc.memory_bytes(), 3 * 4096);
         let (head, tail) = rc.head_and_tail();
-        assert!(head > 0 && tail - head <= 3 * 4096, "head {head}, tail {tail}");
+        assert!(
+            head > 0 && tail - head <= 3 * 4096,
+            "head {head}, tail {tail}"
+        );
     }
 
     #[test]
@@ -567,7 +594,10 @@ mod tests {
         for i in 1..3_000 {
             read_cold(&store, &guard, i);
             if i % 20 == 0 {
-                assert!(read_cold(&store, &guard, 0), "key 0 was evicted by read {i}");
+                assert!(
+                    read_cold(&store, &guard, 0),
+                    "key 0 was evicted by read {i}"
+                );
             }
             guard.refresh();
         }
