@@ -882,6 +882,46 @@ mod tests {
     }
 
     #[test]
+    fn no_copy_is_linked_after_its_key_was_written_and_compacted_away_meanwhile() {
+        // A read finds no hot record of a key and reads the cold log's value; before it
+        // links its copy, the key is written, the write is compacted into the cold log
+        // and the key's hot entry swept away — the entry is back to what the read saw
+        // (none). The link must see that the hot log's BEGIN moved and give up, or the
+        // old value would answer from then on.
+        let store = tiny();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        store
+            .cold()
+            .insert(&mut guard, &key(0), Some(b"old"))
+            .unwrap();
+        let HotRead::NotFound(ticket) = store.hot().read(&guard, &key(0)).unwrap() else {
+            panic!("the hot log has no record of the key");
+        };
+        store.upsert(&mut guard, &key(0), Some(b"new")).unwrap();
+        let mut i = 1;
+        while store
+            .hot()
+            .newest_address(&guard, &key(0))
+            .unwrap()
+            .is_some()
+        {
+            store.upsert(&mut guard, &key(i), Some(&[1; 40])).unwrap();
+            store.maybe_compact(&mut guard).unwrap();
+            guard.refresh();
+            i += 1;
+            assert!(i < 10_000, "the write never left the hot log");
+        }
+        assert!(store.stats().hot_entries_removed > 0);
+        store.hot().cache_older(&guard, &key(0), b"old", ticket);
+        assert_eq!(
+            store.get(&guard, &key(0)).unwrap().as_deref(),
+            Some(&b"new"[..])
+        );
+        assert_eq!(store.stats().read_cache_inserts_abandoned, 1);
+    }
+
+    #[test]
     fn a_cold_read_racing_a_cold_compaction_and_truncation_finds_the_copy() {
         // F2's false-absence anomaly (section 5.4), made certain by a hook: a cold read
         // has read its key's chain head (a record of another key, in front of the key's
