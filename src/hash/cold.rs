@@ -79,7 +79,7 @@ impl ColdIndex {
         buckets: usize,
     ) -> Result<ColdIndex> {
         Ok(ColdIndex {
-            chunks: HotLog::recover(buckets, log, device, epoch, extent)?,
+            chunks: HotLog::recover(buckets, log, device, epoch, extent, 0)?,
             chunk_count: Self::chunks_for(expected_keys),
         })
     }

@@ -3,7 +3,10 @@
 //! within the cold log.
 //!
 //! - **Reads** look in the hot log; a key it has no record of is looked up in the cold
-//!   log. A tombstone in the hot log answers "absent" without the cold log.
+//!   log. A tombstone in the hot log answers "absent" without the cold log. With a read
+//!   cache (`read_cache_memory_bytes`), a value read from disk — the hot log's or the
+//!   cold log's — is copied into it, at the head of the key's hot chain, where the next
+//!   read finds it (section 7).
 //! - **Upserts and deletes** go to the hot log only (a delete appends a tombstone).
 //! - **Read-modify-writes** (algorithm 1): in the hot log if it has a record of the key;
 //!   otherwise the old value comes from the cold log, and the result is appended to the
@@ -36,7 +39,7 @@ use super::cold::ColdLog;
 use super::device::LogPages;
 use super::epoch::{Epoch, EpochGuard};
 use super::hlog::{Addresses, HlogOptions, LogExtent};
-use super::hot::{HotLog, Update};
+use super::hot::{HotLog, HotRead, Update};
 use crate::error::Result;
 use crate::sync::Mutex;
 
@@ -63,6 +66,9 @@ pub(crate) struct F2Options {
     /// Threads a compaction runs on (the caller's among them), each with one page of
     /// records in memory at a time. Default 2.
     pub(crate) compaction_threads: usize,
+    /// Bytes of memory for the read cache, in pages of the hot log's size (at least
+    /// three); 0 turns it off.
+    pub(crate) read_cache_memory_bytes: u64,
 }
 
 /// Counters of what compaction did.
@@ -79,6 +85,20 @@ pub(crate) struct F2Stats {
     pub(crate) hot_entries_removed: u64,
     /// Writes that found a log past its whole budget and compacted before returning.
     pub(crate) throttled_writes: u64,
+    /// Reads (and read-modify-writes) answered by a copy in the read cache.
+    pub(crate) read_cache_hits: u64,
+    /// Copies of records read from disk linked into the read cache.
+    pub(crate) read_cache_inserts: u64,
+    /// Copies made but not linked (the key's chain changed meanwhile, or no space).
+    pub(crate) read_cache_inserts_abandoned: u64,
+    /// Second chances: copies read again in the cache's older half, copied to its tail.
+    pub(crate) read_cache_copies_to_tail: u64,
+    /// Copies unlinked from the hot index by the eviction of their page.
+    pub(crate) read_cache_evictions: u64,
+    /// Read-cache pages evicted.
+    pub(crate) read_cache_pages_evicted: u64,
+    /// Copies marked invalid by a write of their key.
+    pub(crate) read_cache_invalidations: u64,
 }
 
 #[derive(Default)]
@@ -154,6 +174,7 @@ impl F2 {
                 devices.hot,
                 Arc::clone(&epoch),
                 extents.hot,
+                options.read_cache_memory_bytes,
             )?,
             cold: ColdLog::recover(
                 options.cold_keys,
@@ -214,11 +235,12 @@ impl F2 {
     pub(crate) fn new(options: F2Options, devices: F2Devices) -> Result<F2> {
         let epoch = Arc::new(Epoch::new());
         Ok(F2 {
-            hot: HotLog::with_epoch(
+            hot: HotLog::with_read_cache(
                 options.hot_keys,
                 options.hot_log,
                 devices.hot,
                 Arc::clone(&epoch),
+                options.read_cache_memory_bytes,
             )?,
             cold: ColdLog::new(
                 options.cold_keys,
@@ -252,7 +274,15 @@ impl F2 {
     pub(crate) fn stats(&self) -> F2Stats {
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let rc = self.hot.read_cache_stats().unwrap_or_default();
         F2Stats {
+            read_cache_hits: rc.hits,
+            read_cache_inserts: rc.inserts,
+            read_cache_inserts_abandoned: rc.inserts_abandoned,
+            read_cache_copies_to_tail: rc.copies_to_tail,
+            read_cache_evictions: rc.evictions,
+            read_cache_pages_evicted: rc.pages_evicted,
+            read_cache_invalidations: rc.invalidations,
             hot_cold_compactions: load(&c.hot_cold_compactions),
             cold_cold_compactions: load(&c.cold_cold_compactions),
             records_copied: load(&c.records_copied),
@@ -263,12 +293,18 @@ impl F2 {
         }
     }
 
-    /// The value of `key`, if it has one.
+    /// The value of `key`, if it has one. A value read from disk (the hot log's or the
+    /// cold log's) is copied into the read cache.
     pub(crate) fn get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        if let Some(found) = self.hot.lookup(guard, key)? {
-            return Ok(found);
+        let ticket = match self.hot.read(guard, key)? {
+            HotRead::Found(found) => return Ok(found),
+            HotRead::NotFound(ticket) => ticket,
+        };
+        let found = self.cold_get(guard, key)?;
+        if let Some(value) = &found {
+            self.hot.cache_older(guard, key, value, ticket);
         }
-        self.cold_get(guard, key)
+        Ok(found)
     }
 
     /// The cold log's answer for `key`, looked up again if a cold truncation ran
@@ -566,12 +602,13 @@ mod tests {
         }
     }
 
-    /// A store whose logs keep a few pages each: compaction runs all the time.
+    /// A store whose logs keep a few pages each, and a read cache of four: compaction
+    /// and eviction run all the time.
     fn tiny() -> F2 {
-        tiny_with(64 * 4096)
+        tiny_with(64 * 4096, 4 * 4096)
     }
 
-    fn tiny_with(cold_log_budget_bytes: u64) -> F2 {
+    fn tiny_with(cold_log_budget_bytes: u64, read_cache_memory_bytes: u64) -> F2 {
         let options = F2Options {
             hot_keys: 512,
             cold_keys: 4096,
@@ -583,6 +620,7 @@ mod tests {
             compact_at_percent: 80,
             compact_percent: 10,
             compaction_threads: 2,
+            read_cache_memory_bytes,
         };
         let devices = F2Devices {
             hot: Arc::new(MemPages::new()),
@@ -764,6 +802,81 @@ mod tests {
     }
 
     #[test]
+    fn random_reads_and_writes_match_a_hash_map_through_a_tiny_read_cache() {
+        // Mostly reads, on skewed keys: the keys read often but written rarely end up on
+        // disk (hot or cold) and are cached; the three pages of copies fill and evict
+        // all the time, re-read copies get second chances, and writes replace copies.
+        // Every read is checked against the model.
+        let seed = 23;
+        println!("seed {seed}");
+        let store = tiny_with(64 * 4096, 4 * 4096);
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut rng = Rng(seed);
+        let keys = 2_000;
+        let grow = |old: Option<&[u8]>| {
+            let mut v = old.map(<[u8]>::to_vec).unwrap_or_default();
+            v.push(v.len() as u8);
+            v.truncate(60);
+            v
+        };
+        for step in 0..60_000u64 {
+            let k = key(rng.skewed(keys));
+            match rng.below(20) {
+                0..=12 => {
+                    let got = store.get(&guard, &k).unwrap();
+                    assert_eq!(got.as_ref(), model.get(&k), "step {step}: get {k:?}");
+                }
+                13..=15 => {
+                    let len = 8 + rng.below(40) as usize;
+                    let v: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                    store.upsert(&mut guard, &k, Some(&v)).unwrap();
+                    model.insert(k, v);
+                }
+                16..=18 => {
+                    let want = grow(model.get(&k).map(Vec::as_slice));
+                    assert_eq!(
+                        store.rmw(&mut guard, &k, &grow).unwrap(),
+                        want,
+                        "step {step}: rmw {k:?}"
+                    );
+                    model.insert(k, want);
+                }
+                _ => {
+                    store.upsert(&mut guard, &k, None).unwrap();
+                    model.remove(&k);
+                }
+            }
+            store.maybe_compact(&mut guard).unwrap();
+            guard.refresh();
+        }
+        for i in 0..keys {
+            let k = key(i);
+            assert_eq!(
+                store.get(&guard, &k).unwrap().as_ref(),
+                model.get(&k),
+                "{k:?}"
+            );
+        }
+        let stats = store.stats();
+        println!("{stats:?}");
+        assert!(
+            stats.read_cache_hits > 1_000
+                && stats.read_cache_inserts > 1_000
+                && stats.read_cache_evictions > 500
+                && stats.read_cache_pages_evicted > 20
+                && stats.read_cache_copies_to_tail > 10
+                && stats.read_cache_invalidations > 10,
+            "{stats:?}"
+        );
+        assert!(
+            stats.hot_cold_compactions > 5 && stats.cold_cold_compactions > 0,
+            "{stats:?}"
+        );
+    }
+
+    #[test]
     fn writers_past_the_budget_are_throttled_by_compacting_not_failed() {
         // Nobody compacts but the writers themselves: once a log passes its whole budget,
         // each write compacts before it returns, and the logs stay within their budgets.
@@ -906,6 +1019,124 @@ mod tests {
     }
 
     #[test]
+    fn counts_stay_exact_and_reads_never_go_back_with_the_read_cache() {
+        // The count store with reads: three threads add 1 to skewed keys or read them,
+        // while a fourth compacts both logs. A thread never reads a count below one it
+        // saw or made before (a stale copy in the read cache would show as one), and the
+        // counts end exact.
+        for round in 0..3u64 {
+            let store = tiny();
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let keys = 3_000u64;
+            let expected: Vec<HashMap<u64, u64>> = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..3u64)
+                    .map(|t| {
+                        let store = &store;
+                        s.spawn(move || {
+                            let mut handle = store.epoch().register();
+                            let mut guard = handle.protect();
+                            let seed = 1_000 + round * 10 + t;
+                            let mut rng = Rng(seed);
+                            let mut mine = HashMap::new();
+                            let mut seen: HashMap<u64, u64> = HashMap::new();
+                            for n in 0..12_000 {
+                                let k = rng.skewed(keys);
+                                let last = seen.get(&k).copied().unwrap_or(0);
+                                let now = if rng.below(3) == 0 {
+                                    *mine.entry(k).or_insert(0) += 1;
+                                    count(Some(store.rmw(&mut guard, &key(k), &counter).unwrap()))
+                                } else {
+                                    count(store.get(&guard, &key(k)).unwrap())
+                                };
+                                assert!(
+                                    now >= last,
+                                    "seed {seed}, op {n}: key {k} went back from {last} to {now}"
+                                );
+                                seen.insert(k, now);
+                                guard.refresh();
+                            }
+                            mine
+                        })
+                    })
+                    .collect();
+                let (store, done) = (&store, &done);
+                s.spawn(move || {
+                    let mut handle = store.epoch().register();
+                    let mut guard = handle.protect();
+                    while !done.load(std::sync::atomic::Ordering::Acquire) {
+                        let hot = store.hot().log().addresses().begin;
+                        store.compact_hot(&mut guard, hot + 4096).unwrap();
+                        let cold = store.cold().log().addresses().begin;
+                        store.compact_cold(&mut guard, cold + 4096).unwrap();
+                        guard.refresh();
+                        std::thread::yield_now();
+                    }
+                });
+                let out = workers.into_iter().map(|h| h.join().unwrap()).collect();
+                done.store(true, std::sync::atomic::Ordering::Release);
+                out
+            });
+            let mut handle = store.epoch().register();
+            let guard = handle.protect();
+            for k in 0..keys {
+                let want = expected_count(&expected, k);
+                assert_eq!(
+                    count(store.get(&guard, &key(k)).unwrap()),
+                    want,
+                    "round {round}, key {k}"
+                );
+            }
+            let stats = store.stats();
+            assert!(
+                stats.read_cache_hits > 0
+                    && stats.read_cache_inserts > 0
+                    && stats.read_cache_evictions > 0,
+                "{stats:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_copy_is_linked_after_its_key_was_written_and_compacted_away_meanwhile() {
+        // A read finds no hot record of a key and reads the cold log's value; before it
+        // links its copy, the key is written, the write is compacted into the cold log
+        // and the key's hot entry swept away — the entry is back to what the read saw
+        // (none). The link must see that the hot log's BEGIN moved and give up, or the
+        // old value would answer from then on.
+        let store = tiny();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        store
+            .cold()
+            .insert(&mut guard, &key(0), Some(b"old"))
+            .unwrap();
+        let HotRead::NotFound(ticket) = store.hot().read(&guard, &key(0)).unwrap() else {
+            panic!("the hot log has no record of the key");
+        };
+        store.upsert(&mut guard, &key(0), Some(b"new")).unwrap();
+        let mut i = 1;
+        while store
+            .hot()
+            .newest_address(&guard, &key(0))
+            .unwrap()
+            .is_some()
+        {
+            store.upsert(&mut guard, &key(i), Some(&[1; 40])).unwrap();
+            store.maybe_compact(&mut guard).unwrap();
+            guard.refresh();
+            i += 1;
+            assert!(i < 10_000, "the write never left the hot log");
+        }
+        assert!(store.stats().hot_entries_removed > 0);
+        store.hot().cache_older(&guard, &key(0), b"old", ticket);
+        assert_eq!(
+            store.get(&guard, &key(0)).unwrap().as_deref(),
+            Some(&b"new"[..])
+        );
+        assert_eq!(store.stats().read_cache_inserts_abandoned, 1);
+    }
+
+    #[test]
     fn a_cold_read_racing_a_cold_compaction_and_truncation_finds_the_copy() {
         // F2's false-absence anomaly (section 5.4), made certain by a hook: a cold read
         // has read its key's chain head (a record of another key, in front of the key's
@@ -929,6 +1160,7 @@ mod tests {
             compact_at_percent: 80,
             compact_percent: 10,
             compaction_threads: 2,
+            read_cache_memory_bytes: 0,
         };
         let devices = F2Devices {
             hot: Arc::new(MemPages::new()),

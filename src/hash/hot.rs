@@ -24,6 +24,12 @@
 //! invalid before unlocking: an in-place writer waiting for the lock then finds it
 //! invalid and starts again from the index, where the new record is.
 //!
+//! **The read cache** (`read_cache.rs`, F2's only). An entry may name a copy in the read
+//! cache (address bit 47), in front of the chain's hot-log records. Reads answer from a
+//! valid copy of their key and copy records they read from disk into the cache; writes
+//! mark a copy of their key invalid and link their record past the copy, so their swap
+//! of the entry unlinks it; compaction's liveness check starts past it.
+//!
 //! Every operation runs under an epoch guard and never refreshes it while it holds an
 //! index entry slot or a record view: when the tail's page is full, or a record is in
 //! the fuzzy region, it drops them, refreshes, and starts again.
@@ -35,6 +41,7 @@ use super::device::LogPages;
 use super::epoch::{Epoch, EpochGuard};
 use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog};
 use super::index::{ChainLink, EntrySlot, HashIndex, IndexOptions, RecordHashes};
+use super::read_cache::{READ_CACHE_BIT, ReadCache, ReadCacheStats, is_cached};
 use super::record::{Header, MemRecord, record_size_bytes};
 use crate::error::{Error, Result};
 use crate::sync::spin_wait;
@@ -98,7 +105,33 @@ pub(crate) struct HotLog {
     epoch: Arc<Epoch>,
     index: HashIndex,
     log: Arc<HybridLog>,
+    /// F2's read cache, whose copies head hot chains (`read_cache.rs`); `None` when off.
+    read_cache: Option<Arc<ReadCache>>,
     counters: Counters,
+}
+
+/// Where the hot log's part of a read ended.
+pub(crate) enum HotRead {
+    /// The answer: a value, or `None` for a tombstone.
+    Found(Option<Vec<u8>>),
+    /// The hot log has no record of the key (above BEGIN): the older tier answers, and
+    /// what it finds may be cached with [`HotLog::cache_older`] and this ticket.
+    NotFound(CacheTicket),
+}
+
+/// What a read saw of its key's chain before it looked at the record it may cache: a
+/// copy is linked only if the chain still looks the same.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CacheTicket {
+    /// The entry's address (`None`: no entry).
+    entry: Option<u64>,
+    /// The hot-log address a copy links to: the entry's, or its copy's previous one.
+    hot_head: u64,
+    /// The hot log's BEGIN before the entry was read.
+    begin: u64,
+    /// Whether to cache at all (the cache is on, and no write is replacing the copy of
+    /// this key at the head).
+    allowed: bool,
 }
 
 /// One try of an operation: done, or what must happen (under a refreshed guard) before
@@ -137,11 +170,41 @@ impl HotLog {
         device: Arc<dyn LogPages>,
         epoch: Arc<Epoch>,
     ) -> Result<HotLog> {
+        HotLog::with_read_cache(expected_keys, log, device, epoch, 0)
+    }
+
+    /// As [`HotLog::with_epoch`], with a read cache of `read_cache_memory_bytes` in pages
+    /// of the log's size (0: none).
+    pub(crate) fn with_read_cache(
+        expected_keys: u64,
+        log: HlogOptions,
+        device: Arc<dyn LogPages>,
+        epoch: Arc<Epoch>,
+        read_cache_memory_bytes: u64,
+    ) -> Result<HotLog> {
+        let read_cache = Self::new_read_cache(read_cache_memory_bytes, log, &epoch)?;
         Ok(HotLog {
             index: HashIndex::new(Arc::clone(&epoch), IndexOptions::for_keys(expected_keys)),
             log: Arc::new(HybridLog::new(log, device, Arc::clone(&epoch))?),
             epoch,
+            read_cache,
             counters: Counters::default(),
+        })
+    }
+
+    /// A read cache of `bytes` (none for 0) beside a log of `log`'s pages.
+    fn new_read_cache(
+        bytes: u64,
+        log: HlogOptions,
+        epoch: &Arc<Epoch>,
+    ) -> Result<Option<Arc<ReadCache>>> {
+        Ok(match bytes {
+            0 => None,
+            bytes => Some(Arc::new(ReadCache::new(
+                bytes,
+                log.page_bits,
+                Arc::clone(epoch),
+            )?)),
         })
     }
 
@@ -162,6 +225,7 @@ impl HotLog {
         device: Arc<dyn LogPages>,
         epoch: Arc<Epoch>,
         extent: super::hlog::LogExtent,
+        read_cache_memory_bytes: u64,
     ) -> Result<HotLog> {
         if !buckets.is_power_of_two() || buckets > 1 << 40 {
             return Err(Error::Corrupted {
@@ -176,6 +240,7 @@ impl HotLog {
         let store = HotLog {
             index: HashIndex::new(Arc::clone(&epoch), options),
             log: Arc::new(HybridLog::recover(log, device, Arc::clone(&epoch), extent)?),
+            read_cache: Self::new_read_cache(read_cache_memory_bytes, log, &epoch)?,
             epoch,
             counters: Counters::default(),
         };
@@ -224,6 +289,34 @@ impl HotLog {
         }
     }
 
+    /// What the read cache did, if it is on.
+    pub(crate) fn read_cache_stats(&self) -> Option<ReadCacheStats> {
+        self.read_cache.as_ref().map(|rc| rc.stats())
+    }
+
+    /// The read cache, if it is on (tests).
+    #[cfg(test)]
+    pub(crate) fn read_cache(&self) -> Option<&ReadCache> {
+        self.read_cache.as_deref()
+    }
+
+    /// The copy an entry's `address` names, if it names one.
+    fn copy_at(&self, address: u64) -> Option<(&ReadCache, MemRecord)> {
+        let rc = self.read_cache.as_deref()?;
+        // SAFETY: callers pass an address they loaded from an entry under the guard they
+        // hold and use the view before refreshing it.
+        is_cached(address).then(|| (rc, unsafe { rc.record(address) }))
+    }
+
+    /// The first hot-log address of the chain whose entry holds `address`: past the copy
+    /// at its head, if any.
+    fn hot_head(&self, address: u64) -> u64 {
+        match self.copy_at(address) {
+            Some((_, copy)) => copy.header().previous(),
+            None => address,
+        }
+    }
+
     /// Walks the chain from `address` to the newest record of `key` at or above BEGIN.
     fn find_record(
         &self,
@@ -263,19 +356,197 @@ impl HotLog {
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
     ) -> Result<Option<Option<Vec<u8>>>> {
-        let Some(slot) = self.index.find(guard, hash_key(key)) else {
-            return Ok(None);
+        Ok(match self.read_inner(guard, key, false)? {
+            HotRead::Found(found) => Some(found),
+            HotRead::NotFound(_) => None,
+        })
+    }
+
+    /// F2's read of the hot log with the read cache: a valid copy of the key at its
+    /// chain's head answers (and is copied to the cache's tail if it is in the older
+    /// half); a record of the key read from disk is copied into the cache. If the hot log
+    /// has no record of the key, the answer carries the ticket with which
+    /// [`HotLog::cache_older`] caches what the cold log finds.
+    pub(crate) fn read(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<HotRead> {
+        self.read_inner(guard, key, true)
+    }
+
+    /// Caches `value`, which the older tier holds for `key` (the hot log has no record
+    /// of it, as `ticket` says), unless the key's chain changed since the ticket.
+    pub(crate) fn cache_older(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        value: &[u8],
+        ticket: CacheTicket,
+    ) {
+        if ticket.allowed {
+            self.insert_copy(guard, key, value, ticket);
+        }
+    }
+
+    fn read_inner(&self, guard: &EpochGuard<'_, '_>, key: &[u8], caching: bool) -> Result<HotRead> {
+        // BEGIN first, then the entry: see `link_copy`.
+        let begin = self.log.addresses().begin;
+        let entry = self
+            .index
+            .find(guard, hash_key(key))
+            .map(|slot| slot.address());
+        let mut ticket = CacheTicket {
+            entry,
+            hot_head: entry.unwrap_or(INVALID_ADDRESS),
+            begin,
+            allowed: caching && self.read_cache.is_some(),
         };
-        let head = slot.address();
-        drop(slot);
-        Ok(match self.find_record(guard, key, head)? {
+        if let Some((rc, copy)) = entry.and_then(|address| self.copy_at(address)) {
+            let header = copy.header();
+            ticket.hot_head = header.previous();
+            if copy.key_equals(key) {
+                if !header.is_invalid() {
+                    let (_, value) = copy.read_value();
+                    rc.count_hit();
+                    let address = entry.expect("a copy came from the entry");
+                    if caching && rc.is_old(address) {
+                        self.copy_to_tail(guard, rc, copy, address, key, &value, begin);
+                    }
+                    return Ok(HotRead::Found(Some(value)));
+                }
+                // A write of this key is replacing the copy: cache nothing behind it.
+                ticket.allowed = false;
+            }
+        }
+        Ok(match self.find_record(guard, key, ticket.hot_head)? {
             Found::Memory(_, record) => {
                 let (header, value) = record.read_value();
-                Some((!header.is_tombstone()).then_some(value))
+                HotRead::Found((!header.is_tombstone()).then_some(value))
             }
-            Found::Disk(_, header, value) => Some((!header.is_tombstone()).then_some(value)),
-            Found::None => None,
+            Found::Disk(_, header, value) => {
+                if header.is_tombstone() {
+                    HotRead::Found(None)
+                } else {
+                    if ticket.allowed {
+                        self.insert_copy(guard, key, &value, ticket);
+                    }
+                    HotRead::Found(Some(value))
+                }
+            }
+            Found::None => HotRead::NotFound(ticket),
         })
+    }
+
+    /// Copies `key`'s `value` into the read cache and links the copy at the head of the
+    /// key's chain if the chain is still as `ticket` saw it; answers whether it did.
+    fn insert_copy(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        value: &[u8],
+        ticket: CacheTicket,
+    ) -> bool {
+        let Some(rc) = self.read_cache.as_deref() else {
+            return false;
+        };
+        let Some(copy) = self.new_copy(guard, rc, key, value, ticket.hot_head) else {
+            rc.count_insert(false);
+            return false;
+        };
+        let linked = self.link_copy(guard, key, copy.0, ticket);
+        if !linked {
+            copy.1.invalidate();
+        }
+        rc.count_insert(linked);
+        linked
+    }
+
+    /// Second chance: copies a copy that was read again in the older half of the cache to
+    /// its tail, in its place at the head of the chain.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_to_tail(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        rc: &ReadCache,
+        old: MemRecord,
+        old_address: u64,
+        key: &[u8],
+        value: &[u8],
+        begin: u64,
+    ) {
+        let previous = old.header().previous();
+        let Some((address, copy)) = self.new_copy(guard, rc, key, value, previous) else {
+            return;
+        };
+        let ticket = CacheTicket {
+            entry: Some(old_address),
+            hot_head: previous,
+            begin,
+            allowed: true,
+        };
+        if self.link_copy(guard, key, address, ticket) {
+            old.invalidate();
+            rc.count_copy_to_tail();
+        } else {
+            copy.invalidate();
+        }
+    }
+
+    /// A copy of `key` and `value` at the read cache's tail, linked to `previous`, not
+    /// yet in the index; `None` if it does not fit or the cache has no space now.
+    fn new_copy(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        rc: &ReadCache,
+        key: &[u8],
+        value: &[u8],
+        previous: u64,
+    ) -> Option<(u64, MemRecord)> {
+        let size = record_size_bytes(key.len(), value.len()) as u64;
+        if size > rc.page_bytes() {
+            return None;
+        }
+        let begin = self.log.addresses().begin;
+        let address = rc.allocate(guard, &self.index, begin, size)?;
+        // SAFETY: just allocated by this thread, which fills it before any refresh.
+        let copy = unsafe { rc.record(address) };
+        copy.init(Header::new(previous, false), key, value);
+        Some((address, copy))
+    }
+
+    /// Swaps the copy at `address` into `key`'s entry if the entry still holds what
+    /// `ticket` saw and the hot log's BEGIN has not moved since.
+    ///
+    /// The BEGIN check closes the one way an entry can come back to a word a reader saw
+    /// after a write: through empty (or address 0). A write's record leaves the index
+    /// only when a truncation moves BEGIN past it (the sweep of removed entries, or an
+    /// eviction whose copy links below BEGIN); the reader loaded BEGIN before the entry,
+    /// the truncation moves BEGIN before it removes anything, and this check comes after
+    /// the entry was read again, so it sees BEGIN moved.
+    fn link_copy(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        address: u64,
+        ticket: CacheTicket,
+    ) -> bool {
+        let hash = hash_key(key);
+        let slot = match ticket.entry {
+            None => Some(self.index.find_or_create(guard, hash)),
+            Some(_) => self.index.find(guard, hash),
+        };
+        let Some(mut slot) = slot else {
+            return false;
+        };
+        if slot.address() != ticket.entry.unwrap_or(INVALID_ADDRESS) {
+            return false;
+        }
+        if self.log.addresses().begin != ticket.begin {
+            if slot.address() == INVALID_ADDRESS {
+                // Perhaps created just now; an entry with no record would never be
+                // swept. (A writer holding it starts again.)
+                let _ = slot.try_remove();
+            }
+            return false;
+        }
+        slot.try_update(address).is_ok()
     }
 
     /// The address of the newest record of `key`, if the log has one above BEGIN: a
@@ -288,7 +559,8 @@ impl HotLog {
         let Some(slot) = self.index.find(guard, hash_key(key)) else {
             return Ok(None);
         };
-        let head = slot.address();
+        // A copy in the read cache is not a record of the hot log.
+        let head = self.hot_head(slot.address());
         drop(slot);
         Ok(match self.find_record(guard, key, head)? {
             Found::Memory(address, _) | Found::Disk(address, ..) => Some(address),
@@ -298,19 +570,7 @@ impl HotLog {
 
     /// The value of `key`, if it has one.
     pub(crate) fn get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let Some(slot) = self.index.find(guard, hash_key(key)) else {
-            return Ok(None);
-        };
-        let head = slot.address();
-        drop(slot);
-        Ok(match self.find_record(guard, key, head)? {
-            Found::Memory(_, record) => {
-                let (header, value) = record.read_value();
-                (!header.is_tombstone()).then_some(value)
-            }
-            Found::Disk(_, header, value) => (!header.is_tombstone()).then_some(value),
-            Found::None => None,
-        })
+        Ok(self.lookup(guard, key)?.flatten())
     }
 
     /// Sets `key` to `value` (or deletes it, for `None`).
@@ -418,7 +678,8 @@ impl HotLog {
         let mut slot = self.index.find_or_create(guard, hash_key(key));
         if let Some(v) = value {
             let read_only = self.log.addresses().read_only;
-            if let Found::Memory(address, record) = self.find_record(guard, key, slot.address())?
+            let head = self.hot_head(slot.address());
+            if let Found::Memory(address, record) = self.find_record(guard, key, head)?
                 && address >= read_only
                 && !record.header().is_tombstone()
                 && record.update_in_place(v)
@@ -451,9 +712,16 @@ impl HotLog {
             Alloc::At(address) => address,
             Alloc::PageFull(full) => return Ok(Step::PageFull(full)),
         };
+        if self.read_cache.is_some() && address >= READ_CACHE_BIT {
+            // Entries tell copies from hot-log records by this bit.
+            return Err(Error::Poisoned {
+                cause: "the hot log's 47-bit address space (with a read cache) is exhausted".into(),
+            });
+        }
+        let previous = self.bypass_copy(slot.address(), key);
         // SAFETY: just allocated at the tail (above HEAD), filled before any refresh.
         let record = unsafe { self.log.record(address) };
-        record.init(Header::new(slot.address(), tombstone), key, value);
+        record.init(Header::new(previous, tombstone), key, value);
         bump(&self.counters.appended_records);
         match slot.try_update(address) {
             Ok(()) => Ok(Step::Done(())),
@@ -462,6 +730,21 @@ impl HotLog {
                 Ok(Step::Retry)
             }
         }
+    }
+
+    /// The address a new record of `key` links to when the entry holds `address`: past
+    /// the copy at the chain's head, if any, which is marked invalid if it is a copy of
+    /// `key` (F2's invalidation of the read cache by a write). The swap of the entry then
+    /// unlinks the copy whatever its key: a chain keeps at most one copy, at its head.
+    fn bypass_copy(&self, address: u64, key: &[u8]) -> u64 {
+        let Some((rc, copy)) = self.copy_at(address) else {
+            return address;
+        };
+        if !copy.header().is_invalid() && copy.key_equals(key) {
+            copy.invalidate();
+            rc.count_invalidation();
+        }
+        copy.header().previous()
     }
 
     /// The largest value a record with a key of `key_len` bytes holds.
@@ -480,8 +763,18 @@ impl HotLog {
         Self::check_key(key)?;
         let mut slot = self.index.find_or_create(guard, hash_key(key));
         let head = slot.address();
+        if let Some((rc, copy)) = self.copy_at(head)
+            && !copy.header().is_invalid()
+            && copy.key_equals(key)
+        {
+            // A valid copy at the head holds the newest value (the key's newest hot
+            // record, if any, is on disk): copy-update from it, swapping out the copy.
+            let (_, value) = copy.read_value();
+            rc.count_hit();
+            return self.copy_update(guard, &mut slot, key, Some(value), update);
+        }
         let addresses = self.log.addresses();
-        match self.find_record(guard, key, head)? {
+        match self.find_record(guard, key, self.hot_head(head))? {
             Found::Memory(address, record) if address >= addresses.safe_read_only => {
                 if address < addresses.read_only {
                     // The fuzzy region: a thread that has not seen READ_ONLY move may
@@ -554,11 +847,23 @@ impl HotLog {
     }
 }
 
-/// The hot log's side of an index grow: the key hash and previous address of a record.
-struct LogHashes(Arc<HybridLog>);
+/// The hot log's side of an index grow: the key hash and previous address of a record
+/// (or of a copy in the read cache at a chain's head).
+struct LogHashes(Arc<HybridLog>, Option<Arc<ReadCache>>);
 
 impl RecordHashes for LogHashes {
     fn link(&self, address: u64) -> ChainLink {
+        if let Some(rc) = &self.1
+            && is_cached(address)
+        {
+            // SAFETY: a grow reads the entries it splits under its guard, and a copy's
+            // frame outlives every thread that loaded its address before refreshing.
+            let copy = unsafe { rc.record(address) };
+            return ChainLink::Record {
+                key_hash: hash_key(&copy.key()),
+                previous: copy.header().previous(),
+            };
+        }
         // A grow walks chains under its own guard; records at or above HEAD are in
         // memory while it holds it.
         let addresses = self.0.addresses();
@@ -583,8 +888,10 @@ impl HotLog {
     /// caller holds nothing from under `guard`, which this refreshes while it waits for
     /// the other threads (which must keep refreshing).
     pub(crate) fn grow_index(&self, guard: &mut EpochGuard<'_, '_>) -> bool {
-        self.index
-            .grow(guard, Arc::new(LogHashes(Arc::clone(&self.log))))
+        self.index.grow(
+            guard,
+            Arc::new(LogHashes(Arc::clone(&self.log), self.read_cache.clone())),
+        )
     }
 
     /// Whether the index is doubling now.
@@ -601,6 +908,28 @@ impl HotLog {
     /// truncation); returns how many.
     pub(crate) fn remove_entries_below(&self, guard: &EpochGuard<'_, '_>, begin: u64) -> usize {
         self.index.remove_entries_below(guard, begin)
+    }
+
+    /// Moves the read cache's tail to its next page now (tests).
+    #[cfg(all(test, feature = "shuttle"))]
+    pub(crate) fn read_cache_turn_page(&self, guard: &EpochGuard<'_, '_>) -> bool {
+        let rc = self.read_cache.as_ref().expect("a read cache");
+        rc.turn_page(guard, &self.index, self.log.addresses().begin)
+    }
+
+    /// Evicts the read cache's oldest page now, if sealed (tests).
+    #[cfg(all(test, feature = "shuttle"))]
+    pub(crate) fn read_cache_evict_oldest(&self, guard: &EpochGuard<'_, '_>) -> bool {
+        let rc = self.read_cache.as_ref().expect("a read cache");
+        rc.evict_oldest(guard, &self.index, self.log.addresses().begin)
+    }
+
+    /// The address in `key`'s index entry, if it has one (tests).
+    #[cfg(all(test, feature = "shuttle"))]
+    pub(crate) fn entry_address(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Option<u64> {
+        self.index
+            .find(guard, hash_key(key))
+            .map(|slot| slot.address())
     }
 
     /// Live entries of the index (tests).

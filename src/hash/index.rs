@@ -653,9 +653,12 @@ impl HashIndex {
             table.for_each_in_chain(index, |b| {
                 for slot in &b.entries {
                     let entry = Entry(slot.load(Ordering::SeqCst));
+                    // An entry naming a copy in the read cache (bit 47, above every
+                    // hot-log address) stays: the copy's eviction unlinks it.
                     let gone = !entry.is_empty()
                         && !entry.is_tentative()
                         && entry.address() != INVALID_ADDRESS
+                        && !super::read_cache::is_cached(entry.address())
                         && entry.address() < address;
                     if gone
                         && slot

@@ -25,9 +25,14 @@
 //! - [`cold`]: the cold log and its two-level index of hash chunks.
 //! - [`f2`]: F2's operations across both logs, and lookup-based compaction from the hot
 //!   log to the cold log and within the cold log.
+//! - [`read_cache`]: F2's read cache: copies of records read from disk in a log of page
+//!   frames of their own, each at the head of its hot chain (an entry names a copy by
+//!   address bit 47; at most one per chain), linked only if no write came since the
+//!   original was read, unlinked by every write of the chain, re-copied to the tail when
+//!   read again in the older half, and evicted page by page by compare-and-swap.
 //!
-//! Not built yet: the read cache, multi-threaded background compaction, the memory
-//! budget split, the public `HashStore`, and durability through the `Db`.
+//! Not built yet: a background compactor thread, the memory budget split, the public
+//! `HashStore`, and durability through the `Db`.
 //!
 //! Dependencies: `hash` uses `sync` and `error`; nothing below it uses `hash`.
 
@@ -39,6 +44,7 @@ pub(crate) mod f2;
 pub(crate) mod hlog;
 pub(crate) mod hot;
 pub(crate) mod index;
+pub(crate) mod read_cache;
 pub(crate) mod record;
 pub(crate) mod store;
 

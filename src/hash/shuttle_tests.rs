@@ -12,8 +12,12 @@
 use std::collections::{HashMap, HashSet};
 
 use super::bucket::{Entry, KeyHash};
+use super::device::MemPages;
 use super::epoch::Epoch;
+use super::hlog::HlogOptions;
+use super::hot::{HotLog, HotRead};
 use super::index::{HashIndex, IndexOptions};
+use super::read_cache::{READ_CACHE_BIT, is_cached};
 use super::test_support::{Records, check_entries, find_all, upsert};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Arc, thread};
@@ -284,4 +288,127 @@ fn grow_racing_one_writer_loses_nothing() {
 #[test]
 fn grow_racing_two_writers_loses_nothing() {
     grow_racing_upserts(2);
+}
+
+/// A hot log of four 4 KiB frames with a read cache of three 4 KiB pages.
+fn store_with_read_cache() -> Arc<HotLog> {
+    let options = HlogOptions {
+        page_bits: 12,
+        frames: 4,
+        mutable_pages: 2,
+    };
+    let store = HotLog::with_read_cache(
+        16,
+        options,
+        std::sync::Arc::new(MemPages::new()),
+        std::sync::Arc::new(Epoch::new()),
+        3 * 4096,
+    )
+    .unwrap();
+    Arc::new(store)
+}
+
+/// The value a read of `key` answers, as F2 would with `older` in the cold log.
+fn read_value(store: &HotLog, key: &[u8], older: &[u8]) -> Vec<u8> {
+    let mut h = store.epoch().register();
+    let g = h.protect();
+    match store.read(&g, key).unwrap() {
+        HotRead::Found(found) => found.expect("no tombstones here"),
+        HotRead::NotFound(ticket) => {
+            store.cache_older(&g, key, older, ticket);
+            older.to_vec()
+        }
+    }
+}
+
+/// The eviction of a read-cache page races a write of a key whose copy is on that page
+/// (and a read of the key, which gives the copy a second chance at the cache's tail):
+/// the write is never lost, and no entry names the evicted page afterwards.
+#[test]
+fn read_cache_eviction_racing_a_writer_of_the_same_key() {
+    explore(|| {
+        let store = store_with_read_cache();
+        {
+            // Key k's copy (of a value "the cold log" holds) on page 0; the tail then
+            // moves to page 1 so that page 0 can be evicted once sealed.
+            assert_eq!(read_value(&store, b"k", b"old"), b"old");
+            let mut h = store.epoch().register();
+            let g = h.protect();
+            let address = store.entry_address(&g, b"k").unwrap();
+            assert!(is_cached(address) && address < READ_CACHE_BIT + 4096);
+            assert!(store.read_cache_turn_page(&g));
+        }
+        let evictor = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let mut h = store.epoch().register();
+                let g = h.protect();
+                assert!(store.read_cache_evict_oldest(&g), "page 0 is sealed");
+            })
+        };
+        let writer = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let mut h = store.epoch().register();
+                let mut g = h.protect();
+                store.upsert(&mut g, b"k", Some(b"new")).unwrap();
+            })
+        };
+        let reader = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let v = read_value(&store, b"k", b"old");
+                assert!(v == b"old" || v == b"new", "read {v:?}");
+            })
+        };
+        evictor.join().unwrap();
+        writer.join().unwrap();
+        reader.join().unwrap();
+        assert_eq!(
+            read_value(&store, b"k", b"old"),
+            b"new",
+            "the write was lost"
+        );
+        let mut h = store.epoch().register();
+        let g = h.protect();
+        let address = store.entry_address(&g, b"k").unwrap();
+        assert!(
+            !is_cached(address),
+            "a write's record heads the chain: {address:#x}"
+        );
+        let stats = store.read_cache_stats().unwrap();
+        assert_eq!(stats.pages_evicted, 1);
+    });
+}
+
+/// A read that found a key only in the older tier caches its value while a write of the
+/// key races it: the copy is linked only if no write came in between, so the write is
+/// what every later read sees.
+#[test]
+fn read_cache_insert_racing_a_writer_of_the_same_key() {
+    explore(|| {
+        let store = store_with_read_cache();
+        let reader = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let v = read_value(&store, b"k", b"old");
+                assert!(v == b"old" || v == b"new", "read {v:?}");
+            })
+        };
+        let writer = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let mut h = store.epoch().register();
+                let mut g = h.protect();
+                store.upsert(&mut g, b"k", Some(b"new")).unwrap();
+            })
+        };
+        reader.join().unwrap();
+        writer.join().unwrap();
+        assert_eq!(
+            read_value(&store, b"k", b"old"),
+            b"new",
+            "a stale copy answered"
+        );
+    });
 }

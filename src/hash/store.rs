@@ -41,7 +41,7 @@ use crate::wal::LogOpRef;
 /// creates it (and recorded in the database's manifest).
 ///
 /// The memory budget is split as the F2 paper splits its budget at 10% of the data:
-/// about a sixth for the hot index, a sixth held for the read cache, a forty-eighth each
+/// about a sixth for the hot index, a sixth for the read cache, a forty-eighth each
 /// for the cold log's pages and the cold index's chunk pages, and the rest for the hot
 /// log's pages.
 ///
@@ -230,6 +230,12 @@ impl HashLayout {
             compact_at_percent: 80,
             compact_percent: 10,
             compaction_threads: o.compaction_threads,
+            // Off when its share is less than three of the hot log's pages.
+            read_cache_memory_bytes: if split.read_cache >> self.page_bits[0] >= 3 {
+                split.read_cache
+            } else {
+                0
+            },
         }
     }
 }
@@ -237,6 +243,7 @@ impl HashLayout {
 /// The memory budget split in parts (see [`HashStoreOptions`]).
 struct Split {
     hot_index: u64,
+    read_cache: u64,
     hot_log: u64,
     cold_log: u64,
     chunk_log: u64,
@@ -248,7 +255,7 @@ impl Split {
         let small = memory / 48;
         Split {
             hot_index: sixth,
-            // The read cache's sixth is held back for it.
+            read_cache: sixth,
             hot_log: memory - 2 * sixth - 2 * small,
             cold_log: small,
             chunk_log: small,
@@ -318,6 +325,10 @@ pub struct HashStoreStats {
     pub appended_records: u64,
     /// Records read from disk in the hot log.
     pub hot_disk_reads: u64,
+    /// Reads answered by the read cache (copies of records read from disk).
+    pub read_cache_hits: u64,
+    /// Copies the read cache took in.
+    pub read_cache_inserts: u64,
     /// Bytes of the hot log and of the cold log (from BEGIN to TAIL).
     pub hot_log_bytes: u64,
     /// Bytes of the cold log (from BEGIN to TAIL).
@@ -586,6 +597,8 @@ impl HashStore {
             in_place_updates: hot.in_place_updates,
             appended_records: hot.appended_records,
             hot_disk_reads: hot.disk_reads,
+            read_cache_hits: s.read_cache_hits,
+            read_cache_inserts: s.read_cache_inserts,
             hot_log_bytes: h.tail - h.begin,
             cold_log_bytes: c.tail - c.begin,
             memory_bytes: memory.unwrap_or(0),
