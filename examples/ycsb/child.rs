@@ -102,6 +102,10 @@ pub fn main(options: &Options, spec: &EngineSpec) -> Result<(), String> {
     let existing = AtomicU64::new(options.records);
     let zipf = Zipf::new(options.records, options.theta)?;
     for (wi, &workload) in options.workloads.iter().enumerate() {
+        if !engines::runs_workload(&spec.name, workload) {
+            // The parent notes the skip.
+            continue;
+        }
         for &threads in &options.threads {
             let seed = options.seed ^ ((wi as u64) << 32) ^ threads as u64;
             let mut row = run(&*engine, options, workload, threads, &existing, &zipf, seed);
@@ -192,6 +196,7 @@ fn open_options(options: &Options, spec: &EngineSpec) -> Result<OpenOptions, Str
         bfdb_backend: options.bfdb_backend.clone(),
         key_bytes: options.key_bytes,
         value_bytes: options.value_bytes,
+        records: options.records,
         durability: spec.durability,
     })
 }

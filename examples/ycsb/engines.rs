@@ -72,6 +72,12 @@ impl EngineSpec {
 
     /// Refuses a durability level the engine does not have, with the reason.
     pub fn check(&self, in_memory: bool) -> Result<(), String> {
+        if in_memory && !has_in_memory_mode(&self.name) {
+            return Err(format!(
+                "{}: --in-memory is not available: {} keeps its records in files",
+                self.label, self.name
+            ));
+        }
         let why = match (self.name.as_str(), self.durability) {
             (_, Durability::None) => return Ok(()),
             ("bfdb", _) if in_memory => {
@@ -113,6 +119,8 @@ pub struct OpenOptions {
     pub bfdb_backend: String,
     pub key_bytes: usize,
     pub value_bytes: usize,
+    /// Records the load inserts (hash engines size their indexes by it).
+    pub records: u64,
     /// How durable a write is when `insert`, `update` or `load_batch` returns.
     pub durability: Durability,
 }
@@ -166,6 +174,7 @@ pub trait Engine: Send + Sync {
 /// The engines the driver knows, including those behind cargo features.
 pub const ENGINE_NAMES: &[&str] = &[
     "bfdb",
+    "bfdb-hash",
     "bfdb-tree",
     "bftree",
     "btreemap",
@@ -178,10 +187,27 @@ pub const ENGINE_NAMES: &[&str] = &[
 /// Engines that can be opened again on the files a run left (`--recovery`).
 pub fn reopens(name: &str, in_memory: bool) -> bool {
     match name {
-        "bfdb" => !in_memory,
+        "bfdb" | "bfdb-hash" => !in_memory,
         "rocksdb" | "sled" | "fjall" | "redb" => true,
         _ => false,
     }
+}
+
+/// Whether the engine has range scans. Hash engines answer point operations only: the
+/// driver skips the workloads with scans (scan, YCSB E) for them.
+pub fn scans(name: &str) -> bool {
+    name != "bfdb-hash"
+}
+
+/// Whether the driver runs `workload` on the engine: every workload, except those with
+/// scans on an engine without them.
+pub fn runs_workload(name: &str, workload: crate::keygen::Workload) -> bool {
+    scans(name) || workload.mix().scan == 0
+}
+
+/// Whether the engine has a mode that keeps its records in memory (`--in-memory`).
+fn has_in_memory_mode(name: &str) -> bool {
+    name != "bfdb-hash"
 }
 
 /// Opens the engine called `name`.
@@ -191,6 +217,7 @@ pub fn open(name: &str, options: &OpenOptions) -> EngineResult<Box<dyn Engine>> 
     match name {
         "bfdb" if options.in_memory => Ok(Box::new(Bfdb::open(options)?)),
         "bfdb" => Ok(Box::new(BfdbDb::open(options)?)),
+        "bfdb-hash" => Ok(Box::new(BfdbHash::open(options)?)),
         "bfdb-tree" => Ok(Box::new(Bfdb::open(options)?)),
         "bftree" => Ok(Box::new(BfTree::open(options)?)),
         "btreemap" => Ok(Box::new(LockedBTreeMap::default())),
@@ -348,24 +375,44 @@ struct BfdbDb {
     mode: String,
 }
 
+/// bfdb's level for the driver's `--durability`.
+fn bfdb_durability(durability: Durability) -> bfdb::Durability {
+    match durability {
+        Durability::None => bfdb::Durability::Unlogged,
+        Durability::Logged => bfdb::Durability::Logged,
+        Durability::Synced => bfdb::Durability::Synced,
+    }
+}
+
+/// What a `Db`'s writes are at `durability`, for the mode string.
+fn bfdb_level_text(durability: Durability) -> &'static str {
+    match durability {
+        Durability::None => "unlogged writes",
+        Durability::Logged => "logged writes (flushed every 5 ms)",
+        Durability::Synced => "synced writes (group commit)",
+    }
+}
+
+/// What a `Db`'s recovery on open did, as the driver reports it.
+fn bfdb_recovery(db: &bfdb::Db) -> RecoveryInfo {
+    let r = db.recovery();
+    RecoveryInfo {
+        secs: r.duration.as_secs_f64(),
+        log_bytes: r.log_bytes,
+        records_replayed: r.records_replayed,
+    }
+}
+
 impl BfdbDb {
     fn open(options: &OpenOptions) -> EngineResult<BfdbDb> {
-        let durability = match options.durability {
-            Durability::None => bfdb::Durability::Unlogged,
-            Durability::Logged => bfdb::Durability::Logged,
-            Durability::Synced => bfdb::Durability::Synced,
-        };
+        let durability = bfdb_durability(options.durability);
         // Checkpoints on their default triggers (64 MiB of log, 60 s); flush interval 5 ms.
         let db_options = bfdb::DbOptions::default()
             .config(bfdb_config(options))
             .durability(durability);
         let db = bfdb::Db::open(options.dir.join("bfdb"), db_options).map_err(|e| e.to_string())?;
         let tree = db.tree(KEYSPACE).map_err(|e| e.to_string())?;
-        let level = match options.durability {
-            Durability::None => "unlogged writes",
-            Durability::Logged => "logged writes (flushed every 5 ms)",
-            Durability::Synced => "synced writes (group commit)",
-        };
+        let level = bfdb_level_text(options.durability);
         let mode = format!("Db, {level}, {}", bfdb_io_mode(&tree, options));
         Ok(BfdbDb {
             tree,
@@ -425,12 +472,127 @@ impl Engine for BfdbDb {
         Some(format!("{:?}; {:?}", self.tree.stats(), self.db.stats()))
     }
     fn recovery(&self) -> Option<RecoveryInfo> {
-        let r = self.db.recovery();
-        Some(RecoveryInfo {
-            secs: r.duration.as_secs_f64(),
-            log_bytes: r.log_bytes,
-            records_replayed: r.records_replayed,
+        Some(bfdb_recovery(&self.db))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// bfdb's HashStore: a Db with one hash keyspace, which gets the whole memory budget
+
+/// The hash keyspace the driver's records go to.
+const HASH_KEYSPACE: &str = "ycsb-hash";
+
+struct BfdbHash {
+    // Dropped before the `Db`, as a user's handles would be.
+    store: std::sync::Arc<bfdb::HashStore>,
+    db: bfdb::Db,
+    durability: bfdb::Durability,
+    budget_bytes: u64,
+    mode: String,
+}
+
+impl BfdbHash {
+    fn open(options: &OpenOptions) -> EngineResult<BfdbHash> {
+        let durability = bfdb_durability(options.durability);
+        // The Db's tree pool is created whether or not a tree keyspace is used: it gets
+        // the least the Config allows, and the hash store the budget.
+        let tree_pool_bytes = bfdb::config::MIN_MEMORY_BUDGET_BYTES;
+        let config = bfdb::Config {
+            memory_budget_bytes: tree_pool_bytes,
+            backend: bfdb_backend(options),
+            ..bfdb::Config::default()
+        };
+        let db_options = bfdb::DbOptions::default()
+            .config(config)
+            .durability(durability);
+        let db = bfdb::Db::open(options.dir.join("bfdb"), db_options).map_err(|e| e.to_string())?;
+        // Log disk budgets stay at their defaults; the created store keeps its options
+        // (a reopen for --recovery finds them in the manifest).
+        let hash_options = bfdb::HashStoreOptions::default()
+            .memory_bytes(options.budget_bytes)
+            .expected_keys(options.records.max(1));
+        let store = db
+            .hash_store_with(HASH_KEYSPACE, hash_options.clone())
+            .map_err(|e| e.to_string())?;
+        let io = if options.direct_io {
+            "log files with O_DIRECT (buffered where the filesystem refuses it)"
+        } else {
+            "log files buffered"
+        };
+        let mode = format!(
+            "Db with one HashStore (no scans), {}; memory: HashStore {} MiB (hot index, \
+             read cache, log pages), the Db's tree pool {} KiB (the least it allows); \
+             expected_keys {}, hot log disk {} MiB, cold log disk {} MiB, {} compaction \
+             threads; {io}",
+            bfdb_level_text(options.durability),
+            hash_options.memory_bytes >> 20,
+            tree_pool_bytes >> 10,
+            hash_options.expected_keys,
+            hash_options.hot_log_disk_bytes >> 20,
+            hash_options.cold_log_disk_bytes >> 20,
+            hash_options.compaction_threads,
+        );
+        Ok(BfdbHash {
+            store,
+            db,
+            durability,
+            budget_bytes: options.budget_bytes,
+            mode,
         })
+    }
+}
+
+impl Engine for BfdbHash {
+    fn mode(&self) -> String {
+        self.mode.clone()
+    }
+    fn budget_bytes(&self) -> u64 {
+        self.budget_bytes
+    }
+    fn insert(&self, key: &[u8], value: &[u8]) -> EngineResult<()> {
+        self.store
+            .insert_with(key, value, self.durability)
+            .map_err(|e| e.to_string())
+    }
+    fn get(&self, key: &[u8], out: &mut Vec<u8>) -> EngineResult<bool> {
+        match self.store.get(key).map_err(|e| e.to_string())? {
+            Some(v) => {
+                out.clear();
+                out.extend_from_slice(&v);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+    fn scan(&self, _start: &[u8], _count: usize) -> EngineResult<usize> {
+        // The driver skips workloads with scans for this engine (`scans`).
+        Err("bfdb-hash has no range scans".into())
+    }
+    fn load_batch(&self, records: &[(Vec<u8>, Vec<u8>)]) -> EngineResult<()> {
+        if self.durability != bfdb::Durability::Synced {
+            // Record by record, as the `bfdb` engine loads (a batch is logged whatever
+            // the level).
+            return records.iter().try_for_each(|(k, v)| self.insert(k, v));
+        }
+        // One log record and one wait for the disk per load batch.
+        let mut batch = bfdb::WriteBatch::new();
+        for (k, v) in records {
+            batch.insert_hash(&self.store, k, v);
+        }
+        self.db
+            .write_with(batch, self.durability)
+            .map_err(|e| e.to_string())
+    }
+    /// A checkpoint: the hash store's logs flushed and synced and their extents
+    /// recorded, so that a reopen replays no load.
+    fn flush(&self) -> EngineResult<()> {
+        self.db.checkpoint().map_err(|e| e.to_string())
+    }
+    fn stats(&self) -> Option<String> {
+        Some(format!("{:?}; {:?}", self.store.stats(), self.db.stats()))
+    }
+    fn recovery(&self) -> Option<RecoveryInfo> {
+        Some(bfdb_recovery(&self.db))
     }
 }
 

@@ -1,6 +1,6 @@
-//! A YCSB-like driver that runs bfdb's `Tree` side by side with the engines users would pick
-//! instead: the Bf-Tree reference crate (`bf-tree`), `RwLock<BTreeMap>`, and behind cargo
-//! features of the same names RocksDB, sled, fjall and redb.
+//! A YCSB-like driver that runs bfdb's `Tree` and `HashStore` side by side with the engines
+//! users would pick instead: the Bf-Tree reference crate (`bf-tree`), `RwLock<BTreeMap>`, and
+//! behind cargo features of the same names RocksDB, sled, fjall and redb.
 //!
 //! ```sh
 //! cargo run --release --example ycsb                  # ~2 minutes: bfdb vs bftree vs btreemap
@@ -11,8 +11,9 @@
 //! ```
 //!
 //! `--durability none|logged|synced` sets how durable each write is (bfdb as a `Db` with one
-//! keyspace; `bfdb-tree` is the plain `Tree` with no log), and `--recovery` times a reopen
-//! after each engine's run, which ends without a clean close.
+//! keyspace; `bfdb-tree` is the plain `Tree` with no log; `bfdb-hash` a `Db` with one hash
+//! keyspace, for point workloads: the driver skips its workloads with scans), and
+//! `--recovery` times a reopen after each engine's run, which ends without a clean close.
 //!
 //! Each engine runs in its own child process (the driver re-executes itself with a hidden
 //! `--child ENGINE`), so no engine inherits another's memory or page cache. The child loads
@@ -45,16 +46,18 @@ use report::{Line, LoadRow, RecoveryRow, RunRow};
 #[command(
     version,
     // Not the crate's description (which names parts not built yet): what this driver does.
-    about = "YCSB-like benchmark of bfdb's Tree (a Bf-Tree range index) against the Bf-Tree \
-             reference crate, RwLock<BTreeMap> and, behind cargo features, RocksDB, sled, fjall \
-             and redb",
+    about = "YCSB-like benchmark of bfdb's Tree (a Bf-Tree range index) and HashStore (an \
+             F2-style hash keyspace) against the Bf-Tree reference crate, RwLock<BTreeMap> \
+             and, behind cargo features, RocksDB, sled, fjall and redb",
     args_override_self = true
 )]
 pub struct Options {
     /// Engines to compare, in order: bfdb (a `Db` in file mode, `Tree::in_memory` with
-    /// --in-memory), bfdb-tree (a plain `Tree` on a scratch file, no log), bftree, btreemap,
-    /// and with the cargo features of the same names rocksdb, sled, fjall, redb. An engine
-    /// may name its own durability: `bfdb:logged,bfdb:none`.
+    /// --in-memory), bfdb-hash (a `Db` with one `HashStore`, which gets the memory budget;
+    /// point operations only, so workloads with scans are skipped for it), bfdb-tree (a
+    /// plain `Tree` on a scratch file, no log), bftree, btreemap, and with the cargo
+    /// features of the same names rocksdb, sled, fjall, redb. An engine may name its own
+    /// durability: `bfdb:logged,bfdb:none`.
     #[arg(long, value_delimiter = ',', default_value = "bfdb,bftree,btreemap")]
     pub engines: Vec<String>,
     /// How durable a write is when it returns, for engines that do not name their own:
@@ -110,8 +113,9 @@ pub struct Options {
     /// Run a fixed number of operations per workload and thread count instead of a time.
     #[arg(long)]
     pub ops: Option<u64>,
-    /// Memory budget in MiB: bfdb's and bf-tree's circular buffer, RocksDB's memtable and
-    /// caches, sled's, fjall's and redb's caches. RwLock<BTreeMap> has none.
+    /// Memory budget in MiB: bfdb's and bf-tree's circular buffer, bfdb-hash's HashStore
+    /// (its indexes, read cache and log pages), RocksDB's memtable and caches, sled's,
+    /// fjall's and redb's caches. RwLock<BTreeMap> has none.
     #[arg(long, default_value_t = 8)]
     pub memory_mib: u64,
     /// Data directory (a fresh temporary directory, removed afterwards, if not given). Each
@@ -574,6 +578,21 @@ fn parent(options: &Options) -> Result<(), String> {
             None
         };
         println!("{engine}:");
+        let skipped: Vec<&str> = options
+            .workloads
+            .iter()
+            .filter(|&&w| !engines::runs_workload(&spec.name, w))
+            .map(|w| w.name())
+            .collect();
+        if !skipped.is_empty() {
+            let note = format!(
+                "{engine}: workloads {} skipped: they scan, and {} has no range scans",
+                skipped.join(","),
+                spec.name
+            );
+            println!("  {note}");
+            notes.push(note);
+        }
         let finished = match run_child(engine, &dir, cgroup.as_ref(), false) {
             Ok(outcome) => {
                 loads.extend(outcome.load);
