@@ -318,13 +318,21 @@ impl HotLog {
     }
 
     /// Walks the chain from `address` to the newest record of `key` at or above BEGIN.
-    fn find_record(
+    fn find_record(&self, guard: &EpochGuard<'_, '_>, key: &[u8], address: u64) -> Result<Found> {
+        self.find_record_above(guard, key, address, INVALID_ADDRESS)
+    }
+
+    /// [`HotLog::find_record`] that stops below `floor` (chains only go down), as if
+    /// the chain ended there: a blind upsert wants only a record it can update in place,
+    /// and so never reads the device (FASTER's upsert walks the chain in memory only).
+    fn find_record_above(
         &self,
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
         mut address: u64,
+        floor: u64,
     ) -> Result<Found> {
-        while address != INVALID_ADDRESS {
+        while address != INVALID_ADDRESS && address >= floor {
             // Below BEGIN (truncated, perhaps while this walk ran) the chain ends.
             let Some(fetched) = self.log.fetch(guard, address)? else {
                 break;
@@ -679,7 +687,8 @@ impl HotLog {
         if let Some(v) = value {
             let read_only = self.log.addresses().read_only;
             let head = self.hot_head(slot.address());
-            if let Found::Memory(address, record) = self.find_record(guard, key, head)?
+            if let Found::Memory(address, record) =
+                self.find_record_above(guard, key, head, read_only)?
                 && address >= read_only
                 && !record.header().is_tombstone()
                 && record.update_in_place(v)
@@ -1026,6 +1035,30 @@ mod tests {
             stats.disk_reads > 0 && stats.in_place_updates > 0,
             "{stats:?}"
         );
+    }
+
+    #[test]
+    fn blind_upserts_of_records_on_disk_read_nothing_from_the_device() {
+        // Only a record at or above READ_ONLY is updated in place, so an upsert walks its
+        // chain no lower; walking on read the device for every key written since the
+        // tiny index's chains reached disk.
+        let store = tiny();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        for i in 0..2_000 {
+            store.upsert(&mut guard, &key(i), Some(b"old")).unwrap();
+        }
+        let a = store.log().addresses();
+        assert!(a.head > 8 * 4096, "the records stayed in memory: {a:?}");
+        let before = store.stats().disk_reads;
+        for i in 0..500 {
+            store.upsert(&mut guard, &key(i), Some(b"new")).unwrap();
+        }
+        assert_eq!(store.stats().disk_reads, before, "upserts read the device");
+        for i in 0..2_000 {
+            let want: &[u8] = if i < 500 { b"new" } else { b"old" };
+            assert_eq!(store.get(&guard, &key(i)).unwrap().as_deref(), Some(want));
+        }
     }
 
     #[test]
