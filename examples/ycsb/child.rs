@@ -197,6 +197,7 @@ fn open_options(options: &Options, spec: &EngineSpec) -> Result<OpenOptions, Str
         key_bytes: options.key_bytes,
         value_bytes: options.value_bytes,
         records: options.records,
+        hash_hot_log_bytes: options.hash_hot_log_mib.map(|m| m << 20),
         durability: spec.durability,
     })
 }

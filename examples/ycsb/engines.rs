@@ -121,6 +121,8 @@ pub struct OpenOptions {
     pub value_bytes: usize,
     /// Records the load inserts (hash engines size their indexes by it).
     pub records: u64,
+    /// bfdb-hash: the hot log's disk budget, if given (`--hash-hot-log-mib`).
+    pub hash_hot_log_bytes: Option<u64>,
     /// How durable a write is when `insert`, `update` or `load_batch` returns.
     pub durability: Durability,
 }
@@ -506,11 +508,15 @@ impl BfdbHash {
             .config(config)
             .durability(durability);
         let db = bfdb::Db::open(options.dir.join("bfdb"), db_options).map_err(|e| e.to_string())?;
-        // Log disk budgets stay at their defaults; the created store keeps its options
-        // (a reopen for --recovery finds them in the manifest).
+        // The created store keeps its options (a reopen for --recovery finds them in the
+        // manifest). The cold log's disk budget stays at its default.
+        let hot_log_disk_bytes = options
+            .hash_hot_log_bytes
+            .unwrap_or_else(|| hot_log_fitting_index(options));
         let hash_options = bfdb::HashStoreOptions::default()
             .memory_bytes(options.budget_bytes)
-            .expected_keys(options.records.max(1));
+            .expected_keys(options.records.max(1))
+            .hot_log_disk_bytes(hot_log_disk_bytes);
         let store = db
             .hash_store_with(HASH_KEYSPACE, hash_options.clone())
             .map_err(|e| e.to_string())?;
@@ -522,13 +528,13 @@ impl BfdbHash {
         let mode = format!(
             "Db with one HashStore (no scans), {}; memory: HashStore {} MiB (hot index, \
              read cache, log pages), the Db's tree pool {} KiB (the least it allows); \
-             expected_keys {}, hot log disk {} MiB, cold log disk {} MiB, {} compaction \
+             expected_keys {}, hot log disk {:.1} MiB, cold log disk {} MiB, {} compaction \
              threads; {io}",
             bfdb_level_text(options.durability),
             hash_options.memory_bytes >> 20,
             tree_pool_bytes >> 10,
             hash_options.expected_keys,
-            hash_options.hot_log_disk_bytes >> 20,
+            hash_options.hot_log_disk_bytes as f64 / (1 << 20) as f64,
             hash_options.cold_log_disk_bytes >> 20,
             hash_options.compaction_threads,
         );
@@ -540,6 +546,19 @@ impl BfdbHash {
             mode,
         })
     }
+}
+
+/// The hot log's disk budget that keeps a HashStore's hot index in its share of the
+/// memory: as many records as the index's home buckets hold on average, a sixth of the
+/// memory in 64-byte buckets of 4 keys (`HashStoreOptions` documents the split). The hot
+/// index has an entry per key with a record in the hot log, and a hot log of more keys
+/// than that makes overflow buckets outside the budget (with a 1 GiB hot log, the default,
+/// 1M records of 128 B took the store to 1.45 times a 16 MiB budget). Records in the hash
+/// logs take a 16-byte header and the key and value, each padded to 8 bytes.
+fn hot_log_fitting_index(options: &OpenOptions) -> u64 {
+    let pad8 = |n: usize| n.div_ceil(8) as u64 * 8;
+    let record_bytes = 16 + pad8(options.key_bytes) + pad8(options.value_bytes);
+    (options.budget_bytes / 96 * record_bytes).max(1 << 20)
 }
 
 impl Engine for BfdbHash {

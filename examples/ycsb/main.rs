@@ -118,6 +118,13 @@ pub struct Options {
     /// fjall's and redb's caches. RwLock<BTreeMap> has none.
     #[arg(long, default_value_t = 8)]
     pub memory_mib: u64,
+    /// bfdb-hash: the disk budget of the HashStore's hot log in MiB (its
+    /// `hot_log_disk_bytes`; past 80% of it the oldest records move to the cold log). By
+    /// default as many records as the hot index's share of the budget indexes without
+    /// overflow buckets (a sixth of the budget in 64-byte buckets of 4 keys: budget / 96
+    /// records), so that the store stays within the budget; the rest go to the cold log.
+    #[arg(long)]
+    pub hash_hot_log_mib: Option<u64>,
     /// Data directory (a fresh temporary directory, removed afterwards, if not given). Each
     /// engine gets a subdirectory, removed after its run.
     #[arg(long)]
