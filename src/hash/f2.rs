@@ -556,7 +556,7 @@ impl F2 {
                 Tier::Hot => {
                     // Live if it is its key's newest hot record (a lookup); a newer one
                     // arriving after this check makes the copy superfluous, not wrong.
-                    if self.hot.newest_address(guard, &record.key)? == Some(address) {
+                    if self.hot.is_newest(guard, &record.key, address)? {
                         self.cold.insert(guard, &record.key, value)?;
                         true
                     } else {

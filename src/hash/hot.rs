@@ -576,6 +576,41 @@ impl HotLog {
         })
     }
 
+    /// Whether the record at `address` is the newest record of `key` (compaction's
+    /// liveness check, which holds the record): the chain is walked down to `address`
+    /// and no further, and the record there is not read again.
+    pub(crate) fn is_newest(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        address: u64,
+    ) -> Result<bool> {
+        let Some(slot) = self.index.find(guard, hash_key(key)) else {
+            return Ok(false);
+        };
+        // A copy in the read cache is not a record of the hot log.
+        let mut at = self.hot_head(slot.address());
+        drop(slot);
+        // Chains only go down: a record of `key` above `address` is newer.
+        while at != INVALID_ADDRESS && at > address {
+            let Some(fetched) = self.log.fetch(guard, at)? else {
+                return Ok(false);
+            };
+            let (header, is_key) = match fetched {
+                Fetched::Memory(record) => (record.header(), record.key_equals(key)),
+                Fetched::Disk(record) => {
+                    bump(&self.counters.disk_reads);
+                    (record.header, record.key == key)
+                }
+            };
+            if is_key && !header.is_invalid() {
+                return Ok(false);
+            }
+            at = header.previous();
+        }
+        Ok(at == address)
+    }
+
     /// The value of `key`, if it has one.
     pub(crate) fn get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self.lookup(guard, key)?.flatten())
@@ -1059,6 +1094,53 @@ mod tests {
             let want: &[u8] = if i < 500 { b"new" } else { b"old" };
             assert_eq!(store.get(&guard, &key(i)).unwrap().as_deref(), Some(want));
         }
+    }
+
+    #[test]
+    fn liveness_checks_do_not_read_the_record_they_check() {
+        // An index with room for every key, so that each chain holds one key's records.
+        let options = HlogOptions {
+            page_bits: 12,
+            frames: 4,
+            mutable_pages: 2,
+        };
+        let store = HotLog::new(1 << 16, options, Arc::new(MemPages::new())).unwrap();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        for i in 0..2_000 {
+            store.upsert(&mut guard, &key(i), Some(b"v")).unwrap();
+        }
+        let head = store.log().addresses().head;
+        let on_disk: Vec<(Vec<u8>, u64)> = (0..2_000)
+            .map(|i| {
+                (
+                    key(i),
+                    store.newest_address(&guard, &key(i)).unwrap().unwrap(),
+                )
+            })
+            .filter(|&(_, address)| address < head)
+            .collect();
+        assert!(on_disk.len() > 1_000, "{} records on disk", on_disk.len());
+        let before = store.stats().disk_reads;
+        for (k, address) in &on_disk {
+            assert!(store.is_newest(&guard, k, *address).unwrap());
+        }
+        assert_eq!(
+            store.stats().disk_reads,
+            before,
+            "the checks read the device"
+        );
+        // An address the chain does not hold is not live (the walk reads the record
+        // above it).
+        for (k, address) in &on_disk {
+            assert!(!store.is_newest(&guard, k, address - 8).unwrap());
+        }
+        // A newer record makes the old one dead, and the answer agrees with a lookup.
+        let (k, address) = &on_disk[0];
+        store.upsert(&mut guard, k, Some(b"w")).unwrap();
+        assert!(!store.is_newest(&guard, k, *address).unwrap());
+        let newest = store.newest_address(&guard, k).unwrap().unwrap();
+        assert!(store.is_newest(&guard, k, newest).unwrap());
     }
 
     #[test]
