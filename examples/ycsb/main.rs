@@ -795,6 +795,19 @@ mod tests {
     }
 
     #[test]
+    fn hash_engines_skip_the_workloads_with_scans() {
+        for engine in ["bfdb-hash", "oxifaster"] {
+            for w in [Workload::E, Workload::Scan] {
+                assert!(!engines::runs_workload(engine, w), "{engine} {w:?}");
+            }
+            for w in [Workload::A, Workload::B, Workload::F, Workload::Mix] {
+                assert!(engines::runs_workload(engine, w), "{engine} {w:?}");
+            }
+        }
+        assert!(engines::runs_workload("bfdb", Workload::E));
+    }
+
+    #[test]
     fn durability_levels_an_engine_lacks_are_refused_with_the_reason() {
         let refusal = |args: &[&str]| {
             let o = Options::try_parse_from(args).unwrap();
@@ -819,12 +832,20 @@ mod tests {
             "none",
         ]);
         assert!(e.contains("listed twice"), "{e}");
+        // The hash engines keep their records in files; oxifaster logs no writes.
+        let e = refusal(&["ycsb", "--engines", "bfdb-hash", "--in-memory"]);
+        assert!(e.contains("bfdb-hash") && e.contains("--in-memory"), "{e}");
+        let e = refusal(&["ycsb", "--engines", "oxifaster", "--durability", "logged"]);
+        assert!(
+            e.contains("oxifaster") && e.contains("only with `none`"),
+            "{e}"
+        );
         // bfdb in a Db, the plain tree and the logging engines take every level.
         for level in ["none", "logged", "synced"] {
             let o = Options::try_parse_from([
                 "ycsb",
                 "--engines",
-                "bfdb,rocksdb,fjall,redb,bfdb-tree:none",
+                "bfdb,bfdb-hash,rocksdb,fjall,redb,bfdb-tree:none",
                 "--durability",
                 level,
             ])
