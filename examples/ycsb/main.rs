@@ -1,6 +1,6 @@
 //! A YCSB-like driver that runs bfdb's `Tree` and `HashStore` side by side with the engines
 //! users would pick instead: the Bf-Tree reference crate (`bf-tree`), `RwLock<BTreeMap>`, and
-//! behind cargo features of the same names RocksDB, sled, fjall and redb.
+//! behind cargo features of the same names RocksDB, sled, fjall, redb and oxifaster.
 //!
 //! ```sh
 //! cargo run --release --example ycsb                  # ~2 minutes: bfdb vs bftree vs btreemap
@@ -56,8 +56,9 @@ pub struct Options {
     /// --in-memory), bfdb-hash (a `Db` with one `HashStore`, which gets the memory budget;
     /// point operations only, so workloads with scans are skipped for it), bfdb-tree (a
     /// plain `Tree` on a scratch file, no log), bftree, btreemap, and with the cargo
-    /// features of the same names rocksdb, sled, fjall, redb. An engine may name its own
-    /// durability: `bfdb:logged,bfdb:none`.
+    /// features of the same names rocksdb, sled, fjall, redb, oxifaster (FASTER's store,
+    /// point workloads only). An engine may name its own durability:
+    /// `bfdb:logged,bfdb:none`.
     #[arg(long, value_delimiter = ',', default_value = "bfdb,bftree,btreemap")]
     pub engines: Vec<String>,
     /// How durable a write is when it returns, for engines that do not name their own:
