@@ -557,7 +557,8 @@ impl BfdbHash {
 
 /// The hot log's disk budget that keeps a HashStore's hot index in its share of the
 /// memory: as many records as the index's home buckets hold on average, a sixth of the
-/// memory in 64-byte buckets of 4 keys (`HashStoreOptions` documents the split). The hot
+/// memory in 64-byte buckets (a power of two of them, rounded down) of 4 keys
+/// (`HashStoreOptions` documents the split). The hot
 /// index has an entry per key with a record in the hot log, and a hot log of more keys
 /// than that makes overflow buckets outside the budget (with a 1 GiB hot log, the default,
 /// 1M records of 128 B took the store to 1.45 times a 16 MiB budget). Records in the hash
@@ -565,7 +566,8 @@ impl BfdbHash {
 fn hot_log_fitting_index(options: &OpenOptions) -> u64 {
     let pad8 = |n: usize| n.div_ceil(8) as u64 * 8;
     let record_bytes = 16 + pad8(options.key_bytes) + pad8(options.value_bytes);
-    (options.budget_bytes / 96 * record_bytes).max(1 << 20)
+    let buckets = 1u64 << (options.budget_bytes / 6 / 64).max(1).ilog2();
+    (buckets * 4 * record_bytes).max(1 << 20)
 }
 
 impl Engine for BfdbHash {

@@ -122,8 +122,9 @@ pub struct Options {
     /// bfdb-hash: the disk budget of the HashStore's hot log in MiB (its
     /// `hot_log_disk_bytes`; past 80% of it the oldest records move to the cold log). By
     /// default as many records as the hot index's share of the budget indexes without
-    /// overflow buckets (a sixth of the budget in 64-byte buckets of 4 keys: budget / 96
-    /// records), so that the store stays within the budget; the rest go to the cold log.
+    /// overflow buckets (a sixth of the budget in 64-byte buckets, a power of two of them,
+    /// of 4 keys each), so that the store stays within the budget; the rest go to the cold
+    /// log.
     #[arg(long)]
     pub hash_hot_log_mib: Option<u64>,
     /// Data directory (a fresh temporary directory, removed afterwards, if not given). Each
