@@ -419,3 +419,45 @@ fn the_memory_budget_covers_the_indexes_the_read_cache_and_the_logs() {
         Err(Error::InvalidConfig(_))
     ));
 }
+
+#[test]
+fn a_missing_or_damaged_log_file_fails_the_open_and_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), options()).unwrap();
+        let store = db.hash_store_with("h", tiny()).unwrap();
+        for i in 0..3_000 {
+            store.insert(&key(i), &[5u8; 60]).unwrap();
+        }
+    }
+    let hot: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("-hot-"))
+        .collect();
+    assert!(!hot.is_empty());
+    // A damaged hot log: records that do not decode (everything past its first page,
+    // so the live part too).
+    let first = &hot[0];
+    let mut bytes = std::fs::read(first).unwrap();
+    let original = bytes.clone();
+    for b in bytes.iter_mut().skip(4096) {
+        *b = 0xA5;
+    }
+    std::fs::write(first, &bytes).unwrap();
+    let err = Db::open(dir.path(), options()).unwrap_err();
+    assert!(matches!(err, Error::CorruptFile { .. }), "{err:?}");
+    assert_eq!(
+        std::fs::read(first).unwrap(),
+        bytes,
+        "the damaged file was rewritten"
+    );
+    // A missing one.
+    std::fs::write(first, &original).unwrap();
+    Db::open(dir.path(), options()).unwrap();
+    for p in &hot {
+        std::fs::remove_file(p).unwrap();
+    }
+    let err = Db::open(dir.path(), options()).unwrap_err();
+    assert!(err.to_string().contains("-hot-"), "{err}");
+}
