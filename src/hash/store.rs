@@ -345,7 +345,7 @@ pub struct HashStoreStats {
     pub hot_cold_compactions: u64,
     /// Cold→cold compactions: the oldest part of the cold log copied to its tail.
     pub cold_cold_compactions: u64,
-    /// Records compactions copied (live), and records they left behind (superseded).
+    /// Records compactions copied (they were their keys' newest).
     pub records_copied: u64,
     /// Records compactions left behind (a newer record of the key existed).
     pub records_dropped: u64,
