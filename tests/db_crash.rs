@@ -1,7 +1,9 @@
 //! The crash campaign of the database directory over a simulated log device
 //! (`SimLog`, which keeps live and durable bytes apart and tears unsynced 512-byte
-//! sectors at a crash): seeded workloads of single writes at every durability level,
-//! deletes, and batches across two keyspaces, crashed
+//! sectors at a crash) and simulated page and hash-log files (`SimPages`): seeded
+//! workloads of single writes at every durability level, deletes, read-modify-writes,
+//! and batches across three keyspaces — two trees and a hash store whose tiny budget
+//! makes its logs flush and compact — crashed
 //!
 //! - at every sync in turn (the sync fails, the workload stops at the first refused
 //!   write, the device crashes),
@@ -12,7 +14,7 @@
 //! then reopened, and compared with the model: the recovered database must be the
 //! result of a prefix of the logged writes, in log order, that includes every write
 //! acknowledged as durable — so no synced write is lost, no batch appears in part, no
-//! record appears that was never written — and each keyspace's full scan must equal its
+//! record appears that was never written — and each tree's full scan must equal its
 //! point reads. Every test prints its seed; replay one with `BFDB_SEED=<seed>`.
 //!
 //! More seeds: `BFDB_CRASH_SEEDS=50 cargo test --release --test db_crash`.
@@ -25,12 +27,26 @@ use std::time::Duration;
 use std::path::Path;
 
 use bfdb::storage::{LogDevice, SimLog, SimPages};
-use bfdb::{Config, Db, DbOptions, Durability, WriteBatch};
+use bfdb::{Config, Db, DbOptions, Durability, HashStoreOptions, WriteBatch};
 
 mod common;
 use common::{Rng, env_u64, seed};
 
-const KEYSPACES: [&str; 2] = ["a", "b"];
+/// Two trees and, last, a hash store.
+const KEYSPACES: [&str; 3] = ["a", "b", "h"];
+/// The index of the hash store in `KEYSPACES` and `State`.
+const HASH: usize = 2;
+/// Keys are `key0000` to `key0399`.
+const KEYS: u64 = 400;
+
+/// A hash store of a few pages: its hot log flushes and compacts into the cold log.
+fn hash_options() -> HashStoreOptions {
+    HashStoreOptions::default()
+        .memory_bytes(64 << 10)
+        .expected_keys(1024)
+        .hot_log_disk_bytes(96 << 10)
+        .cold_log_disk_bytes(512 << 10)
+}
 
 fn options() -> DbOptions {
     DbOptions::default()
@@ -53,8 +69,8 @@ fn options() -> DbOptions {
 /// One write of a step: keyspace index, key, value (`None` deletes).
 type Write = (usize, Vec<u8>, Option<Vec<u8>>);
 
-/// The state of both keyspaces.
-type State = [BTreeMap<Vec<u8>, Vec<u8>>; 2];
+/// The state of the three keyspaces.
+type State = [BTreeMap<Vec<u8>, Vec<u8>>; 3];
 
 /// One call of the workload.
 #[derive(Clone, Debug)]
@@ -78,14 +94,17 @@ fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Ste
         db.tree(KEYSPACES[0]).unwrap(),
         db.tree(KEYSPACES[1]).unwrap(),
     ];
+    let hash = db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
     let mut rng = Rng(seed);
     let mut steps = Vec::new();
     let mut counter = 0u64;
-    let mut next_value = |rng: &mut Rng| {
+    let mut next_value = |rng: &mut Rng, ks: usize| {
         counter += 1;
-        // Values of assorted sizes, each unique: a recovered value names its write.
+        // Values of assorted sizes, each unique: a recovered value names its write. The
+        // hash store's are larger, so that its few pages fill, flush and compact.
         let mut v = format!("{seed}-{counter}-").into_bytes();
-        v.resize(v.len() + rng.below(300) as usize, b'.');
+        let pad = if ks == HASH { 1_200 } else { 0 };
+        v.resize(v.len() + pad + rng.below(300) as usize, b'.');
         v
     };
     for _ in 0..ops {
@@ -95,7 +114,7 @@ fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Ste
             _ => Durability::Synced,
         };
         let roll = rng.percent();
-        let key = |rng: &mut Rng| format!("key{:04}", rng.below(400)).into_bytes();
+        let key = |rng: &mut Rng| format!("key{:04}", rng.below(KEYS)).into_bytes();
         let (writes, ok) = if roll < 5 {
             let ok = db.persist().is_ok();
             steps.push(Step::Persist { acked: ok });
@@ -116,27 +135,45 @@ fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Ste
             let mut batch = WriteBatch::new();
             let mut writes = Vec::new();
             for _ in 0..2 + rng.below(4) {
-                let ks = rng.below(2) as usize;
+                let ks = rng.below(3) as usize;
                 let k = key(&mut rng);
                 if rng.percent() < 20 {
-                    batch.delete(&trees[ks], &k);
+                    match ks {
+                        HASH => batch.delete_hash(&hash, &k),
+                        _ => batch.delete(&trees[ks], &k),
+                    }
                     writes.push((ks, k, None));
                 } else {
-                    let v = next_value(&mut rng);
-                    batch.insert(&trees[ks], &k, &v);
+                    let v = next_value(&mut rng, ks);
+                    match ks {
+                        HASH => batch.insert_hash(&hash, &k, &v),
+                        _ => batch.insert(&trees[ks], &k, &v),
+                    }
                     writes.push((ks, k, Some(v)));
                 }
             }
             (writes.clone(), db.write_with(batch, level).is_ok())
         } else {
-            let ks = rng.below(2) as usize;
+            let ks = rng.below(3) as usize;
             let k = key(&mut rng);
             if roll < 40 {
-                let ok = trees[ks].delete_with(&k, level).is_ok();
+                let ok = match ks {
+                    HASH => hash.delete_with(&k, level).is_ok(),
+                    _ => trees[ks].delete_with(&k, level).is_ok(),
+                };
                 (vec![(ks, k, None)], ok)
+            } else if ks == HASH && roll < 55 {
+                // A read-modify-write whose result is a fresh value: a put, as the log
+                // records it.
+                let v = next_value(&mut rng, ks);
+                let ok = hash.rmw_with(&k, |_| v.clone(), level).is_ok();
+                (vec![(ks, k, Some(v))], ok)
             } else {
-                let v = next_value(&mut rng);
-                let ok = trees[ks].insert_with(&k, &v, level).is_ok();
+                let v = next_value(&mut rng, ks);
+                let ok = match ks {
+                    HASH => hash.insert_with(&k, &v, level).is_ok(),
+                    _ => trees[ks].insert_with(&k, &v, level).is_ok(),
+                };
                 (vec![(ks, k, Some(v))], ok)
             }
         };
@@ -235,10 +272,18 @@ fn apply(state: &mut State, writes: &[Write]) {
     }
 }
 
-/// Reads both keyspaces of `db` by full scans, checking each record against a point read.
+/// Reads the trees of `db` by full scans, checking each record against a point read,
+/// and the hash store by point reads of every key the workload writes.
 fn read_back(db: &Db) -> State {
     let mut state = State::default();
-    for (ks, name) in KEYSPACES.iter().enumerate() {
+    let hash = db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
+    for i in 0..KEYS {
+        let k = format!("key{i:04}").into_bytes();
+        if let Some(v) = hash.get(&k).unwrap() {
+            state[HASH].insert(k, v);
+        }
+    }
+    for (ks, name) in KEYSPACES[..HASH].iter().enumerate() {
         let tree = db.tree(name).unwrap();
         for record in tree.range::<&[u8], _>(..) {
             let (k, v) = record.unwrap();
@@ -274,11 +319,12 @@ fn check_prefix(recovered: &State, steps: &[Step], what: &str) -> usize {
     let c = candidate(steps, checkpoint_candidates(steps)[0]);
     panic!(
         "{what}: the recovered state is no checkpoint plus a prefix of the log from {} \
-         (durable) to {} (written) records; recovered {} + {} keys",
+         (durable) to {} (written) records; recovered {} + {} + {} keys",
         c.must_keep,
         c.log.len(),
         recovered[0].len(),
-        recovered[1].len()
+        recovered[1].len(),
+        recovered[2].len()
     );
 }
 
@@ -328,6 +374,9 @@ fn seeds(test: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Hot→cold compactions of the hash store over the runs of `crash_run`.
+static HASH_COMPACTIONS: AtomicU64 = AtomicU64::new(0);
+
 /// Runs the workload of `seed` on a fresh database with a fault armed by `arm` once its
 /// keyspaces exist, crashes it, reopens it, and checks the model; returns the writes
 /// replayed and whether the fault fired (a call failed).
@@ -337,8 +386,14 @@ fn crash_run(seed: u64, ops: usize, arm: impl FnOnce(&Db, &Devices)) -> (usize, 
     let db = devices.open(dir.path());
     db.tree(KEYSPACES[0]).unwrap();
     db.tree(KEYSPACES[1]).unwrap();
+    db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
     arm(&db, &devices);
     let steps = run_workload(&db, seed, ops, |_| {});
+    let hash_stats = db
+        .hash_store_with(KEYSPACES[HASH], hash_options())
+        .unwrap()
+        .stats();
+    HASH_COMPACTIONS.fetch_add(hash_stats.hot_cold_compactions, Ordering::Relaxed);
     let fired = steps.iter().any(|s| {
         matches!(
             s,
@@ -393,8 +448,11 @@ fn crashing_at_every_sync_loses_no_durable_write_and_no_batch_in_part() {
             "seed {seed}: the workload synced its pages only {n} times"
         );
     }
+    let compactions = HASH_COMPACTIONS.load(Ordering::Relaxed);
+    assert!(compactions > 0, "the hash store never compacted");
     eprintln!(
-        "crash at every sync: {points} crash points, {writes_checked} writes replayed and checked, 0 lost"
+        "crash at every sync: {points} crash points, {writes_checked} writes replayed and \
+         checked, 0 lost; the hash store compacted {compactions} times"
     );
 }
 
@@ -554,6 +612,7 @@ fn concurrent_batches_crash_atomically() {
             .checkpoint_interval(Some(Duration::from_millis(20)));
         let db = Arc::new(devices.open_with(dir.path(), opts.clone()).unwrap());
         let trees = [db.tree("a").unwrap(), db.tree("b").unwrap()];
+        let hash = db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
         let durable: Arc<Vec<AtomicU64>> =
             Arc::new((0..THREADS).map(|_| AtomicU64::new(0)).collect());
         let tried: Arc<Vec<AtomicU64>> =
@@ -561,9 +620,10 @@ fn concurrent_batches_crash_atomically() {
         let stop = Arc::new(AtomicBool::new(false));
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
-                let (db, trees, durable, tried, stop) = (
+                let (db, trees, hash, durable, tried, stop) = (
                     db.clone(),
                     trees.clone(),
+                    hash.clone(),
                     durable.clone(),
                     tried.clone(),
                     stop.clone(),
@@ -582,6 +642,7 @@ fn concurrent_batches_crash_atomically() {
                         let value = format!("{n:012}-{}", "x".repeat(rng.below(200) as usize));
                         batch.insert(&trees[0], &key, value.as_bytes());
                         batch.insert(&trees[1], &key, value.as_bytes());
+                        batch.insert_hash(&hash, &key, value.as_bytes());
                         // Noise that splits leaves: other keys of the thread.
                         let noise = format!("noise{t}-{}", rng.below(300)).into_bytes();
                         batch.insert(&trees[(n % 2) as usize], &noise, value.as_bytes());
@@ -615,6 +676,16 @@ fn concurrent_batches_crash_atomically() {
                 let key = format!("thread{t}").into_bytes();
                 let (a, b) = (state[0].get(&key), state[1].get(&key));
                 assert_eq!(a, b, "seed {seed}: thread {t}'s batch recovered in part");
+                let h = db
+                    .hash_store_with(KEYSPACES[HASH], hash_options())
+                    .unwrap()
+                    .get(&key)
+                    .unwrap();
+                assert_eq!(
+                    a,
+                    h.as_ref(),
+                    "seed {seed}: thread {t}'s batch recovered in part (hash store)"
+                );
                 let n = a.map_or(0, |v| {
                     std::str::from_utf8(&v[..12])
                         .unwrap()

@@ -68,7 +68,7 @@ fn random_operations_match_a_hash_map_across_compactions_and_reopens() {
             keys,
             &format!("seed {seed}, after reopen {round}"),
         );
-        for step in 0..20_000u64 {
+        for step in 0..10_000u64 {
             // Skewed keys: a hot set updated often, a long tail that goes cold.
             let i = if rng.percent() < 70 {
                 rng.below(keys / 20)
@@ -76,9 +76,9 @@ fn random_operations_match_a_hash_map_across_compactions_and_reopens() {
                 rng.below(keys)
             };
             let k = key(i);
-            let level = match rng.below(10) {
+            let level = match rng.below(50) {
                 0 => Durability::Synced,
-                1..=5 => Durability::Logged,
+                1..=25 => Durability::Logged,
                 _ => Durability::Unlogged,
             };
             match rng.percent() {
@@ -358,7 +358,7 @@ fn a_log_full_of_live_records_is_not_compacted_over_and_over() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), options()).unwrap();
     let store = db.hash_store_with("h", tiny()).unwrap();
-    for i in 0..40_000u64 {
+    for i in 0..12_000u64 {
         store
             .insert_with(&key(i % 3_500), &[3u8; 100], Durability::Unlogged)
             .unwrap();
@@ -378,4 +378,86 @@ fn a_log_full_of_live_records_is_not_compacted_over_and_over() {
             Some(&[3u8; 100][..])
         );
     }
+}
+
+#[test]
+fn the_memory_budget_covers_the_indexes_the_read_cache_and_the_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    for (i, (memory, keys)) in [
+        (4u64 << 20, 100_000u64),
+        (64 << 20, 1 << 20),
+        (64 << 20, 20_000_000),
+        (256 << 20, 100_000_000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let store = db
+            .hash_store_with(
+                &format!("s{i}"),
+                HashStoreOptions::default()
+                    .memory_bytes(memory)
+                    .expected_keys(keys),
+            )
+            .unwrap();
+        let used = store.stats().memory_bytes;
+        assert!(
+            used <= memory && used >= memory * 8 / 10,
+            "{memory} bytes for {keys} keys: the store takes {used}"
+        );
+        assert!(db.drop_hash_store(&format!("s{i}")).unwrap());
+    }
+    // A budget the expected keys' chunk table alone would fill is refused.
+    assert!(matches!(
+        db.hash_store_with(
+            "small",
+            HashStoreOptions::default()
+                .memory_bytes(1 << 20)
+                .expected_keys(1 << 30)
+        ),
+        Err(Error::InvalidConfig(_))
+    ));
+}
+
+#[test]
+fn a_missing_or_damaged_log_file_fails_the_open_and_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), options()).unwrap();
+        let store = db.hash_store_with("h", tiny()).unwrap();
+        for i in 0..3_000 {
+            store.insert(&key(i), &[5u8; 60]).unwrap();
+        }
+    }
+    let hot: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("-hot-"))
+        .collect();
+    assert!(!hot.is_empty());
+    // A damaged hot log: records that do not decode (everything past its first page,
+    // so the live part too).
+    let first = &hot[0];
+    let mut bytes = std::fs::read(first).unwrap();
+    let original = bytes.clone();
+    for b in bytes.iter_mut().skip(4096) {
+        *b = 0xA5;
+    }
+    std::fs::write(first, &bytes).unwrap();
+    let err = Db::open(dir.path(), options()).unwrap_err();
+    assert!(matches!(err, Error::CorruptFile { .. }), "{err:?}");
+    assert_eq!(
+        std::fs::read(first).unwrap(),
+        bytes,
+        "the damaged file was rewritten"
+    );
+    // A missing one.
+    std::fs::write(first, &original).unwrap();
+    Db::open(dir.path(), options()).unwrap();
+    for p in &hot {
+        std::fs::remove_file(p).unwrap();
+    }
+    let err = Db::open(dir.path(), options()).unwrap_err();
+    assert!(err.to_string().contains("-hot-"), "{err}");
 }

@@ -620,8 +620,10 @@ impl Db {
         self.shared.hash_store(name, options)
     }
 
-    /// Drops hash keyspace `name` and everything in it, as [`Db::drop_tree`] drops a
-    /// tree; `false` if there was none.
+    /// Drops hash keyspace `name` and everything in it; `false` if there was none.
+    /// Handles to it refuse writes with [`Error::KeyspaceDropped`]; their reads may fail
+    /// once they need a log file the drop removed. The drop is durable when the call
+    /// returns.
     pub fn drop_hash_store(&self, name: &str) -> Result<bool> {
         self.shared.drop_keyspace(name, true)
     }

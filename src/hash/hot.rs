@@ -294,8 +294,7 @@ impl HotLog {
         self.read_cache.as_ref().map(|rc| rc.stats())
     }
 
-    /// The read cache, if it is on (tests).
-    #[cfg(test)]
+    /// The read cache, if it is on.
     pub(crate) fn read_cache(&self) -> Option<&ReadCache> {
         self.read_cache.as_deref()
     }

@@ -41,9 +41,10 @@ use crate::wal::LogOpRef;
 /// creates it (and recorded in the database's manifest).
 ///
 /// The memory budget is split as the F2 paper splits its budget at 10% of the data:
-/// about a sixth for the hot index, a sixth for the read cache, a forty-eighth each
-/// for the cold log's pages and the cold index's chunk pages, and the rest for the hot
-/// log's pages.
+/// up to a sixth for the hot index (no more than `expected_keys` need), a sixth for the
+/// read cache, a forty-eighth each for the cold log's pages and the cold index's chunk
+/// pages, the chunk table (half a byte per expected key), and the rest for the hot
+/// log's pages. A budget too small for the expected keys' chunk table is refused.
 ///
 /// ```
 /// use bfdb::HashStoreOptions;
@@ -176,7 +177,21 @@ impl HashLayout {
             let fit = (memory / 16).max(1).ilog2();
             fit.clamp(least, MAX_PAGE_BITS.max(least)) as u8
         };
-        let split = Split::of(options.memory_bytes);
+        let split = Split::of(options.memory_bytes, options.expected_keys);
+        if split.hot_log < 4 * (1 << least) {
+            return Err(Error::InvalidConfig(format!(
+                "a hash store's memory_bytes {} leave its hot log {} bytes once the hot \
+                 index ({}), the read cache ({}), the chunk table for {} keys ({}) and the \
+                 cold logs ({}) have theirs: give it more memory or expect fewer keys",
+                options.memory_bytes,
+                split.hot_log,
+                split.hot_index,
+                split.read_cache,
+                options.expected_keys,
+                split.chunk_table,
+                split.cold_log + split.chunk_log
+            )));
+        }
         let layout = HashLayout {
             page_bits: [
                 bits(split.hot_log),
@@ -208,7 +223,15 @@ impl HashLayout {
     /// The store's options for [`F2`].
     pub(crate) fn f2_options(&self) -> F2Options {
         let o = &self.options;
-        let split = Split::of(o.memory_bytes);
+        let split = Split::of(o.memory_bytes, o.expected_keys);
+        // The read cache is off when its share is less than three hot-log pages; the
+        // hot log has it then.
+        let read_cache = if split.read_cache >> self.page_bits[0] >= 3 {
+            split.read_cache
+        } else {
+            0
+        };
+        let hot_log = split.hot_log + (split.read_cache - read_cache);
         let log = |memory: u64, bits: u8| {
             let frames = (memory >> bits).max(3);
             HlogOptions {
@@ -218,11 +241,9 @@ impl HashLayout {
             }
         };
         F2Options {
-            // The hot index gets its share of memory, and no more than the keys need.
-            hot_keys: (split.hot_index / 64 * super::index::KEYS_PER_BUCKET)
-                .clamp(1024, o.expected_keys.max(1024)),
+            hot_keys: split.hot_keys,
             cold_keys: o.expected_keys,
-            hot_log: log(split.hot_log, self.page_bits[0]),
+            hot_log: log(hot_log, self.page_bits[0]),
             cold_log: log(split.cold_log, self.page_bits[1]),
             chunk_log: log(split.chunk_log, self.page_bits[2]),
             hot_log_budget_bytes: o.hot_log_disk_bytes,
@@ -230,35 +251,47 @@ impl HashLayout {
             compact_at_percent: 80,
             compact_percent: 10,
             compaction_threads: o.compaction_threads,
-            // Off when its share is less than three of the hot log's pages.
-            read_cache_memory_bytes: if split.read_cache >> self.page_bits[0] >= 3 {
-                split.read_cache
-            } else {
-                0
-            },
+            read_cache_memory_bytes: read_cache,
         }
     }
 }
 
-/// The memory budget split in parts (see [`HashStoreOptions`]).
+/// The memory budget split in parts (see [`HashStoreOptions`]), in bytes.
 struct Split {
+    /// Keys the hot index is sized for, and its home buckets' bytes.
+    hot_keys: u64,
     hot_index: u64,
     read_cache: u64,
-    hot_log: u64,
+    /// The chunk table (the cold index's in-memory level), sized by the expected keys.
+    chunk_table: u64,
     cold_log: u64,
     chunk_log: u64,
+    /// What is left: the hot log's page frames.
+    hot_log: u64,
 }
 
 impl Split {
-    fn of(memory: u64) -> Split {
+    fn of(memory: u64, expected_keys: u64) -> Split {
+        use super::index::{IndexOptions, KEYS_PER_BUCKET};
         let sixth = memory / 6;
         let small = memory / 48;
+        // The hot index's home buckets: a power of two within its share (at least 256),
+        // and no more than the expected keys need.
+        let fits = (sixth / 64).max(256);
+        let buckets = (1u64 << fits.ilog2())
+            .min(IndexOptions::for_keys(expected_keys).buckets as u64)
+            .max(256);
+        let chunks = super::cold::ColdIndex::chunks_for(expected_keys);
+        let chunk_table = IndexOptions::for_keys(chunks).buckets as u64 * 64;
+        let fixed = buckets * 64 + sixth + chunk_table + 2 * small;
         Split {
-            hot_index: sixth,
+            hot_keys: buckets * KEYS_PER_BUCKET,
+            hot_index: buckets * 64,
             read_cache: sixth,
-            hot_log: memory - 2 * sixth - 2 * small,
+            chunk_table,
             cold_log: small,
             chunk_log: small,
+            hot_log: memory.saturating_sub(fixed),
         }
     }
 }
@@ -312,7 +345,7 @@ pub struct HashStoreStats {
     pub hot_cold_compactions: u64,
     /// Cold→cold compactions: the oldest part of the cold log copied to its tail.
     pub cold_cold_compactions: u64,
-    /// Records compactions copied (live), and records they left behind (superseded).
+    /// Records compactions copied (they were their keys' newest).
     pub records_copied: u64,
     /// Records compactions left behind (a newer record of the key existed).
     pub records_dropped: u64,
@@ -333,8 +366,8 @@ pub struct HashStoreStats {
     pub hot_log_bytes: u64,
     /// Bytes of the cold log (from BEGIN to TAIL).
     pub cold_log_bytes: u64,
-    /// Bytes of memory of the hot index, of the chunk table, and of the three logs'
-    /// page frames together.
+    /// Bytes of memory of the hot index, the chunk table, the read cache and the three
+    /// logs' page frames together.
     pub memory_bytes: u64,
 }
 
@@ -586,6 +619,7 @@ impl HashStore {
                 + table
                 + chunk_frames
                 + f2.hot().log().memory_bytes()
+                + f2.hot().read_cache().map_or(0, |c| c.memory_bytes())
                 + f2.cold().log().memory_bytes())
         });
         HashStoreStats {

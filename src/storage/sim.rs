@@ -371,7 +371,8 @@ impl SimBlocks {
     pub fn crash(&self) -> SimBlocks {
         let mut s = self.state.lock();
         let mut blocks = s.durable.clone();
-        for at in std::mem::take(&mut s.unsynced) {
+        // The list stays: this file lives on, and its next sync makes them durable.
+        for at in s.unsynced.clone() {
             let Some(new) = s.live.get(&at).cloned() else {
                 continue;
             };
