@@ -10,9 +10,9 @@
 //! which does nothing unless `BFDB_KILL_CHILD_DIR` names a directory. It opens the
 //! database there (a 1 MiB pool per keyspace, so leaf pages are evicted and read back;
 //! 128 KiB log segments, so segments are created often), opens two tree keyspaces and a
-//! hash keyspace (256 KiB of memory, 1 MiB of hot log and 4 MiB of cold log on disk, so
-//! the hot log flushes and is compacted into the cold log, and the cold log into itself,
-//! while the children write), and writes from 2 to 4 threads until it is killed: single
+//! hash keyspace (256 KiB of memory, 256 KiB of hot log and 1 MiB of cold log on disk,
+//! and values of at most 600 bytes, so the hot log flushes and is compacted into the
+//! cold log, and the cold log into itself, while the children write), and writes from 2 to 4 threads until it is killed: single
 //! puts and deletes in any keyspace, read-modify-writes of the hash keyspace, and
 //! batches that put one value into one key of each of two keyspaces (both trees, or a
 //! tree and the hash keyspace). Keys are shared by the threads; a hot set of 32 keys per
@@ -114,14 +114,14 @@ fn options() -> DbOptions {
         .checkpoint_interval(Some(std::time::Duration::from_millis(150)))
 }
 
-/// The hash keyspace's options: a few hundred KiB of memory and a few MiB of disk, so
-/// that its hot log flushes and both compactions run within a few runs.
+/// The hash keyspace's options: a few hundred KiB of memory and about a MiB of disk, so
+/// that its hot log flushes and both compactions run while the children write.
 fn hash_options() -> HashStoreOptions {
     HashStoreOptions::default()
         .memory_bytes(256 << 10)
         .expected_keys(4 * SLOTS)
-        .hot_log_disk_bytes(1 << 20)
-        .cold_log_disk_bytes(4 << 20)
+        .hot_log_disk_bytes(256 << 10)
+        .cold_log_disk_bytes(1 << 20)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -516,20 +516,26 @@ fn child_writer(
             counter,
         };
         counter += 1;
-        let len = 40 + rng.below(1960) as usize;
+        // Values of 40 bytes to 2 KB in the trees, so that their leaf pages are evicted;
+        // up to 600 bytes in the hash keyspace, so that the data it holds stays well
+        // within its cold log's budget and compaction frees space.
+        let (long, short) = (40 + rng.below(1960) as usize, 40 + rng.below(560) as usize);
         let write = match rng.percent() {
-            0..55 => Write::Put {
-                ks: rng.below(KEYSPACES.len() as u64) as usize,
-                slot: pick_slot(&mut rng),
-                len,
-            },
+            0..55 => {
+                let ks = rng.below(KEYSPACES.len() as u64) as usize;
+                Write::Put {
+                    ks,
+                    slot: pick_slot(&mut rng),
+                    len: if ks == HASH { short } else { long },
+                }
+            }
             55..67 => Write::Delete {
                 ks: rng.below(KEYSPACES.len() as u64) as usize,
                 slot: pick_slot(&mut rng),
             },
             67..77 => Write::Rmw {
                 slot: pick_slot(&mut rng),
-                len,
+                len: short,
             },
             // Both trees, or a tree and the hash keyspace (either first).
             p => {
@@ -542,7 +548,7 @@ fn child_writer(
                 Write::Batch {
                     ks,
                     slots: [pick_slot(&mut rng), pick_slot(&mut rng)],
-                    len,
+                    len: if ks.contains(&HASH) { short } else { long },
                 }
             }
         };
