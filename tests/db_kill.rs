@@ -1,10 +1,10 @@
 //! The database against real crashes: a child process writes to two tree keyspaces and
 //! a hash keyspace at [`Durability::Synced`] and the parent kills it with SIGKILL at a
-//! random moment,
-//! reopens the database (recovery replays the write-ahead log) and checks what came back
-//! against what the child reported. It does this many times on one directory, so every
-//! child recovers what the earlier ones left, and kills land in recovery, in segment
-//! creation, in group commits and between a write and its report.
+//! random moment, reopens the database (recovery replays the write-ahead log) and checks
+//! what came back against what the child reported. It does this many times on one
+//! directory, so every child recovers what the earlier ones left, and kills land in
+//! recovery, in segment creation, in group commits, in the hash keyspace's compactions
+//! and between a write and its report.
 //!
 //! **The child** is this test binary run again on the ignored test `child_process_entry`,
 //! which does nothing unless `BFDB_KILL_CHILD_DIR` names a directory. It opens the
@@ -12,19 +12,20 @@
 //! 128 KiB log segments, so segments are created often), opens two tree keyspaces and a
 //! hash keyspace (256 KiB of memory, 256 KiB of hot log and 1 MiB of cold log on disk,
 //! and values of at most 600 bytes, so the hot log flushes and is compacted into the
-//! cold log, and the cold log into itself, while the children write), and writes from 2 to 4 threads until it is killed: single
-//! puts and deletes in any keyspace, read-modify-writes of the hash keyspace, and
-//! batches that put one value into one key of each of two keyspaces (both trees, or a
-//! tree and the hash keyspace). Keys are shared by the threads; a hot set of 32 keys per
-//! keyspace takes half the writes, so writers race on keys and overwrite and delete what
-//! earlier children wrote. Every value names its write (`r<run>.t<thread>.c<counter>:`
-//! and then letters drawn from that name), so the parent can tell which write any value
-//! it finds came from, and rebuild it byte for byte. A read-modify-write stores such a
-//! value too, whatever it reads (so the parent checks it as a put of its result), and
-//! the child checks that what it read is a value some write stored. On stdout the child
-//! reports each write before issuing it (`try <write> <what>`) and after it returned
-//! (`ack <write>`), one whole line per `write(2)`, under a mutex; and every 50 ms what
-//! the hash keyspace's compactions have done (`hash <stats>`).
+//! cold log, and the cold log into itself, while the children write), and writes from 2
+//! to 4 threads until it is killed: single puts and deletes in any keyspace,
+//! read-modify-writes of the hash keyspace, and batches that put one value into one key
+//! of each of two keyspaces (both trees, or a tree and the hash keyspace). Keys are
+//! shared by the threads; a hot set of 32 keys per keyspace takes half the writes, so
+//! writers race on keys and overwrite and delete what earlier children wrote. Every
+//! value names its write (`r<run>.t<thread>.c<counter>:` and then letters drawn from
+//! that name), so the parent can tell which write any value it finds came from, and
+//! rebuild it byte for byte. A read-modify-write stores such a value too, whatever it
+//! reads (so the parent checks it as a put of its result), and the child checks that
+//! what it read is a value some write stored. On stdout the child reports each write
+//! before issuing it (`try <write> <what>`) and after it returned (`ack <write>`), one
+//! whole line per `write(2)`, under a mutex; and every 50 ms what the hash keyspace's
+//! compactions have done (`hash <counts>`).
 //!
 //! **The parent** reads those lines; the order in which they arrive is an order of real
 //! time. A write whose `ack` line comes before the `try` line of another write of the
