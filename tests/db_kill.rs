@@ -1,22 +1,31 @@
-//! The database against real crashes: a child process writes at
-//! [`Durability::Synced`] and the parent kills it with SIGKILL at a random moment,
-//! reopens the database (recovery replays the write-ahead log) and checks what came back
-//! against what the child reported. It does this many times on one directory, so every
-//! child recovers what the earlier ones left, and kills land in recovery, in segment
-//! creation, in group commits and between a write and its report.
+//! The database against real crashes: a child process writes to two tree keyspaces and
+//! a hash keyspace at [`Durability::Synced`] and the parent kills it with SIGKILL at a
+//! random moment, reopens the database (recovery replays the write-ahead log) and checks
+//! what came back against what the child reported. It does this many times on one
+//! directory, so every child recovers what the earlier ones left, and kills land in
+//! recovery, in segment creation, in group commits, in the hash keyspace's compactions
+//! and between a write and its report.
 //!
 //! **The child** is this test binary run again on the ignored test `child_process_entry`,
 //! which does nothing unless `BFDB_KILL_CHILD_DIR` names a directory. It opens the
 //! database there (a 1 MiB pool per keyspace, so leaf pages are evicted and read back;
-//! 128 KiB log segments, so segments are created often), opens two keyspaces, and writes
-//! from 2 to 4 threads until it is killed: single puts, deletes, and batches that put one
-//! value into one key of each keyspace. Keys are shared by the threads; a hot set of 32
-//! keys per keyspace takes half the writes, so writers race on keys and overwrite and
-//! delete what earlier children wrote. Every value names its write (`r<run>.t<thread>.
-//! c<counter>:` and then letters drawn from that name), so the parent can tell which
-//! write any value it finds came from, and rebuild it byte for byte. On stdout the child
-//! reports each write before issuing it (`try <write> <what>`) and after it returned
-//! (`ack <write>`), one whole line per `write(2)`, under a mutex.
+//! 128 KiB log segments, so segments are created often), opens two tree keyspaces and a
+//! hash keyspace (256 KiB of memory, 256 KiB of hot log and 1 MiB of cold log on disk,
+//! and values of at most 600 bytes, so the hot log flushes and is compacted into the
+//! cold log, and the cold log into itself, while the children write), and writes from 2
+//! to 4 threads until it is killed: single puts and deletes in any keyspace,
+//! read-modify-writes of the hash keyspace, and batches that put one value into one key
+//! of each of two keyspaces (both trees, or a tree and the hash keyspace). Keys are
+//! shared by the threads; a hot set of 32 keys per keyspace takes half the writes, so
+//! writers race on keys and overwrite and delete what earlier children wrote. Every
+//! value names its write (`r<run>.t<thread>.c<counter>:` and then letters drawn from
+//! that name), so the parent can tell which write any value it finds came from, and
+//! rebuild it byte for byte. A read-modify-write stores such a value too, whatever it
+//! reads (so the parent checks it as a put of its result), and the child checks that
+//! what it read is a value some write stored. On stdout the child reports each write
+//! before issuing it (`try <write> <what>`) and after it returned (`ack <write>`), one
+//! whole line per `write(2)`, under a mutex; and every 50 ms what the hash keyspace's
+//! compactions have done (`hash <counts>`).
 //!
 //! **The parent** reads those lines; the order in which they arrive is an order of real
 //! time. A write whose `ack` line comes before the `try` line of another write of the
@@ -31,7 +40,8 @@
 //!   scan yields no key that no write named;
 //! - batches are all or nothing: a key without a batch's value beside a key with it
 //!   must hold a write that may have come after the batch;
-//! - a full scan of each keyspace yields exactly what point reads found.
+//! - a full scan of each tree keyspace yields exactly what point reads found (a hash
+//!   keyspace has no scan: point reads of every key any write named check it).
 //!
 //! What a recovery found becomes the starting point of the next run's checks.
 //!
@@ -60,7 +70,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bfdb::{Config, Db, DbOptions, Durability, Tree, WriteBatch};
+use bfdb::{Config, Db, DbOptions, Durability, HashStore, HashStoreOptions, Tree, WriteBatch};
 
 mod common;
 use common::{Rng, env_u64, mix};
@@ -74,8 +84,11 @@ const CHILD_SEED: &str = "BFDB_KILL_CHILD_SEED";
 /// Starts the child's report lines; the test harness prints lines of its own.
 const MARK: &str = "@@bfdb-kill ";
 
-/// The keyspaces the child writes.
-const KEYSPACES: [&str; 2] = ["alpha", "beta"];
+/// The keyspaces the child writes: the trees, then the hash keyspace.
+const KEYSPACES: [&str; 3] = ["alpha", "beta", "gamma"];
+
+/// The index of the hash keyspace in [`KEYSPACES`]; the ones before it are trees.
+const HASH: usize = 2;
 
 /// Keys per keyspace, and the hot ones among them that take half the writes.
 const SLOTS: u64 = 2048;
@@ -100,6 +113,16 @@ fn options() -> DbOptions {
         // Checkpoints often, so that kills land in them too.
         .checkpoint_log_bytes(512 << 10)
         .checkpoint_interval(Some(std::time::Duration::from_millis(150)))
+}
+
+/// The hash keyspace's options: a few hundred KiB of memory and about a MiB of disk, so
+/// that its hot log flushes and both compactions run while the children write.
+fn hash_options() -> HashStoreOptions {
+    HashStoreOptions::default()
+        .memory_bytes(256 << 10)
+        .expected_keys(4 * SLOTS)
+        .hot_log_disk_bytes(256 << 10)
+        .cold_log_disk_bytes(1 << 20)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -182,9 +205,16 @@ enum Write {
     Put { ks: usize, slot: u64, len: usize },
     /// Deletes `slot` of keyspace `ks`.
     Delete { ks: usize, slot: u64 },
-    /// Puts one value of `len` bytes under `slots[0]` of the first keyspace and
-    /// `slots[1]` of the second, as one batch.
-    Batch { slots: [u64; 2], len: usize },
+    /// Replaces the value under `slot` of the hash keyspace with one of `len` bytes by a
+    /// read-modify-write (which stores its write's value whatever it reads).
+    Rmw { slot: u64, len: usize },
+    /// Puts one value of `len` bytes under `slots[0]` of keyspace `ks[0]` and
+    /// `slots[1]` of keyspace `ks[1]` (another one), as one batch.
+    Batch {
+        ks: [usize; 2],
+        slots: [u64; 2],
+        len: usize,
+    },
 }
 
 impl Write {
@@ -192,14 +222,17 @@ impl Write {
     fn keys(&self) -> Vec<Key> {
         match *self {
             Write::Put { ks, slot, .. } | Write::Delete { ks, slot } => vec![(ks, key_of(slot))],
-            Write::Batch { slots, .. } => vec![(0, key_of(slots[0])), (1, key_of(slots[1]))],
+            Write::Rmw { slot, .. } => vec![(HASH, key_of(slot))],
+            Write::Batch { ks, slots, .. } => {
+                vec![(ks[0], key_of(slots[0])), (ks[1], key_of(slots[1]))]
+            }
         }
     }
 
     /// The length of the value it stores; `None` for a delete.
     fn value_len(&self) -> Option<usize> {
         match *self {
-            Write::Put { len, .. } | Write::Batch { len, .. } => Some(len),
+            Write::Put { len, .. } | Write::Rmw { len, .. } | Write::Batch { len, .. } => Some(len),
             Write::Delete { .. } => None,
         }
     }
@@ -209,7 +242,10 @@ impl Write {
         match self {
             Write::Put { ks, slot, len } => format!("put {ks} {slot} {len}"),
             Write::Delete { ks, slot } => format!("del {ks} {slot}"),
-            Write::Batch { slots, len } => format!("batch {} {} {len}", slots[0], slots[1]),
+            Write::Rmw { slot, len } => format!("rmw {slot} {len}"),
+            Write::Batch { ks, slots, len } => {
+                format!("batch {} {} {} {} {len}", ks[0], slots[0], ks[1], slots[1])
+            }
         }
     }
 
@@ -238,15 +274,27 @@ impl Write {
                 ks: keyspace(words.get(1))?,
                 slot: num(words.get(2), "slot")?,
             },
-            Some(&"batch") => Write::Batch {
-                slots: [num(words.get(1), "slot")?, num(words.get(2), "slot")?],
-                len: num(words.get(3), "length")?,
+            Some(&"rmw") => Write::Rmw {
+                slot: num(words.get(1), "slot")?,
+                len: num(words.get(2), "length")?,
             },
+            Some(&"batch") => {
+                let ks = [keyspace(words.get(1))?, keyspace(words.get(3))?];
+                if ks[0] == ks[1] {
+                    return Err(format!("a batch of two keys of keyspace {}", ks[0]));
+                }
+                Write::Batch {
+                    ks,
+                    slots: [num(words.get(2), "slot")?, num(words.get(4), "slot")?],
+                    len: num(words.get(5), "length")?,
+                }
+            }
             other => return Err(format!("unknown write {other:?}")),
         };
         let expected = match write {
-            Write::Delete { .. } => 3,
-            _ => 4,
+            Write::Delete { .. } | Write::Rmw { .. } => 3,
+            Write::Put { .. } => 4,
+            Write::Batch { .. } => 6,
         };
         if words.len() != expected {
             return Err(format!("{} words where {expected} belong", words.len()));
@@ -264,8 +312,77 @@ enum Report {
     Try(WriteId, Write),
     /// This write returned `Ok`.
     Ack(WriteId),
+    /// What the hash keyspace has done since the child opened the database.
+    Hash(HashCounts),
     /// Something failed in the child (which then exits).
     Failed(String),
+}
+
+/// What a child's hash keyspace did: [`bfdb::HashStoreStats`]'s counts that tell whether
+/// the run reached the hot log's disk and the compactions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct HashCounts {
+    hot_cold_compactions: u64,
+    cold_cold_compactions: u64,
+    records_copied: u64,
+    throttled_writes: u64,
+    hot_disk_reads: u64,
+}
+
+impl HashCounts {
+    fn of(store: &HashStore) -> HashCounts {
+        let s = store.stats();
+        HashCounts {
+            hot_cold_compactions: s.hot_cold_compactions,
+            cold_cold_compactions: s.cold_cold_compactions,
+            records_copied: s.records_copied,
+            throttled_writes: s.throttled_writes,
+            hot_disk_reads: s.hot_disk_reads,
+        }
+    }
+
+    fn report(&self) -> String {
+        format!(
+            "hash {} {} {} {} {}",
+            self.hot_cold_compactions,
+            self.cold_cold_compactions,
+            self.records_copied,
+            self.throttled_writes,
+            self.hot_disk_reads
+        )
+    }
+
+    fn parse(words: &[&str]) -> Result<HashCounts, String> {
+        let n: Vec<u64> = words
+            .iter()
+            .map(|w| w.parse().map_err(|_| format!("{w:?} is not a number")))
+            .collect::<Result<_, _>>()?;
+        let &[
+            hot_cold_compactions,
+            cold_cold_compactions,
+            records_copied,
+            throttled_writes,
+            hot_disk_reads,
+        ] = &n[..]
+        else {
+            return Err(format!("{} numbers where 5 belong", n.len()));
+        };
+        Ok(HashCounts {
+            hot_cold_compactions,
+            cold_cold_compactions,
+            records_copied,
+            throttled_writes,
+            hot_disk_reads,
+        })
+    }
+
+    fn add(&mut self, other: &HashCounts) {
+        self.hot_cold_compactions += other.hot_cold_compactions;
+        self.cold_cold_compactions += other.cold_cold_compactions;
+        self.records_copied += other.records_copied;
+        self.throttled_writes += other.throttled_writes;
+        self.hot_disk_reads += other.hot_disk_reads;
+    }
 }
 
 fn parse_report(line: &str) -> Result<Report, String> {
@@ -278,6 +395,7 @@ fn parse_report(line: &str) -> Result<Report, String> {
         Some(&"ready") if words.len() == 1 => Ok(Report::Ready),
         Some(&"try") => Ok(Report::Try(id(words.get(1))?, Write::parse(&words[2..])?)),
         Some(&"ack") if words.len() == 2 => Ok(Report::Ack(id(words.get(1))?)),
+        Some(&"hash") => Ok(Report::Hash(HashCounts::parse(&words[1..])?)),
         Some(&"failed") => Ok(Report::Failed(line["failed".len()..].trim().to_string())),
         _ => Err("not a report".into()),
     }
@@ -330,18 +448,34 @@ fn run_child(dir: &Path, run: u64, seed: u64) -> ! {
     let out = Arc::new(Reporter(Mutex::new(())));
     let db = Db::open(dir, options()).unwrap_or_else(|e| out.fail(&format!("open: {e}")));
     let db = Arc::new(db);
-    let trees = KEYSPACES.map(|name| {
-        db.tree(name)
-            .unwrap_or_else(|e| out.fail(&format!("keyspace {name}: {e}")))
-    });
+    let trees: Vec<Arc<Tree>> = KEYSPACES[..HASH]
+        .iter()
+        .map(|name| {
+            db.tree(name)
+                .unwrap_or_else(|e| out.fail(&format!("keyspace {name}: {e}")))
+        })
+        .collect();
+    let hash = db
+        .hash_store_with(KEYSPACES[HASH], hash_options())
+        .unwrap_or_else(|e| out.fail(&format!("keyspace {}: {e}", KEYSPACES[HASH])));
+    let keyspaces = Arc::new(ChildKeyspaces { trees, hash });
     out.say("ready");
     let threads = 2 + seed % 3;
     let writers: Vec<_> = (0..threads)
         .map(|thread| {
-            let (db, trees, out) = (Arc::clone(&db), trees.clone(), Arc::clone(&out));
-            std::thread::spawn(move || child_writer(&db, &trees, &out, run, thread, seed))
+            let (db, ks, out) = (Arc::clone(&db), Arc::clone(&keyspaces), Arc::clone(&out));
+            std::thread::spawn(move || child_writer(&db, &ks, &out, run, thread, seed))
         })
         .collect();
+    {
+        let (keyspaces, out) = (Arc::clone(&keyspaces), Arc::clone(&out));
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(50));
+                out.say(&HashCounts::of(&keyspaces.hash).report());
+            }
+        });
+    }
     for writer in writers {
         let _ = writer.join();
     }
@@ -357,11 +491,18 @@ fn pick_slot(rng: &mut Rng) -> u64 {
     }
 }
 
+/// The keyspaces a child writes.
+struct ChildKeyspaces {
+    /// The trees, in the order of [`KEYSPACES`].
+    trees: Vec<Arc<Tree>>,
+    hash: Arc<HashStore>,
+}
+
 /// One writer thread of the child: reports each write, issues it at `Synced`, reports
 /// it acknowledged; forever.
 fn child_writer(
     db: &Db,
-    trees: &[Arc<Tree>; 2],
+    ks: &ChildKeyspaces,
     out: &Reporter,
     run: u64,
     thread: u64,
@@ -376,37 +517,94 @@ fn child_writer(
             counter,
         };
         counter += 1;
-        let len = 40 + rng.below(1960) as usize;
+        // Values of 40 bytes to 2 KB in the trees, so that their leaf pages are evicted;
+        // up to 600 bytes in the hash keyspace, so that the data it holds stays well
+        // within its cold log's budget and compaction frees space.
+        let (long, short) = (40 + rng.below(1960) as usize, 40 + rng.below(560) as usize);
         let write = match rng.percent() {
-            0..70 => Write::Put {
-                ks: rng.below(2) as usize,
+            0..55 => {
+                let ks = rng.below(KEYSPACES.len() as u64) as usize;
+                Write::Put {
+                    ks,
+                    slot: pick_slot(&mut rng),
+                    len: if ks == HASH { short } else { long },
+                }
+            }
+            55..67 => Write::Delete {
+                ks: rng.below(KEYSPACES.len() as u64) as usize,
                 slot: pick_slot(&mut rng),
-                len,
             },
-            70..85 => Write::Delete {
-                ks: rng.below(2) as usize,
+            67..77 => Write::Rmw {
                 slot: pick_slot(&mut rng),
+                len: short,
             },
-            _ => Write::Batch {
-                slots: [pick_slot(&mut rng), pick_slot(&mut rng)],
-                len,
-            },
+            // Both trees, or a tree and the hash keyspace (either first).
+            p => {
+                let tree = rng.below(HASH as u64) as usize;
+                let ks = match p {
+                    77..88 => [tree, 1 - tree],
+                    88..94 => [tree, HASH],
+                    _ => [HASH, tree],
+                };
+                Write::Batch {
+                    ks,
+                    slots: [pick_slot(&mut rng), pick_slot(&mut rng)],
+                    len: if ks.contains(&HASH) { short } else { long },
+                }
+            }
         };
         out.say(&format!("try {id} {}", write.report()));
-        let done = match &write {
-            Write::Put { ks, slot, len } => {
-                trees[*ks].insert_with(&key_of(*slot), &value_of(id, *len), Durability::Synced)
+        let synced = Durability::Synced;
+        let done = match write {
+            Write::Put {
+                ks: HASH,
+                slot,
+                len,
+            } => ks
+                .hash
+                .insert_with(&key_of(slot), &value_of(id, len), synced),
+            Write::Put { ks: k, slot, len } => {
+                ks.trees[k].insert_with(&key_of(slot), &value_of(id, len), synced)
             }
-            Write::Delete { ks, slot } => {
-                trees[*ks].delete_with(&key_of(*slot), Durability::Synced)
+            Write::Delete { ks: HASH, slot } => ks.hash.delete_with(&key_of(slot), synced),
+            Write::Delete { ks: k, slot } => ks.trees[k].delete_with(&key_of(slot), synced),
+            Write::Rmw { slot, len } => {
+                let value = value_of(id, len);
+                ks.hash
+                    .rmw_with(
+                        &key_of(slot),
+                        |old| {
+                            // What the store holds must be what some write stored.
+                            if let Some(old) = old
+                                && writer_of(old).is_none_or(|w| value_of(w, old.len()) != old)
+                            {
+                                out.fail(&format!(
+                                    "rmw {id} of hash key {slot} read {}, which no write stored",
+                                    show_value(Some(old))
+                                ));
+                            }
+                            value.clone()
+                        },
+                        synced,
+                    )
+                    .and_then(|stored| {
+                        if stored == value {
+                            Ok(())
+                        } else {
+                            out.fail(&format!("rmw {id} returned another value"))
+                        }
+                    })
             }
-            Write::Batch { slots, len } => {
-                let value = value_of(id, *len);
+            Write::Batch { ks: k, slots, len } => {
+                let value = value_of(id, len);
                 let mut batch = WriteBatch::new();
-                for (tree, slot) in trees.iter().zip(slots) {
-                    batch.insert(tree, &key_of(*slot), &value);
+                for (k, slot) in k.into_iter().zip(slots) {
+                    match k {
+                        HASH => batch.insert_hash(&ks.hash, &key_of(slot), &value),
+                        k => batch.insert(&ks.trees[k], &key_of(slot), &value),
+                    }
                 }
-                db.write_with(batch, Durability::Synced)
+                db.write_with(batch, synced)
             }
         };
         if let Err(e) = done {
@@ -568,6 +766,8 @@ struct Tried {
 struct RunLog {
     run: u64,
     ready: bool,
+    /// The hash keyspace's counts the child reported last.
+    hash: HashCounts,
     writes: Vec<Tried>,
     by_id: HashMap<WriteId, usize>,
     /// The writes of each key, in the order they were tried.
@@ -584,6 +784,7 @@ impl RunLog {
             let bad = |why: String| format!("the child's report {at} ({line:?}): {why}");
             match parse_report(line).map_err(bad)? {
                 Report::Ready => log.ready = true,
+                Report::Hash(counts) => log.hash = counts,
                 Report::Failed(why) => return Err(bad(format!("the child failed: {why}"))),
                 Report::Try(id, write) => {
                     if id.run != run {
@@ -774,7 +975,9 @@ fn origins(
 struct RunCounts {
     acked_puts: u64,
     acked_deletes: u64,
+    acked_rmws: u64,
     acked_batches: u64,
+    acked_hash: u64,
     /// Puts and batches tried and not acknowledged, and how many of them recovery kept.
     in_flight: u64,
     in_flight_kept: u64,
@@ -814,13 +1017,17 @@ fn check_run(model: &Model, log: &RunLog, found: &Found) -> (Vec<Violation>, Run
 
     let mut counts = RunCounts::default();
     for (i, tried) in log.writes.iter().enumerate() {
+        let keys = tried.write.keys();
         match (&tried.write, tried.acked_at.is_some()) {
             (Write::Put { .. }, true) => counts.acked_puts += 1,
             (Write::Delete { .. }, true) => counts.acked_deletes += 1,
+            (Write::Rmw { .. }, true) => counts.acked_rmws += 1,
             (Write::Batch { .. }, true) => counts.acked_batches += 1,
             (_, false) => {}
         }
-        let keys = tried.write.keys();
+        if tried.acked_at.is_some() && keys.iter().any(|k| k.0 == HASH) {
+            counts.acked_hash += 1;
+        }
         let shows: Vec<bool> = keys
             .iter()
             .map(|k| {
@@ -857,13 +1064,17 @@ fn check_run(model: &Model, log: &RunLog, found: &Found) -> (Vec<Violation>, Run
     (violations, counts)
 }
 
-/// Reads every key of `keys` from the reopened database, and scans both keyspaces:
-/// what it found, the scans' disagreements with it, and the trees' evictions.
+/// Reads every key of `keys` from the reopened database, and scans the tree
+/// keyspaces: what it found, the scans' disagreements with it, and the trees'
+/// evictions.
 fn read_back(db: &Db, keys: &BTreeSet<Key>) -> Result<(Found, Vec<Violation>, u64), String> {
     let mut trees = Vec::new();
-    for name in KEYSPACES {
+    for name in &KEYSPACES[..HASH] {
         trees.push(db.tree(name).map_err(|e| format!("keyspace {name}: {e}"))?);
     }
+    let hash = db
+        .hash_store_with(KEYSPACES[HASH], hash_options())
+        .map_err(|e| format!("keyspace {}: {e}", KEYSPACES[HASH]))?;
     let mut violations = Vec::new();
     if db.keyspaces() != KEYSPACES {
         violations.push(Violation::Scan {
@@ -873,9 +1084,11 @@ fn read_back(db: &Db, keys: &BTreeSet<Key>) -> Result<(Found, Vec<Violation>, u6
     }
     let mut found = BTreeMap::new();
     for key in keys {
-        let got = trees[key.0]
-            .get(&key.1)
-            .map_err(|e| format!("get {}: {e}", show_key(key)))?;
+        let got = match key.0 {
+            HASH => hash.get(&key.1),
+            ks => trees[ks].get(&key.1),
+        }
+        .map_err(|e| format!("get {}: {e}", show_key(key)))?;
         found.insert(key.clone(), got);
     }
     for (ks, tree) in trees.iter().enumerate() {
@@ -944,9 +1157,14 @@ struct Totals {
     kills_before_ready: u64,
     acked_puts: u64,
     acked_deletes: u64,
+    acked_rmws: u64,
     acked_batches: u64,
+    /// Acknowledged writes of the hash keyspace (a batch counts once).
+    acked_hash: u64,
     in_flight: u64,
     in_flight_kept: u64,
+    /// What the children's hash keyspaces did, as each reported last before its kill.
+    hash: HashCounts,
     /// Kills that tore the log's tail: recoveries that discarded more bytes than the
     /// one before (a torn tail stays in the log, and every later recovery discards it
     /// again), and the bytes and records the last recovery discarded.
@@ -964,7 +1182,7 @@ struct Totals {
 
 impl Totals {
     fn acked(&self) -> u64 {
-        self.acked_puts + self.acked_deletes + self.acked_batches
+        self.acked_puts + self.acked_deletes + self.acked_rmws + self.acked_batches
     }
 }
 
@@ -1039,7 +1257,10 @@ fn kill_and_check(
         .collect();
     totals.acked_puts += counts.acked_puts;
     totals.acked_deletes += counts.acked_deletes;
+    totals.acked_rmws += counts.acked_rmws;
     totals.acked_batches += counts.acked_batches;
+    totals.acked_hash += counts.acked_hash;
+    totals.hash.add(&log.hash);
     totals.in_flight += counts.in_flight;
     totals.in_flight_kept += counts.in_flight_kept;
     totals.torn_tails += u64::from(recovery.discarded_bytes > totals.discarded_bytes);
@@ -1100,18 +1321,23 @@ fn sigkilled_writers_lose_no_acknowledged_write() {
     let acked = totals.acked();
     println!(
         "db_kill: {} kills ({} before the child reported the database open) in {:.1?}; \
-         {acked} acknowledged writes checked ({} puts, {} deletes, {} batches), {} lost; \
-         {} puts and batches in flight at a kill, {} of them recovered; {} kills tore the \
-         log's tail (the last recovery discarded {} bytes, {} records); the parent's recoveries took {:.1?}, the \
-         last {:.1?} for {} log records, and its trees evicted {} mini-pages; {segments} \
-         log segments, {headerless} of them left without a header by a kill during their \
-         creation; {} half report lines",
+         {acked} acknowledged writes checked ({} puts, {} deletes, {} read-modify-writes, \
+         {} batches; {} of them wrote the hash keyspace), {} lost; \
+         {} puts, read-modify-writes and batches in flight at a kill, {} of them recovered; \
+         {} kills tore the log's tail (the last recovery discarded {} bytes, {} records); \
+         the parent's recoveries took {:.1?}, the last {:.1?} for {} log records, and its \
+         trees evicted {} mini-pages; the children's hash keyspaces ran {} hot→cold and {} \
+         cold→cold compactions (copying {} records), throttled {} writes and read {} \
+         records from the hot log's disk; {segments} log segments, {headerless} of them \
+         left without a header by a kill during their creation; {} half report lines",
         totals.kills,
         totals.kills_before_ready,
         started.elapsed(),
         totals.acked_puts,
         totals.acked_deletes,
+        totals.acked_rmws,
         totals.acked_batches,
+        totals.acked_hash,
         totals.losses,
         totals.in_flight,
         totals.in_flight_kept,
@@ -1122,12 +1348,21 @@ fn sigkilled_writers_lose_no_acknowledged_write() {
         totals.last_recovery,
         totals.records_replayed,
         totals.evictions,
+        totals.hash.hot_cold_compactions,
+        totals.hash.cold_cold_compactions,
+        totals.hash.records_copied,
+        totals.hash.throttled_writes,
+        totals.hash.hot_disk_reads,
         totals.partial_lines,
     );
     assert_eq!(totals.kills, kills);
     assert_eq!(totals.losses, 0);
     // A guard against checking nothing (reports no longer parsed, say).
     assert!(acked > 0, "no write was acknowledged in {kills} runs");
+    assert!(
+        totals.acked_hash > 0,
+        "no write of the hash keyspace was acknowledged in {kills} runs"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1159,13 +1394,31 @@ fn the_checker_flags_lost_writes_garbage_and_half_batches() {
         "try r1.t2.c2 put 0 7 60",
         "ack r1.t2.c2",
         // A batch in flight: alpha/key00008 and beta/key00009.
-        "try r1.t3.c0 batch 8 9 50",
+        "try r1.t3.c0 batch 0 8 1 9 50",
         // alpha/key00010, which held an earlier run's value: deleted.
         "try r1.t4.c0 del 0 10",
         "ack r1.t4.c0",
+        "hash 1 0 5 0 2",
+        // gamma/key00011: a put, then a read-modify-write after it.
+        "try r1.t5.c0 put 2 11 40",
+        "ack r1.t5.c0",
+        "try r1.t5.c1 rmw 11 45",
+        "ack r1.t5.c1",
+        // A batch in flight: gamma/key00013 and beta/key00012.
+        "try r1.t6.c0 batch 2 13 1 12 55",
     ]
     .map(String::from);
     let log = RunLog::parse(1, &reports).expect("the reports parse");
+    assert_eq!(
+        log.hash,
+        HashCounts {
+            hot_cold_compactions: 1,
+            cold_cold_compactions: 0,
+            records_copied: 5,
+            throttled_writes: 0,
+            hot_disk_reads: 2,
+        }
+    );
     let earlier = WriteId {
         run: 0,
         thread: 0,
@@ -1183,6 +1436,9 @@ fn the_checker_flags_lost_writes_garbage_and_half_batches() {
         (k(0, 8), None),
         (k(1, 9), None),
         (k(0, 10), None),
+        (k(2, 11), Some(value_of(w(5, 1), 45))),
+        (k(1, 12), None),
+        (k(2, 13), None),
     ]);
     let check = |changes: &[(Key, Option<Vec<u8>>)]| {
         let mut found = good.clone();
@@ -1195,18 +1451,25 @@ fn the_checker_flags_lost_writes_garbage_and_half_batches() {
         (
             counts.acked_puts,
             counts.acked_deletes,
-            counts.acked_batches
+            counts.acked_rmws,
+            counts.acked_batches,
+            counts.acked_hash,
         ),
-        (5, 1, 0)
+        (6, 1, 1, 0, 2)
     );
-    assert_eq!((counts.in_flight, counts.in_flight_kept), (2, 0));
+    assert_eq!((counts.in_flight, counts.in_flight_kept), (3, 0));
 
-    // Right: the in-flight write, the other overlapping one, the whole batch.
+    // Right: the in-flight write, the other overlapping one, each whole batch.
     let batch = Some(value_of(w(3, 0), 50));
+    let hash_batch = Some(value_of(w(6, 0), 55));
     for right in [
         vec![(k(0, 5), Some(value_of(w(0, 1), 90)))],
         vec![(k(1, 6), Some(value_of(w(2, 0), 70)))],
         vec![(k(0, 8), batch.clone()), (k(1, 9), batch.clone())],
+        vec![
+            (k(2, 13), hash_batch.clone()),
+            (k(1, 12), hash_batch.clone()),
+        ],
     ] {
         let violations = check(&right);
         assert!(violations.is_empty(), "{right:?}: {violations:?}");
@@ -1217,7 +1480,7 @@ fn the_checker_flags_lost_writes_garbage_and_half_batches() {
         found.insert(k(0, 5), Some(value_of(w(0, 1), 90)));
         found
     });
-    assert_eq!((kept.1.in_flight, kept.1.in_flight_kept), (2, 1));
+    assert_eq!((kept.1.in_flight, kept.1.in_flight_kept), (3, 1));
 
     // Wrong.
     let lost = |v: &[Violation]| matches!(v, [Violation::Lost { .. }]);
@@ -1225,7 +1488,7 @@ fn the_checker_flags_lost_writes_garbage_and_half_batches() {
     let half = |v: &[Violation]| matches!(v, [Violation::HalfBatch { .. }]);
     type Expect = fn(&[Violation]) -> bool;
     type Changes = Vec<(Key, Option<Vec<u8>>)>;
-    let wrong: [(Changes, Expect); 8] = [
+    let wrong: [(Changes, Expect); 13] = [
         // An acknowledged put gone.
         (vec![(k(0, 5), None)], lost),
         // An acknowledged write's value, replaced by one acknowledged after it.
@@ -1241,6 +1504,14 @@ fn the_checker_flags_lost_writes_garbage_and_half_batches() {
         // Half a batch, either half.
         (vec![(k(0, 8), batch.clone())], half),
         (vec![(k(1, 9), batch.clone())], half),
+        // The hash keyspace: an acknowledged read-modify-write undone, or gone.
+        (vec![(k(2, 11), Some(value_of(w(5, 0), 40)))], lost),
+        (vec![(k(2, 11), None)], lost),
+        // Its value with other bytes.
+        (vec![(k(2, 11), Some(value_of(w(5, 1), 44)))], garbage),
+        // Half a batch of a tree and the hash keyspace, either half.
+        (vec![(k(2, 13), hash_batch.clone())], half),
+        (vec![(k(1, 12), hash_batch.clone())], half),
     ];
     for (changes, expect) in wrong {
         let violations = check(&changes);

@@ -648,7 +648,10 @@ impl Shared {
     fn tail_address(&self) -> u64 {
         let t = self.tail.load(Ordering::Acquire);
         let (page, offset) = (t >> 32, (t & 0xffff_ffff).min(self.page_bytes));
-        page << self.options.page_bits | offset
+        // A sum, not `|`: the offset of a full page is `page_bytes`, whose bit is the
+        // page number's lowest, so an or would put an odd full page's tail at its start
+        // (and a checkpoint would leave its records out of the log's extent).
+        (page << self.options.page_bits) + offset
     }
 
     fn page_start(&self, address: u64) -> u64 {
@@ -901,6 +904,27 @@ mod tests {
         for &(i, address) in all.iter().flatten() {
             check(&log, &guard, address, i, (i % 200) as usize);
         }
+    }
+
+    #[test]
+    fn a_full_odd_page_ends_the_tail_and_flush_all_at_its_end() {
+        let device = Arc::new(MemPages::new());
+        let log = small(device.clone());
+        let mut handle = log.epoch().register();
+        let mut guard = handle.protect();
+        // Records of half a page: page 0 (which starts at 64) takes one, page 1 two,
+        // which fill it to the byte.
+        let len = (0..4096)
+            .find(|&len| record_size_bytes(key(0).len(), len) == 2048)
+            .expect("a value length that makes a record of half a page");
+        let addresses: Vec<u64> = (1..=3).map(|i| append(&log, &mut guard, i, len)).collect();
+        assert_eq!(addresses[1..], [4096, 4096 + 2048]);
+        assert_eq!(log.addresses().tail, 2 * 4096, "the tail of a full page 1");
+        assert_eq!(log.flush_all(&mut guard).unwrap(), 2 * 4096);
+        let mut page = vec![0u8; 4096];
+        device.read(4096, &mut page).unwrap();
+        let last = DiskRecord::decode(&page[2048..], 2048).unwrap();
+        assert_eq!((last.key, last.value), (key(3), value(3, len)));
     }
 
     #[test]

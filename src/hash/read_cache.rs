@@ -244,7 +244,8 @@ impl ReadCache {
 
     fn tail_address(&self) -> u64 {
         let t = self.tail.load(Ordering::SeqCst);
-        (t >> 32) << self.page_bits | (t & 0xffff_ffff).min(self.page_bytes)
+        // A sum: a full page's offset is `page_bytes` (see `HybridLog`'s tail).
+        ((t >> 32) << self.page_bits) + (t & 0xffff_ffff).min(self.page_bytes)
     }
 
     /// The copy at `address` (an entry's address, [`READ_CACHE_BIT`] set).
