@@ -226,14 +226,7 @@ impl Journal {
     ) -> Result<T> {
         let stripe = self.stripes[stripe_of(keyspace, key)].0.write();
         let (value, out) = compute()?;
-        let op = match &value {
-            Some(value) => LogOpRef::Put {
-                keyspace,
-                key,
-                value,
-            },
-            None => LogOpRef::Delete { keyspace, key },
-        };
+        let op = LogOpRef::write(keyspace, key, value.as_deref());
         let seq = self
             .log
             .append_refs(std::iter::once(op))

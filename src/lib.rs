@@ -95,6 +95,7 @@ pub mod storage;
 // part of the API.
 #[doc(hidden)]
 pub mod sync;
+mod ticker;
 pub mod tree;
 pub mod wal;
 

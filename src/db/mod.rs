@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -49,6 +49,7 @@ use crate::storage::{
     SlotStore,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use crate::ticker::Ticker;
 use crate::tree::{Attached, Tree, TreeMemory, open_file_store};
 use crate::wal::{self, LogOp, LogOpRef, LogOptions, LogPosition};
 
@@ -346,22 +347,6 @@ struct Shared {
     crash_point: AtomicU8,
 }
 
-/// The background checkpointer thread; dropping it stops the thread.
-struct Checkpointer {
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Checkpointer {
-    fn drop(&mut self) {
-        *self.stop.0.lock() = true;
-        self.stop.1.notify_all();
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
 /// An embedded database: a directory of named keyspaces that survives crashes.
 ///
 /// Each keyspace is an ordered [`Tree`], opened (and created on first use) with
@@ -393,7 +378,7 @@ impl Drop for Checkpointer {
 /// ```
 pub struct Db {
     shared: Arc<Shared>,
-    checkpointer: Option<Checkpointer>,
+    checkpointer: Option<Ticker>,
 }
 
 impl std::fmt::Debug for Db {
@@ -559,7 +544,7 @@ impl Db {
             );
         }
         let shared = Arc::new(shared);
-        let checkpointer = Checkpointer::start(&shared);
+        let checkpointer = checkpointer(&shared);
         Ok(Db {
             shared,
             checkpointer,
@@ -720,46 +705,27 @@ impl Drop for Db {
     }
 }
 
-impl Checkpointer {
-    /// Starts the background checkpointer if a trigger is on.
-    fn start(shared: &Arc<Shared>) -> Option<Checkpointer> {
-        let o = &shared.options;
-        if o.checkpoint_log_bytes == 0 && o.checkpoint_interval.is_none() {
-            return None;
-        }
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let (signal, weak) = (Arc::clone(&stop), Arc::downgrade(shared));
-        let tick = o
-            .checkpoint_interval
-            .map_or(Duration::from_millis(50), |i| {
-                (i / 4).min(Duration::from_millis(50))
-            });
-        let handle = std::thread::Builder::new()
-            .name("bfdb-checkpointer".into())
-            .spawn(move || {
-                let (stopped, wake) = &*signal;
-                let mut stopped = stopped.lock();
-                loop {
-                    wake.wait_for(&mut stopped, tick);
-                    if *stopped {
-                        break;
-                    }
-                    drop(stopped);
-                    if let Some(shared) = weak.upgrade()
-                        && shared.checkpoint_due()
-                        && let Err(e) = shared.checkpoint()
-                    {
-                        log::warn!("bfdb: a background checkpoint failed: {e}");
-                    }
-                    stopped = signal.0.lock();
-                }
-            })
-            .ok()?;
-        Some(Checkpointer {
-            stop,
-            handle: Some(handle),
-        })
+/// Starts the background checkpointer if a trigger is on; dropping it stops the thread.
+fn checkpointer(shared: &Arc<Shared>) -> Option<Ticker> {
+    let o = &shared.options;
+    if o.checkpoint_log_bytes == 0 && o.checkpoint_interval.is_none() {
+        return None;
     }
+    let tick = o
+        .checkpoint_interval
+        .map_or(Duration::from_millis(50), |i| {
+            (i / 4).min(Duration::from_millis(50))
+        });
+    let weak = Arc::downgrade(shared);
+    Ticker::start("bfdb-checkpointer", tick, move |_| {
+        if let Some(shared) = weak.upgrade()
+            && shared.checkpoint_due()
+            && let Err(e) = shared.checkpoint()
+        {
+            log::warn!("bfdb: a background checkpoint failed: {e}");
+        }
+        true
+    })
 }
 
 impl Shared {
@@ -1210,17 +1176,7 @@ impl Shared {
         let ops: Vec<LogOpRef<'_>> = batch
             .ops
             .iter()
-            .map(|op| match &op.value {
-                Some(value) => LogOpRef::Put {
-                    keyspace: op.keyspace,
-                    key: &op.key,
-                    value,
-                },
-                None => LogOpRef::Delete {
-                    keyspace: op.keyspace,
-                    key: &op.key,
-                },
-            })
+            .map(|op| LogOpRef::write(op.keyspace, &op.key, op.value.as_deref()))
             .collect();
         // A batch is logged whatever the level, a batch of one write too (the journal
         // logs no single write at `Unlogged`).

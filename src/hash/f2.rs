@@ -634,6 +634,33 @@ mod tests {
         format!("key{i}").into_bytes()
     }
 
+    /// Compacts both logs a page at a time, as far as each allows, until `done`.
+    fn compact_until(store: &F2, done: &std::sync::atomic::AtomicBool) {
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            let hot = store.hot().log().addresses().begin;
+            store.compact_hot(&mut guard, hot + 4096).unwrap();
+            let cold = store.cold().log().addresses().begin;
+            store.compact_cold(&mut guard, cold + 4096).unwrap();
+            guard.refresh();
+            std::thread::yield_now();
+        }
+    }
+
+    /// Checks every key's count against the threads' tallies.
+    fn check_counts(store: &F2, expected: &[HashMap<u64, u64>], keys: u64, round: u64) {
+        let mut handle = store.epoch().register();
+        let guard = handle.protect();
+        for k in 0..keys {
+            assert_eq!(
+                count(store.get(&guard, &key(k)).unwrap()),
+                expected_count(expected, k),
+                "round {round}, key {k}"
+            );
+        }
+    }
+
     /// A store whose devices survive it, so that it can be recovered from them.
     struct Durable {
         devices: [Arc<MemPages>; 3],
@@ -983,33 +1010,12 @@ mod tests {
                     })
                     .collect();
                 let (store, done) = (&store, &done);
-                s.spawn(move || {
-                    let mut handle = store.epoch().register();
-                    let mut guard = handle.protect();
-                    while !done.load(std::sync::atomic::Ordering::Acquire) {
-                        // A page at a time, as far as each log allows.
-                        let hot = store.hot().log().addresses().begin;
-                        store.compact_hot(&mut guard, hot + 4096).unwrap();
-                        let cold = store.cold().log().addresses().begin;
-                        store.compact_cold(&mut guard, cold + 4096).unwrap();
-                        guard.refresh();
-                        std::thread::yield_now();
-                    }
-                });
+                s.spawn(move || compact_until(store, done));
                 let out = workers.into_iter().map(|h| h.join().unwrap()).collect();
                 done.store(true, std::sync::atomic::Ordering::Release);
                 out
             });
-            let mut handle = store.epoch().register();
-            let guard = handle.protect();
-            for k in 0..keys {
-                let want = expected_count(&expected, k);
-                assert_eq!(
-                    count(store.get(&guard, &key(k)).unwrap()),
-                    want,
-                    "round {round}, key {k}"
-                );
-            }
+            check_counts(&store, &expected, keys, round);
             let stats = store.stats();
             assert!(
                 stats.hot_cold_compactions > 0 && stats.cold_cold_compactions > 0,
@@ -1060,32 +1066,12 @@ mod tests {
                     })
                     .collect();
                 let (store, done) = (&store, &done);
-                s.spawn(move || {
-                    let mut handle = store.epoch().register();
-                    let mut guard = handle.protect();
-                    while !done.load(std::sync::atomic::Ordering::Acquire) {
-                        let hot = store.hot().log().addresses().begin;
-                        store.compact_hot(&mut guard, hot + 4096).unwrap();
-                        let cold = store.cold().log().addresses().begin;
-                        store.compact_cold(&mut guard, cold + 4096).unwrap();
-                        guard.refresh();
-                        std::thread::yield_now();
-                    }
-                });
+                s.spawn(move || compact_until(store, done));
                 let out = workers.into_iter().map(|h| h.join().unwrap()).collect();
                 done.store(true, std::sync::atomic::Ordering::Release);
                 out
             });
-            let mut handle = store.epoch().register();
-            let guard = handle.protect();
-            for k in 0..keys {
-                let want = expected_count(&expected, k);
-                assert_eq!(
-                    count(store.get(&guard, &key(k)).unwrap()),
-                    want,
-                    "round {round}, key {k}"
-                );
-            }
+            check_counts(&store, &expected, keys, round);
             let stats = store.stats();
             assert!(
                 stats.read_cache_hits > 0

@@ -27,14 +27,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
-
 use super::device::{FilePages, LogPages, Retaining};
 use super::f2::{F2, F2Devices, F2Extents, F2Options};
 use super::hlog::HlogOptions;
 use crate::error::{Error, Result};
 use crate::journal::{Durability, Journal};
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::ticker::Ticker;
 use crate::wal::LogOpRef;
 
 /// How a hash keyspace is sized, fixed when [`Db::hash_store_with`](crate::Db::hash_store_with)
@@ -379,22 +378,6 @@ struct Inner {
     attached: HashAttached,
 }
 
-/// The background compactor; dropping it stops the thread.
-struct Compactor {
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Compactor {
-    fn drop(&mut self) {
-        *self.stop.0.lock() = true;
-        self.stop.1.notify_all();
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
 /// A hash keyspace of a [`Db`](crate::Db): an F2-style store for point reads and writes
 /// of skewed workloads larger than memory (Kanellis et al., PVLDB 2025), with no range
 /// scans.
@@ -425,7 +408,8 @@ impl Drop for Compactor {
 /// ```
 pub struct HashStore {
     inner: Arc<Inner>,
-    _compactor: Option<Compactor>,
+    /// The background compactor (see [`compactor`]); dropping it stops the thread.
+    _compactor: Option<Ticker>,
 }
 
 impl std::fmt::Debug for HashStore {
@@ -482,7 +466,7 @@ impl HashStore {
             floors,
             attached,
         });
-        let compactor = Compactor::start(&inner);
+        let compactor = compactor(&inner);
         Ok(HashStore {
             inner,
             _compactor: compactor,
@@ -686,17 +670,7 @@ impl HashStore {
                 .journal
                 .unlogged(a.keyspace, key, || self.inner.apply(key, value)),
             level => {
-                let op = match value {
-                    Some(value) => LogOpRef::Put {
-                        keyspace: a.keyspace,
-                        key,
-                        value,
-                    },
-                    None => LogOpRef::Delete {
-                        keyspace: a.keyspace,
-                        key,
-                    },
-                };
+                let op = LogOpRef::write(a.keyspace, key, value);
                 a.journal
                     .commit(&[op], level, || self.inner.apply(key, value))
             }
@@ -749,53 +723,30 @@ impl Inner {
     }
 }
 
-impl Compactor {
-    /// How often the compactor looks at the logs' sizes.
-    const TICK: Duration = Duration::from_millis(20);
+/// How often the compactor looks at the logs' sizes.
+const COMPACTOR_TICK: Duration = Duration::from_millis(20);
 
-    fn start(inner: &Arc<Inner>) -> Option<Compactor> {
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let (signal, inner) = (Arc::clone(&stop), Arc::clone(inner));
-        let handle = std::thread::Builder::new()
-            .name("bfdb-hash-compactor".into())
-            .spawn(move || {
-                let (stopped, wake) = &*signal;
-                loop {
-                    {
-                        let mut stopped = stopped.lock();
-                        if *stopped {
-                            return;
-                        }
-                        wake.wait_for(&mut stopped, Self::TICK);
-                        if *stopped {
-                            return;
-                        }
-                    }
-                    // A dropped keyspace's files are gone: nothing to compact.
-                    if inner.attached.dropped.load(Ordering::Acquire) {
-                        return;
-                    }
-                    // Compacts while a log is past its threshold (and that helps: see
-                    // `F2::maybe_compact`).
-                    loop {
-                        match inner.with_guard(|g| inner.f2.maybe_compact(g)) {
-                            Ok(true) if !*signal.0.lock() => {}
-                            Ok(_) => break,
-                            Err(e) => {
-                                log::warn!(
-                                    "bfdb: compacting hash keyspace {:?} failed: {e}",
-                                    inner.attached.name
-                                );
-                                break;
-                            }
-                        }
-                    }
+/// Starts the store's compactor: every tick it compacts whichever log is past its
+/// threshold, while that helps (see `F2::maybe_compact`).
+fn compactor(inner: &Arc<Inner>) -> Option<Ticker> {
+    let inner = Arc::clone(inner);
+    Ticker::start("bfdb-hash-compactor", COMPACTOR_TICK, move |stopping| {
+        // A dropped keyspace's files are gone: nothing to compact.
+        if inner.attached.dropped.load(Ordering::Acquire) {
+            return false;
+        }
+        loop {
+            match inner.with_guard(|g| inner.f2.maybe_compact(g)) {
+                Ok(true) if !stopping() => {}
+                Ok(_) => return true,
+                Err(e) => {
+                    log::warn!(
+                        "bfdb: compacting hash keyspace {:?} failed: {e}",
+                        inner.attached.name
+                    );
+                    return true;
                 }
-            })
-            .ok()?;
-        Some(Compactor {
-            stop,
-            handle: Some(handle),
-        })
-    }
+            }
+        }
+    })
 }

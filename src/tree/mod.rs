@@ -557,17 +557,7 @@ impl Tree {
                 name: a.name.clone(),
             });
         }
-        let op = match value {
-            Some(value) => LogOpRef::Put {
-                keyspace: a.keyspace,
-                key,
-                value,
-            },
-            None => LogOpRef::Delete {
-                keyspace: a.keyspace,
-                key,
-            },
-        };
+        let op = LogOpRef::write(a.keyspace, key, value);
         a.journal
             .commit(&[op], durability, || self.core.write(key, value))
     }

@@ -257,6 +257,20 @@ pub enum LogOpRef<'a> {
     },
 }
 
+impl<'a> LogOpRef<'a> {
+    /// The write of `key` in `keyspace`: a put of `value`, or a delete for `None`.
+    pub fn write(keyspace: u32, key: &'a [u8], value: Option<&'a [u8]>) -> LogOpRef<'a> {
+        match value {
+            Some(value) => LogOpRef::Put {
+                keyspace,
+                key,
+                value,
+            },
+            None => LogOpRef::Delete { keyspace, key },
+        }
+    }
+}
+
 impl LogOp {
     /// The change as a [`LogOpRef`] borrowing this one's bytes.
     pub fn as_ref(&self) -> LogOpRef<'_> {
