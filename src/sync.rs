@@ -31,6 +31,20 @@ mod imp {
             std::thread::yield_now();
         }
     }
+
+    /// Called in a loop that waits for IO or for another thread's long work (a page
+    /// write, a compaction pass): spins briefly, then yields, then sleeps 50 µs at a
+    /// time, so that a waiter does not take a core from the thread it waits for.
+    #[inline]
+    pub fn backoff_wait(iteration: u32) {
+        if iteration < 16 {
+            std::hint::spin_loop();
+        } else if iteration < 48 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
 }
 
 #[cfg(feature = "shuttle")]
@@ -99,6 +113,12 @@ mod imp {
     /// scheduler can run the thread being waited for.
     #[inline]
     pub fn spin_wait(_iteration: u32) {
+        shuttle::thread::yield_now();
+    }
+
+    /// As [`spin_wait`] under shuttle.
+    #[inline]
+    pub fn backoff_wait(_iteration: u32) {
         shuttle::thread::yield_now();
     }
 }

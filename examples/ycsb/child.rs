@@ -198,6 +198,7 @@ fn open_options(options: &Options, spec: &EngineSpec) -> Result<OpenOptions, Str
         value_bytes: options.value_bytes,
         records: options.records,
         hash_hot_log_bytes: options.hash_hot_log_mib.map(|m| m << 20),
+        hash_compaction_threads: options.hash_compaction_threads,
         durability: spec.durability,
     })
 }

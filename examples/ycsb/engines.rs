@@ -127,6 +127,8 @@ pub struct OpenOptions {
     pub records: u64,
     /// bfdb-hash: the hot log's disk budget, if given (`--hash-hot-log-mib`).
     pub hash_hot_log_bytes: Option<u64>,
+    /// bfdb-hash: the HashStore's `compaction_threads`.
+    pub hash_compaction_threads: usize,
     /// How durable a write is when `insert`, `update` or `load_batch` returns.
     pub durability: Durability,
 }
@@ -523,7 +525,8 @@ impl BfdbHash {
         let hash_options = bfdb::HashStoreOptions::default()
             .memory_bytes(options.budget_bytes)
             .expected_keys(options.records.max(1))
-            .hot_log_disk_bytes(hot_log_disk_bytes);
+            .hot_log_disk_bytes(hot_log_disk_bytes)
+            .compaction_threads(options.hash_compaction_threads);
         let store = db
             .hash_store_with(HASH_KEYSPACE, hash_options.clone())
             .map_err(|e| e.to_string())?;

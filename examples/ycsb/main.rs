@@ -127,6 +127,11 @@ pub struct Options {
     /// log.
     #[arg(long)]
     pub hash_hot_log_mib: Option<u64>,
+    /// bfdb-hash: threads a compaction pass runs on (the HashStore's
+    /// `compaction_threads`). Each waits on its own disk reads of cold-index chunks, so
+    /// more threads keep more reads in flight.
+    #[arg(long, default_value_t = 2)]
+    pub hash_compaction_threads: usize,
     /// Data directory (a fresh temporary directory, removed afterwards, if not given). Each
     /// engine gets a subdirectory, removed after its run.
     #[arg(long)]

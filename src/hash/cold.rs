@@ -16,26 +16,29 @@
 //! chain, and a chain walk compares keys, as in the hot log.
 //!
 //! Appending to the cold log ([`ColdLog::insert`]) links the record in front of the
-//! chain head it read and swaps the chunk's entry expecting that head (a compare-and-swap
-//! done as a read-modify-write of the chunk); if another record got there first, the
-//! new record is marked invalid and the insert starts again.
+//! chain head and swaps the chunk's entry to it, in one read-modify-write of the chunk
+//! (one chunk read); a conditional insert swaps it only if the head is still the one
+//! its check walked from. If the try fails, the new record is marked invalid and the
+//! insert starts again.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::bucket::{INVALID_ADDRESS, KeyHash};
 use super::device::LogPages;
 use super::epoch::{Epoch, EpochGuard};
 use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog, LogExtent};
-use super::hot::{HotLog, Step, hash_key};
+use super::hot::{HotLog, Keying, Step, hash_key};
 use super::record::{Header, record_size_bytes};
 use crate::error::{Error, Result};
-use crate::sync::spin_wait;
+use crate::sync::backoff_wait;
 
 /// Entries per hash chunk.
 pub(crate) const CHUNK_ENTRIES: usize = 32;
 /// Bytes of a hash chunk.
 pub(crate) const CHUNK_BYTES: usize = CHUNK_ENTRIES * 8;
+/// No chain head was replaced (entries hold 48-bit addresses, so never this).
+const NOT_REPLACED: u64 = u64::MAX;
 
 /// The cold log's index: hash chunks in a small store of their own.
 pub(crate) struct ColdIndex {
@@ -55,7 +58,7 @@ impl ColdIndex {
     ) -> Result<ColdIndex> {
         let chunk_count = Self::chunks_for(expected_keys);
         Ok(ColdIndex {
-            chunks: HotLog::with_epoch(chunk_count, log, device, epoch)?,
+            chunks: HotLog::numbered(chunk_count, log, device, epoch)?,
             chunk_count,
         })
     }
@@ -79,7 +82,15 @@ impl ColdIndex {
         buckets: usize,
     ) -> Result<ColdIndex> {
         Ok(ColdIndex {
-            chunks: HotLog::recover(buckets, log, device, epoch, extent, 0)?,
+            chunks: HotLog::recover(
+                buckets,
+                log,
+                device,
+                epoch,
+                extent,
+                0,
+                Keying::numbered(buckets),
+            )?,
             chunk_count: Self::chunks_for(expected_keys),
         })
     }
@@ -106,20 +117,22 @@ impl ColdIndex {
         })
     }
 
-    /// One try at setting the chain head for `hash` to `new` if it is still `expected`:
-    /// `Done(whether it was)`, or what must happen before the next try
-    /// ([`HotLog::settle`] through [`ColdIndex::settle`]). Never refreshes `guard`.
-    pub(crate) fn try_compare_and_set(
+    /// One try at replacing the chain head for `hash` with `update(head)` (`None`
+    /// leaves it): `Done(the head it replaced)`, or what must happen before the next try
+    /// ([`HotLog::settle`] through [`ColdIndex::settle`]; never refreshes `guard`). One read-modify-write of the chunk:
+    /// `update` sees the head as the chunk holds it when the change is made, so a caller
+    /// that links a record in front of it reads the chunk once. `update` runs at most
+    /// once per try, and its result is in the index only if the try is `Done`.
+    pub(crate) fn try_update_entry(
         &self,
         guard: &EpochGuard<'_, '_>,
         hash: KeyHash,
-        expected: u64,
-        new: u64,
-    ) -> Result<Step<bool>> {
+        update: &(dyn Fn(u64) -> Option<u64> + Sync),
+    ) -> Result<Step<Option<u64>>> {
         let (chunk, entry) = self.place(hash);
-        let swapped = AtomicBool::new(false);
+        let replaced = AtomicU64::new(NOT_REPLACED);
         let corrupt = AtomicBool::new(false);
-        let update = |old: Option<&[u8]>| {
+        let rmw = |old: Option<&[u8]>| {
             let mut bytes = old.map_or_else(|| vec![0u8; CHUNK_BYTES], <[u8]>::to_vec);
             if bytes.len() != CHUNK_BYTES {
                 // Not a chunk: leave it as it is; reported below.
@@ -128,14 +141,16 @@ impl ColdIndex {
             }
             let at = entry * 8;
             let current = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-            let ok = current == expected;
-            if ok {
-                bytes[at..at + 8].copy_from_slice(&new.to_le_bytes());
+            match update(current) {
+                Some(new) => {
+                    bytes[at..at + 8].copy_from_slice(&new.to_le_bytes());
+                    replaced.store(current, Ordering::Relaxed);
+                }
+                None => replaced.store(NOT_REPLACED, Ordering::Relaxed),
             }
-            swapped.store(ok, Ordering::Relaxed);
             bytes
         };
-        let step = self.chunks.rmw_once(guard, &chunk.to_le_bytes(), &update)?;
+        let step = self.chunks.rmw_once(guard, &chunk.to_le_bytes(), &rmw)?;
         if corrupt.load(Ordering::Relaxed) {
             return Err(Error::Corrupted {
                 page: chunk,
@@ -143,10 +158,40 @@ impl ColdIndex {
             });
         }
         Ok(match step {
-            Step::Done(_) => Step::Done(swapped.load(Ordering::Relaxed)),
+            Step::Done(_) => {
+                let replaced = replaced.load(Ordering::Relaxed);
+                Step::Done((replaced != NOT_REPLACED).then_some(replaced))
+            }
             Step::Retry => Step::Retry,
             Step::PageFull(full) => Step::PageFull(full),
         })
+    }
+
+    /// Copies the chunk record at `source` of the chunk store (its key and value as
+    /// read there) to the store's tail if it is still that chunk's newest version;
+    /// answers whether it was (chunk-log compaction). The caller holds nothing from
+    /// under `guard`.
+    pub(crate) fn copy_if_newest(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+        source: u64,
+    ) -> Result<bool> {
+        loop {
+            match self.chunks.try_copy_if_newest(guard, key, value, source)? {
+                Step::Done(copied) => return Ok(copied),
+                step => self.chunks.settle(guard, &step)?,
+            }
+        }
+    }
+
+    /// Bytes of the chunk store's log the index may keep: four times what every
+    /// chunk's newest version takes (so that a compaction of its oldest part finds
+    /// most chunks rewritten since and copies few), at least 16 of its pages.
+    pub(crate) fn log_budget_bytes(&self) -> u64 {
+        let live = self.chunk_count * record_size_bytes(8, CHUNK_BYTES) as u64;
+        (4 * live).max(16 * self.chunks.log().page_bytes())
     }
 
     /// Does what a try asked for before the next one (the caller holds nothing).
@@ -340,19 +385,25 @@ impl ColdLog {
         }
         let mut spins = 0;
         loop {
-            let head = self.index.find(guard, hash)?;
-            if let Some(source) = newest
-                && self.newest(guard, key, head)?.map(|(a, _)| a) != Some(source)
-            {
-                return Ok(None);
-            }
+            // A conditional insert reads the chain head first, to check the source is
+            // the newest; an unconditional one takes it from the chunk as it swaps it.
+            let checked_head = match newest {
+                Some(source) => {
+                    let head = self.index.find(guard, hash)?;
+                    if self.newest(guard, key, head)?.map(|(a, _)| a) != Some(source) {
+                        return Ok(None);
+                    }
+                    Some(head)
+                }
+                None => None,
+            };
             let address = match self.log.allocate(size)? {
                 Alloc::At(address) => address,
                 Alloc::PageFull(full) => {
                     while !self.log.new_page(guard, full)? {
                         guard.refresh();
                         spins += 1;
-                        spin_wait(spins);
+                        backoff_wait(spins);
                     }
                     continue;
                 }
@@ -361,9 +412,26 @@ impl ColdLog {
             // refresh before it is filled and, if it loses, marked invalid: its page is
             // not flushed before then, so the disk never holds it looking valid.
             let record = unsafe { self.log.record(address) };
-            record.init(Header::new(head, value.is_none()), key, bytes);
-            let step = match self.index.try_compare_and_set(guard, hash, head, address) {
-                Ok(Step::Done(true)) => return Ok(Some(address)),
+            let tombstone = value.is_none();
+            record.init(
+                Header::new(checked_head.unwrap_or(INVALID_ADDRESS), tombstone),
+                key,
+                bytes,
+            );
+            let log = &self.log;
+            let link = |head: u64| {
+                if let Some(expected) = checked_head {
+                    return (head == expected).then_some(address);
+                }
+                // Linked in front of the head the chunk holds now; rewritten before the
+                // chunk that publishes it.
+                // SAFETY: the record allocated above, not yet published or refreshed past.
+                let record = unsafe { log.record(address) };
+                record.init(Header::new(head, tombstone), key, bytes);
+                Some(address)
+            };
+            let step = match self.index.try_update_entry(guard, hash, &link) {
+                Ok(Step::Done(Some(_))) => return Ok(Some(address)),
                 Ok(step) => step,
                 Err(e) => {
                     record.invalidate();

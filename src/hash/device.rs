@@ -51,7 +51,8 @@ pub(crate) struct FilePages {
 
 #[derive(Default)]
 struct FileState {
-    open: HashMap<u64, File>,
+    /// Open segments, shared so that IO runs outside the lock.
+    open: HashMap<u64, Arc<File>>,
     /// Segments below this were deleted.
     truncated_segments: u64,
     /// Segments written since the last sync.
@@ -76,13 +77,21 @@ impl FilePages {
         self.dir.join(format!("{}-{segment:08x}.hlog", self.prefix))
     }
 
-    /// Runs `f` on segment `segment`'s file, opening (or creating) it first.
+    /// Runs `f` on segment `segment`'s file, opening (or creating) it first. The lock
+    /// is held only to find the file: reads and writes of several threads go to the
+    /// device at once.
     fn with_file<T>(
         &self,
         segment: u64,
         create: bool,
         f: impl FnOnce(&File) -> io::Result<T>,
     ) -> io::Result<T> {
+        let file = self.file(segment, create)?;
+        f(&file)
+    }
+
+    /// Segment `segment`'s file, opened (or created) if it is not yet.
+    fn file(&self, segment: u64, create: bool) -> io::Result<Arc<File>> {
         let mut state = self.state.lock();
         if segment < state.truncated_segments {
             return Err(io::Error::new(
@@ -108,12 +117,12 @@ impl FilePages {
                 other => other,
             }
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-            slot.insert(file);
+            slot.insert(Arc::new(file));
         }
         if create && !state.dirty.contains(&segment) {
             state.dirty.push(segment);
         }
-        f(&state.open[&segment])
+        Ok(Arc::clone(&state.open[&segment]))
     }
 
     fn split(&self, address: u64, len: usize) -> (u64, u64) {
@@ -159,10 +168,24 @@ impl LogPages for FilePages {
     }
 
     fn sync(&self) -> io::Result<()> {
-        let mut state = self.state.lock();
-        for segment in std::mem::take(&mut state.dirty) {
-            if let Some(f) = state.open.get(&segment) {
-                f.sync_data()?;
+        let files: Vec<(u64, Arc<File>)> = {
+            let mut state = self.state.lock();
+            let dirty = std::mem::take(&mut state.dirty);
+            dirty
+                .into_iter()
+                .filter_map(|s| state.open.get(&s).map(|f| (s, Arc::clone(f))))
+                .collect()
+        };
+        // Synced outside the lock (reads go on); a segment that fails stays dirty.
+        for (i, (_, f)) in files.iter().enumerate() {
+            if let Err(e) = f.sync_data() {
+                let mut state = self.state.lock();
+                for (s, _) in &files[i..] {
+                    if !state.dirty.contains(s) {
+                        state.dirty.push(*s);
+                    }
+                }
+                return Err(e);
             }
         }
         Ok(())

@@ -76,6 +76,10 @@ pub(crate) struct F2Options {
 pub(crate) struct F2Stats {
     pub(crate) hot_cold_compactions: u64,
     pub(crate) cold_cold_compactions: u64,
+    /// Compactions of the cold index's chunk store into itself, and the chunk versions
+    /// they copied (still their chunk's newest).
+    pub(crate) chunk_compactions: u64,
+    pub(crate) chunks_copied: u64,
     /// Records copied by compactions, and records they found no longer live.
     pub(crate) records_copied: u64,
     pub(crate) records_dropped: u64,
@@ -105,6 +109,8 @@ pub(crate) struct F2Stats {
 struct Counters {
     hot_cold_compactions: AtomicU64,
     cold_cold_compactions: AtomicU64,
+    chunk_compactions: AtomicU64,
+    chunks_copied: AtomicU64,
     records_copied: AtomicU64,
     records_dropped: AtomicU64,
     cold_reads_repeated: AtomicU64,
@@ -126,9 +132,9 @@ pub(crate) struct F2 {
     cold_truncations: AtomicU64,
     /// One compaction at a time.
     compacting: Mutex<()>,
-    /// Per log (hot, cold): its size after the last compaction if that freed nothing,
-    /// else 0 (see `maybe_compact`).
-    futile_at: [AtomicU64; 2],
+    /// Per log (hot, cold, chunks): its size after the last compaction if that freed
+    /// nothing, else 0 (see `maybe_compact`).
+    futile_at: [AtomicU64; 3],
     counters: Counters,
 }
 
@@ -175,6 +181,7 @@ impl F2 {
                 Arc::clone(&epoch),
                 extents.hot,
                 options.read_cache_memory_bytes,
+                super::hot::Keying::Hashed,
             )?,
             cold: ColdLog::recover(
                 options.cold_keys,
@@ -187,7 +194,7 @@ impl F2 {
             options,
             cold_truncations: AtomicU64::new(0),
             compacting: Mutex::new(()),
-            futile_at: [AtomicU64::new(0), AtomicU64::new(0)],
+            futile_at: Default::default(),
             counters: Counters::default(),
         })
     }
@@ -212,7 +219,7 @@ impl F2 {
         while self.hot.index_is_growing() {
             guard.refresh();
             spins += 1;
-            crate::sync::spin_wait(spins);
+            crate::sync::backoff_wait(spins);
         }
         Ok(F2Extents {
             hot: LogExtent {
@@ -254,7 +261,7 @@ impl F2 {
             options,
             cold_truncations: AtomicU64::new(0),
             compacting: Mutex::new(()),
-            futile_at: [AtomicU64::new(0), AtomicU64::new(0)],
+            futile_at: Default::default(),
             counters: Counters::default(),
         })
     }
@@ -285,6 +292,8 @@ impl F2 {
             read_cache_invalidations: rc.invalidations,
             hot_cold_compactions: load(&c.hot_cold_compactions),
             cold_cold_compactions: load(&c.cold_cold_compactions),
+            chunk_compactions: load(&c.chunk_compactions),
+            chunks_copied: load(&c.chunks_copied),
             records_copied: load(&c.records_copied),
             records_dropped: load(&c.records_dropped),
             cold_reads_repeated: load(&c.cold_reads_repeated),
@@ -358,10 +367,8 @@ impl F2 {
     pub(crate) fn maybe_compact(&self, guard: &mut EpochGuard<'_, '_>) -> Result<bool> {
         let o = &self.options;
         let mut compacted = false;
-        for (tier, budget) in [
-            (Tier::Hot, o.hot_log_budget_bytes),
-            (Tier::Cold, o.cold_log_budget_bytes),
-        ] {
+        for tier in [Tier::Hot, Tier::Cold, Tier::Chunks] {
+            let budget = self.budget_of(tier);
             let a = self.log_of(tier).addresses();
             let size = a.tail - a.begin;
             if size <= budget * o.compact_at_percent / 100 {
@@ -380,6 +387,7 @@ impl F2 {
             match tier {
                 Tier::Hot => self.compact_hot(guard, until)?,
                 Tier::Cold => self.compact_cold(guard, until)?,
+                Tier::Chunks => self.compact_chunks(guard, until)?,
             };
             let after = self.log_of(tier).addresses();
             let after = after.tail - after.begin;
@@ -387,6 +395,15 @@ impl F2 {
             compacted = true;
         }
         Ok(compacted)
+    }
+
+    /// The disk budget of `tier`'s log.
+    fn budget_of(&self, tier: Tier) -> u64 {
+        match tier {
+            Tier::Hot => self.options.hot_log_budget_bytes,
+            Tier::Cold => self.options.cold_log_budget_bytes,
+            Tier::Chunks => self.cold.index().log_budget_bytes(),
+        }
     }
 
     /// The end of a compaction of `[BEGIN, until)` of a log whose addresses are `a`:
@@ -433,6 +450,27 @@ impl F2 {
         Ok(end)
     }
 
+    /// Compaction of the cold index's chunk store below `until` (as for
+    /// `compact_hot`): every cold insert rewrites a chunk at the store's tail, so
+    /// without it the chunk log would grow without end. A chunk version still its
+    /// chunk's newest is copied to the tail (Conditional-Insert within the store), the
+    /// rest is dropped. No cold insert runs meanwhile (they happen only in compactions,
+    /// one at a time); a cold read that walked into the truncated part is repeated
+    /// through the cold truncation counter, as for a cold-log truncation.
+    pub(crate) fn compact_chunks(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
+        let _one = self.one_compaction(guard);
+        let log = self.cold.index().chunks().log();
+        let a = log.addresses();
+        let end = Self::compaction_end(a, until, log.page_bytes());
+        self.copy_live(guard, Tier::Chunks, a.begin, end)?;
+        if end > a.begin {
+            self.cold_truncations.fetch_add(1, Ordering::SeqCst);
+            log.truncate_before(guard, end);
+            bump(&self.counters.chunk_compactions, 1);
+        }
+        Ok(end)
+    }
+
     /// Waits for a running compaction to end, refreshing: a protected thread must never
     /// block (the compaction's page opens may wait for its refresh).
     fn one_compaction(&self, guard: &mut EpochGuard<'_, '_>) -> crate::sync::MutexGuard<'_, ()> {
@@ -443,7 +481,7 @@ impl F2 {
             }
             guard.refresh();
             spins += 1;
-            crate::sync::spin_wait(spins);
+            crate::sync::backoff_wait(spins);
         }
     }
 
@@ -522,7 +560,7 @@ impl F2 {
             while finished.load(Ordering::SeqCst) < helpers as u64 {
                 guard.refresh();
                 spins += 1;
-                crate::sync::spin_wait(spins);
+                crate::sync::backoff_wait(spins);
             }
         });
         match failure.into_inner() {
@@ -535,6 +573,7 @@ impl F2 {
         match tier {
             Tier::Hot => self.hot.log(),
             Tier::Cold => self.cold.log(),
+            Tier::Chunks => self.cold.index().chunks().log(),
         }
     }
 
@@ -567,11 +606,17 @@ impl F2 {
                     .cold
                     .insert_if_newest(guard, &record.key, value, address)?
                     .is_some(),
+                Tier::Chunks => {
+                    self.cold
+                        .index()
+                        .copy_if_newest(guard, &record.key, value, address)?
+                }
             };
-            if copied {
-                bump(&self.counters.records_copied, 1);
-            } else {
-                bump(&self.counters.records_dropped, 1);
+            match (tier, copied) {
+                (Tier::Chunks, true) => bump(&self.counters.chunks_copied, 1),
+                (Tier::Chunks, false) => {}
+                (_, true) => bump(&self.counters.records_copied, 1),
+                (_, false) => bump(&self.counters.records_dropped, 1),
             }
             guard.refresh();
         }
@@ -584,6 +629,8 @@ impl F2 {
 enum Tier {
     Hot = 0,
     Cold = 1,
+    /// The cold index's chunk store.
+    Chunks = 2,
 }
 
 #[cfg(all(test, not(feature = "shuttle")))]
@@ -643,6 +690,8 @@ mod tests {
             store.compact_hot(&mut guard, hot + 4096).unwrap();
             let cold = store.cold().log().addresses().begin;
             store.compact_cold(&mut guard, cold + 4096).unwrap();
+            let chunks = store.cold().index().chunks().log().addresses().begin;
+            store.compact_chunks(&mut guard, chunks + 4096).unwrap();
             guard.refresh();
             std::thread::yield_now();
         }
@@ -709,7 +758,7 @@ mod tests {
         let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut rng = Rng(5);
         let keys = 1_500;
-        let (mut recoveries, mut cold_cold) = (0, 0);
+        let (mut recoveries, mut cold_cold, mut chunk) = (0, 0, 0);
         for round in 0..6u64 {
             let (extents, captured, stats) = {
                 let mut handle = store.epoch().register();
@@ -742,6 +791,7 @@ mod tests {
             };
             assert!(stats.hot_cold_compactions > 0, "{stats:?}");
             cold_cold += stats.cold_cold_compactions;
+            chunk += stats.chunk_compactions;
             drop(store);
             disk.reopen(&extents);
             store = F2::recover(Durable::options(), disk.devices(), &extents).unwrap();
@@ -760,6 +810,7 @@ mod tests {
         }
         assert_eq!(recoveries, 6);
         assert!(cold_cold > 0);
+        assert!(chunk > 0, "the chunk log never compacted");
     }
 
     #[test]
@@ -826,6 +877,17 @@ mod tests {
             "{stats:?}"
         );
         assert!(store.hot().stats().disk_reads > 0);
+        // Every cold insert rewrote a chunk; the chunk log stays within its budget
+        // (plus the pass that runs past its threshold) by compacting into itself.
+        assert!(stats.chunk_compactions > 3, "{stats:?}");
+        assert!(stats.chunks_copied > 0, "{stats:?}");
+        let chunks = store.cold().index().chunks().log().addresses();
+        let budget = store.cold().index().log_budget_bytes();
+        assert!(
+            chunks.tail - chunks.begin <= budget + 4 * 4096,
+            "chunk log of {} bytes, budget {budget}",
+            chunks.tail - chunks.begin
+        );
     }
 
     #[test]
@@ -932,6 +994,42 @@ mod tests {
             assert_eq!(
                 store.get(&guard, &key(i)).unwrap(),
                 Some(newest.to_le_bytes().to_vec())
+            );
+        }
+    }
+
+    #[test]
+    fn chunk_log_compaction_keeps_every_cold_key_and_reads_no_dead_chunk() {
+        let store = tiny_with(1 << 30, 0);
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let keys = 3_000u64;
+        for i in 0..keys {
+            store
+                .cold()
+                .insert(&mut guard, &key(i), Some(&i.to_le_bytes()))
+                .unwrap();
+            guard.refresh();
+        }
+        let chunks = store.cold().index().chunks();
+        let before = chunks.stats().disk_reads;
+        let a = chunks.log().addresses();
+        let end = store.compact_chunks(&mut guard, a.safe_read_only).unwrap();
+        assert!(end > a.begin, "nothing to compact: {a:?}");
+        let stats = store.stats();
+        assert!(
+            stats.chunk_compactions == 1 && stats.chunks_copied > 0,
+            "{stats:?}"
+        );
+        // Most versions below `end` were rewritten since: their chunk's entry holds a
+        // newer one, which says so without a read.
+        assert_eq!(chunks.stats().disk_reads, before, "{stats:?}");
+        assert_eq!(chunks.log().addresses().begin, end);
+        for i in 0..keys {
+            assert_eq!(
+                store.get(&guard, &key(i)).unwrap(),
+                Some(i.to_le_bytes().to_vec()),
+                "key {i}"
             );
         }
     }

@@ -51,7 +51,7 @@ use super::record::{Decode, DiskRecord, MemRecord};
 use crate::error::{Error, Result};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use crate::sync::spin_wait;
+use crate::sync::backoff_wait;
 
 /// The first address of a log: page 0's first 64 bytes are never used, so 0 can mean
 /// "no address".
@@ -425,7 +425,7 @@ impl HybridLog {
                     while !self.new_page(guard, full)? {
                         guard.refresh();
                         spins += 1;
-                        spin_wait(spins);
+                        backoff_wait(spins);
                     }
                 }
             }
@@ -467,7 +467,7 @@ impl HybridLog {
             s.check_failed()?;
             guard.refresh();
             spins += 1;
-            spin_wait(spins);
+            backoff_wait(spins);
         }
         // Every record below `tail` is complete now (their writers have refreshed since).
         // The full pages below it are flushed by the action; the tail's page is written

@@ -44,7 +44,6 @@ use super::index::{ChainLink, EntrySlot, HashIndex, IndexOptions, RecordHashes};
 use super::read_cache::{READ_CACHE_BIT, ReadCache, ReadCacheStats, is_cached};
 use super::record::{Header, MemRecord, record_size_bytes};
 use crate::error::{Error, Result};
-use crate::sync::spin_wait;
 
 /// The 64-bit hash of a key (a multiply-xorshift over 8-byte words and a final mix:
 /// bucket bits from the low end, the tag from the top, both well mixed).
@@ -66,6 +65,45 @@ pub(crate) fn hash_key(key: &[u8]) -> KeyHash {
     h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     h ^= h >> 33;
     KeyHash(h)
+}
+
+/// How a store's keys become index hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Keying {
+    /// Any key, through [`hash_key`].
+    Hashed,
+    /// Keys that are 8-byte little-endian numbers, each below `2^(bucket_bits + 14)`
+    /// (the cold index's chunk numbers). The number's low bits choose the bucket and
+    /// its bits from `bucket_bits` up, plus one, are the tag, so at `2^bucket_bits`
+    /// buckets or more (an index only grows) no two keys share an entry: an entry's
+    /// chain holds one key's records, and its head is that key's newest record.
+    Numbered { bucket_bits: u32 },
+}
+
+impl Keying {
+    /// Numbered keying for an index of `buckets` buckets now.
+    pub(crate) fn numbered(buckets: usize) -> Keying {
+        Keying::Numbered {
+            bucket_bits: buckets.max(1).ilog2(),
+        }
+    }
+
+    /// The index hash of `key`.
+    pub(crate) fn hash(self, key: &[u8]) -> KeyHash {
+        self.own_entry(key).unwrap_or_else(|| hash_key(key))
+    }
+
+    /// The hash of a key that has an entry of its own (see [`Keying::Numbered`]);
+    /// `None` for any other key (hashed, and perhaps sharing an entry).
+    fn own_entry(self, key: &[u8]) -> Option<KeyHash> {
+        let Keying::Numbered { bucket_bits } = self else {
+            return None;
+        };
+        let n = u64::from_le_bytes(<[u8; 8]>::try_from(key).ok()?);
+        let tag = (n >> bucket_bits) + 1;
+        (n < 1 << 48 && tag < 1 << super::bucket::TAG_BITS)
+            .then_some(KeyHash(n | (tag << (64 - super::bucket::TAG_BITS))))
+    }
 }
 
 /// What a read-modify-write does with the current value (`None`: no record).
@@ -107,6 +145,8 @@ pub(crate) struct HotLog {
     log: Arc<HybridLog>,
     /// F2's read cache, whose copies head hot chains (`read_cache.rs`); `None` when off.
     read_cache: Option<Arc<ReadCache>>,
+    /// How keys become index hashes.
+    keying: Keying,
     counters: Counters,
 }
 
@@ -188,8 +228,24 @@ impl HotLog {
             log: Arc::new(HybridLog::new(log, device, Arc::clone(&epoch))?),
             epoch,
             read_cache,
+            keying: Keying::Hashed,
             counters: Counters::default(),
         })
+    }
+
+    /// As [`HotLog::with_epoch`], for keys that are the numbers below `keys` (8 bytes,
+    /// little-endian): each key gets an index entry of its own ([`Keying::Numbered`]).
+    /// The cold index's chunk store.
+    pub(crate) fn numbered(
+        keys: u64,
+        log: HlogOptions,
+        device: Arc<dyn LogPages>,
+        epoch: Arc<Epoch>,
+    ) -> Result<HotLog> {
+        let mut store = HotLog::with_epoch(keys, log, device, epoch)?;
+        let buckets = IndexOptions::for_keys(keys).buckets;
+        store.keying = Keying::numbered(buckets);
+        Ok(store)
     }
 
     /// A read cache of `bytes` (none for 0) beside a log of `log`'s pages.
@@ -226,6 +282,7 @@ impl HotLog {
         epoch: Arc<Epoch>,
         extent: super::hlog::LogExtent,
         read_cache_memory_bytes: u64,
+        keying: Keying,
     ) -> Result<HotLog> {
         if !buckets.is_power_of_two() || buckets > 1 << 40 {
             return Err(Error::Corrupted {
@@ -242,6 +299,7 @@ impl HotLog {
             log: Arc::new(HybridLog::recover(log, device, Arc::clone(&epoch), extent)?),
             read_cache: Self::new_read_cache(read_cache_memory_bytes, log, &epoch)?,
             epoch,
+            keying,
             counters: Counters::default(),
         };
         let mut handle = store.epoch.register();
@@ -254,7 +312,9 @@ impl HotLog {
                 if record.header.is_invalid() {
                     continue;
                 }
-                let mut slot = store.index.find_or_create(&guard, hash_key(&record.key));
+                let mut slot = store
+                    .index
+                    .find_or_create(&guard, store.keying.hash(&record.key));
                 if slot.address() < address && slot.try_update(address).is_err() {
                     return Err(Error::Corrupted {
                         page: address,
@@ -397,7 +457,7 @@ impl HotLog {
         let begin = self.log.addresses().begin;
         let entry = self
             .index
-            .find(guard, hash_key(key))
+            .find(guard, self.keying.hash(key))
             .map(|slot| slot.address());
         let mut ticket = CacheTicket {
             entry,
@@ -534,7 +594,7 @@ impl HotLog {
         address: u64,
         ticket: CacheTicket,
     ) -> bool {
-        let hash = hash_key(key);
+        let hash = self.keying.hash(key);
         let slot = match ticket.entry {
             None => Some(self.index.find_or_create(guard, hash)),
             Some(_) => self.index.find(guard, hash),
@@ -563,7 +623,7 @@ impl HotLog {
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
     ) -> Result<Option<u64>> {
-        let Some(slot) = self.index.find(guard, hash_key(key)) else {
+        let Some(slot) = self.index.find(guard, self.keying.hash(key)) else {
             return Ok(None);
         };
         // A copy in the read cache is not a record of the hot log.
@@ -584,12 +644,31 @@ impl HotLog {
         key: &[u8],
         address: u64,
     ) -> Result<bool> {
-        let Some(slot) = self.index.find(guard, hash_key(key)) else {
+        let Some(slot) = self.index.find(guard, self.keying.hash(key)) else {
             return Ok(false);
         };
         // A copy in the read cache is not a record of the hot log.
-        let mut at = self.hot_head(slot.address());
+        let head = self.hot_head(slot.address());
         drop(slot);
+        self.reaches_first(guard, key, head, address)
+    }
+
+    /// Whether the chain from `head` reaches `address` before any valid record of `key`
+    /// (so the record there, of `key`, is its newest): walks down to `address` and no
+    /// further, without reading the record there.
+    fn reaches_first(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        head: u64,
+        address: u64,
+    ) -> Result<bool> {
+        if head > address && self.keying.own_entry(key).is_some() {
+            // The key's entry holds only its records, and a head is a linked (valid)
+            // record: a newer one, found without reading it from the disk.
+            return Ok(false);
+        }
+        let mut at = head;
         // Chains only go down: a record of `key` above `address` is newer.
         while at != INVALID_ADDRESS && at > address {
             let Some(fetched) = self.log.fetch(guard, at)? else {
@@ -608,6 +687,35 @@ impl HotLog {
             at = header.previous();
         }
         Ok(at == address)
+    }
+
+    /// One try of Conditional-Insert within this log, for compacting it into itself (the
+    /// cold index's chunk store): appends `key` with `value` (a tombstone for `None`),
+    /// the record at `source`'s, in front of the key's chain while `source` is still its newest record, and
+    /// answers `Done(false)` once a newer one exists. The check and the link are one
+    /// step: the entry is swapped expecting the head the check walked from. Never
+    /// refreshes `guard`; settle other steps with [`HotLog::settle`].
+    pub(crate) fn try_copy_if_newest(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+        source: u64,
+    ) -> Result<Step<bool>> {
+        let Some(mut slot) = self.index.find(guard, self.keying.hash(key)) else {
+            return Ok(Step::Done(false));
+        };
+        if !self.reaches_first(guard, key, self.hot_head(slot.address()), source)? {
+            return Ok(Step::Done(false));
+        }
+        let (bytes, tombstone) = (value.unwrap_or(&[]), value.is_none());
+        Ok(
+            match self.append(guard, &mut slot, key, bytes, tombstone)? {
+                Step::Done(()) => Step::Done(true),
+                Step::Retry => Step::Retry,
+                Step::PageFull(full) => Step::PageFull(full),
+            },
+        )
     }
 
     /// The value of `key`, if it has one.
@@ -679,7 +787,7 @@ impl HotLog {
                 while !self.log.new_page(guard, full)? {
                     guard.refresh();
                     spins += 1;
-                    spin_wait(spins);
+                    crate::sync::backoff_wait(spins);
                 }
                 Ok(())
             }
@@ -717,7 +825,7 @@ impl HotLog {
         value: Option<&[u8]>,
     ) -> Result<Step<()>> {
         Self::check_key(key)?;
-        let mut slot = self.index.find_or_create(guard, hash_key(key));
+        let mut slot = self.index.find_or_create(guard, self.keying.hash(key));
         if let Some(v) = value {
             let read_only = self.log.addresses().read_only;
             let head = self.hot_head(slot.address());
@@ -804,7 +912,7 @@ impl HotLog {
         older: Option<&dyn Fn(&EpochGuard<'_, '_>) -> Result<Option<Vec<u8>>>>,
     ) -> Result<Step<Vec<u8>>> {
         Self::check_key(key)?;
-        let mut slot = self.index.find_or_create(guard, hash_key(key));
+        let mut slot = self.index.find_or_create(guard, self.keying.hash(key));
         let head = slot.address();
         if let Some((rc, copy)) = self.copy_at(head)
             && !copy.header().is_invalid()
@@ -864,7 +972,7 @@ impl HotLog {
                 // first, or a record of this key may have arrived meanwhile.
                 drop(slot);
                 let old = older(guard)?;
-                let mut slot = self.index.find_or_create(guard, hash_key(key));
+                let mut slot = self.index.find_or_create(guard, self.keying.hash(key));
                 if slot.address() != head {
                     return Ok(Step::Retry);
                 }
@@ -892,7 +1000,7 @@ impl HotLog {
 
 /// The hot log's side of an index grow: the key hash and previous address of a record
 /// (or of a copy in the read cache at a chain's head).
-struct LogHashes(Arc<HybridLog>, Option<Arc<ReadCache>>);
+struct LogHashes(Arc<HybridLog>, Option<Arc<ReadCache>>, Keying);
 
 impl RecordHashes for LogHashes {
     fn link(&self, address: u64) -> ChainLink {
@@ -903,7 +1011,7 @@ impl RecordHashes for LogHashes {
             // frame outlives every thread that loaded its address before refreshing.
             let copy = unsafe { rc.record(address) };
             return ChainLink::Record {
-                key_hash: hash_key(&copy.key()),
+                key_hash: self.2.hash(&copy.key()),
                 previous: copy.header().previous(),
             };
         }
@@ -920,7 +1028,7 @@ impl RecordHashes for LogHashes {
         // and an address the index holds is a published record.
         let record = unsafe { self.0.record(address) };
         ChainLink::Record {
-            key_hash: hash_key(&record.key()),
+            key_hash: self.2.hash(&record.key()),
             previous: record.header().previous(),
         }
     }
@@ -933,7 +1041,11 @@ impl HotLog {
     pub(crate) fn grow_index(&self, guard: &mut EpochGuard<'_, '_>) -> bool {
         self.index.grow(
             guard,
-            Arc::new(LogHashes(Arc::clone(&self.log), self.read_cache.clone())),
+            Arc::new(LogHashes(
+                Arc::clone(&self.log),
+                self.read_cache.clone(),
+                self.keying,
+            )),
         )
     }
 
@@ -971,7 +1083,7 @@ impl HotLog {
     #[cfg(all(test, feature = "shuttle"))]
     pub(crate) fn entry_address(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Option<u64> {
         self.index
-            .find(guard, hash_key(key))
+            .find(guard, self.keying.hash(key))
             .map(|slot| slot.address())
     }
 
@@ -1245,6 +1357,26 @@ mod tests {
             let got = count(store.get(&guard, &key(k)).unwrap());
             assert_eq!(got, want, "key {k}");
         }
+    }
+
+    #[test]
+    fn numbered_keys_each_get_an_entry_of_their_own() {
+        let keys = 1u64 << 14;
+        let buckets = IndexOptions::for_keys(keys).buckets;
+        let keying = Keying::numbered(buckets);
+        for size in [buckets, 2 * buckets, 8 * buckets] {
+            let mut seen = std::collections::HashSet::new();
+            for n in 0..keys {
+                let h = keying.hash(&n.to_le_bytes());
+                assert!(seen.insert((h.bucket(size), h.tag())), "{n} at {size}");
+            }
+        }
+        // Any other key is hashed.
+        assert_eq!(keying.hash(b"seven b"), hash_key(b"seven b"));
+        assert_eq!(
+            Keying::Hashed.hash(&5u64.to_le_bytes()),
+            hash_key(&5u64.to_le_bytes())
+        );
     }
 
     #[test]

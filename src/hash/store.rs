@@ -344,6 +344,12 @@ pub struct HashStoreStats {
     pub hot_cold_compactions: u64,
     /// Cold→cold compactions: the oldest part of the cold log copied to its tail.
     pub cold_cold_compactions: u64,
+    /// Compactions of the cold index's chunk log (each cold insert rewrites its key's
+    /// chunk at that log's tail; a compaction copies the chunks' newest versions from
+    /// its oldest part and drops the rest).
+    pub chunk_compactions: u64,
+    /// Chunk versions those compactions copied.
+    pub chunks_copied: u64,
     /// Records compactions copied (they were their keys' newest).
     pub records_copied: u64,
     /// Records compactions left behind (a newer record of the key existed).
@@ -361,10 +367,12 @@ pub struct HashStoreStats {
     pub read_cache_hits: u64,
     /// Copies the read cache took in.
     pub read_cache_inserts: u64,
-    /// Bytes of the hot log and of the cold log (from BEGIN to TAIL).
+    /// Bytes of the hot log (from BEGIN to TAIL).
     pub hot_log_bytes: u64,
     /// Bytes of the cold log (from BEGIN to TAIL).
     pub cold_log_bytes: u64,
+    /// Bytes of the cold index's chunk log (from BEGIN to TAIL).
+    pub chunk_log_bytes: u64,
     /// Bytes of memory of the hot index, the chunk table, the read cache and the three
     /// logs' page frames together.
     pub memory_bytes: u64,
@@ -597,6 +605,7 @@ impl HashStore {
         let s = f2.stats();
         let hot = f2.hot().stats();
         let (h, c) = (f2.hot().log().addresses(), f2.cold().log().addresses());
+        let k = f2.cold().index().chunks().log().addresses();
         let memory = self.inner.with_guard(|g| {
             let (table, chunk_frames) = f2.cold().index().memory_bytes(g);
             Ok(f2.hot().index_size_bytes(g) as u64
@@ -609,6 +618,8 @@ impl HashStore {
         HashStoreStats {
             hot_cold_compactions: s.hot_cold_compactions,
             cold_cold_compactions: s.cold_cold_compactions,
+            chunk_compactions: s.chunk_compactions,
+            chunks_copied: s.chunks_copied,
             records_copied: s.records_copied,
             records_dropped: s.records_dropped,
             throttled_writes: s.throttled_writes,
@@ -619,6 +630,7 @@ impl HashStore {
             read_cache_inserts: s.read_cache_inserts,
             hot_log_bytes: h.tail - h.begin,
             cold_log_bytes: c.tail - c.begin,
+            chunk_log_bytes: k.tail - k.begin,
             memory_bytes: memory.unwrap_or(0),
         }
     }
