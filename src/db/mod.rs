@@ -88,6 +88,11 @@ pub struct DbOptions {
     pub checkpoint_log_bytes: u64,
     /// A checkpoint is taken in the background this long after the last one, if
     /// anything was logged since; `None` turns the trigger off. Default 60 s.
+    ///
+    /// While either trigger is on, a hash store whose kept checkpoints hold more of one
+    /// of its logs on disk (below what compaction freed) than that log's disk budget
+    /// also brings a background checkpoint, so that unlogged writes, which grow no log,
+    /// do not keep freed log segments on disk indefinitely.
     pub checkpoint_interval: Option<Duration>,
     /// Take a checkpoint when the `Db` is dropped, so that the next open replays no log.
     /// Default `true`.
@@ -1207,6 +1212,10 @@ impl Shared {
             || (grown > 0
                 && o.checkpoint_interval
                     .is_some_and(|i| c.last_at.elapsed() >= i))
+            || self.catalog.read().keyspaces.values().any(|ks| match ks {
+                Keyspace::Hash(store) => store.holds_past_budget(),
+                Keyspace::Tree { .. } => false,
+            })
     }
 
     /// Fails the checkpoint here if a test asked for it.

@@ -119,10 +119,12 @@ impl ColdIndex {
 
     /// One try at replacing the chain head for `hash` with `update(head)` (`None`
     /// leaves it): `Done(the head it replaced)`, or what must happen before the next try
-    /// ([`HotLog::settle`] through [`ColdIndex::settle`]; never refreshes `guard`). One read-modify-write of the chunk:
-    /// `update` sees the head as the chunk holds it when the change is made, so a caller
-    /// that links a record in front of it reads the chunk once. `update` runs at most
-    /// once per try, and its result is in the index only if the try is `Done`.
+    /// ([`HotLog::settle`] through [`ColdIndex::settle`]). Never refreshes `guard`.
+    ///
+    /// One read-modify-write of the chunk: `update` sees the head as the chunk holds it
+    /// when the change is made, so a caller that links a record in front of it reads the
+    /// chunk once. `update` runs at most once per try, and its result is in the index
+    /// only if the try is `Done`.
     pub(crate) fn try_update_entry(
         &self,
         guard: &EpochGuard<'_, '_>,

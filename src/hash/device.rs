@@ -10,8 +10,11 @@
 //! Invariants this module owns:
 //! - A page is written whole, at an address that is a multiple of its size, and a
 //!   segment holds a whole number of pages: no page straddles two files.
-//! - Reads and writes are [`IO_ALIGN_BYTES`]-aligned in offset and length (what O_DIRECT
-//!   asks of this machine's disk).
+//! - Writes are [`IO_ALIGN_BYTES`]-aligned in offset and length. Reads are aligned to
+//!   the device's [`LogPages::read_align`]: [`SECTOR_BYTES`] for segment files, so a
+//!   record read from disk costs a sector or two, not a 4 KiB block. Where O_DIRECT
+//!   refuses sector-aligned reads (a device of 4 KiB logical blocks), the files fall
+//!   back to 4 KiB-aligned reads through a bounce buffer, once and for good.
 //! - Nothing is read below the truncation point: such a read is an error, never stale
 //!   bytes of a deleted segment.
 
@@ -24,16 +27,24 @@ use std::sync::Arc;
 
 use crate::sync::Mutex;
 
-/// The alignment of every device read and write, in offset and length.
+/// The alignment of every device write, in offset and length, and of reads on devices
+/// that allow nothing smaller.
 pub(crate) const IO_ALIGN_BYTES: u64 = 4096;
+/// The smallest read alignment a device may allow (a disk sector).
+pub(crate) const SECTOR_BYTES: u64 = 512;
 
 /// A hybrid log's disk, addressed by logical address.
 pub(crate) trait LogPages: Send + Sync {
     /// Writes `bytes` (one or more whole pages) at `address`. Both are aligned.
     fn write(&self, address: u64, bytes: &[u8]) -> io::Result<()>;
-    /// Reads `buf.len()` bytes at `address` (both aligned). Bytes never written read as
-    /// zeros; bytes below the truncation point are an error.
+    /// Reads `buf.len()` bytes at `address` (both aligned to [`LogPages::read_align`], and
+    /// `buf` in memory to [`IO_ALIGN_BYTES`]). Bytes never written read as zeros; bytes
+    /// below the truncation point are an error.
     fn read(&self, address: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// The alignment reads need, in offset and length.
+    fn read_align(&self) -> u64 {
+        IO_ALIGN_BYTES
+    }
     /// Makes every write so far durable.
     fn sync(&self) -> io::Result<()>;
     /// Gives up every address below `address` (the device may keep part of it).
@@ -46,6 +57,8 @@ pub(crate) struct FilePages {
     prefix: String,
     segment_bytes: u64,
     direct: bool,
+    /// [`SECTOR_BYTES`], until O_DIRECT refuses a read that small.
+    read_align: std::sync::atomic::AtomicU64,
     state: Mutex<FileState>,
 }
 
@@ -69,6 +82,7 @@ impl FilePages {
             prefix: prefix.to_string(),
             segment_bytes,
             direct,
+            read_align: std::sync::atomic::AtomicU64::new(SECTOR_BYTES),
             state: Mutex::new(FileState::default()),
         }
     }
@@ -125,6 +139,35 @@ impl FilePages {
         Ok(Arc::clone(&state.open[&segment]))
     }
 
+    /// Reads `buf` at `address` from its segment; past the end of what was written
+    /// reads zeros, as in a sparse file.
+    fn read_exact_at(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
+        let (segment, offset) = self.split(address, buf.len());
+        self.with_file(segment, false, |f| {
+            let mut done = 0;
+            while done < buf.len() {
+                let n = f.read_at(&mut buf[done..], offset + done as u64)?;
+                if n == 0 {
+                    buf[done..].fill(0);
+                    break;
+                }
+                done += n;
+            }
+            Ok(())
+        })
+    }
+
+    /// Reads `buf` at `address` through a buffer of the whole 4 KiB blocks around it.
+    fn read_through_blocks(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
+        let start = address - address % IO_ALIGN_BYTES;
+        let end = (address + buf.len() as u64).div_ceil(IO_ALIGN_BYTES) * IO_ALIGN_BYTES;
+        let mut blocks = super::hlog::AlignedPage::new((end - start) as usize);
+        self.read_exact_at(start, blocks.as_mut())?;
+        let at = (address - start) as usize;
+        buf.copy_from_slice(&blocks.as_mut()[at..at + buf.len()]);
+        Ok(())
+    }
+
     fn split(&self, address: u64, len: usize) -> (u64, u64) {
         let (segment, offset) = (address / self.segment_bytes, address % self.segment_bytes);
         assert!(
@@ -135,36 +178,41 @@ impl FilePages {
     }
 }
 
-fn check_aligned(address: u64, len: usize) {
+fn check_aligned(address: u64, len: usize, align: u64) {
     assert!(
-        address.is_multiple_of(IO_ALIGN_BYTES) && (len as u64).is_multiple_of(IO_ALIGN_BYTES),
+        address.is_multiple_of(align) && (len as u64).is_multiple_of(align),
         "unaligned log IO at {address} of {len} bytes"
     );
 }
 
 impl LogPages for FilePages {
     fn write(&self, address: u64, bytes: &[u8]) -> io::Result<()> {
-        check_aligned(address, bytes.len());
+        check_aligned(address, bytes.len(), IO_ALIGN_BYTES);
         let (segment, offset) = self.split(address, bytes.len());
         self.with_file(segment, true, |f| f.write_all_at(bytes, offset))
     }
 
     fn read(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
-        check_aligned(address, buf.len());
-        let (segment, offset) = self.split(address, buf.len());
-        self.with_file(segment, false, |f| {
-            let mut done = 0;
-            while done < buf.len() {
-                let n = f.read_at(&mut buf[done..], offset + done as u64)?;
-                if n == 0 {
-                    // Past the end of what was written: zeros, as in a sparse file.
-                    buf[done..].fill(0);
-                    break;
-                }
-                done += n;
+        check_aligned(address, buf.len(), SECTOR_BYTES);
+        let whole_blocks = address.is_multiple_of(IO_ALIGN_BYTES)
+            && (buf.len() as u64).is_multiple_of(IO_ALIGN_BYTES);
+        if !whole_blocks && self.read_align() == IO_ALIGN_BYTES {
+            return self.read_through_blocks(address, buf);
+        }
+        match self.read_exact_at(address, buf) {
+            // O_DIRECT on a device of 4 KiB logical blocks: from now on reads are
+            // 4 KiB-aligned (callers ask `read_align` before each read).
+            Err(e) if !whole_blocks && e.raw_os_error() == Some(libc::EINVAL) => {
+                self.read_align
+                    .store(IO_ALIGN_BYTES, std::sync::atomic::Ordering::Relaxed);
+                self.read_through_blocks(address, buf)
             }
-            Ok(())
-        })
+            other => other,
+        }
+    }
+
+    fn read_align(&self) -> u64 {
+        self.read_align.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -245,6 +293,12 @@ impl Retaining {
         }
     }
 
+    /// Bytes the floor keeps below `begin` (the log's BEGIN) that a truncation asked
+    /// to give up.
+    pub(crate) fn held_below(&self, begin: u64) -> u64 {
+        begin.saturating_sub(self.state.lock().1)
+    }
+
     /// Moves the floor up to `floor` (once the checkpoints that needed what is below it
     /// are retired) and gives up what is below both it and the truncation asked for.
     pub(crate) fn retain_from(&self, floor: u64) -> io::Result<()> {
@@ -261,6 +315,10 @@ impl LogPages for Retaining {
 
     fn read(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
         self.inner.read(address, buf)
+    }
+
+    fn read_align(&self) -> u64 {
+        self.inner.read_align()
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -310,7 +368,7 @@ impl MemPages {
 
 impl LogPages for MemPages {
     fn write(&self, address: u64, bytes: &[u8]) -> io::Result<()> {
-        check_aligned(address, bytes.len());
+        check_aligned(address, bytes.len(), IO_ALIGN_BYTES);
         let mut s = self.state.lock();
         if s.fail_writes {
             return Err(io::Error::other("simulated EIO on a log page write"));
@@ -324,7 +382,7 @@ impl LogPages for MemPages {
     }
 
     fn read(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
-        check_aligned(address, buf.len());
+        check_aligned(address, buf.len(), SECTOR_BYTES);
         let mut s = self.state.lock();
         if address < s.truncated_before {
             return Err(io::Error::new(
@@ -332,14 +390,25 @@ impl LogPages for MemPages {
                 format!("read at {address}, below the truncation point"),
             ));
         }
-        for (i, chunk) in buf.chunks_mut(IO_ALIGN_BYTES as usize).enumerate() {
-            match s.blocks.get(&(address + i as u64 * IO_ALIGN_BYTES)) {
-                Some(block) => chunk.copy_from_slice(block),
-                None => chunk.fill(0),
+        // Sector-aligned: a read may start and end inside a block.
+        let mut done = 0;
+        while done < buf.len() {
+            let at = address + done as u64;
+            let block = at - at % IO_ALIGN_BYTES;
+            let from = (at - block) as usize;
+            let n = (IO_ALIGN_BYTES as usize - from).min(buf.len() - done);
+            match s.blocks.get(&block) {
+                Some(bytes) => buf[done..done + n].copy_from_slice(&bytes[from..from + n]),
+                None => buf[done..done + n].fill(0),
             }
+            done += n;
         }
         s.read_bytes += buf.len() as u64;
         Ok(())
+    }
+
+    fn read_align(&self) -> u64 {
+        SECTOR_BYTES
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -353,5 +422,40 @@ impl LogPages for MemPages {
         s.blocks.retain(|&a, _| a >= address);
         s.truncated_before = s.truncated_before.max(address);
         Ok(())
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::super::hlog::AlignedPage;
+    use super::*;
+
+    #[test]
+    fn sector_reads_return_the_bytes_written_directly_or_through_whole_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..3 * 4096usize)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        for direct in [false, true] {
+            let pages = FilePages::new(dir.path(), &format!("t{direct}"), 1 << 20, direct);
+            // Written from an aligned buffer, as O_DIRECT wants.
+            let mut source = AlignedPage::new(bytes.len());
+            source.as_mut().copy_from_slice(&bytes);
+            pages.write(8192, source.as_mut()).unwrap();
+            for (at, len) in [(0, 512), (512, 1024), (3584, 1024), (2 * 4096 + 3584, 512)] {
+                let mut read = AlignedPage::new(len);
+                pages.read(8192 + at, read.as_mut()).unwrap();
+                assert_eq!(read.as_mut(), &bytes[at as usize..][..len], "{direct} {at}");
+                let mut bounced = AlignedPage::new(len);
+                pages
+                    .read_through_blocks(8192 + at, bounced.as_mut())
+                    .unwrap();
+                assert_eq!(bounced.as_mut(), read.as_mut(), "{direct} {at}");
+            }
+            // Never written: zeros.
+            let mut read = AlignedPage::new(512);
+            pages.read(64 * 4096 + 512, read.as_mut()).unwrap();
+            assert!(read.as_mut().iter().all(|&b| b == 0));
+        }
     }
 }

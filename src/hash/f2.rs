@@ -397,6 +397,16 @@ impl F2 {
         Ok(compacted)
     }
 
+    /// The disk budgets of the hot log, the cold log and the chunk log.
+    pub(crate) fn log_budgets(&self) -> [u64; 3] {
+        [Tier::Hot, Tier::Cold, Tier::Chunks].map(|t| self.budget_of(t))
+    }
+
+    /// The BEGIN of the hot log, the cold log and the chunk log.
+    pub(crate) fn log_begins(&self) -> [u64; 3] {
+        [Tier::Hot, Tier::Cold, Tier::Chunks].map(|t| self.log_of(t).addresses().begin)
+    }
+
     /// The disk budget of `tier`'s log.
     fn budget_of(&self, tier: Tier) -> u64 {
         match tier {

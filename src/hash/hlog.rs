@@ -134,14 +134,19 @@ impl Drop for Frames {
     }
 }
 
+/// Bytes a read of one record from the device asks for at first (from the record's
+/// start): a hash chunk (280 bytes) or a record of a 100-byte value and a short key
+/// fits, so it takes one read of one or two sectors.
+const FIRST_READ_BYTES: u64 = 512;
+
 /// One page of memory aligned for O_DIRECT.
-struct AlignedPage {
+pub(crate) struct AlignedPage {
     ptr: NonNull<u8>,
     layout: Layout,
 }
 
 impl AlignedPage {
-    fn new(bytes: usize) -> AlignedPage {
+    pub(crate) fn new(bytes: usize) -> AlignedPage {
         let layout = Layout::from_size_align(bytes, IO_ALIGN_BYTES as usize)
             .expect("a page size validated by HlogOptions");
         // SAFETY: the layout has a non-zero size.
@@ -152,7 +157,7 @@ impl AlignedPage {
         }
     }
 
-    fn as_mut(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut(&mut self) -> &mut [u8] {
         // SAFETY: an allocation of `layout.size()` bytes owned by `self`, zeroed at birth.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
     }
@@ -592,23 +597,27 @@ impl HybridLog {
         Ok(page_copy.as_mut().to_vec())
     }
 
-    /// Reads the record at `address` from the device.
+    /// Reads the record at `address` from the device: from the device's read alignment
+    /// below it, enough for a record of [`FIRST_READ_BYTES`] (one read for most
+    /// records), more if its header asks for more.
     fn read_from_device(&self, address: u64) -> Result<DiskRecord> {
         let s = &self.shared;
-        let start = address - address % IO_ALIGN_BYTES;
+        let align = s.device.read_align();
+        let start = address - address % align;
         let page_end = s.page_start(address) + s.page_bytes;
-        let mut len = IO_ALIGN_BYTES;
+        let at = (address - start) as usize;
+        let mut len =
+            ((at as u64 + FIRST_READ_BYTES).div_ceil(align) * align).min(page_end - start);
         loop {
             // Aligned for O_DIRECT.
             let mut page = AlignedPage::new(len as usize);
             let buf = page.as_mut();
             s.device.read(start, buf).map_err(Error::Io)?;
-            let at = (address - start) as usize;
             match DiskRecord::decode(&buf[at..], (page_end - address) as usize) {
                 Ok(record) => return Ok(record),
                 Err(Decode::NeedBytes(n)) => {
                     let want = (at + n) as u64;
-                    len = want.div_ceil(IO_ALIGN_BYTES) * IO_ALIGN_BYTES;
+                    len = (want.div_ceil(align) * align).min(page_end - start);
                 }
                 Err(Decode::Corrupt(why)) => {
                     return Err(Error::Corrupted {

@@ -705,6 +705,21 @@ impl HashStore {
         self.inner.with_guard(|g| self.inner.f2.checkpoint(g))
     }
 
+    /// Whether the kept checkpoints hold more of some log on disk, below its BEGIN,
+    /// than that log's budget. The `Db`'s checkpointer then takes a checkpoint, whose
+    /// floors let that space go: without it a store written only without logging (which
+    /// grows no write-ahead log, so neither checkpoint trigger fires) would keep every
+    /// segment its compactions freed until the next checkpoint.
+    pub(crate) fn holds_past_budget(&self) -> bool {
+        let f2 = &self.inner.f2;
+        let (budgets, begins) = (f2.log_budgets(), f2.log_begins());
+        self.inner
+            .floors
+            .iter()
+            .zip(budgets.into_iter().zip(begins))
+            .any(|(device, (budget, begin))| device.held_below(begin) > budget)
+    }
+
     /// Lets the devices give up what is below `floors` (the lowest BEGIN of each log
     /// that a kept checkpoint needs).
     pub(crate) fn retain_from(&self, floors: [u64; 3]) -> Result<()> {
