@@ -21,6 +21,10 @@
 //! - **Cold→cold compaction** does the same within the cold log, with Conditional-Insert
 //!   (`ColdLog::insert_if_newest`): a copy is linked only while its source is still the
 //!   key's newest cold record.
+//! - **Chunk-log compaction** (`compact_chunks`, not in the paper): every cold insert
+//!   rewrites its key's chunk of the cold index at the chunk log's tail, so that log is
+//!   compacted into itself the same way (a chunk version still its chunk's newest is
+//!   copied to the tail, the rest dropped), keeping it within four times its live size.
 //! - **False absence** (§5.4): a cold read that walked into a region truncated while it
 //!   ran may miss the copy made at the tail. Every cold truncation bumps a counter
 //!   *before* moving BEGIN; a cold read that found nothing reads it again and, if it
