@@ -51,6 +51,16 @@ fn check_all(store: &bfdb::HashStore, model: &HashMap<Vec<u8>, Vec<u8>>, keys: u
     }
 }
 
+/// Polls `done` every 20 ms until it holds or `limit` has passed (the caller asserts
+/// what it waited for).
+fn wait_until(limit: Duration, done: impl Fn() -> bool) {
+    let mut waited = Duration::ZERO;
+    while !done() && waited < limit {
+        std::thread::sleep(Duration::from_millis(20));
+        waited += Duration::from_millis(20);
+    }
+}
+
 #[test]
 fn random_operations_match_a_hash_map_across_compactions_and_reopens() {
     let seed = seed("hash_store_model");
@@ -337,11 +347,9 @@ fn background_compaction_keeps_the_logs_near_their_budgets() {
             .unwrap();
     }
     // The compactor thread brings the hot log under its threshold without writers.
-    let mut waited = Duration::ZERO;
-    while store.stats().hot_log_bytes > 128 << 10 && waited < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(20));
-        waited += Duration::from_millis(20);
-    }
+    wait_until(Duration::from_secs(30), || {
+        store.stats().hot_log_bytes <= 128 << 10
+    });
     let stats = store.stats();
     assert!(stats.hot_log_bytes <= 128 << 10, "{stats:?}");
     assert!(stats.hot_cold_compactions > 0, "{stats:?}");
@@ -364,11 +372,7 @@ fn unlogged_writes_alone_bring_checkpoints_that_let_old_log_segments_go() {
             .insert_with(&key(i % 2_000), &value, Durability::Unlogged)
             .unwrap();
     }
-    let mut waited = Duration::ZERO;
-    while db.stats().checkpoints == 0 && waited < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(20));
-        waited += Duration::from_millis(20);
-    }
+    wait_until(Duration::from_secs(60), || db.stats().checkpoints > 0);
     let stats = db.stats();
     assert!(stats.checkpoints > 0, "{stats:?} {:?}", store.stats());
     assert_eq!(stats.log_bytes_since_checkpoint, 0, "{stats:?}");

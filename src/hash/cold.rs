@@ -415,6 +415,9 @@ impl ColdLog {
             // not flushed before then, so the disk never holds it looking valid.
             let record = unsafe { self.log.record(address) };
             let tombstone = value.is_none();
+            // Filled now even when `link` fills it again with the head it sees: a try
+            // that fails before the chunk's update runs must leave a whole record (its
+            // lengths say where the next one starts) to mark invalid.
             record.init(
                 Header::new(checked_head.unwrap_or(INVALID_ADDRESS), tombstone),
                 key,

@@ -388,11 +388,7 @@ impl F2 {
                 continue;
             }
             let until = a.begin + (budget * o.compact_percent / 100).max(1);
-            match tier {
-                Tier::Hot => self.compact_hot(guard, until)?,
-                Tier::Cold => self.compact_cold(guard, until)?,
-                Tier::Chunks => self.compact_chunks(guard, until)?,
-            };
+            self.compact(guard, tier, until)?;
             let after = self.log_of(tier).addresses();
             let after = after.tail - after.begin;
             futile.store(if after >= size { after } else { 0 }, Ordering::Relaxed);
@@ -432,36 +428,12 @@ impl F2 {
     /// Hot→cold compaction of the hot log below `until` (rounded up to a page, at most
     /// SAFE_READ_ONLY's page). Returns the new BEGIN.
     pub(crate) fn compact_hot(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
-        let _one = self.one_compaction(guard);
-        let log = self.hot.log();
-        let a = log.addresses();
-        let end = Self::compaction_end(a, until, log.page_bytes());
-        self.copy_live(guard, Tier::Hot, a.begin, end)?;
-        if end > a.begin {
-            log.truncate_before(guard, end);
-            // Keys whose hot records are all gone lose their hot index entries, so the
-            // hot index holds only the hot set (F2 §5.2).
-            let removed = self.hot.remove_entries_below(guard, end);
-            bump(&self.counters.hot_entries_removed, removed as u64);
-            bump(&self.counters.hot_cold_compactions, 1);
-        }
-        Ok(end)
+        self.compact(guard, Tier::Hot, until)
     }
 
     /// Cold→cold compaction of the cold log below `until` (as for `compact_hot`).
     pub(crate) fn compact_cold(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
-        let _one = self.one_compaction(guard);
-        let log = self.cold.log();
-        let a = log.addresses();
-        let end = Self::compaction_end(a, until, log.page_bytes());
-        self.copy_live(guard, Tier::Cold, a.begin, end)?;
-        if end > a.begin {
-            // The counter moves before BEGIN does: see the module docs.
-            self.cold_truncations.fetch_add(1, Ordering::SeqCst);
-            log.truncate_before(guard, end);
-            bump(&self.counters.cold_cold_compactions, 1);
-        }
-        Ok(end)
+        self.compact(guard, Tier::Cold, until)
     }
 
     /// Compaction of the cold index's chunk store below `until` (as for
@@ -472,15 +444,36 @@ impl F2 {
     /// one at a time); a cold read that walked into the truncated part is repeated
     /// through the cold truncation counter, as for a cold-log truncation.
     pub(crate) fn compact_chunks(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
+        self.compact(guard, Tier::Chunks, until)
+    }
+
+    /// One compaction pass of `tier`'s log below `until`: its live records copied
+    /// (`copy_live`), then BEGIN moved past them. Returns the new BEGIN.
+    fn compact(&self, guard: &mut EpochGuard<'_, '_>, tier: Tier, until: u64) -> Result<u64> {
         let _one = self.one_compaction(guard);
-        let log = self.cold.index().chunks().log();
+        let log = self.log_of(tier);
         let a = log.addresses();
         let end = Self::compaction_end(a, until, log.page_bytes());
-        self.copy_live(guard, Tier::Chunks, a.begin, end)?;
-        if end > a.begin {
+        self.copy_live(guard, tier, a.begin, end)?;
+        if end <= a.begin {
+            return Ok(end);
+        }
+        if !matches!(tier, Tier::Hot) {
+            // A cold read may walk into either cold-tier log: the counter moves before
+            // BEGIN does (see the module docs).
             self.cold_truncations.fetch_add(1, Ordering::SeqCst);
-            log.truncate_before(guard, end);
-            bump(&self.counters.chunk_compactions, 1);
+        }
+        log.truncate_before(guard, end);
+        match tier {
+            Tier::Hot => {
+                // Keys whose hot records are all gone lose their hot index entries, so
+                // the hot index holds only the hot set (F2 §5.2).
+                let removed = self.hot.remove_entries_below(guard, end);
+                bump(&self.counters.hot_entries_removed, removed as u64);
+                bump(&self.counters.hot_cold_compactions, 1);
+            }
+            Tier::Cold => bump(&self.counters.cold_cold_compactions, 1),
+            Tier::Chunks => bump(&self.counters.chunk_compactions, 1),
         }
         Ok(end)
     }
