@@ -107,7 +107,7 @@ pub use error::{Error, Result};
 pub use hash::store::{HashStore, HashStoreOptions, HashStoreStats};
 pub use journal::Durability;
 #[cfg(feature = "tokio-uring")]
-pub use tree::aio;
+pub mod aio;
 pub use tree::{Cursor, Range, Tree, TreeStats};
 
 /// The README's code blocks, compiled and run as doctests so the README stays true.

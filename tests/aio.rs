@@ -260,3 +260,105 @@ fn async_page_reader_reads_on_the_ring_and_verifies() {
         }
     });
 }
+
+/// A database with one hash keyspace of a few pages of memory, loaded with keys
+/// `0..n` at version 0: most records end on disk, in the cold log.
+fn loaded_hash(dir: &tempfile::TempDir, n: u64) -> (bfdb::Db, Arc<bfdb::HashStore>) {
+    let options = bfdb::DbOptions::default().config(Config {
+        memory_budget_bytes: 1 << 20,
+        huge_pages: false,
+        ..Config::default()
+    });
+    let db = bfdb::Db::open(dir.path().join("db"), options).unwrap();
+    let store_options = bfdb::HashStoreOptions::default()
+        .memory_bytes(64 << 10)
+        .expected_keys(4096)
+        .hot_log_disk_bytes(128 << 10)
+        .cold_log_disk_bytes(1 << 20);
+    let store = db.hash_store_with("h", store_options).unwrap();
+    for i in 0..n {
+        store
+            .insert_with(&key(i), &value(i, 0), bfdb::Durability::Unlogged)
+            .unwrap();
+    }
+    (db, store)
+}
+
+/// Many async hash reads in flight on one runtime thread while a writer on another
+/// thread writes new versions: each answer is a value of its key, never older than the
+/// version written before the read began; absent keys stay absent; the reads that
+/// needed the disk went through the ring.
+#[test]
+fn async_hash_reads_race_a_writer_and_match_the_sync_api() {
+    let seed = seed("async_hash_reads_race_a_writer_and_match_the_sync_api");
+    let dir = temp_dir();
+    let n: u64 = 4000;
+    let (_db, store) = loaded_hash(&dir, n);
+    let written: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (store, written, stop) = (Arc::clone(&store), Arc::clone(&written), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut rng = Rng(seed ^ 0xABCD);
+            while !stop.load(Ordering::SeqCst) {
+                // Skewed to the low keys, as a hot set.
+                let spread = rng.below(n) + 1;
+                let i = rng.below(spread);
+                let version = written[i as usize].load(Ordering::SeqCst) + 1;
+                store
+                    .insert_with(&key(i), &value(i, version), bfdb::Durability::Unlogged)
+                    .unwrap();
+                written[i as usize].store(version, Ordering::SeqCst);
+            }
+        })
+    };
+    let before = store.stats();
+    tokio_uring::start(async {
+        let reader = Rc::new(bfdb::aio::AsyncHashStore::new(Arc::clone(&store)));
+        let tasks: Vec<_> = (0..16u64)
+            .map(|t| {
+                let (reader, written) = (Rc::clone(&reader), Arc::clone(&written));
+                tokio_uring::spawn(async move {
+                    let mut rng = Rng(seed ^ ((t + 1) * 0x1_0000));
+                    for _ in 0..400 {
+                        let i = rng.below(n + n / 4);
+                        let floor = written.get(i as usize).map(|w| w.load(Ordering::SeqCst));
+                        let got = reader.get(&key(i)).await.unwrap();
+                        match (floor, got) {
+                            (None, got) => assert_eq!(got, None, "key {i} was never written"),
+                            (Some(_), None) => panic!("key {i} is missing"),
+                            (Some(floor), Some(v)) => {
+                                let (owner, version) = parse_value(&v);
+                                assert_eq!(owner, i, "a value of another key");
+                                assert!(version >= floor, "key {i}: {version} < {floor}");
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let long = vec![7u8; 64 << 10];
+        assert!(
+            reader.get(&long).await.is_err(),
+            "oversized keys are rejected"
+        );
+    });
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    for i in (0..n).step_by(7) {
+        assert_eq!(
+            store.get(&key(i)).unwrap(),
+            Some(value(i, written[i as usize].load(Ordering::SeqCst)))
+        );
+    }
+    let stats = store.stats();
+    eprintln!("{stats:?}");
+    assert!(
+        stats.batched_reads > before.batched_reads
+            && stats.cold_disk_reads > before.cold_disk_reads,
+        "reads went to the disk through the ring: {stats:?}"
+    );
+}

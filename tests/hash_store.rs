@@ -335,6 +335,44 @@ fn kinds_limits_and_drops_are_checked() {
 }
 
 #[test]
+fn batched_reads_put_their_disk_reads_in_flight_together_and_answer_as_single_reads() {
+    // Records on disk in segment files (most in the cold log), read in batches of 32
+    // random keys, a quarter of them absent: each batch's answers match the model, and
+    // its reads went to the disk several at a time (io_uring, or the device's own read
+    // where the files refuse it).
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let store = db.hash_store_with("h", tiny()).unwrap();
+    let keys = 3_000u64;
+    let value = |i: u64| {
+        format!("value of {i} ")
+            .repeat(1 + i as usize % 7)
+            .into_bytes()
+    };
+    for i in 0..keys {
+        store
+            .insert_with(&key(i), &value(i), Durability::Unlogged)
+            .unwrap();
+    }
+    let mut rng = Rng(seed("hash_get_many"));
+    for batch in 0..60 {
+        let ids: Vec<u64> = (0..32).map(|_| rng.below(keys * 4 / 3)).collect();
+        let names: Vec<Vec<u8>> = ids.iter().map(|&i| key(i)).collect();
+        let got = store.get_many(&names).unwrap();
+        for (&i, found) in ids.iter().zip(&got) {
+            let want = (i < keys).then(|| value(i));
+            assert_eq!(found, &want, "batch {batch}: key {i}");
+        }
+    }
+    let stats = store.stats();
+    assert!(
+        stats.cold_disk_reads > 0 && stats.chunk_disk_reads > 0,
+        "{stats:?}"
+    );
+    assert!(stats.batched_reads > 4 * stats.batch_rounds, "{stats:?}");
+}
+
+#[test]
 fn background_compaction_keeps_the_logs_near_their_budgets() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), options()).unwrap();

@@ -45,6 +45,14 @@ pub(crate) trait LogPages: Send + Sync {
     fn read_align(&self) -> u64 {
         IO_ALIGN_BYTES
     }
+    /// Where a read of `len` bytes at `address` (aligned as for [`LogPages::read`]) can
+    /// be submitted by the caller, as an offset into an open file, so that many reads
+    /// go to the device at once (io_uring); `None` if the caller must use
+    /// [`LogPages::read`]. The file stays readable as long as the caller holds it,
+    /// whatever truncations happen meanwhile (its bytes at the offset do not change).
+    fn read_target(&self, _address: u64, _len: usize) -> Option<(Arc<File>, u64)> {
+        None
+    }
     /// Makes every write so far durable.
     fn sync(&self) -> io::Result<()>;
     /// Gives up every address below `address` (the device may keep part of it).
@@ -215,6 +223,22 @@ impl LogPages for FilePages {
         self.read_align.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// The segment file and offset, unless the read straddles segments or the files
+    /// read through 4 KiB bounce buffers (after O_DIRECT refused a sector read) and
+    /// this read is not whole blocks. A submitted read that fails (O_DIRECT refusing
+    /// it among them) is for the caller to repeat with [`LogPages::read`].
+    fn read_target(&self, address: u64, len: usize) -> Option<(Arc<File>, u64)> {
+        let (segment, offset) = (address / self.segment_bytes, address % self.segment_bytes);
+        let whole_blocks =
+            address.is_multiple_of(IO_ALIGN_BYTES) && (len as u64).is_multiple_of(IO_ALIGN_BYTES);
+        if offset + len as u64 > self.segment_bytes
+            || (!whole_blocks && self.read_align() == IO_ALIGN_BYTES)
+        {
+            return None;
+        }
+        self.file(segment, false).ok().map(|file| (file, offset))
+    }
+
     fn sync(&self) -> io::Result<()> {
         let files: Vec<(u64, Arc<File>)> = {
             let mut state = self.state.lock();
@@ -321,6 +345,10 @@ impl LogPages for Retaining {
         self.inner.read_align()
     }
 
+    fn read_target(&self, address: u64, len: usize) -> Option<(Arc<File>, u64)> {
+        self.inner.read_target(address, len)
+    }
+
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()
     }
@@ -347,6 +375,8 @@ struct MemState {
     read_bytes: u64,
     /// Fail every write from now on.
     fail_writes: bool,
+    /// Fail this many of the next reads.
+    fail_reads: u64,
 }
 
 impl MemPages {
@@ -363,6 +393,11 @@ impl MemPages {
     /// Makes every later write fail.
     pub(crate) fn fail_writes(&self) {
         self.state.lock().fail_writes = true;
+    }
+
+    /// Makes the next `reads` reads fail.
+    pub(crate) fn fail_reads(&self, reads: u64) {
+        self.state.lock().fail_reads = reads;
     }
 }
 
@@ -389,6 +424,10 @@ impl LogPages for MemPages {
                 io::ErrorKind::InvalidInput,
                 format!("read at {address}, below the truncation point"),
             ));
+        }
+        if s.fail_reads > 0 {
+            s.fail_reads -= 1;
+            return Err(io::Error::other("simulated EIO on a log read"));
         }
         // Sector-aligned: a read may start and end inside a block.
         let mut done = 0;

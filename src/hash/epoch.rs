@@ -43,6 +43,7 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::OnceLock;
 
+use super::pending::ReadBatch;
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 
@@ -354,7 +355,22 @@ impl<'e> EpochHandle<'e> {
     /// returned guard is dropped.
     pub(crate) fn protect(&mut self) -> EpochGuard<'_, 'e> {
         self.epoch.protect_slot(self.slot);
-        EpochGuard { handle: self }
+        EpochGuard {
+            handle: self,
+            reads: None,
+        }
+    }
+
+    /// [`EpochHandle::protect`] for an operation of a batch: a record the guard's
+    /// holder needs from a log's device is taken from `reads` if an earlier round read
+    /// it, and otherwise asked of `reads` and the operation stopped as pending (see
+    /// [`super::pending`]), instead of read on the spot.
+    pub(crate) fn protect_batched<'h>(&'h mut self, reads: &'h ReadBatch) -> EpochGuard<'h, 'e> {
+        self.epoch.protect_slot(self.slot);
+        EpochGuard {
+            handle: self,
+            reads: Some(reads),
+        }
     }
 }
 
@@ -371,8 +387,13 @@ impl Drop for EpochHandle<'_> {
 
 /// Proof that the thread is protected: shared memory reached through the hash tier may
 /// be read while this is borrowed. Dropping it unprotects.
+///
+/// The guard is also the operation's context for device reads (as FASTER's execution
+/// context holds a session's pending IOs): made by [`EpochHandle::protect_batched`], it
+/// carries the batch that collects them.
 pub(crate) struct EpochGuard<'h, 'e> {
     handle: &'h mut EpochHandle<'e>,
+    reads: Option<&'h ReadBatch>,
 }
 
 impl std::fmt::Debug for EpochGuard<'_, '_> {
@@ -384,6 +405,11 @@ impl std::fmt::Debug for EpochGuard<'_, '_> {
 }
 
 impl<'e> EpochGuard<'_, 'e> {
+    /// The batch this guard's operation collects its device reads in, if any.
+    pub(crate) fn read_batch(&self) -> Option<&ReadBatch> {
+        self.reads
+    }
+
     /// Moves this thread to the current epoch and runs ready actions. Returns the new
     /// local epoch. Nothing borrowed from the guard may be held across it.
     pub(crate) fn refresh(&mut self) -> u64 {

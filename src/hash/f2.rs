@@ -41,9 +41,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::cold::ColdLog;
 use super::device::LogPages;
-use super::epoch::{Epoch, EpochGuard};
+use super::epoch::{Epoch, EpochGuard, EpochHandle};
 use super::hlog::{Addresses, HlogOptions, LogExtent};
 use super::hot::{HotLog, HotRead, Update};
+use super::pending::{Rounds, read_now};
 use crate::error::Result;
 use crate::sync::Mutex;
 
@@ -107,6 +108,10 @@ pub(crate) struct F2Stats {
     pub(crate) read_cache_pages_evicted: u64,
     /// Copies marked invalid by a write of their key.
     pub(crate) read_cache_invalidations: u64,
+    /// Device reads that batched reads ([`F2::get_many`]) had in flight together, and
+    /// the rounds that issued them.
+    pub(crate) batched_reads: u64,
+    pub(crate) batch_rounds: u64,
 }
 
 #[derive(Default)]
@@ -120,6 +125,8 @@ struct Counters {
     cold_reads_repeated: AtomicU64,
     hot_entries_removed: AtomicU64,
     throttled_writes: AtomicU64,
+    batched_reads: AtomicU64,
+    batch_rounds: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -303,6 +310,8 @@ impl F2 {
             cold_reads_repeated: load(&c.cold_reads_repeated),
             hot_entries_removed: load(&c.hot_entries_removed),
             throttled_writes: load(&c.throttled_writes),
+            batched_reads: load(&c.batched_reads),
+            batch_rounds: load(&c.batch_rounds),
         }
     }
 
@@ -318,6 +327,35 @@ impl F2 {
             self.hot.cache_older(guard, key, value, ticket);
         }
         Ok(found)
+    }
+
+    /// [`F2::get`] of every key of `keys` on a guard of `handle`'s epoch, with the
+    /// device reads of all of them in flight together: rounds of [`super::pending`],
+    /// each round's reads one io_uring batch on this thread (read where they are, on
+    /// devices without files).
+    pub(crate) fn get_many<K: AsRef<[u8]>>(
+        &self,
+        handle: &mut EpochHandle<'_>,
+        keys: &[K],
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut rounds = Rounds::new(keys.len());
+        loop {
+            let mut reads = rounds.round(handle, keys, |g, key| self.get(g, key))?;
+            if reads.is_empty() {
+                return Ok(rounds.answers());
+            }
+            bump(&self.counters.batch_rounds, 1);
+            bump(&self.counters.batched_reads, reads.len() as u64);
+            read_now(&mut reads);
+            rounds.complete(reads);
+        }
+    }
+
+    /// Counts a round of `reads` device reads of a batch run elsewhere (the async
+    /// form).
+    pub(crate) fn count_batch_round(&self, reads: usize) {
+        bump(&self.counters.batch_rounds, 1);
+        bump(&self.counters.batched_reads, reads as u64);
     }
 
     /// The cold log's answer for `key`, looked up again if a cold truncation ran
@@ -1132,9 +1170,11 @@ mod tests {
     #[test]
     fn counts_stay_exact_and_reads_never_go_back_with_the_read_cache() {
         // The count store with reads: three threads add 1 to skewed keys or read them,
-        // while a fourth compacts both logs. A thread never reads a count below one it
-        // saw or made before (a stale copy in the read cache would show as one), and the
-        // counts end exact.
+        // one key at a time or six in a batch (`get_many`, whose operations run again
+        // round after round), while a fourth compacts both logs. A thread never reads a
+        // count below one it saw or made before (a stale copy in the read cache, or a
+        // batch answering from an old round, would show as one), and the counts end
+        // exact.
         for round in 0..3u64 {
             let store = tiny();
             let done = std::sync::atomic::AtomicBool::new(false);
@@ -1150,20 +1190,32 @@ mod tests {
                             let mut rng = Rng(seed);
                             let mut mine = HashMap::new();
                             let mut seen: HashMap<u64, u64> = HashMap::new();
+                            let mut batches = store.epoch().register();
                             for n in 0..12_000 {
-                                let k = rng.skewed(keys);
-                                let last = seen.get(&k).copied().unwrap_or(0);
-                                let now = if rng.below(3) == 0 {
-                                    *mine.entry(k).or_insert(0) += 1;
-                                    count(Some(store.rmw(&mut guard, &key(k), &counter).unwrap()))
-                                } else {
-                                    count(store.get(&guard, &key(k)).unwrap())
+                                // Reads one key, or six in a batch.
+                                let ks: Vec<u64> = match rng.below(6) {
+                                    0 => (0..6).map(|_| rng.skewed(keys)).collect(),
+                                    _ => vec![rng.skewed(keys)],
                                 };
-                                assert!(
-                                    now >= last,
-                                    "seed {seed}, op {n}: key {k} went back from {last} to {now}"
-                                );
-                                seen.insert(k, now);
+                                let nows: Vec<u64> = if ks.len() > 1 {
+                                    let names: Vec<Vec<u8>> = ks.iter().map(|&k| key(k)).collect();
+                                    let got = store.get_many(&mut batches, &names).unwrap();
+                                    got.into_iter().map(count).collect()
+                                } else if rng.below(2) == 0 {
+                                    *mine.entry(ks[0]).or_insert(0) += 1;
+                                    let new = store.rmw(&mut guard, &key(ks[0]), &counter).unwrap();
+                                    vec![count(Some(new))]
+                                } else {
+                                    vec![count(store.get(&guard, &key(ks[0])).unwrap())]
+                                };
+                                for (&k, &now) in ks.iter().zip(&nows) {
+                                    let last = seen.get(&k).copied().unwrap_or(0);
+                                    assert!(
+                                        now >= last,
+                                        "seed {seed}, op {n}: key {k} went back from {last} to {now}"
+                                    );
+                                    seen.insert(k, now);
+                                }
                                 guard.refresh();
                             }
                             mine
@@ -1184,7 +1236,104 @@ mod tests {
                     && stats.read_cache_evictions > 0,
                 "{stats:?}"
             );
+            assert!(stats.batched_reads > 0, "{stats:?}");
         }
+    }
+
+    #[test]
+    fn batched_reads_match_a_hash_map_through_both_compactions() {
+        // Skewed writes and deletes, compacting as they go, so that most keys end up on
+        // disk in the hot or the cold log; every so often a batch of up to 24 keys,
+        // chosen uniformly (most are cold), is read with `get_many` and checked.
+        let store = tiny();
+        let mut handle = store.epoch().register();
+        let mut batches = store.epoch().register();
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut rng = Rng(23);
+        let keys = 2_000;
+        for step in 0..30_000u64 {
+            {
+                let mut guard = handle.protect();
+                let k = key(rng.skewed(keys));
+                if rng.below(5) == 0 {
+                    store.upsert(&mut guard, &k, None).unwrap();
+                    model.remove(&k);
+                } else {
+                    let v: Vec<u8> = (0..rng.below(90)).map(|_| rng.next() as u8).collect();
+                    store.upsert(&mut guard, &k, Some(&v)).unwrap();
+                    model.insert(k, v);
+                }
+                store.maybe_compact(&mut guard).unwrap();
+            }
+            if step % 16 == 0 {
+                let ks: Vec<Vec<u8>> = (0..1 + rng.below(24))
+                    .map(|_| key(rng.below(keys)))
+                    .collect();
+                let got = store.get_many(&mut batches, &ks).unwrap();
+                for (k, v) in ks.iter().zip(&got) {
+                    assert_eq!(v.as_ref(), model.get(k), "step {step}: {k:?}");
+                }
+            }
+        }
+        let stats = store.stats();
+        assert!(
+            stats.hot_cold_compactions > 10 && stats.cold_cold_compactions > 3,
+            "{stats:?}"
+        );
+        assert!(store.cold().log().record_reads() > 0, "{stats:?}");
+        assert!(
+            store.cold().index().chunks().log().record_reads() > 0,
+            "{stats:?}"
+        );
+        // More than one read in flight per round, on average.
+        assert!(stats.batched_reads > 2 * stats.batch_rounds, "{stats:?}");
+    }
+
+    #[test]
+    fn failed_batched_reads_are_asked_again_and_a_lasting_failure_is_an_error() {
+        let devices = [(); 3].map(|()| Arc::new(MemPages::new()));
+        let store = {
+            let [hot, cold, chunks] = devices.clone().map(|d| d as Arc<dyn LogPages>);
+            F2::new(tiny().options, F2Devices { hot, cold, chunks }).unwrap()
+        };
+        let mut handle = store.epoch().register();
+        let keys = 3_000u64;
+        {
+            let mut guard = handle.protect();
+            for i in 0..keys {
+                store
+                    .upsert(&mut guard, &key(i), Some(&i.to_le_bytes()))
+                    .unwrap();
+                store.maybe_compact(&mut guard).unwrap();
+            }
+        }
+        // Each batch reads keys of its own: a key read once is in the read cache.
+        let batch = |b: u64| -> (Vec<Vec<u8>>, Vec<Option<Vec<u8>>>) {
+            let ids: Vec<u64> = (0..64).map(|i| (i * 41 + b * 5) % keys).collect();
+            let values = ids.iter().map(|i| Some(i.to_le_bytes().to_vec())).collect();
+            (ids.into_iter().map(key).collect(), values)
+        };
+        let (names, want) = batch(0);
+        let before = store.cold().log().record_reads();
+        assert_eq!(store.get_many(&mut handle, &names).unwrap(), want);
+        assert!(
+            store.cold().log().record_reads() > before,
+            "the keys are not cold"
+        );
+        // A few failed reads: their operations ask again in a later round.
+        for d in &devices {
+            d.fail_reads(3);
+        }
+        let (names, want) = batch(1);
+        assert_eq!(store.get_many(&mut handle, &names).unwrap(), want);
+        // Reads that keep failing: after its rounds the batch reads as `get` does, and
+        // reports the device's error (not the internal pending signal).
+        devices[1].fail_reads(u64::MAX);
+        let (names, want) = batch(2);
+        let e = store.get_many(&mut handle, &names).unwrap_err();
+        assert!(e.to_string().contains("simulated EIO"), "{e}");
+        devices[1].fail_reads(0);
+        assert_eq!(store.get_many(&mut handle, &names).unwrap(), want);
     }
 
     #[test]

@@ -137,7 +137,7 @@ impl Drop for Frames {
 /// Bytes a read of one record from the device asks for at first (from the record's
 /// start): a hash chunk (280 bytes) or a record of a 100-byte value and a short key
 /// fits, so it takes one read of one or two sectors.
-const FIRST_READ_BYTES: u64 = 512;
+pub(crate) const FIRST_READ_BYTES: u64 = 512;
 
 /// One page of memory aligned for O_DIRECT.
 pub(crate) struct AlignedPage {
@@ -161,7 +161,17 @@ impl AlignedPage {
         // SAFETY: an allocation of `layout.size()` bytes owned by `self`, zeroed at birth.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
     }
+
+    pub(crate) fn as_ref(&self) -> &[u8] {
+        // SAFETY: as for `as_mut`, shared.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
 }
+
+// SAFETY: an owned heap buffer, like a `Box<[u8]>`: no aliasing, no thread affinity.
+unsafe impl Send for AlignedPage {}
+// SAFETY: as above; `&AlignedPage` gives only shared access to the bytes.
+unsafe impl Sync for AlignedPage {}
 
 impl Drop for AlignedPage {
     fn drop(&mut self) {
@@ -193,6 +203,8 @@ struct Shared {
     closing: Mutex<()>,
     failed: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// Records read from the device (see [`HybridLog::record_reads`]).
+    record_reads: AtomicU64,
 }
 
 /// A hybrid log. Operations on it run under a guard of its epoch ([`HybridLog::epoch`]).
@@ -263,6 +275,7 @@ impl HybridLog {
                 closing: Mutex::new(()),
                 failed: AtomicBool::new(false),
                 failure: Mutex::new(None),
+                record_reads: AtomicU64::new(0),
             }),
             epoch,
         })
@@ -511,9 +524,13 @@ impl HybridLog {
     /// The record at `address`, which must be the address of a record this log
     /// allocated and its writer published: in memory if at or above HEAD, otherwise read
     /// from the device; `None` if it is below BEGIN (truncated: a chain walk ends there).
+    /// Under a guard of a batch ([`EpochHandle::protect_batched`]) a device read is
+    /// taken from the batch or left to it: the pending signal of [`super::pending`].
+    ///
+    /// [`EpochHandle::protect_batched`]: super::epoch::EpochHandle::protect_batched
     pub(crate) fn fetch(
         &self,
-        _guard: &EpochGuard<'_, '_>,
+        guard: &EpochGuard<'_, '_>,
         address: u64,
     ) -> Result<Option<Fetched>> {
         let s = &self.shared;
@@ -528,8 +545,11 @@ impl HybridLog {
         }
         // A truncation that moves BEGIN past `address` after the check above gives up
         // the device's space only once this thread has refreshed.
-        self.read_from_device(address)
-            .map(|r| Some(Fetched::Disk(r)))
+        match guard.read_batch() {
+            Some(batch) => batch.record(self, address),
+            None => self.read_from_device(address),
+        }
+        .map(|r| Some(Fetched::Disk(r)))
     }
 
     /// The records of `[from, until)` (`from` at a record's start, at or above BEGIN),
@@ -602,31 +622,75 @@ impl HybridLog {
     /// records), more if its header asks for more.
     fn read_from_device(&self, address: u64) -> Result<DiskRecord> {
         let s = &self.shared;
+        let (mut start, mut len) = self.device_span(address, FIRST_READ_BYTES);
+        loop {
+            // Aligned for O_DIRECT.
+            let mut page = AlignedPage::new(len);
+            s.device.read(start, page.as_mut()).map_err(Error::Io)?;
+            s.record_reads.fetch_add(1, Ordering::Relaxed);
+            match self.decode_read(address, start, page.as_mut())? {
+                Ok(record) => return Ok(record),
+                Err(need) => (start, len) = self.device_span(address, need),
+            }
+        }
+    }
+
+    /// The device range `(start, len)` that holds `bytes` bytes from `address` (cut at
+    /// the end of its page), aligned as the device reads.
+    pub(crate) fn device_span(&self, address: u64, bytes: u64) -> (u64, usize) {
+        let s = &self.shared;
         let align = s.device.read_align();
         let start = address - address % align;
         let page_end = s.page_start(address) + s.page_bytes;
+        let len = ((address - start + bytes).div_ceil(align) * align).min(page_end - start);
+        (start, len as usize)
+    }
+
+    /// The record at `address` decoded from `buf`, read from the device at `start`, or
+    /// (`Err` inside) how many bytes from `address` it takes when `buf` holds too few.
+    pub(crate) fn decode_read(
+        &self,
+        address: u64,
+        start: u64,
+        buf: &[u8],
+    ) -> Result<std::result::Result<DiskRecord, u64>> {
+        let s = &self.shared;
+        let page_end = s.page_start(address) + s.page_bytes;
         let at = (address - start) as usize;
-        let mut len =
-            ((at as u64 + FIRST_READ_BYTES).div_ceil(align) * align).min(page_end - start);
-        loop {
-            // Aligned for O_DIRECT.
-            let mut page = AlignedPage::new(len as usize);
-            let buf = page.as_mut();
-            s.device.read(start, buf).map_err(Error::Io)?;
-            match DiskRecord::decode(&buf[at..], (page_end - address) as usize) {
-                Ok(record) => return Ok(record),
-                Err(Decode::NeedBytes(n)) => {
-                    let want = (at + n) as u64;
-                    len = (want.div_ceil(align) * align).min(page_end - start);
-                }
-                Err(Decode::Corrupt(why)) => {
-                    return Err(Error::Corrupted {
-                        page: address,
-                        reason: format!("hash log record at {address}: {why}"),
-                    });
-                }
-            }
+        match DiskRecord::decode(&buf[at..], (page_end - address) as usize) {
+            Ok(record) => Ok(Ok(record)),
+            // More than `buf` holds, within the page (`decode` checks that).
+            Err(Decode::NeedBytes(n)) if n > buf.len() - at => Ok(Err(n as u64)),
+            Err(Decode::NeedBytes(_)) => Err(Error::Corrupted {
+                page: address,
+                reason: format!("hash log record at {address}: cut short"),
+            }),
+            Err(Decode::Corrupt(why)) => Err(Error::Corrupted {
+                page: address,
+                reason: format!("hash log record at {address}: {why}"),
+            }),
         }
+    }
+
+    /// The device, for a batch's reads.
+    pub(crate) fn device(&self) -> &Arc<dyn LogPages> {
+        &self.shared.device
+    }
+
+    /// Names this log among the logs of a batch's reads.
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
+    /// Records read from the device one at a time (chain walks, liveness checks, a
+    /// batch's reads), counting a record read twice (more bytes needed) twice.
+    pub(crate) fn record_reads(&self) -> u64 {
+        self.shared.record_reads.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` records read from the device by a batch.
+    pub(crate) fn count_record_reads(&self, n: u64) {
+        self.shared.record_reads.fetch_add(n, Ordering::Relaxed);
     }
 
     /// A view of the record space at `address`.

@@ -122,6 +122,7 @@ impl<F: Fn(Option<&[u8]>) -> Vec<u8> + Sync> Update for F {
 pub(crate) struct HotStats {
     pub(crate) in_place_updates: u64,
     pub(crate) appended_records: u64,
+    /// Records its chain walks read from the device ([`HybridLog::record_reads`]).
     pub(crate) disk_reads: u64,
     pub(crate) retries: u64,
 }
@@ -130,7 +131,6 @@ pub(crate) struct HotStats {
 struct Counters {
     in_place_updates: std::sync::atomic::AtomicU64,
     appended_records: std::sync::atomic::AtomicU64,
-    disk_reads: std::sync::atomic::AtomicU64,
     retries: std::sync::atomic::AtomicU64,
 }
 
@@ -344,7 +344,7 @@ impl HotLog {
         HotStats {
             in_place_updates: load(&self.counters.in_place_updates),
             appended_records: load(&self.counters.appended_records),
-            disk_reads: load(&self.counters.disk_reads),
+            disk_reads: self.log.record_reads(),
             retries: load(&self.counters.retries),
         }
     }
@@ -405,7 +405,6 @@ impl HotLog {
                     address = header.previous();
                 }
                 Fetched::Disk(record) => {
-                    bump(&self.counters.disk_reads);
                     if !record.header.is_invalid() && record.key == key {
                         return Ok(Found::Disk(address, record.header, record.value));
                     }
@@ -676,10 +675,7 @@ impl HotLog {
             };
             let (header, is_key) = match fetched {
                 Fetched::Memory(record) => (record.header(), record.key_equals(key)),
-                Fetched::Disk(record) => {
-                    bump(&self.counters.disk_reads);
-                    (record.header, record.key == key)
-                }
+                Fetched::Disk(record) => (record.header, record.key == key),
             };
             if is_key && !header.is_invalid() {
                 return Ok(false);

@@ -36,6 +36,8 @@
 //!
 //! Dependencies: `hash` uses `sync` and `error`; nothing below it uses `hash`.
 
+#[cfg(feature = "tokio-uring")]
+pub(crate) mod aio;
 pub(crate) mod bucket;
 pub(crate) mod cold;
 pub(crate) mod device;
@@ -44,6 +46,7 @@ pub(crate) mod f2;
 pub(crate) mod hlog;
 pub(crate) mod hot;
 pub(crate) mod index;
+pub(crate) mod pending;
 pub(crate) mod read_cache;
 pub(crate) mod record;
 pub(crate) mod store;

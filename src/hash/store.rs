@@ -373,6 +373,17 @@ pub struct HashStoreStats {
     pub appended_records: u64,
     /// Records read from disk in the hot log.
     pub hot_disk_reads: u64,
+    /// Records read from disk in the cold log.
+    pub cold_disk_reads: u64,
+    /// Cold-index chunks read from disk.
+    pub chunk_disk_reads: u64,
+    /// Disk reads that batched reads ([`HashStore::get_many`] and the async reads of
+    /// `bfdb::aio::AsyncHashStore`) had in flight together, counted in the three above
+    /// too.
+    pub batched_reads: u64,
+    /// Rounds of batched reads: each put its reads in flight at once, so
+    /// `batched_reads / batch_rounds` is their mean queue depth per thread.
+    pub batch_rounds: u64,
     /// Reads answered by the read cache (copies of records read from disk).
     pub read_cache_hits: u64,
     /// Copies the read cache took in.
@@ -491,6 +502,12 @@ impl HashStore {
         })
     }
 
+    /// The store's logs and indexes, for the async reads of [`super::aio`].
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) fn f2(&self) -> &F2 {
+        &self.inner.f2
+    }
+
     /// The keyspace's name.
     pub fn name(&self) -> &str {
         &self.inner.attached.name
@@ -505,6 +522,23 @@ impl HashStore {
     /// The values stored under `keys`, in the order of `keys`. The answers see any
     /// [`WriteBatch`](crate::WriteBatch) that writes some of `keys` whole or not at
     /// all.
+    ///
+    /// The reads the keys need from disk are in flight together (F2's pending reads):
+    /// every key is looked up in memory first, then the records and index chunks they
+    /// lack are read as one io_uring batch, and the lookups go on from there, round
+    /// after round. A batch of a few dozen keys of which many miss memory keeps as many
+    /// reads at the disk, where [`HashStore::get`] keeps one.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let db = bfdb::Db::open(dir.path(), bfdb::DbOptions::default())?;
+    /// let store = db.hash_store("sessions")?;
+    /// store.insert(b"ann", b"1")?;
+    /// store.insert(b"bob", b"2")?;
+    /// let found = store.get_many(&[&b"bob"[..], b"eve", b"ann"])?;
+    /// assert_eq!(found, vec![Some(b"2".to_vec()), None, Some(b"1".to_vec())]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
         for key in keys {
             self.check_key(key.as_ref())?;
@@ -512,7 +546,7 @@ impl HashStore {
         let a = &self.inner.attached;
         a.journal
             .read_locked(keys.iter().map(|k| (a.keyspace, k.as_ref())), || {
-                keys.iter().map(|k| self.inner.get(k.as_ref())).collect()
+                self.inner.get_many(keys)
             })
     }
 
@@ -636,6 +670,10 @@ impl HashStore {
             in_place_updates: hot.in_place_updates,
             appended_records: hot.appended_records,
             hot_disk_reads: hot.disk_reads,
+            cold_disk_reads: f2.cold().log().record_reads(),
+            chunk_disk_reads: f2.cold().index().chunks().log().record_reads(),
+            batched_reads: s.batched_reads,
+            batch_rounds: s.batch_rounds,
             read_cache_hits: s.read_cache_hits,
             read_cache_inserts: s.read_cache_inserts,
             hot_log_bytes: h.tail - h.begin,
@@ -645,7 +683,7 @@ impl HashStore {
         }
     }
 
-    fn check_key(&self, key: &[u8]) -> Result<()> {
+    pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
         let max = self.inner.attached.max_key_bytes;
         if key.len() > max {
             return Err(Error::KeyTooLarge {
@@ -753,6 +791,11 @@ impl Inner {
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.with_guard(|g| self.f2.get(g, key))
+    }
+
+    /// [`Inner::get`] of every key, their device reads in flight together.
+    fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.f2.get_many(&mut self.f2.epoch().register(), keys)
     }
 
     fn apply(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {

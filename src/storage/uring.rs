@@ -244,31 +244,64 @@ pub(crate) fn submit_pages(
     if pages.is_empty() {
         return Ok(());
     }
-    let mut offsets = Vec::with_capacity(pages.len());
-    for (i, (no, _)) in pages.iter().enumerate() {
-        match no.0.checked_mul(PAGE_SIZE as u64) {
-            Some(off) => offsets.push(off),
-            None => {
-                let e = io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("page {no} lies beyond any file offset"),
-                );
-                return Err((i, e));
-            }
-        }
+    let mut requests = Vec::with_capacity(pages.len());
+    for (i, (no, page)) in pages.iter_mut().enumerate() {
+        let Some(offset) = no.0.checked_mul(PAGE_SIZE as u64) else {
+            let e = io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("page {no} lies beyond any file offset"),
+            );
+            return Err((i, e));
+        };
+        // A raw pointer to the page, taken once: from here until every completion is
+        // reaped, nothing touches `pages` except through these.
+        let bytes = page.as_bytes_mut();
+        requests.push(Request {
+            fd,
+            offset,
+            base: bytes.as_mut_ptr(),
+            len: bytes.len(),
+        });
     }
-    // Raw pointers to the pages, taken once: from here until every completion is
-    // reaped, nothing touches `pages` except through them.
-    let bases: Vec<*mut u8> = pages
+    run_batch(dir, sqpoll, &requests)
+}
+
+/// One read of [`submit_reads`]: `buf.len()` bytes of file `fd` at byte `offset`.
+pub(crate) struct ReadAt<'a> {
+    /// The file.
+    pub(crate) fd: RawFd,
+    /// Where in the file.
+    pub(crate) offset: u64,
+    /// Where the bytes go; for an `O_DIRECT` file, aligned as the file needs.
+    pub(crate) buf: &'a mut [u8],
+}
+
+/// Reads every request of `reads` — of any files, offsets and lengths — on this
+/// thread's ring, as [`submit_pages`] does pages: every request has completed or failed
+/// when this returns, and the error is that of the lowest-indexed failed request. A
+/// read that reaches the end of its file is an [`io::ErrorKind::UnexpectedEof`] error.
+pub(crate) fn submit_reads(
+    sqpoll: bool,
+    reads: &mut [ReadAt<'_>],
+) -> Result<(), (usize, io::Error)> {
+    let requests: Vec<Request> = reads
         .iter_mut()
-        .map(|(_, page)| page.as_bytes_mut().as_mut_ptr())
+        .map(|r| Request {
+            fd: r.fd,
+            offset: r.offset,
+            base: r.buf.as_mut_ptr(),
+            len: r.buf.len(),
+        })
         .collect();
-    let batch = Batch {
-        fd,
-        dir,
-        offsets: &offsets,
-        bases: &bases,
-    };
+    run_batch(Direction::Read, sqpoll, &requests)
+}
+
+/// Runs `requests` on this thread's ring (built if needed).
+fn run_batch(dir: Direction, sqpoll: bool, requests: &[Request]) -> Result<(), (usize, io::Error)> {
+    if requests.is_empty() {
+        return Ok(());
+    }
+    let batch = Batch { dir, requests };
     match with_ring(sqpoll, |ring| batch.run(ring)) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(failure)) => Err(failure),
@@ -277,24 +310,32 @@ pub(crate) fn submit_pages(
     }
 }
 
-/// One batch of page IO, described by raw pointers into pages that the caller of
-/// `submit_pages` keeps borrowed for the whole run.
-struct Batch<'a> {
+/// One transfer of a batch: `len` bytes between file `fd` at `offset` and the memory
+/// at `base`, which the caller keeps borrowed (mutably) for the whole run.
+struct Request {
     fd: RawFd,
+    offset: u64,
+    base: *mut u8,
+    len: usize,
+}
+
+/// One batch of IO, described by raw pointers into buffers that the caller of
+/// `submit_pages` or `submit_reads` keeps borrowed for the whole run.
+struct Batch<'a> {
     dir: Direction,
-    offsets: &'a [u64],
-    bases: &'a [*mut u8],
+    requests: &'a [Request],
 }
 
 impl Batch<'_> {
     /// The submission entry that continues request `i` after `done_bytes` bytes.
     fn entry(&self, i: usize, done_bytes: usize) -> squeue::Entry {
-        debug_assert!(done_bytes < PAGE_SIZE);
-        // The pointer stays inside the page: `done_bytes < PAGE_SIZE`.
-        let buf = self.bases[i].wrapping_add(done_bytes);
-        let len = (PAGE_SIZE - done_bytes) as u32;
-        let offset = self.offsets[i] + done_bytes as u64;
-        let fd = types::Fd(self.fd);
+        let r = &self.requests[i];
+        debug_assert!(done_bytes < r.len);
+        // The pointer stays inside the buffer: `done_bytes < len`.
+        let buf = r.base.wrapping_add(done_bytes);
+        let len = (r.len - done_bytes) as u32;
+        let offset = r.offset + done_bytes as u64;
+        let fd = types::Fd(r.fd);
         let entry = match self.dir {
             Direction::Read => opcode::Read::new(fd, buf, len).offset(offset).build(),
             Direction::Write => opcode::Write::new(fd, buf, len).offset(offset).build(),
@@ -304,7 +345,7 @@ impl Batch<'_> {
 
     /// Runs the batch to the end on `ring`.
     fn run(&self, ring: &mut IoUring) -> (Result<(), (usize, io::Error)>, RingState) {
-        let n = self.bases.len();
+        let n = self.requests.len();
         let capacity = ring.params().sq_entries() as usize;
         let mut progress = vec![Progress::default(); n];
         // Requests waiting to be (re)submitted, popped from the back; start with the
@@ -319,13 +360,13 @@ impl Batch<'_> {
                 while outstanding < capacity {
                     let Some(i) = pending.pop() else { break };
                     let entry = self.entry(i, progress[i].done_bytes);
-                    // SAFETY: the entry points into page `i`, which the caller of
-                    // `submit_pages` keeps mutably borrowed — so nobody else frees,
+                    // SAFETY: the entry points into buffer `i`, which the caller of
+                    // `submit_pages` / `submit_reads` keeps mutably borrowed — so nobody else frees,
                     // moves or reads it — until this function returns, and this
                     // function returns only after the entry's completion is reaped
                     // (the loop ends when `outstanding` is 0, and the error path
                     // drains every entry the kernel took). The length keeps the IO
-                    // inside the page.
+                    // inside the buffer.
                     if unsafe { sq.push(&entry) }.is_err() {
                         // The queue is full although fewer than `capacity` entries
                         // are outstanding: cannot happen; try again next round.
@@ -407,7 +448,7 @@ impl Batch<'_> {
     /// another submission (a short transfer), or the error that ends it.
     fn transferred(&self, i: usize, p: &mut Progress, bytes: usize) -> io::Result<bool> {
         if bytes == 0 {
-            let at = self.offsets[i] + p.done_bytes as u64;
+            let at = self.requests[i].offset + p.done_bytes as u64;
             return Err(match self.dir {
                 Direction::Read => io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -420,9 +461,10 @@ impl Batch<'_> {
             });
         }
         // The kernel never moves more than asked; `min` keeps a broken kernel from
-        // sending the next entry's pointer outside the page.
-        p.done_bytes = (p.done_bytes + bytes).min(PAGE_SIZE);
-        Ok(p.done_bytes < PAGE_SIZE)
+        // sending the next entry's pointer outside the buffer.
+        let len = self.requests[i].len;
+        p.done_bytes = (p.done_bytes + bytes).min(len);
+        Ok(p.done_bytes < len)
     }
 
     /// After `io_uring_enter` failed unexpectedly: waits until every entry the kernel
@@ -517,6 +559,48 @@ mod tests {
         for (i, p) in back.iter().take(n).enumerate() {
             assert!(p.as_bytes().iter().all(|&b| b == i as u8), "page {i}");
         }
+    }
+
+    #[test]
+    fn reads_of_two_files_at_any_offsets_and_lengths_come_back_whole() {
+        use std::os::unix::fs::FileExt;
+        let files = [tempfile::tempfile().unwrap(), tempfile::tempfile().unwrap()];
+        let content = |f: usize, at: usize| (at * 7 + f * 3) as u8;
+        for (f, file) in files.iter().enumerate() {
+            let bytes: Vec<u8> = (0..20_000).map(|at| content(f, at)).collect();
+            file.write_all_at(&bytes, 0).unwrap();
+        }
+        let plan: Vec<(usize, u64, usize)> = (0..RING_ENTRIES as usize + 40)
+            .map(|i| (i % 2, (i * 37 % 15_000) as u64, 1 + i * 13 % 4096))
+            .collect();
+        let mut bufs: Vec<Vec<u8>> = plan.iter().map(|&(_, _, len)| vec![0; len]).collect();
+        let mut reads: Vec<ReadAt<'_>> = plan
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(&(f, offset, _), buf)| ReadAt {
+                fd: files[f].as_raw_fd(),
+                offset,
+                buf,
+            })
+            .collect();
+        submit_reads(false, &mut reads).unwrap();
+        for (&(f, offset, _), buf) in plan.iter().zip(&bufs) {
+            for (k, &b) in buf.iter().enumerate() {
+                assert_eq!(
+                    b,
+                    content(f, offset as usize + k),
+                    "file {f} at {offset}+{k}"
+                );
+            }
+        }
+        let mut past = vec![0u8; 100];
+        let mut reads = [ReadAt {
+            fd: files[0].as_raw_fd(),
+            offset: 19_950,
+            buf: &mut past,
+        }];
+        let (i, e) = submit_reads(false, &mut reads).unwrap_err();
+        assert_eq!((i, e.kind()), (0, io::ErrorKind::UnexpectedEof));
     }
 
     #[test]

@@ -1,0 +1,304 @@
+//! Pending reads: the operations of a batch that need records from a log's device
+//! (FASTER's pending operations and `CompletePending`), so that one thread keeps many
+//! device reads in flight instead of one.
+//!
+//! A batch runs in *rounds*. In a round every unfinished operation runs from its start
+//! under a guard made by [`EpochHandle::protect_batched`]. When a chain walk reaches a
+//! record below HEAD, [`HybridLog::fetch`] asks the round's [`ReadBatch`]: a record an
+//! earlier round read is decoded from the bytes read; any other is noted as wanted, and
+//! the operation stops with the *pending signal*, an error value that never leaves the
+//! batch ([`Rounds`] consumes it). Between rounds the wanted reads go to the device
+//! together — on segment files as one io_uring batch ([`read_now`]), or awaited on a
+//! tokio-uring runtime — and the next round runs the operations again, each at least one
+//! device read further along.
+//!
+//! Why an operation runs again from its start rather than resuming where it stopped:
+//! its memory work (index probe, in-memory part of the chain) costs little beside a
+//! device read; a rerun sees the chains as they are now, so a write that came between
+//! rounds is found; and its side effects (a read-cache copy) happen only in the run that
+//! finishes. The bytes of an earlier round stay right: a log address is written once
+//! and a record below HEAD never changes, and whether the address still counts (BEGIN)
+//! is checked by `fetch` each time, before the batch is asked.
+//!
+//! Invariants this module owns:
+//! - The pending signal is made only under a batched guard, and [`Rounds::round`], the
+//!   only maker of such guards, turns it back into "not finished".
+//! - A read is set up under the guard whose holder saw its address at or above BEGIN: a
+//!   device without files reads it right then; for a segment file the read takes the
+//!   open file ([`LogPages::read_target`]), whose bytes a truncation cannot take away
+//!   (unlinking keeps an open file's data), so it may run after the guard is dropped.
+//! - Every batch ends: a read that failed is simply not kept (its operation asks again),
+//!   and after [`MAX_ROUNDS`] rounds the unfinished operations run on the blocking
+//!   path, which reports errors and falls back as a single read does.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::sync::Arc;
+
+use super::device::LogPages;
+use super::epoch::{EpochGuard, EpochHandle};
+use super::hlog::{AlignedPage, FIRST_READ_BYTES, HybridLog};
+use super::record::DiskRecord;
+use crate::error::{Error, Result};
+use crate::sync::Mutex;
+
+/// Rounds a batch runs before its unfinished operations take the blocking path. An
+/// operation needs one round per device read it makes: a cold read usually two (its
+/// index chunk, its record), more where its chain holds other keys.
+pub(crate) const MAX_ROUNDS: usize = 8;
+
+/// The pending signal's payload: an operation of a batch stopped to wait for a read.
+#[derive(Debug)]
+struct ReadPending;
+
+impl std::fmt::Display for ReadPending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a batched read is pending (internal; never returned to callers)")
+    }
+}
+
+impl std::error::Error for ReadPending {}
+
+fn pending() -> Error {
+    Error::Io(io::Error::new(io::ErrorKind::WouldBlock, ReadPending))
+}
+
+fn is_pending(e: &Error) -> bool {
+    matches!(e, Error::Io(e) if e.get_ref().is_some_and(|inner| inner.is::<ReadPending>()))
+}
+
+/// The device reads of one batch: those its operations asked for in this round, and
+/// the bytes earlier rounds read.
+#[derive(Default)]
+pub(crate) struct ReadBatch {
+    state: Mutex<BatchState>,
+}
+
+#[derive(Default)]
+struct BatchState {
+    wanted: Vec<DeviceRead>,
+    /// By (log, record address).
+    read: HashMap<(usize, u64), ReadBytes>,
+}
+
+/// Bytes read from a log's device at `start`.
+struct ReadBytes {
+    start: u64,
+    bytes: AlignedPage,
+    /// Counted in the log's record reads (the first time an operation used it).
+    counted: bool,
+}
+
+/// One read a round wants: `len` bytes at `start` of a log's device, for the record at
+/// `address`.
+pub(crate) struct DeviceRead {
+    log: usize,
+    address: u64,
+    start: u64,
+    device: Arc<dyn LogPages>,
+    buf: AlignedPage,
+    /// The open file and offset to read from, for a device of segment files.
+    target: Option<(Arc<File>, u64)>,
+    /// The bytes are in `buf`.
+    done: bool,
+}
+
+impl DeviceRead {
+    /// The open file and offset this read is for, and its buffer, if it is still to do
+    /// and a file takes it.
+    pub(crate) fn file_read(&mut self) -> Option<(&Arc<File>, u64, &mut AlignedPage)> {
+        match &self.target {
+            Some((file, offset)) if !self.done => Some((file, *offset, &mut self.buf)),
+            _ => None,
+        }
+    }
+
+    /// Notes that the bytes were read into the buffer.
+    pub(crate) fn set_done(&mut self) {
+        self.done = true;
+    }
+
+    /// Takes `bytes`, read elsewhere from this read's file and offset (as many as its
+    /// buffer holds), as its bytes.
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) fn fill(&mut self, bytes: &[u8]) {
+        self.buf.as_mut().copy_from_slice(bytes);
+        self.done = true;
+    }
+}
+
+impl ReadBatch {
+    /// The record at `address` of `log` (below HEAD, at or above BEGIN as the caller
+    /// saw under its guard): decoded from an earlier round's bytes, or noted as wanted
+    /// and answered with the pending signal.
+    pub(crate) fn record(&self, log: &HybridLog, address: u64) -> Result<DiskRecord> {
+        let mut state = self.state.lock();
+        let need = match state.read.get_mut(&(log.id(), address)) {
+            Some(read) => {
+                if !read.counted {
+                    read.counted = true;
+                    log.count_record_reads(1);
+                }
+                match log.decode_read(address, read.start, read.bytes.as_ref())? {
+                    Ok(record) => return Ok(record),
+                    Err(need) => need,
+                }
+            }
+            None => FIRST_READ_BYTES,
+        };
+        let (start, len) = log.device_span(address, need);
+        state.wanted.push(DeviceRead {
+            log: log.id(),
+            address,
+            start,
+            device: Arc::clone(log.device()),
+            buf: AlignedPage::new(len),
+            target: None,
+            done: false,
+        });
+        Err(pending())
+    }
+
+    /// Takes the round's wanted reads, one per record (the longest asked for), with
+    /// their files; a device without files reads them right away. Called under the
+    /// guard of the round whose operations asked.
+    fn issue(&self) -> Vec<DeviceRead> {
+        let wanted = std::mem::take(&mut self.state.lock().wanted);
+        let mut reads: Vec<DeviceRead> = Vec::with_capacity(wanted.len());
+        let mut seen: HashMap<(usize, u64), usize> = HashMap::new();
+        for want in wanted {
+            match seen.get(&(want.log, want.address)) {
+                Some(&i) if reads[i].buf.as_ref().len() >= want.buf.as_ref().len() => {}
+                Some(&i) => reads[i] = want,
+                None => {
+                    seen.insert((want.log, want.address), reads.len());
+                    reads.push(want);
+                }
+            }
+        }
+        for read in &mut reads {
+            let len = read.buf.as_ref().len();
+            read.target = read.device.read_target(read.start, len);
+            if read.target.is_none() {
+                // A failed read is not kept: its operation asks again (module docs).
+                read.done = read.device.read(read.start, read.buf.as_mut()).is_ok();
+            }
+        }
+        reads
+    }
+
+    /// Keeps the bytes of the `reads` that were done for the next round.
+    fn complete(&self, reads: Vec<DeviceRead>) {
+        let mut state = self.state.lock();
+        for read in reads.into_iter().filter(|r| r.done) {
+            state.read.insert(
+                (read.log, read.address),
+                ReadBytes {
+                    start: read.start,
+                    bytes: read.buf,
+                    counted: false,
+                },
+            );
+        }
+    }
+}
+
+/// Does the reads of `reads` still to do, on segment files as one io_uring batch on
+/// this thread's ring. Reads the ring fails (or all, if it cannot be had) stay not
+/// done.
+pub(crate) fn read_now(reads: &mut [DeviceRead]) {
+    use std::os::fd::AsRawFd;
+    let mut ring_reads = Vec::new();
+    let mut which = Vec::new();
+    for (i, read) in reads.iter_mut().enumerate() {
+        if let Some((file, offset, buf)) = read.file_read() {
+            ring_reads.push(crate::storage::uring::ReadAt {
+                fd: file.as_raw_fd(),
+                offset,
+                buf: buf.as_mut(),
+            });
+            which.push(i);
+        }
+    }
+    if ring_reads.is_empty() {
+        return;
+    }
+    // On failure the error names only the first failed read; the others may or may
+    // not be whole, so none is kept.
+    if crate::storage::uring::submit_reads(false, &mut ring_reads).is_ok() {
+        drop(ring_reads);
+        for i in which {
+            reads[i].set_done();
+        }
+    }
+}
+
+/// The operations of one batch, run in rounds (module docs): `op(guard, key)` for each
+/// key, answers in the keys' order.
+pub(crate) struct Rounds<T> {
+    answers: Vec<Option<T>>,
+    /// The keys whose operation has not finished.
+    open: Vec<usize>,
+    batch: ReadBatch,
+    rounds: usize,
+}
+
+impl<T> Rounds<T> {
+    /// Operations for `keys` keys, none run yet.
+    pub(crate) fn new(keys: usize) -> Rounds<T> {
+        Rounds {
+            answers: (0..keys).map(|_| None).collect(),
+            open: (0..keys).collect(),
+            batch: ReadBatch::default(),
+            rounds: 0,
+        }
+    }
+
+    /// Runs every unfinished operation once under a guard of `handle`'s epoch and
+    /// returns the reads they wait for, set up: none when every operation has its
+    /// answer. The reads' results go to [`Rounds::complete`] before the next round.
+    /// Past [`MAX_ROUNDS`] the operations still open run on the blocking path.
+    pub(crate) fn round<K: AsRef<[u8]>>(
+        &mut self,
+        handle: &mut EpochHandle<'_>,
+        keys: &[K],
+        op: impl Fn(&EpochGuard<'_, '_>, &[u8]) -> Result<T>,
+    ) -> Result<Vec<DeviceRead>> {
+        self.rounds += 1;
+        if self.rounds > MAX_ROUNDS {
+            let guard = handle.protect();
+            for &i in &self.open {
+                self.answers[i] = Some(op(&guard, keys[i].as_ref())?);
+            }
+            self.open.clear();
+            return Ok(Vec::new());
+        }
+        let guard = handle.protect_batched(&self.batch);
+        let mut still_open = Vec::new();
+        for &i in &self.open {
+            match op(&guard, keys[i].as_ref()) {
+                Ok(answer) => self.answers[i] = Some(answer),
+                Err(e) if is_pending(&e) => still_open.push(i),
+                Err(e) => return Err(e),
+            }
+        }
+        self.open = still_open;
+        let reads = self.batch.issue();
+        drop(guard);
+        Ok(reads)
+    }
+
+    /// Hands the reads of the last round, done or not, to the next.
+    pub(crate) fn complete(&mut self, reads: Vec<DeviceRead>) {
+        self.batch.complete(reads);
+    }
+
+    /// The answers, once [`Rounds::round`] returned no reads.
+    pub(crate) fn answers(self) -> Vec<T> {
+        self.answers
+            .into_iter()
+            .map(|a| a.expect("every operation finished"))
+            .collect()
+    }
+}
