@@ -307,12 +307,23 @@ fn worker(
     let mut rng = Rng::new(seed);
     let mix = workload.mix();
     // 1 ns to 100 s at three significant digits.
-    let mut histogram = Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid bounds");
+    let histogram = Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid bounds");
     let mut key = vec![0u8; options.key_bytes];
     let mut value = vec![0u8; options.value_bytes];
     let mut out = Vec::with_capacity(4096);
-    let (mut ops, mut not_found, mut errors) = (0u64, 0u64, 0u64);
-    let mut first_error = None;
+    let mut not_found = 0u64;
+    let mut tally = Tally {
+        result: ThreadResult {
+            ops: 0,
+            histogram,
+            not_found: 0,
+            errors: 0,
+            first_error: None,
+        },
+        not_found: 0,
+    };
+    let batch = options.batch.max(1);
+    let mut reads: Vec<Vec<u8>> = Vec::with_capacity(batch);
     let mut claimed = 0u64;
     loop {
         if options.ops.is_some() {
@@ -332,6 +343,19 @@ fn worker(
             break;
         }
         let op = mix.pick(&mut rng);
+        if batch > 1 && op == Op::Read {
+            let mut key = vec![0u8; options.key_bytes];
+            key_into(
+                options.insert_order,
+                chooser.existing_index(&mut rng),
+                &mut key,
+            );
+            reads.push(key);
+            if reads.len() == batch {
+                read_batch(engine, &mut reads, &mut tally);
+            }
+            continue;
+        }
         let t0 = Instant::now();
         let result = match op {
             Op::Read => {
@@ -374,19 +398,45 @@ fn worker(
                 })
             }
         };
-        histogram.saturating_record(t0.elapsed().as_nanos() as u64);
-        ops += 1;
-        if let Err(e) = result {
-            errors += 1;
-            first_error.get_or_insert(e);
-        }
+        tally.done(1, t0.elapsed(), result);
     }
-    ThreadResult {
-        ops,
-        histogram,
-        not_found,
-        errors,
-        first_error,
+    read_batch(engine, &mut reads, &mut tally);
+    tally.not_found += not_found;
+    tally.result
+}
+
+/// Reads `reads` (if any) with one multi-key read, and empties it.
+fn read_batch(engine: &dyn Engine, reads: &mut Vec<Vec<u8>>, tally: &mut Tally) {
+    if reads.is_empty() {
+        return;
+    }
+    let t0 = Instant::now();
+    let result = engine.get_many(reads).map(|found| {
+        tally.not_found += (reads.len() - found) as u64;
+    });
+    tally.done(reads.len() as u64, t0.elapsed(), result);
+    reads.clear();
+}
+
+/// A worker's counts as it goes.
+struct Tally {
+    result: ThreadResult,
+    not_found: u64,
+}
+
+impl Tally {
+    /// Counts `ops` operations that took `elapsed` together (each is given that
+    /// latency) and ended in `result`.
+    fn done(&mut self, ops: u64, elapsed: Duration, result: Result<(), String>) {
+        let r = &mut self.result;
+        for _ in 0..ops {
+            r.histogram.saturating_record(elapsed.as_nanos() as u64);
+        }
+        r.ops += ops;
+        if let Err(e) = result {
+            r.errors += 1;
+            r.first_error.get_or_insert(e);
+        }
     }
 }
 

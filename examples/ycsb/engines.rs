@@ -159,6 +159,16 @@ pub trait Engine: Send + Sync {
     /// Reads a record's value into `out` (its contents are scratch afterwards); tells
     /// whether the key exists.
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> EngineResult<bool>;
+    /// Reads every key of `keys`; returns how many exist. Engines with a multi-key read
+    /// use it.
+    fn get_many(&self, keys: &[Vec<u8>]) -> EngineResult<usize> {
+        let mut out = Vec::new();
+        let mut found = 0;
+        for key in keys {
+            found += usize::from(self.get(key, &mut out)?);
+        }
+        Ok(found)
+    }
     /// Reads up to `count` records from `start` on, in key order; returns how many.
     fn scan(&self, start: &[u8], count: usize) -> EngineResult<usize>;
     /// Inserts a batch of records during the load phase.
@@ -350,6 +360,10 @@ impl Engine for Bfdb {
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> EngineResult<bool> {
         self.tree.get_into(key, out).map_err(|e| e.to_string())
     }
+    fn get_many(&self, keys: &[Vec<u8>]) -> EngineResult<usize> {
+        let found = self.tree.get_many(keys).map_err(|e| e.to_string())?;
+        Ok(found.iter().filter(|v| v.is_some()).count())
+    }
     fn scan(&self, start: &[u8], count: usize) -> EngineResult<usize> {
         // The lending cursor copies records into one reused buffer, as bf-tree's
         // `scan_with_count` copies into the caller's.
@@ -446,6 +460,10 @@ impl Engine for BfdbDb {
     }
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> EngineResult<bool> {
         self.tree.get_into(key, out).map_err(|e| e.to_string())
+    }
+    fn get_many(&self, keys: &[Vec<u8>]) -> EngineResult<usize> {
+        let found = self.tree.get_many(keys).map_err(|e| e.to_string())?;
+        Ok(found.iter().filter(|v| v.is_some()).count())
     }
     fn scan(&self, start: &[u8], count: usize) -> EngineResult<usize> {
         let mut cursor = self.tree.cursor(start..);
@@ -594,6 +612,10 @@ impl Engine for BfdbHash {
             }
             None => Ok(false),
         }
+    }
+    fn get_many(&self, keys: &[Vec<u8>]) -> EngineResult<usize> {
+        let found = self.store.get_many(keys).map_err(|e| e.to_string())?;
+        Ok(found.iter().filter(|v| v.is_some()).count())
     }
     fn scan(&self, _start: &[u8], _count: usize) -> EngineResult<usize> {
         // The driver skips workloads with scans for this engine (`scans`).
@@ -868,6 +890,13 @@ mod rocks {
                 }
                 None => Ok(false),
             }
+        }
+        fn get_many(&self, keys: &[Vec<u8>]) -> EngineResult<usize> {
+            let mut found = 0;
+            for value in self.db.multi_get(keys) {
+                found += usize::from(value.map_err(|e| e.to_string())?.is_some());
+            }
+            Ok(found)
         }
         fn scan(&self, start: &[u8], count: usize) -> EngineResult<usize> {
             let mut it = self.db.raw_iterator();

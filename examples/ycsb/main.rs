@@ -132,6 +132,13 @@ pub struct Options {
     /// more threads keep more reads in flight.
     #[arg(long, default_value_t = 2)]
     pub hash_compaction_threads: usize,
+    /// Operations a thread takes together: the reads among them go to the engine as one
+    /// multi-key read (bfdb's `get_many`, RocksDB's `multi_get`; the others read key by
+    /// key), so that an engine that batches keeps that many disk reads in flight per
+    /// thread; the writes run one by one before the reads. 1 is one operation at a time.
+    /// A read's latency is its batch's.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     /// Data directory (a fresh temporary directory, removed afterwards, if not given). Each
     /// engine gets a subdirectory, removed after its run.
     #[arg(long)]
