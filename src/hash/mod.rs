@@ -8,7 +8,7 @@
 //! read-hot records from disk. Threads coordinate page flushes, page closes, index growth
 //! and memory reclamation through *epoch protection with trigger actions*.
 //!
-//! Built so far (crate-private; no public `HashStore` yet):
+//! The modules:
 //!
 //! - [`epoch`]: the epoch framework (per-thread slots, protect / refresh / bump with a
 //!   trigger action / unprotect, the drain list, the safe-to-reclaim epoch).
@@ -24,17 +24,20 @@
 //!   read-modify-write).
 //! - [`cold`]: the cold log and its two-level index of hash chunks.
 //! - [`f2`]: F2's operations across both logs, and lookup-based compaction from the hot
-//!   log to the cold log and within the cold log.
+//!   log to the cold log, within the cold log and within the chunk log.
 //! - [`read_cache`]: F2's read cache: copies of records read from disk in a log of page
 //!   frames of their own, each at the head of its hot chain (an entry names a copy by
 //!   address bit 47; at most one per chain), linked only if no write came since the
 //!   original was read, unlinked by every write of the chain, re-copied to the tail when
 //!   read again in the older half, and evicted page by page by compare-and-swap.
+//! - [`pending`]: pending reads: a batch's lookups in rounds, each round's disk reads in
+//!   flight together.
+//! - [`store`]: the public `HashStore`, a keyspace of the `Db` (options and the memory
+//!   split, files, writes through the journal, checkpoints and recovery, the background
+//!   compactor); `aio` (feature `tokio-uring`): its async reads.
 //!
-//! Not built yet: a background compactor thread, the memory budget split, the public
-//! `HashStore`, and durability through the `Db`.
-//!
-//! Dependencies: `hash` uses `sync` and `error`; nothing below it uses `hash`.
+//! Dependencies: `hash` uses `sync`, `error`, `journal` and `storage`; nothing below it
+//! uses `hash`.
 
 #[cfg(feature = "tokio-uring")]
 pub(crate) mod aio;

@@ -9,7 +9,8 @@
 //!
 //! tokio-uring 0.5 is the latest release and is no longer actively maintained. Its use
 //! is confined to this module — one `read_exact_at` call on a `File` made from a
-//! duplicate of the store's descriptor, and a buffer type for [`Page`] — so replacing it
+//! duplicate of the store's descriptor, and a buffer type for [`Page`] — and to the
+//! hash tier's `hash/aio.rs`, which does the same for log records; so replacing it
 //! touches nothing else.
 //!
 //! # Invariants this module owns
