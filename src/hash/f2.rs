@@ -112,6 +112,8 @@ pub(crate) struct F2Stats {
     /// the rounds that issued them.
     pub(crate) batched_reads: u64,
     pub(crate) batch_rounds: u64,
+    /// Rebuilds of the hot index at its size, which gave back overflow buckets.
+    pub(crate) hot_index_rebuilds: u64,
 }
 
 #[derive(Default)]
@@ -127,6 +129,9 @@ struct Counters {
     throttled_writes: AtomicU64,
     batched_reads: AtomicU64,
     batch_rounds: AtomicU64,
+    hot_index_rebuilds: AtomicU64,
+    /// The hot index's overflow buckets after its last rebuild (or at the start).
+    overflow_after_rebuild: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -312,6 +317,7 @@ impl F2 {
             throttled_writes: load(&c.throttled_writes),
             batched_reads: load(&c.batched_reads),
             batch_rounds: load(&c.batch_rounds),
+            hot_index_rebuilds: load(&c.hot_index_rebuilds),
         }
     }
 
@@ -353,6 +359,7 @@ impl F2 {
 
     /// Counts a round of `reads` device reads of a batch run elsewhere (the async
     /// form).
+    #[cfg(feature = "tokio-uring")]
     pub(crate) fn count_batch_round(&self, reads: usize) {
         bump(&self.counters.batch_rounds, 1);
         bump(&self.counters.batched_reads, reads as u64);
@@ -509,11 +516,35 @@ impl F2 {
                 let removed = self.hot.remove_entries_below(guard, end);
                 bump(&self.counters.hot_entries_removed, removed as u64);
                 bump(&self.counters.hot_cold_compactions, 1);
+                self.maybe_rebuild_hot_index(guard);
             }
             Tier::Cold => bump(&self.counters.cold_cold_compactions, 1),
             Tier::Chunks => bump(&self.counters.chunk_compactions, 1),
         }
         Ok(end)
+    }
+
+    /// Rebuilds the hot index at its size if its overflow buckets grew by more than a
+    /// quarter of its home buckets since its last rebuild. Keys churn through the hot
+    /// index (a hot→cold compaction removes the entries of keys that left the hot log):
+    /// a chain that once held more than seven keys keeps its overflow bucket after they
+    /// leave, so in time most home buckets own one, past the hot index's share of the
+    /// memory budget. A rebuild gives back all but those the live entries need, which
+    /// the baseline then holds, so the index stays within a quarter of its home buckets
+    /// of what its keys need, and a table whose keys do need the buckets is not rebuilt
+    /// over and over.
+    fn maybe_rebuild_hot_index(&self, guard: &mut EpochGuard<'_, '_>) {
+        let c = &self.counters;
+        let home = self.hot.index_buckets(guard) as u64;
+        let overflow = self.hot.index_overflow_buckets(guard) as u64;
+        if overflow <= c.overflow_after_rebuild.load(Ordering::Relaxed) + home / 4 {
+            return;
+        }
+        if self.hot.rebuild_index(guard) {
+            bump(&c.hot_index_rebuilds, 1);
+            let now = self.hot.index_overflow_buckets(guard) as u64;
+            c.overflow_after_rebuild.store(now, Ordering::Relaxed);
+        }
     }
 
     /// Waits for a running compaction to end, refreshing: a protected thread must never
@@ -1287,6 +1318,50 @@ mod tests {
         );
         // More than one read in flight per round, on average.
         assert!(stats.batched_reads > 2 * stats.batch_rounds, "{stats:?}");
+    }
+
+    #[test]
+    fn the_hot_index_gives_back_the_overflow_buckets_churning_keys_left() {
+        // Distinct keys churn through the hot log: each is written, then compaction
+        // moves it to the cold log and removes its hot entry. Every chain that once held
+        // more than seven keys would keep its overflow bucket; rebuilds of the index at
+        // its size give them back, so its overflow stays within a quarter of its home
+        // buckets of what its entries need. Every key stays readable through them.
+        let store = tiny();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let keys = 30_000u64;
+        let mut most = 0;
+        for i in 0..keys {
+            store
+                .upsert(&mut guard, &key(i), Some(&i.to_le_bytes()))
+                .unwrap();
+            store.maybe_compact(&mut guard).unwrap();
+            if i % 500 == 0 {
+                guard.refresh();
+                let hot = store.hot();
+                let (home, overflow) = (
+                    hot.index_buckets(&guard),
+                    hot.index_overflow_buckets(&guard),
+                );
+                let needed = hot.index_overflow_needed(&guard);
+                most = most.max(overflow);
+                assert!(
+                    overflow <= needed + home / 4 + home / 8,
+                    "key {i}: {overflow} overflow buckets for {home} home, {needed} needed"
+                );
+            }
+        }
+        let stats = store.stats();
+        assert!(stats.hot_index_rebuilds > 0, "{stats:?}");
+        assert!(most > 0, "no chain ever overflowed");
+        for i in (0..keys).step_by(7) {
+            assert_eq!(
+                store.get(&guard, &key(i)).unwrap(),
+                Some(i.to_le_bytes().to_vec()),
+                "key {i}"
+            );
+        }
     }
 
     #[test]

@@ -1045,6 +1045,25 @@ impl HotLog {
         )
     }
 
+    /// Rebuilds the index at its size while operations go on, giving back the overflow
+    /// buckets its chains no longer need ([`HashIndex::rebuild`]); false if a grow or
+    /// rebuild runs. As for [`HotLog::grow_index`].
+    pub(crate) fn rebuild_index(&self, guard: &mut EpochGuard<'_, '_>) -> bool {
+        self.index.rebuild(
+            guard,
+            Arc::new(LogHashes(
+                Arc::clone(&self.log),
+                self.read_cache.clone(),
+                self.keying,
+            )),
+        )
+    }
+
+    /// Overflow buckets the index's table has allocated (in chains, or free).
+    pub(crate) fn index_overflow_buckets(&self, guard: &EpochGuard<'_, '_>) -> usize {
+        self.index.overflow_buckets(guard)
+    }
+
     /// Whether the index is doubling now.
     pub(crate) fn index_is_growing(&self) -> bool {
         self.index.is_growing()
@@ -1087,6 +1106,20 @@ impl HotLog {
     #[cfg(test)]
     pub(crate) fn index_entries(&self, guard: &EpochGuard<'_, '_>) -> usize {
         self.index.entries(guard).len()
+    }
+
+    /// The overflow buckets the index's live entries need, packed (tests): for each
+    /// home bucket holding `n > 7` entries, `(n - 7) / 7` rounded up.
+    #[cfg(test)]
+    pub(crate) fn index_overflow_needed(&self, guard: &EpochGuard<'_, '_>) -> usize {
+        let mut per_bucket: std::collections::HashMap<usize, usize> = Default::default();
+        for (bucket, _) in self.index.entries(guard) {
+            *per_bucket.entry(bucket).or_default() += 1;
+        }
+        per_bucket
+            .values()
+            .map(|&n| n.saturating_sub(7).div_ceil(7))
+            .sum()
     }
 
     /// Home buckets of the index now.

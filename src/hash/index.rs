@@ -490,6 +490,31 @@ impl HashIndex {
         guard: &mut EpochGuard<'_, '_>,
         records: Arc<dyn RecordHashes>,
     ) -> bool {
+        self.resize(guard, records, 2)
+    }
+
+    /// Rebuilds the table at its size, as [`HashIndex::grow`] doubles it (operations go
+    /// on; `false` if a grow or rebuild already runs): each chain's live entries are
+    /// copied into a new table, packed into as few buckets as they need, and the old
+    /// table goes with every overflow bucket it allocated. Overflow buckets are never
+    /// unlinked while a table is active (a bucket some chain briefly needed stays that
+    /// chain's), so an index whose keys churn gathers them; this gives them back.
+    pub(crate) fn rebuild(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        records: Arc<dyn RecordHashes>,
+    ) -> bool {
+        self.resize(guard, records, 1)
+    }
+
+    /// A grow to `factor` times the table's length (1 or 2).
+    fn resize(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        records: Arc<dyn RecordHashes>,
+        factor: usize,
+    ) -> bool {
+        debug_assert!(factor == 1 || factor == 2);
         self.check_guard(guard);
         let Some(_growing) = self.grow_lock.try_lock() else {
             return false;
@@ -498,7 +523,7 @@ impl HashIndex {
         let old = self.active.load(Ordering::SeqCst);
         // SAFETY: only a grow changes `active`, and this thread holds the grow lock.
         let old_len = unsafe { &*old }.len();
-        let new = Box::into_raw(Box::new(Table::new(old_len * 2)));
+        let new = Box::into_raw(Box::new(Table::new(old_len * factor)));
         let chunks = old_len.div_ceil(self.chunk_buckets);
         let state = Arc::new(GrowState {
             old,
@@ -589,7 +614,11 @@ impl HashIndex {
         let first = chunk * grow.chunk_buckets;
         let end = (first + grow.chunk_buckets).min(old.len());
         for index in first..end {
-            split_chain(old, new, index, &*grow.records);
+            if new.len() == old.len() {
+                copy_chain(old, new, index);
+            } else {
+                split_chain(old, new, index, &*grow.records);
+            }
         }
         grow.pins[chunk].store(MIGRATED, Ordering::SeqCst);
         if grow.migrated.fetch_add(1, Ordering::SeqCst) + 1 == grow.chunks() {
@@ -749,6 +778,22 @@ impl<'t> Appender<'t> {
         debug_assert_eq!(before, 0, "a new table's chain is written by one migration");
         self.next += 1;
     }
+}
+
+/// Copies the chain of home bucket `index` of `old` to the same bucket of `new`, a table
+/// of the same length (a rebuild): its live entries, in order, in as few buckets as
+/// they fill.
+fn copy_chain(old: &Table, new: &Table, index: usize) {
+    let mut to = Appender::new(new, index);
+    old.for_each_in_chain(index, |bucket| {
+        for slot in &bucket.entries {
+            let entry = Entry(slot.load(Ordering::SeqCst));
+            // As in `split_chain`: no operation runs in a chunk being migrated.
+            if !entry.is_empty() && !entry.is_tentative() {
+                to.push(entry);
+            }
+        }
+    });
 }
 
 /// Splits the chain of home bucket `index` of `old` into buckets `index` and

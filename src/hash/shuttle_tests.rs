@@ -213,9 +213,10 @@ fn two_phase_insert_racing_for_an_overflow_bucket() {
 }
 
 /// Writers upsert keys (some sharing a whole hash, some written by both) while another
-/// thread doubles a two-bucket index with one-bucket chunks: whichever phase each write
-/// lands in, every record stays reachable and the entries stay unique.
-fn grow_racing_upserts(writers: usize) {
+/// thread doubles a two-bucket index with one-bucket chunks (or rebuilds it at its size,
+/// with `double` false): whichever phase each write lands in, every record stays
+/// reachable and the entries stay unique.
+fn grow_racing_upserts(writers: usize, double: bool) {
     explore(move || {
         let epoch = Arc::new(Epoch::new());
         let index = Arc::new(HashIndex::new(
@@ -260,7 +261,11 @@ fn grow_racing_upserts(writers: usize) {
             thread::spawn(move || {
                 let mut h = epoch.register();
                 let mut g = h.protect();
-                assert!(index.grow(&mut g, records));
+                if double {
+                    assert!(index.grow(&mut g, records));
+                } else {
+                    assert!(index.rebuild(&mut g, records));
+                }
             })
         };
         for handle in handles {
@@ -271,7 +276,7 @@ fn grow_racing_upserts(writers: usize) {
         grower.join().unwrap();
         let mut h = epoch.register();
         let g = h.protect();
-        assert_eq!(index.buckets(&g), 4);
+        assert_eq!(index.buckets(&g), if double { 4 } else { 2 });
         for (key, addresses) in &written {
             let found: HashSet<u64> = find_all(&index, &g, &records, *key).into_iter().collect();
             assert_eq!(&found, addresses, "key {key}");
@@ -282,12 +287,17 @@ fn grow_racing_upserts(writers: usize) {
 
 #[test]
 fn grow_racing_one_writer_loses_nothing() {
-    grow_racing_upserts(1);
+    grow_racing_upserts(1, true);
 }
 
 #[test]
 fn grow_racing_two_writers_loses_nothing() {
-    grow_racing_upserts(2);
+    grow_racing_upserts(2, true);
+}
+
+#[test]
+fn rebuild_racing_two_writers_loses_nothing() {
+    grow_racing_upserts(2, false);
 }
 
 /// A hot log of four 4 KiB frames with a read cache of three 4 KiB pages.

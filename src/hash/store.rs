@@ -384,6 +384,9 @@ pub struct HashStoreStats {
     /// Rounds of batched reads: each put its reads in flight at once, so
     /// `batched_reads / batch_rounds` is their mean queue depth per thread.
     pub batch_rounds: u64,
+    /// Rebuilds of the hot index at its size, which gave back the overflow buckets its
+    /// chains no longer needed (keys that moved to the cold log left them behind).
+    pub hot_index_rebuilds: u64,
     /// Reads answered by the read cache (copies of records read from disk).
     pub read_cache_hits: u64,
     /// Copies the read cache took in.
@@ -674,6 +677,7 @@ impl HashStore {
             chunk_disk_reads: f2.cold().index().chunks().log().record_reads(),
             batched_reads: s.batched_reads,
             batch_rounds: s.batch_rounds,
+            hot_index_rebuilds: s.hot_index_rebuilds,
             read_cache_hits: s.read_cache_hits,
             read_cache_inserts: s.read_cache_inserts,
             hot_log_bytes: h.tail - h.begin,
