@@ -74,6 +74,9 @@ pub(crate) struct F2Options {
     /// Bytes of memory for the read cache, in pages of the hot log's size (at least
     /// three); 0 turns it off.
     pub(crate) read_cache_memory_bytes: u64,
+    /// Copy into the read cache only keys read from disk twice lately
+    /// ([`super::read_cache::ReadCache::admit`]); F2 copies every one.
+    pub(crate) read_cache_admission: bool,
 }
 
 /// Counters of what compaction did.
@@ -108,6 +111,8 @@ pub(crate) struct F2Stats {
     pub(crate) read_cache_pages_evicted: u64,
     /// Copies marked invalid by a write of their key.
     pub(crate) read_cache_invalidations: u64,
+    /// Records read from disk the admission filter did not let into the read cache.
+    pub(crate) read_cache_not_admitted: u64,
     /// Device reads that batched reads ([`F2::get_many`]) had in flight together, and
     /// the rounds that issued them.
     pub(crate) batched_reads: u64,
@@ -198,7 +203,8 @@ impl F2 {
                 extents.hot,
                 options.read_cache_memory_bytes,
                 super::hot::Keying::Hashed,
-            )?,
+            )?
+            .admitting(options.read_cache_admission),
             cold: ColdLog::recover(
                 options.cold_keys,
                 (options.cold_log, devices.cold, extents.cold),
@@ -264,7 +270,8 @@ impl F2 {
                 devices.hot,
                 Arc::clone(&epoch),
                 options.read_cache_memory_bytes,
-            )?,
+            )?
+            .admitting(options.read_cache_admission),
             cold: ColdLog::new(
                 options.cold_keys,
                 options.cold_log,
@@ -306,6 +313,7 @@ impl F2 {
             read_cache_evictions: rc.evictions,
             read_cache_pages_evicted: rc.pages_evicted,
             read_cache_invalidations: rc.invalidations,
+            read_cache_not_admitted: rc.not_admitted,
             hot_cold_compactions: load(&c.hot_cold_compactions),
             cold_cold_compactions: load(&c.cold_cold_compactions),
             chunk_compactions: load(&c.chunk_compactions),
@@ -732,6 +740,15 @@ mod tests {
     }
 
     fn tiny_with(cold_log_budget_bytes: u64, read_cache_memory_bytes: u64) -> F2 {
+        tiny_admitting(cold_log_budget_bytes, read_cache_memory_bytes, false)
+    }
+
+    /// [`tiny_with`], with the read cache's admission filter on if `admission`.
+    fn tiny_admitting(
+        cold_log_budget_bytes: u64,
+        read_cache_memory_bytes: u64,
+        admission: bool,
+    ) -> F2 {
         let options = F2Options {
             hot_keys: 512,
             cold_keys: 4096,
@@ -744,6 +761,7 @@ mod tests {
             compact_percent: 10,
             compaction_threads: 2,
             read_cache_memory_bytes,
+            read_cache_admission: admission,
         };
         let devices = F2Devices {
             hot: Arc::new(MemPages::new()),
@@ -968,13 +986,23 @@ mod tests {
 
     #[test]
     fn random_reads_and_writes_match_a_hash_map_through_a_tiny_read_cache() {
+        reads_and_writes_through_a_tiny_read_cache(false);
+    }
+
+    #[test]
+    fn random_reads_and_writes_match_a_hash_map_through_a_read_cache_that_admits_second_reads() {
+        reads_and_writes_through_a_tiny_read_cache(true);
+    }
+
+    fn reads_and_writes_through_a_tiny_read_cache(admission: bool) {
         // Mostly reads, on skewed keys: the keys read often but written rarely end up on
-        // disk (hot or cold) and are cached; the three pages of copies fill and evict
-        // all the time, re-read copies get second chances, and writes replace copies.
-        // Every read is checked against the model.
+        // disk (hot or cold) and are cached (with `admission`, once read from disk a
+        // second time); the pages of copies fill and evict all the time, re-read copies
+        // get second chances, and writes replace copies. Every read is checked against
+        // the model.
         let seed = 23;
         println!("seed {seed}");
-        let store = tiny_with(64 * 4096, 4 * 4096);
+        let store = tiny_admitting(64 * 4096, 4 * 4096, admission);
         let mut handle = store.epoch().register();
         let mut guard = handle.protect();
         let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
@@ -1029,8 +1057,8 @@ mod tests {
         assert!(
             stats.read_cache_hits > 1_000
                 && stats.read_cache_inserts > 1_000
-                && stats.read_cache_evictions > 500
-                && stats.read_cache_pages_evicted > 20
+                && stats.read_cache_evictions > if admission { 50 } else { 500 }
+                && stats.read_cache_pages_evicted > 10
                 && stats.read_cache_copies_to_tail > 10
                 && stats.read_cache_invalidations > 10,
             "{stats:?}"
@@ -1039,6 +1067,7 @@ mod tests {
             stats.hot_cold_compactions > 5 && stats.cold_cold_compactions > 0,
             "{stats:?}"
         );
+        assert_eq!(stats.read_cache_not_admitted > 0, admission, "{stats:?}");
     }
 
     #[test]
@@ -1476,6 +1505,7 @@ mod tests {
             compact_percent: 10,
             compaction_threads: 2,
             read_cache_memory_bytes: 0,
+            read_cache_admission: false,
         };
         let devices = F2Devices {
             hot: Arc::new(MemPages::new()),

@@ -233,6 +233,15 @@ impl HotLog {
         })
     }
 
+    /// This store, its read cache (if any) copying only keys read from disk twice
+    /// lately ([`ReadCache::admit`]) if `admission`.
+    pub(crate) fn admitting(mut self, admission: bool) -> HotLog {
+        if admission && let Some(rc) = self.read_cache.as_mut().and_then(Arc::get_mut) {
+            rc.admit_on_second_read();
+        }
+        self
+    }
+
     /// As [`HotLog::with_epoch`], for keys that are the numbers below `keys` (8 bytes,
     /// little-endian): each key gets an index entry of its own ([`Keying::Numbered`]).
     /// The cold index's chunk store.
@@ -512,6 +521,9 @@ impl HotLog {
         let Some(rc) = self.read_cache.as_deref() else {
             return false;
         };
+        if !rc.admit(self.keying.hash(key)) {
+            return false;
+        }
         let Some(copy) = self.new_copy(guard, rc, key, value, ticket.hot_head) else {
             rc.count_insert(false);
             return false;

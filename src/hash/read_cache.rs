@@ -89,6 +89,8 @@ pub(crate) struct ReadCacheStats {
     pub(crate) pages_evicted: u64,
     /// Copies marked invalid by a write of their key.
     pub(crate) invalidations: u64,
+    /// Records read from disk not copied: the admission filter had not seen them.
+    pub(crate) not_admitted: u64,
 }
 
 #[derive(Default)]
@@ -100,6 +102,7 @@ struct Counters {
     evictions: std::sync::atomic::AtomicU64,
     pages_evicted: std::sync::atomic::AtomicU64,
     invalidations: std::sync::atomic::AtomicU64,
+    not_admitted: std::sync::atomic::AtomicU64,
 }
 
 fn bump(c: &std::sync::atomic::AtomicU64) {
@@ -151,6 +154,9 @@ pub(crate) struct ReadCache {
     /// Held by the thread evicting a page.
     evicting: Mutex<()>,
     counters: Counters,
+    /// The admission filter (empty: every read from disk is copied): see
+    /// [`ReadCache::admit`].
+    recent: Box<[std::sync::atomic::AtomicU16]>,
 }
 
 impl std::fmt::Debug for ReadCache {
@@ -195,7 +201,52 @@ impl ReadCache {
             head: AtomicU64::new(0),
             evicting: Mutex::new(()),
             counters: Counters::default(),
+            recent: Box::new([]),
         })
+    }
+
+    /// Bytes the admission filter of a cache of `memory_bytes` takes: a 2-byte slot for
+    /// every 32 bytes of frames (about four per copy of a small record, so that the
+    /// filter remembers a key for several times as long as the cache would keep a copy
+    /// of every read), a power of two of them: 4-6% of the memory.
+    pub(crate) fn admission_bytes(memory_bytes: u64) -> u64 {
+        2 * (memory_bytes / 32).max(2).next_power_of_two() / 2
+    }
+
+    /// Turns on the admission filter, of [`ReadCache::admission_bytes`] beside the
+    /// frames (the caller took them from the cache's share).
+    pub(crate) fn admit_on_second_read(&mut self) {
+        let slots = Self::admission_bytes(self.frames * self.page_bytes) / 2;
+        self.recent = (0..slots)
+            .map(|_| std::sync::atomic::AtomicU16::new(0))
+            .collect();
+    }
+
+    /// Whether a record of `hash` just read from disk may be copied into the cache: with
+    /// the admission filter on, only if the same key was read from disk lately (a
+    /// doorkeeper, as TinyLFU's). The filter is a direct-mapped table of 16-bit
+    /// fingerprints: the first read of a key leaves its fingerprint in its slot and is
+    /// not copied; a second read that finds it there is. A slot keeps a key until
+    /// another key's read takes it, so "lately" is within about as many disk reads as
+    /// the filter has slots. Keys read from disk once — most of a skewed workload's
+    /// long tail — no longer push out the copies of keys read again and again. A wrong
+    /// answer (two keys with one fingerprint, or a racing read) only admits or refuses
+    /// one copy.
+    pub(crate) fn admit(&self, hash: KeyHash) -> bool {
+        if self.recent.is_empty() {
+            return true;
+        }
+        // The slot from the hash's middle bits, the fingerprint from its top half (the
+        // index uses the low bits for buckets); never 0, the empty slot.
+        let slot = &self.recent[((hash.0 >> 16) as usize) & (self.recent.len() - 1)];
+        let fingerprint = ((hash.0 >> 40) as u16) | 1;
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        if slot.load(relaxed) == fingerprint {
+            return true;
+        }
+        slot.store(fingerprint, relaxed);
+        bump(&self.counters.not_admitted);
+        false
     }
 
     pub(crate) fn stats(&self) -> ReadCacheStats {
@@ -209,6 +260,7 @@ impl ReadCache {
             evictions: load(&c.evictions),
             pages_evicted: load(&c.pages_evicted),
             invalidations: load(&c.invalidations),
+            not_admitted: load(&c.not_admitted),
         }
     }
 
@@ -237,9 +289,9 @@ impl ReadCache {
         self.page_bytes
     }
 
-    /// Bytes of memory the frames take.
+    /// Bytes of memory the frames and the admission filter take.
     pub(crate) fn memory_bytes(&self) -> u64 {
-        self.page_bytes * self.frames
+        self.page_bytes * self.frames + 2 * self.recent.len() as u64
     }
 
     fn tail_address(&self) -> u64 {
@@ -532,6 +584,47 @@ mod tests {
                 false
             }
         }
+    }
+
+    #[test]
+    fn with_admission_a_key_is_copied_on_its_second_read_from_disk() {
+        // Keys only the cold log has: the first read of each leaves its fingerprint and
+        // copies nothing; the second copies it; the third is answered by the copy. A
+        // key read once while the filter still remembers another key is not copied.
+        let store = store(8).admitting(true);
+        let mut handle = store.epoch().register();
+        let guard = handle.protect();
+        let stats = || store.read_cache_stats().unwrap();
+        for i in 0..20 {
+            assert!(!read_cold(&store, &guard, i), "first read of {i}");
+        }
+        assert_eq!((stats().inserts, stats().not_admitted), (0, 20));
+        for i in 0..20 {
+            assert!(!read_cold(&store, &guard, i), "second read of {i}");
+        }
+        // Two keys whose slots are one refuse each other (the table is direct-mapped);
+        // the rest are copied.
+        let (copied, refused) = (stats().inserts, stats().not_admitted - 20);
+        assert_eq!(copied + refused, 20);
+        assert!(copied >= 15, "{copied} of 20 copied on their second read");
+        let hits = (0..20).filter(|&i| read_cold(&store, &guard, i)).count() as u64;
+        assert_eq!(hits, copied, "every copy answers the third read");
+        assert_eq!(stats().hits, copied);
+        // Without the filter, every read from disk is copied.
+        let plain = store_plain_reads();
+        assert_eq!(plain, (20, 0));
+    }
+
+    /// Reads 20 cold keys once through a cache without admission: (copies, refused).
+    fn store_plain_reads() -> (u64, u64) {
+        let store = store(8);
+        let mut handle = store.epoch().register();
+        let guard = handle.protect();
+        for i in 0..20 {
+            read_cold(&store, &guard, i);
+        }
+        let stats = store.read_cache_stats().unwrap();
+        (stats.inserts, stats.not_admitted)
     }
 
     #[test]
