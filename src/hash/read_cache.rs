@@ -42,6 +42,12 @@
 //! entry by compare-and-swap, and the old one is marked invalid. A copy read again
 //! while it ages therefore survives the eviction of its page.
 //!
+//! **Admission** (a departure from F2, off unless asked for): with
+//! [`ReadCache::admit_on_second_read`], a record read from disk is copied only when a
+//! doorkeeper of key fingerprints remembers an earlier disk read of its key
+//! ([`ReadCache::admit`]), so that keys read once in a long while do not push out the
+//! copies of keys read again and again.
+//!
 //! **Never waiting.** Reads that insert copies hold their guard shared (they cannot
 //! refresh), so the read cache never waits: a full tail page whose successor's frame is
 //! not free yet (its close waits for some thread to refresh) makes the insert give up;

@@ -42,7 +42,9 @@ use crate::wal::LogOpRef;
 ///
 /// The memory budget is split as the F2 paper splits its budget at 10% of the data:
 /// up to a sixth for the hot index (no more than `expected_keys` need), a sixth for the
-/// read cache, a forty-eighth each for the cold log's pages and the cold index's chunk
+/// read cache (of which 4-6% is its admission filter: a record read from disk is copied
+/// only when its key is read from disk a second time while the filter remembers the
+/// first), a forty-eighth each for the cold log's pages and the cold index's chunk
 /// pages, the chunk table (half a byte per expected key), and the rest for the hot
 /// log's pages. A budget too small for the expected keys' chunk table is refused.
 ///
