@@ -358,16 +358,14 @@ impl F2 {
             if reads.is_empty() {
                 return Ok(rounds.answers());
             }
-            bump(&self.counters.batch_rounds, 1);
-            bump(&self.counters.batched_reads, reads.len() as u64);
+            self.count_batch_round(reads.len());
             read_now(&mut reads);
             rounds.complete(reads);
         }
     }
 
-    /// Counts a round of `reads` device reads of a batch run elsewhere (the async
-    /// form).
-    #[cfg(feature = "tokio-uring")]
+    /// Counts a round of a batch that put `reads` device reads in flight (here, or in
+    /// the async form).
     pub(crate) fn count_batch_round(&self, reads: usize) {
         bump(&self.counters.batch_rounds, 1);
         bump(&self.counters.batched_reads, reads as u64);

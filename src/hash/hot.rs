@@ -1061,14 +1061,7 @@ impl HotLog {
     /// buckets its chains no longer need ([`HashIndex::rebuild`]); false if a grow or
     /// rebuild runs. As for [`HotLog::grow_index`].
     pub(crate) fn rebuild_index(&self, guard: &mut EpochGuard<'_, '_>) -> bool {
-        self.index.rebuild(
-            guard,
-            Arc::new(LogHashes(
-                Arc::clone(&self.log),
-                self.read_cache.clone(),
-                self.keying,
-            )),
-        )
+        self.index.rebuild(guard)
     }
 
     /// Overflow buckets the index's table has allocated (in chains, or free).

@@ -110,7 +110,9 @@ struct GrowState {
     cursor: AtomicUsize,
     /// Chunks migrated; the thread that counts the last one finishes the grow.
     migrated: AtomicUsize,
-    records: Arc<dyn RecordHashes>,
+    /// A doubling's record hashes, which split the chains; `None` for a rebuild at the
+    /// same size, which copies them.
+    records: Option<Arc<dyn RecordHashes>>,
 }
 
 // SAFETY: the raw pointers name `Table`s, which are `Send + Sync` (atomics and immutable
@@ -490,7 +492,7 @@ impl HashIndex {
         guard: &mut EpochGuard<'_, '_>,
         records: Arc<dyn RecordHashes>,
     ) -> bool {
-        self.resize(guard, records, 2)
+        self.resize(guard, Some(records))
     }
 
     /// Rebuilds the table at its size, as [`HashIndex::grow`] doubles it (operations go
@@ -499,22 +501,17 @@ impl HashIndex {
     /// table goes with every overflow bucket it allocated. Overflow buckets are never
     /// unlinked while a table is active (a bucket some chain briefly needed stays that
     /// chain's), so an index whose keys churn gathers them; this gives them back.
-    pub(crate) fn rebuild(
-        &self,
-        guard: &mut EpochGuard<'_, '_>,
-        records: Arc<dyn RecordHashes>,
-    ) -> bool {
-        self.resize(guard, records, 1)
+    pub(crate) fn rebuild(&self, guard: &mut EpochGuard<'_, '_>) -> bool {
+        self.resize(guard, None)
     }
 
-    /// A grow to `factor` times the table's length (1 or 2).
+    /// A doubling (with the record hashes that split its chains) or, for `None`, a
+    /// rebuild at the same size.
     fn resize(
         &self,
         guard: &mut EpochGuard<'_, '_>,
-        records: Arc<dyn RecordHashes>,
-        factor: usize,
+        records: Option<Arc<dyn RecordHashes>>,
     ) -> bool {
-        debug_assert!(factor == 1 || factor == 2);
         self.check_guard(guard);
         let Some(_growing) = self.grow_lock.try_lock() else {
             return false;
@@ -523,7 +520,12 @@ impl HashIndex {
         let old = self.active.load(Ordering::SeqCst);
         // SAFETY: only a grow changes `active`, and this thread holds the grow lock.
         let old_len = unsafe { &*old }.len();
-        let new = Box::into_raw(Box::new(Table::new(old_len * factor)));
+        let new_len = if records.is_some() {
+            old_len * 2
+        } else {
+            old_len
+        };
+        let new = Box::into_raw(Box::new(Table::new(new_len)));
         let chunks = old_len.div_ceil(self.chunk_buckets);
         let state = Arc::new(GrowState {
             old,
@@ -614,10 +616,9 @@ impl HashIndex {
         let first = chunk * grow.chunk_buckets;
         let end = (first + grow.chunk_buckets).min(old.len());
         for index in first..end {
-            if new.len() == old.len() {
-                copy_chain(old, new, index);
-            } else {
-                split_chain(old, new, index, &*grow.records);
+            match &grow.records {
+                Some(records) => split_chain(old, new, index, &**records),
+                None => copy_chain(old, new, index),
             }
         }
         grow.pins[chunk].store(MIGRATED, Ordering::SeqCst);

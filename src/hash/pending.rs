@@ -77,7 +77,7 @@ pub(crate) struct ReadBatch {
 
 #[derive(Default)]
 struct BatchState {
-    wanted: Vec<DeviceRead>,
+    wanted: Vec<Want>,
     /// By (log, record address).
     read: HashMap<(usize, u64), ReadBytes>,
 }
@@ -90,13 +90,21 @@ struct ReadBytes {
     counted: bool,
 }
 
-/// One read a round wants: `len` bytes at `start` of a log's device, for the record at
-/// `address`.
+/// A read an operation asked for: `len` bytes at `start` of a log's device, for the
+/// record at `address`.
+struct Want {
+    log: usize,
+    address: u64,
+    start: u64,
+    len: usize,
+    device: Arc<dyn LogPages>,
+}
+
+/// One read of a round, set up: a [`Want`] (one per record) with its buffer.
 pub(crate) struct DeviceRead {
     log: usize,
     address: u64,
     start: u64,
-    device: Arc<dyn LogPages>,
     buf: AlignedPage,
     /// The open file and offset to read from, for a device of segment files.
     target: Option<(Arc<File>, u64)>,
@@ -148,14 +156,12 @@ impl ReadBatch {
             None => FIRST_READ_BYTES,
         };
         let (start, len) = log.device_span(address, need);
-        state.wanted.push(DeviceRead {
+        state.wanted.push(Want {
             log: log.id(),
             address,
             start,
+            len,
             device: Arc::clone(log.device()),
-            buf: AlignedPage::new(len),
-            target: None,
-            done: false,
         });
         Err(pending())
     }
@@ -165,27 +171,35 @@ impl ReadBatch {
     /// guard of the round whose operations asked.
     fn issue(&self) -> Vec<DeviceRead> {
         let wanted = std::mem::take(&mut self.state.lock().wanted);
-        let mut reads: Vec<DeviceRead> = Vec::with_capacity(wanted.len());
+        let mut unique: Vec<Want> = Vec::with_capacity(wanted.len());
         let mut seen: HashMap<(usize, u64), usize> = HashMap::new();
         for want in wanted {
             match seen.get(&(want.log, want.address)) {
-                Some(&i) if reads[i].buf.as_ref().len() >= want.buf.as_ref().len() => {}
-                Some(&i) => reads[i] = want,
+                Some(&i) if unique[i].len >= want.len => {}
+                Some(&i) => unique[i] = want,
                 None => {
-                    seen.insert((want.log, want.address), reads.len());
-                    reads.push(want);
+                    seen.insert((want.log, want.address), unique.len());
+                    unique.push(want);
                 }
             }
         }
-        for read in &mut reads {
-            let len = read.buf.as_ref().len();
-            read.target = read.device.read_target(read.start, len);
-            if read.target.is_none() {
+        unique
+            .into_iter()
+            .map(|want| {
+                let mut buf = AlignedPage::new(want.len);
+                let target = want.device.read_target(want.start, want.len);
                 // A failed read is not kept: its operation asks again (module docs).
-                read.done = read.device.read(read.start, read.buf.as_mut()).is_ok();
-            }
-        }
-        reads
+                let done = target.is_none() && want.device.read(want.start, buf.as_mut()).is_ok();
+                DeviceRead {
+                    log: want.log,
+                    address: want.address,
+                    start: want.start,
+                    buf,
+                    target,
+                    done,
+                }
+            })
+            .collect()
     }
 
     /// Keeps the bytes of the `reads` that were done for the next round.

@@ -264,7 +264,7 @@ fn grow_racing_upserts(writers: usize, double: bool) {
                 if double {
                     assert!(index.grow(&mut g, records));
                 } else {
-                    assert!(index.rebuild(&mut g, records));
+                    assert!(index.rebuild(&mut g));
                 }
             })
         };
