@@ -51,8 +51,9 @@ fn hash_options() -> HashStoreOptions {
 fn options() -> DbOptions {
     DbOptions::default()
         .config(Config {
-            // A small pool, so mini-pages merge and leaves split during the workload.
-            memory_budget_bytes: 64 << 10,
+            // A small pool, so mini-pages merge and leaves split during the workload:
+            // 64 KiB for the trees once the hash store has its 64 KiB.
+            memory_budget_bytes: 128 << 10,
             huge_pages: false,
             background_eviction: false,
             ..Config::default()

@@ -1,12 +1,12 @@
 //! One memory budget for the whole database: every tree keyspace of a `Db` keeps its
-//! mini-pages in one pool of `config.memory_budget_bytes`. Memory moves to the keyspace
-//! in use, a dropped keyspace gives its share back, and a keyspace poisoned by a failed
-//! write does not stall the others.
+//! mini-pages in one pool of `config.memory_budget_bytes`, less what hash stores take.
+//! Memory moves to the keyspace in use, a dropped keyspace gives its share back, and a
+//! keyspace poisoned by a failed write does not stall the others.
 
 use std::sync::Arc;
 
 use bfdb::storage::{SimLog, SimPages};
-use bfdb::{Config, Db, DbOptions, Durability, Error};
+use bfdb::{Config, Db, DbOptions, Durability, Error, HashStoreOptions};
 
 const BUDGET: u64 = 256 << 10;
 
@@ -226,4 +226,148 @@ fn keyspaces_written_dropped_and_created_concurrently_keep_their_records() {
         }
     }
     assert!(db.stats().memory_in_use_bytes <= BUDGET);
+}
+
+/// Options of a database with a budget of `mib` MiB.
+fn with_budget(mib: u64) -> DbOptions {
+    DbOptions::default()
+        .checkpoint_on_close(false)
+        .config(Config {
+            memory_budget_bytes: mib << 20,
+            huge_pages: false,
+            ..Config::default()
+        })
+}
+
+fn hash_options(memory: u64) -> HashStoreOptions {
+    HashStoreOptions::default()
+        .memory_bytes(memory)
+        .expected_keys(20_000)
+}
+
+#[test]
+fn hash_stores_take_their_memory_out_of_the_budget_and_the_trees_keep_the_rest() {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), with_budget(16)).unwrap();
+    let stats = db.stats();
+    assert_eq!(
+        (
+            stats.memory_budget_bytes,
+            stats.tree_memory_bytes,
+            stats.hash_memory_bytes
+        ),
+        (16 * MIB, 16 * MIB, 0)
+    );
+    let h1 = db.hash_store_with("h1", hash_options(6 * MIB)).unwrap();
+    assert_eq!(h1.stats().memory_budget_bytes, 6 * MIB);
+    let stats = db.stats();
+    assert_eq!(
+        (stats.tree_memory_bytes, stats.hash_memory_bytes),
+        (10 * MIB, 6 * MIB)
+    );
+    // A store that does not say takes half of what is left; the trees keep at least
+    // the smallest budget.
+    let least = bfdb::config::MIN_MEMORY_BUDGET_BYTES;
+    let h2 = db
+        .hash_store_with("h2", HashStoreOptions::default().expected_keys(20_000))
+        .unwrap();
+    let half = (10 * MIB - least) / 2;
+    assert_eq!(h2.stats().memory_budget_bytes, half);
+    assert_eq!(db.stats().tree_memory_bytes, 10 * MIB - half);
+    // One that does not fit is refused, and takes nothing.
+    match db.hash_store_with("h3", hash_options(6 * MIB)) {
+        Err(Error::InvalidConfig(why)) => {
+            assert!(why.contains("memory_budget_bytes"), "{why}")
+        }
+        other => panic!("a store past the budget: {other:?}"),
+    }
+    assert_eq!(db.stats().hash_memory_bytes, 6 * MIB + half);
+    assert!(!db.keyspaces().contains(&"h3".to_string()));
+    // The trees write far more than their share: their pool stays within it, and
+    // gives back the memory it no longer spans as it turns over.
+    let tree = db.tree("t").unwrap();
+    let tree_memory = db.stats().tree_memory_bytes;
+    let mut written = 0;
+    while written < 1_000_000 && db.stats().tree_memory_released_bytes < 4 * MIB {
+        for i in written..written + 10_000 {
+            tree.insert_with(&key(0, i), &value(0, i), Durability::Unlogged)
+                .unwrap();
+        }
+        written += 10_000;
+        let in_use = db.stats().memory_in_use_bytes;
+        assert!(
+            in_use <= tree_memory,
+            "{in_use} bytes in use, share {tree_memory}"
+        );
+    }
+    assert!(
+        db.stats().tree_memory_released_bytes >= 4 * MIB,
+        "{:?} after {written} records",
+        db.stats()
+    );
+    for i in (0..written).step_by(997) {
+        assert_eq!(tree.get(&key(0, i)).unwrap(), Some(value(0, i)), "key {i}");
+    }
+    // A dropped store's memory goes back to the trees.
+    assert!(db.drop_hash_store("h1").unwrap());
+    assert_eq!(db.stats().tree_memory_bytes, 16 * MIB - half);
+    h2.insert(b"k", b"v").unwrap();
+    db.checkpoint().unwrap();
+}
+
+#[test]
+fn a_smaller_budget_on_reopen_shrinks_the_hash_stores_in_proportion_or_is_refused() {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), with_budget(32)).unwrap();
+        let a = db.hash_store_with("a", hash_options(12 * MIB)).unwrap();
+        let b = db.hash_store_with("b", hash_options(4 * MIB)).unwrap();
+        for i in 0..5_000u32 {
+            a.insert(&key(1, i), &value(1, i)).unwrap();
+            b.insert(&key(2, i), &value(2, i)).unwrap();
+        }
+        db.checkpoint().unwrap();
+    }
+    // 8 MiB: the stores asked for 16 and get 8 MiB less what the trees keep, 3 to 1.
+    {
+        let db = Db::open(dir.path(), with_budget(8)).unwrap();
+        let least = bfdb::config::MIN_MEMORY_BUDGET_BYTES;
+        let (a, b) = (db.hash_store("a").unwrap(), db.hash_store("b").unwrap());
+        let room = 8 * MIB - least;
+        assert_eq!(a.stats().memory_budget_bytes, room * 3 / 4);
+        assert_eq!(b.stats().memory_budget_bytes, room / 4);
+        assert_eq!(
+            db.stats().tree_memory_bytes,
+            8 * MIB - room * 3 / 4 - room / 4
+        );
+        for i in (0..5_000u32).step_by(7) {
+            assert_eq!(a.get(&key(1, i)).unwrap(), Some(value(1, i)), "a {i}");
+            assert_eq!(b.get(&key(2, i)).unwrap(), Some(value(2, i)), "b {i}");
+        }
+        assert!(a.stats().memory_bytes <= room * 3 / 4, "{:?}", a.stats());
+    }
+    // 1 MiB is too little for their pages: a clear error that names a store, and
+    // nothing is changed (the next open with room finds every record).
+    let manifest = std::fs::read(dir.path().join("MANIFEST")).unwrap();
+    match Db::open(dir.path(), with_budget(1)) {
+        Err(Error::InvalidConfig(why)) => {
+            assert!(
+                why.contains("hash store") && why.contains("memory budget"),
+                "{why}"
+            )
+        }
+        other => panic!("opening with too little memory: {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(dir.path().join("MANIFEST")).unwrap(),
+        manifest
+    );
+    let db = Db::open(dir.path(), with_budget(32)).unwrap();
+    let a = db.hash_store("a").unwrap();
+    assert_eq!(a.stats().memory_budget_bytes, 12 * MIB);
+    for i in (0..5_000u32).step_by(7) {
+        assert_eq!(a.get(&key(1, i)).unwrap(), Some(value(1, i)), "a {i}");
+    }
 }

@@ -185,7 +185,10 @@ fn a_batch_across_a_tree_and_a_hash_store_is_atomic_and_survives_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     {
         let db = Db::open(dir.path(), options()).unwrap();
-        let (tree, store) = (db.tree("t").unwrap(), db.hash_store("h").unwrap());
+        let (tree, store) = (
+            db.tree("t").unwrap(),
+            db.hash_store_with("h", tiny()).unwrap(),
+        );
         let mut batch = WriteBatch::new();
         batch.insert(&tree, b"order-1", b"2 apples");
         batch.insert_hash(&store, b"apples", b"98");
@@ -273,7 +276,7 @@ fn concurrent_counters_are_exact_under_compaction_and_a_reopen() {
 fn kinds_limits_and_drops_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), options()).unwrap();
-    let store = db.hash_store("h").unwrap();
+    let store = db.hash_store_with("h", tiny()).unwrap();
     db.tree("t").unwrap();
     // A name holds one kind.
     assert!(matches!(db.tree("h"), Err(Error::InvalidConfig(_))));
@@ -331,7 +334,10 @@ fn kinds_limits_and_drops_are_checked() {
     let db = Db::open(dir.path(), options()).unwrap();
     assert_eq!(db.keyspaces(), ["t"]);
     // A new store of the old name starts empty.
-    assert_eq!(db.hash_store("h").unwrap().get(b"k").unwrap(), None);
+    assert_eq!(
+        db.hash_store_with("h", tiny()).unwrap().get(b"k").unwrap(),
+        None
+    );
 }
 
 #[test]
@@ -452,7 +458,17 @@ fn a_log_full_of_live_records_is_not_compacted_over_and_over() {
 #[test]
 fn the_memory_budget_covers_the_indexes_the_read_cache_and_the_logs() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options()).unwrap();
+    // A budget with room for the largest store below (the trees' pool is mapped, not
+    // touched).
+    let db = Db::open(
+        dir.path(),
+        DbOptions::default().config(Config {
+            memory_budget_bytes: 257 << 20,
+            huge_pages: false,
+            ..Config::default()
+        }),
+    )
+    .unwrap();
     for (i, (memory, keys)) in [
         (4u64 << 20, 100_000u64),
         (64 << 20, 1 << 20),
@@ -529,4 +545,73 @@ fn a_missing_or_damaged_log_file_fails_the_open_and_is_left_alone() {
     }
     let err = Db::open(dir.path(), options()).unwrap_err();
     assert!(err.to_string().contains("-hot-"), "{err}");
+}
+
+#[test]
+fn parts_of_the_memory_set_in_the_options_are_used_and_kept_across_a_reopen() {
+    const KEYS: u64 = 8_000;
+    let dir = tempfile::tempdir().unwrap();
+    let roomy = || {
+        DbOptions::default().config(Config {
+            memory_budget_bytes: 2 << 20,
+            huge_pages: false,
+            ..Config::default()
+        })
+    };
+    let sized = || {
+        HashStoreOptions::default()
+            .memory_bytes(512 << 10)
+            .expected_keys(16_384)
+            .hot_log_disk_bytes(512 << 10)
+            .cold_log_disk_bytes(4 << 20)
+    };
+    // Every key written, then read twice: most reads go to disk, and a read cache
+    // copies a key's record on its second read from disk.
+    let churn = |store: &bfdb::HashStore| {
+        for i in 0..KEYS {
+            store.insert(&key(i), &[i as u8; 100]).unwrap();
+        }
+        for _ in 0..2 {
+            for i in 0..KEYS {
+                assert_eq!(store.get(&key(i)).unwrap(), Some(vec![i as u8; 100]), "{i}");
+            }
+        }
+        store.stats()
+    };
+    {
+        let db = Db::open(dir.path(), roomy()).unwrap();
+        let shares = churn(&db.hash_store_with("shares", sized()).unwrap());
+        assert!(shares.cold_disk_reads > 0, "{shares:?}");
+        assert!(shares.read_cache_inserts > 0, "{shares:?}");
+        let none = churn(
+            &db.hash_store_with("no-cache", sized().read_cache_bytes(0))
+                .unwrap(),
+        );
+        assert!(none.cold_disk_reads > 0, "{none:?}");
+        assert_eq!(none.read_cache_inserts, 0, "{none:?}");
+        // The read cache's share went to the hot log: the store still takes its memory
+        // (with the hot index's overflow buckets on top, as documented).
+        assert!(
+            none.memory_bytes >= (512 << 10) * 9 / 10 && none.memory_bytes <= (512 << 10) * 21 / 20,
+            "{none:?}"
+        );
+    }
+    let db = Db::open(dir.path(), roomy()).unwrap();
+    let none = db.hash_store("no-cache").unwrap();
+    for _ in 0..2 {
+        for i in 0..KEYS {
+            assert_eq!(none.get(&key(i)).unwrap(), Some(vec![i as u8; 100]), "{i}");
+        }
+    }
+    assert_eq!(none.stats().read_cache_inserts, 0, "{:?}", none.stats());
+    // Parts that add up to more than the memory are refused.
+    assert!(matches!(
+        db.hash_store_with(
+            "too-much",
+            sized()
+                .read_cache_bytes(600 << 10)
+                .hot_index_bytes(600 << 10)
+        ),
+        Err(Error::InvalidConfig(_))
+    ));
 }

@@ -506,7 +506,8 @@ impl Engine for BfdbDb {
 }
 
 // ---------------------------------------------------------------------------------------
-// bfdb's HashStore: a Db with one hash keyspace, which gets the whole memory budget
+// bfdb's HashStore: a Db with one hash keyspace, which gets the memory budget but the
+// least the Db's trees keep
 
 /// The hash keyspace the driver's records go to.
 const HASH_KEYSPACE: &str = "ycsb-hash";
@@ -523,11 +524,11 @@ struct BfdbHash {
 impl BfdbHash {
     fn open(options: &OpenOptions) -> EngineResult<BfdbHash> {
         let durability = bfdb_durability(options.durability);
-        // The Db's tree pool is created whether or not a tree keyspace is used: it gets
-        // the least the Config allows, and the hash store the budget.
+        // The hash store's memory comes out of the Db's budget; the Db's trees (none
+        // here) keep the least the Config allows.
         let tree_pool_bytes = bfdb::config::MIN_MEMORY_BUDGET_BYTES;
         let config = bfdb::Config {
-            memory_budget_bytes: tree_pool_bytes,
+            memory_budget_bytes: options.budget_bytes,
             backend: bfdb_backend(options),
             ..bfdb::Config::default()
         };
@@ -541,7 +542,7 @@ impl BfdbHash {
             .hash_hot_log_bytes
             .unwrap_or_else(|| hot_log_fitting_index(options));
         let hash_options = bfdb::HashStoreOptions::default()
-            .memory_bytes(options.budget_bytes)
+            .memory_bytes(options.budget_bytes.saturating_sub(tree_pool_bytes))
             .expected_keys(options.records.max(1))
             .hot_log_disk_bytes(hot_log_disk_bytes)
             .compaction_threads(options.hash_compaction_threads);
@@ -554,12 +555,13 @@ impl BfdbHash {
             "log files buffered"
         };
         let mode = format!(
-            "Db with one HashStore (no scans), {}; memory: HashStore {} MiB (hot index, \
-             read cache, log pages), the Db's tree pool {} KiB (the least it allows); \
+            "Db with one HashStore (no scans), {}; memory: HashStore {:.2} MiB (hot index, \
+             read cache, log pages) out of the Db's budget, its trees {} KiB (the least \
+             the Db allows); \
              expected_keys {}, hot log disk {:.1} MiB, cold log disk {} MiB, {} compaction \
              threads; {io}",
             bfdb_level_text(options.durability),
-            hash_options.memory_bytes >> 20,
+            hash_options.memory_bytes.unwrap_or(0) as f64 / (1 << 20) as f64,
             tree_pool_bytes >> 10,
             hash_options.expected_keys,
             hash_options.hot_log_disk_bytes as f64 / (1 << 20) as f64,

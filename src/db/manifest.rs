@@ -13,11 +13,15 @@
 //!           largest key and value a write may have had (u32, u32): the options'
 //!             limits when written, never lowered
 //!           keyspace count (u32)
-//!           per keyspace: id (u32), kind (u8: 1 = tree, 2 = hash store), name length
-//!                         (u16), name (UTF-8), and for a hash store its layout:
+//!           per keyspace: id (u32), kind (u8: 1 = tree, 2 or 3 = hash store), name
+//!                         length (u16), name (UTF-8), and for a hash store its layout:
 //!                         memory bytes, expected keys, hot and cold log disk bytes
 //!                         (u64 each), compaction threads (u16), log2 of the page size
-//!                         of the hot, cold and chunk logs (u8 each)
+//!                         of the hot, cold and chunk logs (u8 each); kind 3 then has
+//!                         the memory parts set instead of the paper's shares (hot
+//!                         index, read cache, cold log, chunk log: u64 each, all ones
+//!                         for a share). Kind 2 (written before the parts existed) is
+//!                         read as kind 3 with every part a share.
 //!           checkpoint count (u8, at most 2), newest first
 //!           per checkpoint: generation (u64, at most 2^62), log position block (u64) and sequence
 //!                           number (u64)
@@ -58,6 +62,8 @@ pub(crate) const MANIFEST_VERSION: u32 = 1;
 const HEADER_BYTES: usize = 20;
 /// The longest keyspace name, in bytes.
 pub(crate) const MAX_NAME_BYTES: usize = 255;
+/// A hash layout's part that is the paper's share, not a number of bytes.
+const NO_PART: u64 = u64::MAX;
 
 /// The kind of index a keyspace is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,7 +78,7 @@ impl KeyspaceKind {
     fn code(&self) -> u8 {
         match self {
             KeyspaceKind::Tree => 1,
-            KeyspaceKind::Hash(_) => 2,
+            KeyspaceKind::Hash(_) => 3,
         }
     }
 }
@@ -142,7 +148,7 @@ impl Manifest {
             if let KeyspaceKind::Hash(layout) = &entry.kind {
                 let o = &layout.options;
                 for n in [
-                    o.memory_bytes,
+                    layout.memory_bytes(),
                     o.expected_keys,
                     o.hot_log_disk_bytes,
                     o.cold_log_disk_bytes,
@@ -151,6 +157,11 @@ impl Manifest {
                 }
                 body.extend_from_slice(&(o.compaction_threads as u16).to_le_bytes());
                 body.extend_from_slice(&layout.page_bits);
+                // Kind 3 adds the parts set instead of the paper's shares (`NO_PART`
+                // for a share).
+                for part in o.parts() {
+                    body.extend_from_slice(&part.unwrap_or(NO_PART).to_le_bytes());
+                }
             }
         }
         body.push(self.checkpoints.len() as u8);
@@ -226,7 +237,7 @@ impl Manifest {
                 .map_err(|_| format!("keyspace {id}'s name is not UTF-8"))?;
             let kind = match code {
                 1 => KeyspaceKind::Tree,
-                2 => {
+                2 | 3 => {
                     let mut n = [0u64; 4];
                     for v in &mut n {
                         *v = r.u64().ok_or_else(truncated)?;
@@ -236,13 +247,21 @@ impl Manifest {
                         .take(3)
                         .and_then(|b| b.try_into().ok())
                         .ok_or_else(truncated)?;
+                    let mut parts = [None; 4];
+                    if code == 3 {
+                        for part in &mut parts {
+                            let v = r.u64().ok_or_else(truncated)?;
+                            *part = (v != NO_PART).then_some(v);
+                        }
+                    }
                     let layout = HashLayout {
                         options: HashStoreOptions::default()
                             .memory_bytes(n[0])
                             .expected_keys(n[1])
                             .hot_log_disk_bytes(n[2])
                             .cold_log_disk_bytes(n[3])
-                            .compaction_threads(threads),
+                            .compaction_threads(threads)
+                            .with_parts(parts),
                         page_bits: bits,
                     };
                     layout
@@ -376,6 +395,22 @@ mod tests {
                 ),
             },
         );
+        m.keyspaces.insert(
+            "sessions".to_string(),
+            KeyspaceEntry {
+                id: 5,
+                kind: KeyspaceKind::Hash(
+                    HashLayout::new(
+                        HashStoreOptions::default()
+                            .memory_bytes(8 << 20)
+                            .read_cache_bytes(0)
+                            .cold_log_memory_bytes(1 << 20),
+                        4096,
+                    )
+                    .unwrap(),
+                ),
+            },
+        );
         m.next_id = 7;
         m.max_key_bytes = 512;
         m.max_value_bytes = 2048;
@@ -404,6 +439,36 @@ mod tests {
             Manifest::decode(Path::new("M"), &empty.encode()).unwrap(),
             empty
         );
+    }
+
+    #[test]
+    fn a_hash_layout_written_before_its_parts_existed_reads_with_every_part_a_share() {
+        let layout =
+            HashLayout::new(HashStoreOptions::default().memory_bytes(3 << 20), 4096).unwrap();
+        let mut m = Manifest::default();
+        m.keyspaces.insert(
+            "h".to_string(),
+            KeyspaceEntry {
+                id: 1,
+                kind: KeyspaceKind::Hash(layout.clone()),
+            },
+        );
+        m.next_id = 2;
+        let new = m.encode();
+        // The same entry as kind 2: no parts after the page sizes.
+        let mut body = new[HEADER_BYTES..].to_vec();
+        let kind_at = 16 + 4;
+        assert_eq!(body[kind_at], 3);
+        body[kind_at] = 2;
+        let parts_at = kind_at + 1 + 2 + 1 + 4 * 8 + 2 + 3;
+        assert!(body[parts_at..parts_at + 32].iter().all(|&b| b == 0xff));
+        body.drain(parts_at..parts_at + 32);
+        let mut old = new[..8].to_vec();
+        old.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
+        old.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        old.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        old.extend_from_slice(&body);
+        assert_eq!(Manifest::decode(Path::new("M"), &old).unwrap(), m);
     }
 
     #[test]

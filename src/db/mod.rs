@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::config::Config;
+use crate::config::{Config, MIN_MEMORY_BUDGET_BYTES};
 use crate::error::{Error, Result};
 use crate::hash::f2::F2Extents;
 use crate::hash::store::{
@@ -60,6 +60,33 @@ use manifest::{
     MAX_NAME_BYTES, Manifest,
 };
 
+/// The memory each of the hash stores recorded at `recorded` gets out of `budget`:
+/// what it recorded, or, if together they would leave the trees less than
+/// [`MIN_MEMORY_BUDGET_BYTES`], a share of what the trees leave in proportion to it.
+fn hash_grants(budget: u64, recorded: &[u64]) -> Vec<u64> {
+    let room = budget.saturating_sub(MIN_MEMORY_BUDGET_BYTES);
+    let total: u64 = recorded.iter().sum();
+    if total <= room {
+        return recorded.to_vec();
+    }
+    recorded
+        .iter()
+        .map(|&r| (u128::from(r) * u128::from(room) / u128::from(total)) as u64)
+        .collect()
+}
+
+/// The memory the open hash stores of `catalog` were given.
+fn hash_memory_bytes(catalog: &Catalog) -> u64 {
+    catalog
+        .keyspaces
+        .values()
+        .map(|ks| match ks {
+            Keyspace::Hash(store) => store.memory_budget_bytes(),
+            Keyspace::Tree { .. } => 0,
+        })
+        .sum()
+}
+
 /// The lock file's name in the database directory.
 const LOCK: &str = "LOCK";
 
@@ -67,12 +94,16 @@ const LOCK: &str = "LOCK";
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct DbOptions {
-    /// The configuration of every tree keyspace: key and value limits, backend, and the
-    /// memory budget, `config.memory_budget_bytes`, which is the whole database's: every
-    /// tree keyspace keeps its mini-pages in one pool of that size, so memory goes to
-    /// the keyspaces in use and the budget does not grow with the number of keyspaces.
-    /// (What lies outside the budget does: each open keyspace has its own mapping table
-    /// and inner nodes, a few bytes per leaf page plus some hundreds of KiB.)
+    /// The configuration of every keyspace: key and value limits, backend, and the
+    /// memory budget, `config.memory_budget_bytes`, which is the whole database's. Each
+    /// hash store takes its [`HashStoreOptions::memory_bytes`] out of it; every tree
+    /// keyspace keeps its mini-pages in one pool of what is left (at least
+    /// [`MIN_MEMORY_BUDGET_BYTES`]), so memory goes to the keyspaces in use and the
+    /// budget does not grow with the number of keyspaces. The pool is mapped at the
+    /// whole budget and gives back what hash stores take as it turns over (see
+    /// [`DbStats::tree_memory_bytes`]). (What lies outside the budget does grow: each
+    /// open tree has its own mapping table and inner nodes, a few bytes per leaf page
+    /// plus some hundreds of KiB; each hash store its threads.)
     pub config: Config,
     /// The durability of [`Tree::insert`] and [`Tree::delete`] on the database's
     /// keyspaces; [`Tree::insert_with`] and [`Db::write_with`] choose per write. Default
@@ -235,11 +266,21 @@ pub struct DbStats {
     /// Log bytes written since the newest checkpoint's position: what a recovery now
     /// would replay.
     pub log_bytes_since_checkpoint: u64,
-    /// The memory budget every tree keyspace shares: bytes of the one pool their
-    /// mini-pages live in (`config.memory_budget_bytes`, rounded down to a multiple of 8).
+    /// The database's memory budget (`config.memory_budget_bytes`, rounded down to a
+    /// multiple of 8): the hash stores' memory and the trees' pool together.
     pub memory_budget_bytes: u64,
-    /// Bytes of that pool in use now, by every keyspace together.
+    /// The part of the budget the hash stores were given
+    /// ([`HashStoreStats::memory_budget_bytes`](crate::HashStoreStats::memory_budget_bytes)
+    /// summed).
+    pub hash_memory_bytes: u64,
+    /// The rest: bytes the tree keyspaces' mini-pages may take in their one pool.
+    pub tree_memory_bytes: u64,
+    /// Bytes of that pool in use now, by every tree keyspace together.
     pub memory_in_use_bytes: u64,
+    /// Bytes of the pool's memory given back to the operating system since the
+    /// database opened, because hash stores took part of the budget (the pool gives
+    /// back what it no longer spans as it turns over).
+    pub tree_memory_released_bytes: u64,
 }
 
 /// Where the keyspaces' page files live.
@@ -661,7 +702,10 @@ impl Db {
         let mut stats = c.stats.clone();
         stats.log_bytes_since_checkpoint = self.shared.log_bytes_since(&c);
         stats.memory_budget_bytes = self.shared.memory.capacity_bytes();
+        stats.tree_memory_bytes = self.shared.memory.limit_bytes();
+        stats.hash_memory_bytes = hash_memory_bytes(&self.shared.catalog.read());
         stats.memory_in_use_bytes = self.shared.memory.bytes_in_use();
+        stats.tree_memory_released_bytes = self.shared.memory.released_bytes();
         stats
     }
 
@@ -751,6 +795,17 @@ impl Shared {
                 hash: c.hash.iter().copied().collect(),
             })
             .collect();
+        // The hash stores' memory comes out of the budget first.
+        let recorded: Vec<u64> = manifest
+            .keyspaces
+            .values()
+            .filter_map(|entry| match &entry.kind {
+                KeyspaceKind::Hash(layout) => Some(layout.memory_bytes()),
+                KeyspaceKind::Tree => None,
+            })
+            .collect();
+        let mut grants = hash_grants(self.memory.capacity_bytes(), &recorded).into_iter();
+        let mut hash_memory = 0;
         // Every kept checkpoint's slots of a keyspace stay pinned.
         let mut keyspaces = HashMap::new();
         for (name, entry) in &manifest.keyspaces {
@@ -760,7 +815,11 @@ impl Shared {
                     .first()
                     .and_then(|c| c.hash.iter().find(|(id, _)| *id == entry.id))
                     .map(|(_, e)| (e, floors));
-                let store = self.open_hash_store(name, entry.id, layout, extents)?;
+                let memory = grants.next().expect("a grant per hash store");
+                hash_memory += memory;
+                self.memory
+                    .set_limit_bytes(self.memory.capacity_bytes() - hash_memory);
+                let store = self.open_hash_store(name, entry.id, layout, memory, extents)?;
                 keyspaces.insert(entry.id, Keyspace::Hash(store));
                 continue;
             }
@@ -889,6 +948,7 @@ impl Shared {
         name: &str,
         id: u32,
         layout: &HashLayout,
+        memory: u64,
         extents: Option<(&F2Extents, [u64; 3])>,
     ) -> Result<Arc<HashStore>> {
         if extents.is_none() {
@@ -910,13 +970,17 @@ impl Shared {
             max_key_bytes: self.options.config.max_key_bytes,
             max_value_bytes: self.options.config.max_value_bytes,
         };
-        let store = HashStore::open(layout, files, extents, attached).map_err(|e| match e {
-            Error::Corrupted { reason, .. } => Error::CorruptFile {
-                path: self.dir.join(hash_store::file_prefix(id, "*")),
-                reason,
-            },
-            other => other,
-        })?;
+        let store =
+            HashStore::open(layout, memory, files, extents, attached).map_err(|e| match e {
+                Error::Corrupted { reason, .. } => Error::CorruptFile {
+                    path: self.dir.join(hash_store::file_prefix(id, "*")),
+                    reason,
+                },
+                Error::InvalidConfig(why) => {
+                    Error::InvalidConfig(format!("hash store {name:?}: {why}"))
+                }
+                other => other,
+            })?;
         Ok(Arc::new(store))
     }
 
@@ -1066,19 +1130,23 @@ impl Shared {
                 name.len()
             )));
         }
-        let kind = match hash {
-            Some(options) => {
-                let c = &self.options.config;
-                // The largest record: a header, the longest key and the longest value.
-                let record = 16 + c.max_key_bytes as u64 + c.max_value_bytes as u64;
-                KeyspaceKind::Hash(HashLayout::new(options, record)?)
-            }
-            None => KeyspaceKind::Tree,
-        };
         let mut catalog = self.catalog.write();
         if let Some(entry) = catalog.manifest.keyspaces.get(name) {
             return Ok(catalog.keyspaces[&entry.id].clone());
         }
+        let budget = self.memory.capacity_bytes();
+        let hash_memory = hash_memory_bytes(&catalog);
+        let (kind, memory) = match hash {
+            Some(options) => {
+                let memory = self.hash_memory_for(name, &options, budget, hash_memory)?;
+                let c = &self.options.config;
+                // The largest record: a header, the longest key and the longest value.
+                let record = 16 + c.max_key_bytes as u64 + c.max_value_bytes as u64;
+                let layout = HashLayout::new(options.memory_bytes(memory), record)?;
+                (KeyspaceKind::Hash(layout), memory)
+            }
+            None => (KeyspaceKind::Tree, 0),
+        };
         let entry = KeyspaceEntry {
             id: catalog.manifest.next_id,
             kind,
@@ -1089,7 +1157,10 @@ impl Shared {
         let keyspace = match &entry.kind {
             KeyspaceKind::Tree => self.open_keyspace(name, &entry, None, &[])?,
             KeyspaceKind::Hash(layout) => {
-                Keyspace::Hash(self.open_hash_store(name, entry.id, layout, None)?)
+                let store = self.open_hash_store(name, entry.id, layout, memory, None)?;
+                // The trees give up the store's memory (the pool evicts down to it).
+                self.memory.set_limit_bytes(budget - hash_memory - memory);
+                Keyspace::Hash(store)
             }
         };
         let mut manifest = catalog.manifest.clone();
@@ -1100,6 +1171,31 @@ impl Shared {
         catalog.manifest = manifest;
         catalog.keyspaces.insert(entry.id, keyspace.clone());
         Ok(keyspace)
+    }
+
+    /// The memory a new hash store `name` with `options` gets out of `budget`, of
+    /// which the open hash stores have `hash_memory`: what it asks for, or half of what
+    /// is left; an error if that leaves the trees less than they need.
+    fn hash_memory_for(
+        &self,
+        name: &str,
+        options: &HashStoreOptions,
+        budget: u64,
+        hash_memory: u64,
+    ) -> Result<u64> {
+        let left = budget.saturating_sub(hash_memory + MIN_MEMORY_BUDGET_BYTES);
+        let memory = options.memory_bytes.unwrap_or(left / 2);
+        if memory > left || memory < hash_store::MIN_MEMORY_BYTES {
+            return Err(Error::InvalidConfig(format!(
+                "hash store {name:?} needs {memory} bytes of memory (at least {}), but the \
+                 database's memory budget of {budget} bytes has {left} left: its hash \
+                 stores take {hash_memory} and its trees keep at least \
+                 {MIN_MEMORY_BUDGET_BYTES}. Open the database with a larger \
+                 config.memory_budget_bytes, or give the store less memory_bytes",
+                hash_store::MIN_MEMORY_BYTES
+            )));
+        }
+        Ok(memory)
     }
 
     fn lookup(&self, name: &str) -> Option<Keyspace> {
@@ -1131,6 +1227,11 @@ impl Shared {
             ks.mark_dropped();
         }
         if hash {
+            // Its memory goes back to the trees (once the last handle to it is gone,
+            // the store's own memory is freed).
+            let hash_memory = hash_memory_bytes(&catalog);
+            self.memory
+                .set_limit_bytes(self.memory.capacity_bytes() - hash_memory);
             // Handles to it still read: only the files' names go; an open file lives on.
             return self.remove_hash_files(entry.id).map(|()| true);
         }

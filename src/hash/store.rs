@@ -40,13 +40,19 @@ use crate::wal::LogOpRef;
 /// How a hash keyspace is sized, fixed when [`Db::hash_store_with`](crate::Db::hash_store_with)
 /// creates it (and recorded in the database's manifest).
 ///
-/// The memory budget is split as the F2 paper splits its budget at 10% of the data:
+/// The store's memory comes out of its database's memory budget
+/// ([`DbOptions::config`](crate::DbOptions::config)`.memory_budget_bytes`): the tree
+/// keyspaces share what the hash stores leave (see [`HashStoreOptions::memory_bytes`]).
+///
+/// The store's memory is split as the F2 paper splits its budget at 10% of the data:
 /// up to a sixth for the hot index (no more than `expected_keys` need), a sixth for the
 /// read cache (of which 4-6% is its admission filter: a record read from disk is copied
 /// only when its key is read from disk a second time while the filter remembers the
 /// first), a forty-eighth each for the cold log's pages and the cold index's chunk
 /// pages, the chunk table (half a byte per expected key), and the rest for the hot
-/// log's pages. A budget too small for the expected keys' chunk table is refused.
+/// log's pages. Each part but the chunk table and the hot log can be set instead
+/// ([`HashStoreOptions::hot_index_bytes`] and the fields after it). A budget too small
+/// for the expected keys' chunk table and those parts is refused.
 ///
 /// ```
 /// use bfdb::HashStoreOptions;
@@ -54,14 +60,22 @@ use crate::wal::LogOpRef;
 /// let options = HashStoreOptions::default()
 ///     .memory_bytes(256 << 20)
 ///     .expected_keys(20_000_000)
-///     .hot_log_disk_bytes(2 << 30);
-/// assert_eq!(options.memory_bytes, 256 << 20);
+///     .hot_log_disk_bytes(2 << 30)
+///     .read_cache_bytes(0); // no read cache: the hot log gets its share
+/// assert_eq!(options.memory_bytes, Some(256 << 20));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HashStoreOptions {
-    /// Bytes of memory the store keeps (indexes, the read cache and log pages).
-    /// Default 64 MiB.
+    /// Bytes of memory the store keeps (indexes, the read cache and log pages), taken
+    /// out of its database's memory budget when it is created and each time the
+    /// database opens. `None` (the default): half of what the budget has left when the
+    /// store is created (the budget less the other hash stores' memory and
+    /// [`MIN_MEMORY_BUDGET_BYTES`](crate::config::MIN_MEMORY_BUDGET_BYTES) kept for the
+    /// trees); the number chosen is recorded. A store that does not fit is refused at
+    /// creation; if the database is reopened with a budget too small for the stores it
+    /// has, each gets a share of the budget in proportion to its recorded memory
+    /// ([`HashStoreStats::memory_budget_bytes`]).
     ///
     /// The hot index's overflow buckets come on top of its share when its keys need
     /// them (more than seven in one home bucket). Those that keys leaving the hot log
@@ -70,7 +84,7 @@ pub struct HashStoreOptions {
     /// buckets' bytes more than the keys need stay: 1.00-1.03× the budget was measured
     /// (5M keys in 52 MiB, 20M in 206 MiB), against 1.14× before rebuilds. The process
     /// around the store (thread stacks, the allocator's free memory) is not counted.
-    pub memory_bytes: u64,
+    pub memory_bytes: Option<u64>,
     /// Distinct keys the store expects: sizes the cold index (its chunks, under a byte
     /// of memory per cold key) and bounds the hot index. Default 1M.
     pub expected_keys: u64,
@@ -87,16 +101,34 @@ pub struct HashStoreOptions {
     /// cold insert reads its key's chunk of the cold index), so more threads keep more
     /// reads in flight.
     pub compaction_threads: usize,
+    /// Bytes for the hot index's home buckets instead of a sixth of the memory (it
+    /// takes the largest power of two of 64-byte buckets within them, at least 256,
+    /// and no more than `expected_keys` need). `None` by default.
+    pub hot_index_bytes: Option<u64>,
+    /// Bytes for the read cache instead of a sixth of the memory; less than three of
+    /// the hot log's pages turns it off (its bytes go to the hot log). `None` by
+    /// default.
+    pub read_cache_bytes: Option<u64>,
+    /// Bytes for the cold log's page frames instead of a forty-eighth of the memory
+    /// (at least three pages are kept). `None` by default.
+    pub cold_log_memory_bytes: Option<u64>,
+    /// Bytes for the page frames of the cold index's chunk log instead of a
+    /// forty-eighth of the memory (at least three pages are kept). `None` by default.
+    pub chunk_log_memory_bytes: Option<u64>,
 }
 
 impl Default for HashStoreOptions {
     fn default() -> Self {
         HashStoreOptions {
-            memory_bytes: 64 << 20,
+            memory_bytes: None,
             expected_keys: 1 << 20,
             hot_log_disk_bytes: 1 << 30,
             cold_log_disk_bytes: 16 << 30,
             compaction_threads: 2,
+            hot_index_bytes: None,
+            read_cache_bytes: None,
+            cold_log_memory_bytes: None,
+            chunk_log_memory_bytes: None,
         }
     }
 }
@@ -104,7 +136,7 @@ impl Default for HashStoreOptions {
 impl HashStoreOptions {
     /// Sets [`HashStoreOptions::memory_bytes`].
     pub fn memory_bytes(mut self, bytes: u64) -> Self {
-        self.memory_bytes = bytes;
+        self.memory_bytes = Some(bytes);
         self
     }
 
@@ -132,12 +164,66 @@ impl HashStoreOptions {
         self
     }
 
+    /// Sets [`HashStoreOptions::hot_index_bytes`].
+    pub fn hot_index_bytes(mut self, bytes: u64) -> Self {
+        self.hot_index_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets [`HashStoreOptions::read_cache_bytes`].
+    pub fn read_cache_bytes(mut self, bytes: u64) -> Self {
+        self.read_cache_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets [`HashStoreOptions::cold_log_memory_bytes`].
+    pub fn cold_log_memory_bytes(mut self, bytes: u64) -> Self {
+        self.cold_log_memory_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets [`HashStoreOptions::chunk_log_memory_bytes`].
+    pub fn chunk_log_memory_bytes(mut self, bytes: u64) -> Self {
+        self.chunk_log_memory_bytes = Some(bytes);
+        self
+    }
+
+    /// The parts set instead of the paper's shares, in the order of the fields.
+    pub(crate) fn parts(&self) -> [Option<u64>; 4] {
+        [
+            self.hot_index_bytes,
+            self.read_cache_bytes,
+            self.cold_log_memory_bytes,
+            self.chunk_log_memory_bytes,
+        ]
+    }
+
+    /// These options with the parts `parts` says.
+    pub(crate) fn with_parts(mut self, parts: [Option<u64>; 4]) -> Self {
+        [
+            self.hot_index_bytes,
+            self.read_cache_bytes,
+            self.cold_log_memory_bytes,
+            self.chunk_log_memory_bytes,
+        ] = parts;
+        self
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |why: String| Err(Error::InvalidConfig(why));
-        if self.memory_bytes < 64 << 10 || self.memory_bytes > 1 << 44 {
+        if let Some(memory) = self.memory_bytes
+            && !(MIN_MEMORY_BYTES..=1 << 44).contains(&memory)
+        {
             return bad(format!(
-                "a hash store's memory_bytes {} must be between 64 KiB and 16 TiB",
-                self.memory_bytes
+                "a hash store's memory_bytes {memory} must be between 64 KiB and 16 TiB"
+            ));
+        }
+        if let (Some(memory), parts) = (self.memory_bytes, self.parts())
+            && parts.iter().flatten().sum::<u64>() > memory
+        {
+            return bad(format!(
+                "a hash store's parts {parts:?} (hot index, read cache, cold log, chunk \
+                 log) add up to more than its memory_bytes {memory}"
             ));
         }
         if self.expected_keys == 0 || self.expected_keys > 1 << 40 {
@@ -164,6 +250,9 @@ impl HashStoreOptions {
     }
 }
 
+/// The least memory a hash store takes.
+pub(crate) const MIN_MEMORY_BYTES: u64 = 64 << 10;
+
 /// A hash keyspace's layout: its options and the page sizes of its logs, which its
 /// files depend on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,9 +268,11 @@ const SEGMENT_BYTES: u64 = 64 << 20;
 const MAX_PAGE_BITS: u32 = 22;
 
 impl HashLayout {
-    /// The layout for `options`, with pages that hold a record of `max_record_bytes`.
+    /// The layout for `options`, whose `memory_bytes` the database has set, with
+    /// pages that hold a record of `max_record_bytes`.
     pub(crate) fn new(options: HashStoreOptions, max_record_bytes: u64) -> Result<HashLayout> {
         options.validate()?;
+        let memory = recorded_memory(&options)?;
         let least = max_record_bytes
             .next_power_of_two()
             .trailing_zeros()
@@ -192,13 +283,12 @@ impl HashLayout {
             let fit = (memory / 16).max(1).ilog2();
             fit.clamp(least, MAX_PAGE_BITS.max(least)) as u8
         };
-        let split = Split::of(options.memory_bytes, options.expected_keys);
+        let split = Split::of(memory, options.expected_keys, options.parts());
         if split.hot_log < 4 * (1 << least) {
             return Err(Error::InvalidConfig(format!(
-                "a hash store's memory_bytes {} leave its hot log {} bytes once the hot \
-                 index ({}), the read cache ({}), the chunk table for {} keys ({}) and the \
-                 cold logs ({}) have theirs: give it more memory or expect fewer keys",
-                options.memory_bytes,
+                "a hash store's memory_bytes {memory} leave its hot log {} bytes once the \
+                 hot index ({}), the read cache ({}), the chunk table for {} keys ({}) and \
+                 the cold logs ({}) have theirs: give it more memory or expect fewer keys",
                 split.hot_log,
                 split.hot_index,
                 split.read_cache,
@@ -222,6 +312,7 @@ impl HashLayout {
     /// Checks a layout read back from a manifest.
     pub(crate) fn check(&self) -> Result<()> {
         self.options.validate()?;
+        recorded_memory(&self.options)?;
         if self
             .page_bits
             .iter()
@@ -235,10 +326,37 @@ impl HashLayout {
         Ok(())
     }
 
-    /// The store's options for [`F2`].
-    pub(crate) fn f2_options(&self) -> F2Options {
+    /// The memory recorded at creation (`options.memory_bytes`, which `check` found).
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        self.options.memory_bytes.unwrap_or(MIN_MEMORY_BYTES)
+    }
+
+    /// The store's options for [`F2`] when its database grants it `memory` bytes: the
+    /// recorded memory, or less when the database's budget has shrunk (the parts set
+    /// in the options shrink in proportion). An error if the hot log would have less
+    /// than three of its pages.
+    pub(crate) fn f2_options(&self, memory: u64) -> Result<F2Options> {
         let o = &self.options;
-        let split = Split::of(o.memory_bytes, o.expected_keys);
+        let recorded = self.memory_bytes();
+        let memory = memory.min(recorded);
+        let parts = o.parts().map(|part| {
+            part.map(|bytes| (u128::from(bytes) * u128::from(memory) / u128::from(recorded)) as u64)
+        });
+        let split = Split::of(memory, o.expected_keys, parts);
+        if split.hot_log >> self.page_bits[0] < 3 {
+            return Err(Error::InvalidConfig(format!(
+                "{memory} bytes of memory leave the hash store's hot log {} bytes once the \
+                 hot index ({}), the read cache ({}), the chunk table ({}) and the cold \
+                 logs ({}) have theirs, less than three of its {}-byte pages: open the \
+                 database with a larger memory budget",
+                split.hot_log,
+                split.hot_index,
+                split.read_cache,
+                split.chunk_table,
+                split.cold_log + split.chunk_log,
+                1u64 << self.page_bits[0],
+            )));
+        }
         // The read cache is off when its share is less than three hot-log pages; the
         // hot log has it then.
         let read_cache = if split.read_cache >> self.page_bits[0] >= 3 {
@@ -263,7 +381,7 @@ impl HashLayout {
                 mutable_pages: (frames * 9 / 10).clamp(1, frames - 2),
             }
         };
-        F2Options {
+        Ok(F2Options {
             hot_keys: split.hot_keys,
             cold_keys: o.expected_keys,
             hot_log: log(hot_log, self.page_bits[0]),
@@ -276,8 +394,15 @@ impl HashLayout {
             compaction_threads: o.compaction_threads,
             read_cache_memory_bytes: read_cache,
             read_cache_admission: admission,
-        }
+        })
     }
+}
+
+/// `options.memory_bytes`, which a layout must have (the database sets it).
+fn recorded_memory(options: &HashStoreOptions) -> Result<u64> {
+    options
+        .memory_bytes
+        .ok_or_else(|| Error::InvalidConfig("a hash store's layout has no memory_bytes".into()))
 }
 
 /// The memory budget split in parts (see [`HashStoreOptions`]), in bytes.
@@ -295,26 +420,32 @@ struct Split {
 }
 
 impl Split {
-    fn of(memory: u64, expected_keys: u64) -> Split {
+    /// The split of `memory`, with the parts `parts` gives (hot index, read cache, cold
+    /// log, chunk log) instead of the paper's shares.
+    fn of(memory: u64, expected_keys: u64, parts: [Option<u64>; 4]) -> Split {
         use super::index::{IndexOptions, KEYS_PER_BUCKET};
         let sixth = memory / 6;
         let small = memory / 48;
+        let [hot_index, read_cache, cold_log, chunk_log] = parts;
         // The hot index's home buckets: a power of two within its share (at least 256),
         // and no more than the expected keys need.
-        let fits = (sixth / 64).max(256);
+        let fits = (hot_index.unwrap_or(sixth) / 64).max(256);
         let buckets = (1u64 << fits.ilog2())
             .min(IndexOptions::for_keys(expected_keys).buckets as u64)
             .max(256);
         let chunks = super::cold::ColdIndex::chunks_for(expected_keys);
         let chunk_table = IndexOptions::for_keys(chunks).buckets as u64 * 64;
-        let fixed = buckets * 64 + sixth + chunk_table + 2 * small;
+        let read_cache = read_cache.unwrap_or(sixth);
+        let cold_log = cold_log.unwrap_or(small);
+        let chunk_log = chunk_log.unwrap_or(small);
+        let fixed = buckets * 64 + read_cache + chunk_table + cold_log + chunk_log;
         Split {
             hot_keys: buckets * KEYS_PER_BUCKET,
             hot_index: buckets * 64,
-            read_cache: sixth,
+            read_cache,
             chunk_table,
-            cold_log: small,
-            chunk_log: small,
+            cold_log,
+            chunk_log,
             hot_log: memory.saturating_sub(fixed),
         }
     }
@@ -419,6 +550,10 @@ pub struct HashStoreStats {
     /// Bytes of memory of the hot index, the chunk table, the read cache and the three
     /// logs' page frames together.
     pub memory_bytes: u64,
+    /// Bytes of its database's memory budget the store was given when the database
+    /// opened (or when it was created): its recorded
+    /// [`HashStoreOptions::memory_bytes`], or a proportional share of a smaller budget.
+    pub memory_budget_bytes: u64,
 }
 
 /// The part of a hash store its compactor thread shares.
@@ -427,6 +562,8 @@ struct Inner {
     /// The devices of the hot log, the cold log and the chunk log, with their floors.
     floors: [Arc<Retaining>; 3],
     attached: HashAttached,
+    /// The bytes of its database's budget the store was given.
+    memory_budget_bytes: u64,
 }
 
 /// A hash keyspace of a [`Db`](crate::Db): an F2-style store for point reads and writes
@@ -477,11 +614,13 @@ const _: () = {
 };
 
 impl HashStore {
-    /// Opens hash keyspace `attached.keyspace` with `layout` on `files`: as `extents`
+    /// Opens hash keyspace `attached.keyspace` with `layout` and `memory` bytes of its
+    /// database's budget on `files`: as `extents`
     /// (a checkpoint's record of it, with `floors` the lowest BEGIN of each log that a
     /// kept checkpoint needs), or empty.
     pub(crate) fn open(
         layout: &HashLayout,
+        memory: u64,
         files: HashFiles<'_>,
         extents: Option<(&F2Extents, [u64; 3])>,
         attached: HashAttached,
@@ -507,7 +646,7 @@ impl HashStore {
             let [hot, cold, chunks] = floors.clone().map(|f| f as Arc<dyn LogPages>);
             F2Devices { hot, cold, chunks }
         };
-        let options = layout.f2_options();
+        let options = layout.f2_options(memory)?;
         let f2 = match extents {
             Some((extents, _)) => F2::recover(options, f2_devices, extents)?,
             None => F2::new(options, f2_devices)?,
@@ -516,12 +655,18 @@ impl HashStore {
             f2,
             floors,
             attached,
+            memory_budget_bytes: memory.min(layout.memory_bytes()),
         });
         let compactor = compactor(&inner);
         Ok(HashStore {
             inner,
             _compactor: compactor,
         })
+    }
+
+    /// The bytes of its database's memory budget the store was given.
+    pub(crate) fn memory_budget_bytes(&self) -> u64 {
+        self.inner.memory_budget_bytes
     }
 
     /// The store's logs and indexes, for the async reads of [`super::aio`].
@@ -704,6 +849,7 @@ impl HashStore {
             cold_log_bytes: c.tail - c.begin,
             chunk_log_bytes: k.tail - k.begin,
             memory_bytes: memory.unwrap_or(0),
+            memory_budget_bytes: self.inner.memory_budget_bytes,
         }
     }
 

@@ -46,6 +46,10 @@ const MAX_ALLOC_ATTEMPTS: u32 = 4096;
 /// [`Evictor::evict_batch`] together (so the tree can merge them with batched IO).
 pub const EVICT_BATCH_BLOCKS: usize = 8;
 
+/// The unit in which memory behind the head is given back while the limit is below
+/// the capacity: a huge page, so an explicit or transparent huge page goes back whole.
+pub(super) const RELEASE_CHUNK_BYTES: u64 = 2 << 20;
+
 /// What one eviction step achieved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EvictResult {
@@ -180,16 +184,16 @@ impl Pool {
         reclaimed
     }
 
-    /// Evicts until the tail has at least `free_bytes` of room (`capacity - (tail -
+    /// Evicts until the tail has at least `free_bytes` of room (`limit - (tail -
     /// head)`), or until eviction stalls on busy blocks. Returns whether the room was
     /// reached.
     pub fn evict_until(&self, free_bytes: u64, evictor: &dyn Evictor) -> bool {
         let mut stalled = 0;
         loop {
             // The snapshot loads the head before the tail, so under concurrent
-            // eviction and allocation `tail - head` can exceed the capacity: no room.
+            // eviction and allocation `tail - head` can exceed the limit: no room.
             let a = self.addresses();
-            if self.capacity_bytes.saturating_sub(a.tail - a.head) >= free_bytes {
+            if self.limit_bytes().saturating_sub(a.tail - a.head) >= free_bytes {
                 return true;
             }
             if self.evict_many(EVICT_BATCH_BLOCKS, evictor) > 0 {
@@ -253,7 +257,8 @@ impl Pool {
         let cursor = self.evict_cursor.load(Ordering::Relaxed);
         if bounded
             && (state.retry.len() >= RETRY_LIST_MAX
-                || cursor - self.head.load(Ordering::Acquire) >= self.evict_window_bytes)
+                || cursor - self.head.load(Ordering::Acquire)
+                    >= self.evict_window_bytes.load(Ordering::Acquire))
         {
             return Claim::WindowFull;
         }
@@ -450,11 +455,13 @@ impl Pool {
         }
     }
 
-    /// Moves the head past every `Reclaimed` block at it.
+    /// Moves the head past every `Reclaimed` block at it, giving back the memory it
+    /// passed when the limit is below the capacity (`release_behind`).
     fn advance_head(&self) {
         let _serial = self.head_lock.lock();
         // Only this mutex's holders write the head.
-        let mut head = self.head.load(Ordering::Relaxed);
+        let start = self.head.load(Ordering::Relaxed);
+        let mut head = start;
         loop {
             if head >= self.evict_cursor.load(Ordering::Acquire) {
                 break;
@@ -473,7 +480,66 @@ impl Pool {
             // (Release) lets the tail reuse it.
             word.store(0, RegionOrdering::Relaxed);
             head += header.block_size_bytes();
+            if self.limit_bytes.load(Ordering::Relaxed) == self.capacity_bytes {
+                // Nothing is given back at the full capacity: let allocators in block by
+                // block.
+                self.head.store(head, Ordering::Release);
+            }
+        }
+        if head != start && self.limit_bytes.load(Ordering::Relaxed) != self.capacity_bytes {
+            self.release_behind(start, head);
             self.head.store(head, Ordering::Release);
+        }
+    }
+
+    /// Gives back to the operating system the whole `RELEASE_CHUNK_BYTES` chunks of the
+    /// region that lie in `[old_head, new_head)` now and did not before, where the tail
+    /// cannot reach them again before the head has moved on. Called under the head lock
+    /// before the head is stored as `new_head`.
+    ///
+    /// The bytes are zero already (reclaimers zeroed payloads, `advance_head` the
+    /// headers), and `MADV_DONTNEED` on this private anonymous mapping keeps them zero,
+    /// so the invariant "memory below the head is zero" holds either way and a failed
+    /// call costs only memory. Nobody else touches them: they are below every claimed
+    /// block, no free list holds them (free lists hold blocks at or above the evict
+    /// cursor's start of reuse), and the tail reaches the same physical bytes only at
+    /// logical address `chunk + capacity`. While we hold the lock the head stays at
+    /// `old_head` and the limit stays put, so every tail an allocator can make is below
+    /// `max(tail now, old_head + limit)`; a chunk is given back only if that bound is at
+    /// or below `chunk + capacity`.
+    fn release_behind(&self, old_head: u64, new_head: u64) {
+        let cap = self.capacity_bytes;
+        let limit = self.limit_bytes.load(Ordering::Relaxed);
+        let reach = self.tail.load(Ordering::Acquire).max(old_head + limit);
+        // Chunks are physical: `[k * CHUNK, (k + 1) * CHUNK)` below the capacity. One
+        // that straddles `old_head` was not wholly behind the old head, so none of these
+        // was given back before.
+        let mut from = old_head - old_head % cap % RELEASE_CHUNK_BYTES;
+        while from < new_head {
+            let lap_end = from - from % cap + cap;
+            let physical = from % cap;
+            let end = new_head.min(lap_end);
+            // Whole chunks within [from, end) in this lap.
+            let chunks = (end - from) / RELEASE_CHUNK_BYTES;
+            let mut first = from;
+            // The earliest chunks are the ones the tail may have come round to.
+            while first < from + chunks * RELEASE_CHUNK_BYTES && reach > first + cap {
+                first += RELEASE_CHUNK_BYTES;
+            }
+            let bytes = from + chunks * RELEASE_CHUNK_BYTES - first;
+            if bytes > 0 {
+                // SAFETY: the range lies in the region (whole chunks below the
+                // capacity) and is owned by nobody, as argued above.
+                unsafe { self.region.release(physical + (first - from), bytes) };
+                self.counters
+                    .released_bytes
+                    .fetch_add(bytes, Ordering::Relaxed);
+            }
+            if end == lap_end {
+                from = lap_end;
+            } else {
+                break;
+            }
         }
     }
 }

@@ -10,7 +10,9 @@
 //! Blocks are placed at monotonically increasing *logical* addresses (`u64`, never
 //! reused); the physical offset is `logical % capacity`. Four addresses split the
 //! logical space, and always satisfy
-//! `head <= second_chance <= tail`, `head <= evict_cursor <= tail`, `tail - head <= capacity`:
+//! `head <= second_chance <= tail`, `head <= evict_cursor <= tail`, `tail - head <= capacity`
+//! (and, once allocations that began under a higher limit have ended, `tail - head <=
+//! limit`: see [`Pool::set_limit_bytes`]):
 //!
 //! - `tail`: the next free logical address. Allocation bumps it with a CAS loop.
 //! - `head`: the oldest block not yet reclaimed. Only blocks below it may be reused.
@@ -373,6 +375,9 @@ pub struct PoolStats {
     /// How far the tail has moved since the pool was made: every block and pad ever
     /// handed out from the tail. Below the capacity, the pool is on its first lap.
     pub tail_bytes: u64,
+    /// Bytes of the region given back to the operating system behind the head while
+    /// the limit was below the capacity ([`Pool::set_limit_bytes`]).
+    pub released_bytes: u64,
 }
 
 /// The pool's addresses at one moment (loaded head first, so the inequalities hold).
@@ -398,6 +403,7 @@ struct Counters {
     busy_retries: AtomicU64,
     would_blocks: AtomicU64,
     bytes_in_use: AtomicU64,
+    released_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -410,19 +416,23 @@ impl Counters {
 pub struct Pool {
     region: Region,
     capacity_bytes: u64,
-    /// `capacity - copy-on-access bytes`: how far below the tail the in-place region
-    /// reaches.
-    in_place_bytes: u64,
+    /// Bytes the blocks may span, `tail - head` (at most the capacity; see
+    /// [`Pool::set_limit_bytes`]). Written under the head lock only.
+    limit_bytes: AtomicU64,
+    copy_on_access_percent: u8,
+    /// `limit - copy-on-access bytes`: how far below the tail the in-place region
+    /// reaches. Follows the limit.
+    in_place_bytes: AtomicU64,
     max_block_size_bytes: u32,
     /// Bytes the evict cursor may run ahead of the head (bounds eviction behind a
-    /// stuck head).
-    evict_window_bytes: u64,
+    /// stuck head): a quarter of the limit.
+    evict_window_bytes: AtomicU64,
     tail: AtomicU64,
     head: AtomicU64,
     evict_cursor: AtomicU64,
     /// Serialises claims (writes of `evict_cursor`) and guards the retry list.
     evict_state: Mutex<EvictState>,
-    /// Serialises head movement.
+    /// Serialises head movement and changes of the limit.
     head_lock: Mutex<()>,
     free_lists: FreeLists,
     counters: Counters,
@@ -440,15 +450,18 @@ impl Pool {
                 source,
             }
         })?;
-        // At most 2^48 * 100, far from overflowing.
-        let coa_bytes = capacity_bytes * u64::from(config.copy_on_access_percent) / 100;
         let classes = class_of(config.max_block_size_bytes as usize) + 1;
         Ok(Pool {
             region,
             capacity_bytes,
-            in_place_bytes: capacity_bytes - coa_bytes,
+            limit_bytes: AtomicU64::new(capacity_bytes),
+            copy_on_access_percent: config.copy_on_access_percent,
+            in_place_bytes: AtomicU64::new(in_place_bytes(
+                capacity_bytes,
+                config.copy_on_access_percent,
+            )),
             max_block_size_bytes: config.max_block_size_bytes,
-            evict_window_bytes: capacity_bytes / 4,
+            evict_window_bytes: AtomicU64::new(capacity_bytes / 4),
             tail: AtomicU64::new(0),
             head: AtomicU64::new(0),
             evict_cursor: AtomicU64::new(0),
@@ -462,6 +475,42 @@ impl Pool {
     /// The region's size in bytes.
     pub fn capacity_bytes(&self) -> u64 {
         self.capacity_bytes
+    }
+
+    /// Bytes the pool's blocks may span now (`tail - head`): the capacity unless
+    /// [`Pool::set_limit_bytes`] lowered it.
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit_bytes.load(Ordering::Acquire)
+    }
+
+    /// The smallest limit: twice the largest block with its header, so an empty pool
+    /// can always take any block (a pad may come first at the region's end).
+    pub fn min_limit_bytes(&self) -> u64 {
+        2 * (HEADER_SIZE_BYTES + u64::from(self.max_block_size_bytes))
+    }
+
+    /// Sets how many bytes the blocks may span, clamped to
+    /// `min_limit_bytes()..=capacity`; returns the limit set. A database lowers it when a
+    /// hash keyspace takes its memory out of the budget the pool was sized for, and
+    /// raises it again when the keyspace goes.
+    ///
+    /// A lower limit takes effect at once for new allocations (they evict until `tail -
+    /// head` is within it); allocations that had already passed the old limit's check
+    /// may still end above it. Memory the pool no longer spans is given back to the
+    /// operating system as the head passes it (`madvise(MADV_DONTNEED)` of whole 2 MiB
+    /// chunks behind the head), so within one turn of the buffer the region's resident
+    /// memory follows the limit. At the full capacity nothing is given back and a turn
+    /// of the buffer costs no page faults.
+    pub fn set_limit_bytes(&self, bytes: u64) -> u64 {
+        let limit = bytes.clamp(self.min_limit_bytes(), self.capacity_bytes);
+        let _serial = self.head_lock.lock();
+        self.in_place_bytes.store(
+            in_place_bytes(limit, self.copy_on_access_percent),
+            Ordering::Release,
+        );
+        self.evict_window_bytes.store(limit / 4, Ordering::Release);
+        self.limit_bytes.store(limit, Ordering::Release);
+        limit
     }
 
     /// The largest payload the pool hands out.
@@ -641,20 +690,20 @@ impl Pool {
         let tail = self.tail.load(Ordering::Acquire);
         Addresses {
             head,
-            second_chance: head.max(tail.saturating_sub(self.in_place_bytes)),
+            second_chance: head
+                .max(tail.saturating_sub(self.in_place_bytes.load(Ordering::Acquire))),
             evict_cursor,
             tail,
         }
     }
 
-    /// Room at the tail, `capacity - (tail - head)`: what allocations past the free
+    /// Room at the tail, `limit - (tail - head)`: what allocations past the free
     /// lists can take before someone must evict. A snapshot (the head is loaded first,
     /// so under concurrent eviction it can only understate the room).
     pub fn tail_room_bytes(&self) -> u64 {
         let head = self.head.load(Ordering::Acquire);
         let tail = self.tail.load(Ordering::Acquire);
-        self.capacity_bytes
-            .saturating_sub(tail.saturating_sub(head))
+        self.limit_bytes().saturating_sub(tail.saturating_sub(head))
     }
 
     /// Bytes of blocks handed out and not yet freed or evicted, headers included (the
@@ -677,6 +726,7 @@ impl Pool {
             would_blocks: get(&c.would_blocks),
             bytes_in_use: get(&c.bytes_in_use),
             tail_bytes: self.tail.load(Ordering::Acquire),
+            released_bytes: get(&c.released_bytes),
         }
     }
 
@@ -756,7 +806,7 @@ impl Pool {
     }
 
     /// Bumps the tail by one block (after a pad if the block would cross the region's
-    /// physical end). `None` if that would take `tail - head` above the capacity.
+    /// physical end). `None` if that would take `tail - head` above the limit.
     fn alloc_from_tail(&self, payload_bytes: u32) -> Option<Block> {
         let cap = self.capacity_bytes;
         let block_bytes = HEADER_SIZE_BYTES + u64::from(payload_bytes);
@@ -773,7 +823,7 @@ impl Pool {
             };
             let new_tail = tail + pad_bytes + block_bytes;
             debug_assert!(head <= tail);
-            if new_tail - head > cap {
+            if new_tail - head > self.limit_bytes() {
                 return None;
             }
             if self
@@ -826,6 +876,12 @@ fn class_size_bytes(class: usize) -> u32 {
     let steps = (class % CLASSES_PER_DOUBLING) as u32;
     let base = MIN_BLOCK_SIZE_BYTES << doublings;
     base + steps * (base / CLASSES_PER_DOUBLING as u32)
+}
+
+/// The in-place bytes of a pool spanning `limit` bytes: all but the copy-on-access
+/// share. (At most 2^48 * 100, far from overflowing.)
+fn in_place_bytes(limit: u64, copy_on_access_percent: u8) -> u64 {
+    limit - limit * u64::from(copy_on_access_percent) / 100
 }
 
 /// The smallest size class whose payload holds `size_bytes` (no upper bound check).

@@ -134,6 +134,28 @@ impl Region {
         };
     }
 
+    /// Gives `len_bytes` at physical `offset` back to the operating system; they read
+    /// as zero afterwards (the mapping is private and anonymous), and memory is taken
+    /// again when they are next written. A failure (an old kernel refusing it on
+    /// explicit huge pages) leaves the bytes as they were.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Region::zero`], and `offset` must be a multiple of the page size.
+    pub(crate) unsafe fn release(&self, offset: u64, len_bytes: u64) {
+        debug_assert!(offset + len_bytes <= self.len_bytes as u64);
+        // SAFETY: the range lies in this mapping (caller) and is page aligned (the base
+        // is); nobody uses its bytes (caller), and MADV_DONTNEED on a private anonymous
+        // mapping only replaces them with zero-filled pages on next touch.
+        unsafe {
+            libc::madvise(
+                self.ptr_at(offset).as_ptr().cast(),
+                len_bytes as usize,
+                libc::MADV_DONTNEED,
+            )
+        };
+    }
+
     /// Reads the u64 at physical `offset` non-atomically (free-list links).
     ///
     /// # Safety

@@ -625,3 +625,116 @@ fn panicking_batch_callback_puts_every_block_back() {
     assert_eq!(report.evicted_blocks, 3);
     assert_eq!(pool.addresses().head, pool.addresses().tail);
 }
+
+/// Bytes of the region's pages that are resident (`mincore`).
+fn resident_bytes(pool: &Pool) -> u64 {
+    let page = 4096usize;
+    let len = pool.capacity_bytes as usize;
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: the range is exactly the pool's mapping; mincore only writes `vec`, one
+    // byte per page.
+    let rc = unsafe { libc::mincore(pool.region.ptr_at(0).as_ptr().cast(), len, vec.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+    vec.iter().filter(|&&v| v & 1 == 1).count() as u64 * page as u64
+}
+
+/// Fills `block`'s payload with a pattern of its address.
+fn stamp(block: &Block) {
+    // SAFETY: the caller owns the block (Reserved, not yet published).
+    let payload = unsafe { block.payload_mut() };
+    for (i, chunk) in payload.chunks_mut(8).enumerate() {
+        let word = (block.addr() ^ i as u64).to_le_bytes();
+        chunk.copy_from_slice(&word[..chunk.len()]);
+    }
+}
+
+/// Whether `block`'s payload still holds `stamp`'s pattern.
+fn stamped(block: &Block) -> bool {
+    // SAFETY: the block is live and only this single-threaded test touches it.
+    let payload = unsafe { block.payload() };
+    payload
+        .chunks(8)
+        .enumerate()
+        .all(|(i, chunk)| chunk == &(block.addr() ^ i as u64).to_le_bytes()[..chunk.len()])
+}
+
+#[test]
+fn a_lower_limit_bounds_the_window_and_gives_back_memory_the_head_passed() {
+    const MIB: u64 = 1 << 20;
+    let pool = Pool::new(PoolConfig {
+        capacity_bytes: 16 * MIB,
+        copy_on_access_percent: 10,
+        huge_pages: false,
+        max_block_size_bytes: 4096,
+    })
+    .unwrap();
+    assert_eq!(pool.set_limit_bytes(1), pool.min_limit_bytes());
+    assert_eq!(pool.set_limit_bytes(u64::MAX), 16 * MIB);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rand = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    // Blocks the test holds; the evictor checks each is intact before forgetting it,
+    // so memory given back under a live block (it would read as zeros) fails here.
+    let held = std::cell::RefCell::new(std::collections::BTreeMap::<u64, Block>::new());
+    let checked = |b: &Block| {
+        assert!(stamped(b), "{b:?} lost its bytes");
+        assert!(held.borrow_mut().remove(&b.addr()).is_some());
+        EvictDecision::Evicted
+    };
+    let mut churn = |pool: &Pool, bytes: u64| {
+        let start = pool.stats().tail_bytes;
+        while pool.stats().tail_bytes - start < bytes {
+            if rand(8) == 0 && !held.borrow().is_empty() {
+                let n = held.borrow().len() as u64;
+                let addr = *held.borrow().keys().nth(rand(n) as usize).unwrap();
+                let b = held.borrow_mut().remove(&addr).unwrap();
+                assert!(stamped(&b), "{b:?} lost its bytes");
+                // SAFETY: allocated, not evicted (the evictor forgets those), freed once.
+                unsafe { pool.free(b) };
+                continue;
+            }
+            let b = pool.alloc(1 + rand(4096) as usize, &checked).unwrap();
+            stamp(&b);
+            // SAFETY: Reserved and ours; published once.
+            unsafe { pool.publish(&b) };
+            held.borrow_mut().insert(b.addr(), b);
+            let a = pool.addresses();
+            assert!(a.tail - a.head <= pool.limit_bytes(), "{a:?}");
+        }
+    };
+    // A full first lap touches the whole region.
+    churn(&pool, 20 * MIB);
+    assert!(resident_bytes(&pool) > 15 * MIB);
+    assert_eq!(
+        pool.stats().released_bytes,
+        0,
+        "nothing given back at the capacity"
+    );
+    // A quarter of it: eviction brings the window within the limit at once, and after
+    // a turn of the buffer what lies outside the window has gone back.
+    assert_eq!(pool.set_limit_bytes(4 * MIB), 4 * MIB);
+    churn(&pool, 40 * MIB);
+    let resident = resident_bytes(&pool);
+    assert!(
+        resident <= 4 * MIB + 3 * super::evict::RELEASE_CHUNK_BYTES,
+        "{resident} bytes resident under a 4 MiB limit"
+    );
+    assert!(pool.stats().released_bytes >= 16 * MIB);
+    for b in held.borrow().values() {
+        assert!(stamped(b), "{b:?} lost its bytes");
+    }
+    assert_zero_outside_window(&pool);
+    // Back to the capacity: the window may span it all again.
+    pool.set_limit_bytes(16 * MIB);
+    churn(&pool, 40 * MIB);
+    let a = pool.addresses();
+    assert!(a.tail - a.head > 8 * MIB, "{a:?}");
+    for b in held.borrow().values() {
+        assert!(stamped(b), "{b:?} lost its bytes");
+    }
+    assert_zero_outside_window(&pool);
+}

@@ -161,10 +161,9 @@ fn merges_waiting(pool: &TreePool) -> bool {
 /// The evictor's loop: evict until the high-water mark, sleep until woken (or a while).
 fn run(pool: &TreePool) {
     let signal = &pool.wake;
-    let (low, high) = (
-        low_water_bytes(pool.capacity_bytes()),
-        high_water_bytes(pool.capacity_bytes()),
-    );
+    // The marks follow the pool's limit, which a database may change at any time.
+    let low = || low_water_bytes(pool.limit_bytes());
+    let high = || high_water_bytes(pool.limit_bytes());
     let mut backoff = Duration::from_millis(1);
     while !signal.stop.load(Ordering::Acquire) {
         let mut stalled = 0;
@@ -173,7 +172,7 @@ fn run(pool: &TreePool) {
                 break;
             }
             let queued = merge_queued(pool);
-            if pool.tail_room_bytes() >= high {
+            if pool.tail_room_bytes() >= high() {
                 if queued == 0 {
                     break;
                 }
@@ -202,7 +201,7 @@ fn run(pool: &TreePool) {
         signal.busy.store(false, Ordering::SeqCst);
         // A writer that found the pool low (or queued a merge) after the loop's last look
         // but before `busy` cleared did not wake us: look once more before sleeping.
-        let work = pool.tail_room_bytes() < low || merges_waiting(pool);
+        let work = pool.tail_room_bytes() < low() || merges_waiting(pool);
         if work && !signal.busy.swap(true, Ordering::AcqRel) {
             continue;
         }

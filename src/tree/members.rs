@@ -224,9 +224,33 @@ impl TreeMemory {
         Ok(TreeMemory { pool, background })
     }
 
-    /// Bytes of the pool: the memory budget of every tree that shares it.
+    /// Bytes of the pool's region: the memory budget it was made for.
     pub(crate) fn capacity_bytes(&self) -> u64 {
         self.pool.capacity_bytes()
+    }
+
+    /// Bytes the trees' mini-pages may take now: the capacity less what the database
+    /// gave its hash keyspaces.
+    pub(crate) fn limit_bytes(&self) -> u64 {
+        self.pool.limit_bytes()
+    }
+
+    /// Sets the trees' share (see [`Pool::set_limit_bytes`](crate::pool::Pool::set_limit_bytes))
+    /// and wakes the background evictor to make room under a lower one. Returns the
+    /// share set.
+    pub(crate) fn set_limit_bytes(&self, bytes: u64) -> u64 {
+        let limit = self.pool.set_limit_bytes(bytes);
+        if let Some(thread) = self.pool.wake.thread.get()
+            && !self.pool.wake.busy.swap(true, Ordering::AcqRel)
+        {
+            thread.unpark();
+        }
+        limit
+    }
+
+    /// Bytes of the region given back to the operating system behind the head.
+    pub(crate) fn released_bytes(&self) -> u64 {
+        self.pool.stats().released_bytes
     }
 
     /// Bytes of the pool's blocks in use (headers included).
@@ -239,6 +263,7 @@ impl std::fmt::Debug for TreeMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TreeMemory")
             .field("capacity_bytes", &self.pool.capacity_bytes())
+            .field("limit_bytes", &self.pool.limit_bytes())
             .field(
                 "background_reclaimed",
                 &self.pool.background_reclaimed.load(Ordering::Relaxed),

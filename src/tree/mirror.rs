@@ -91,16 +91,16 @@ impl Core {
     pub(super) fn mirror_room(&self) -> bool {
         const MIRROR_ROOM_PERCENT: u64 = 80;
         self.config.promotion_rate_percent > 0
-            && self.pool.addresses().tail + MAX_MINI_BLOCK_BYTES as u64
-                <= self.pool.capacity_bytes()
+            && self.pool.addresses().tail + MAX_MINI_BLOCK_BYTES as u64 <= self.pool.limit_bytes()
             && self.pool_in_use_below(MIRROR_ROOM_PERCENT)
     }
 
     /// Whether the pool's bytes in use, with one more block of the largest class, stay
-    /// below `percent` of its capacity.
+    /// below `percent` of its limit (the capacity, unless hash keyspaces of the
+    /// database took some).
     pub(super) fn pool_in_use_below(&self, percent: u64) -> bool {
         self.pool.bytes_in_use() + MAX_MINI_BLOCK_BYTES as u64
-            <= self.pool.capacity_bytes() / 100 * percent
+            <= self.pool.limit_bytes() / 100 * percent
     }
 
     /// Whether the pool has room to spare for a read's record, so that caching it needs

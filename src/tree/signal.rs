@@ -40,7 +40,7 @@ impl Core {
         let Some(thread) = wake.thread.get() else {
             return;
         };
-        if self.pool.tail_room_bytes() < low_water_bytes(self.pool.capacity_bytes())
+        if self.pool.tail_room_bytes() < low_water_bytes(self.pool.limit_bytes())
             && !wake.busy.swap(true, Ordering::AcqRel)
         {
             thread.unpark();
