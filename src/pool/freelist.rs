@@ -10,7 +10,8 @@
 //! under that mutex, by a CAS on the exact header word (size, state, lap). So the lists
 //! never hold a stale entry: the evictor unlinks a `Free` block before reclaiming it,
 //! and a pop can therefore never hand out memory that was reclaimed or reused by a later
-//! lap.
+//! lap. A pop unlinks a block *before* its header leaves `Free`: a block it skips
+//! becomes `Dead`, which its evictor reclaims (zeroing the links) without the mutex.
 
 use super::header::{HEADER_SIZE_BYTES, Header, State};
 use super::region::Region;
@@ -33,7 +34,17 @@ pub(crate) struct FreeLists {
     /// Entries per class, updated under the class mutex, read without it as a hint so
     /// an empty class costs no lock on the allocation path.
     lens: Box<[AtomicUsize]>,
+    /// Runs in `pop` with a block's address just after its header left `Free`: the
+    /// instant an evictor may act on the block without this list's mutex. Tests widen
+    /// that window with it. It runs under the class mutex, so it must not take a block
+    /// of that class (an eviction of `Dead` blocks needs no list mutex).
+    #[cfg(test)]
+    pub(crate) after_leave_free_hook: Mutex<Option<LeaveFreeHook>>,
 }
+
+/// The type of [`FreeLists::after_leave_free_hook`]: called with the block's address.
+#[cfg(test)]
+pub(crate) type LeaveFreeHook = Box<dyn Fn(u64) + Send + Sync>;
 
 impl FreeLists {
     /// Empty lists for `classes` size classes.
@@ -43,6 +54,8 @@ impl FreeLists {
                 .map(|_| Mutex::new(List { first: NONE }))
                 .collect(),
             lens: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
+            #[cfg(test)]
+            after_leave_free_hook: Mutex::new(None),
         }
     }
 
@@ -131,14 +144,26 @@ impl FreeLists {
             } else {
                 State::Reserved
             };
-            let next = current.with_state(target);
-            // Only this mutex's holder changes a Free header, so the store cannot lose a
-            // concurrent transition.
-            word.store(next.0, std::sync::atomic::Ordering::Release);
-            // SAFETY: we hold the class mutex, and the block's payload still holds its
-            // links (nobody writes a Free payload).
+            // Unlink first, while the block is still `Free`: the links live in its
+            // payload, and once its header says `Dead` the block's evictor may reclaim it
+            // at once, without this mutex, zeroing the payload under our reads. (Storing
+            // first was the `tree_concurrent` CI flake: a pop preempted between the store
+            // and the unlink read zeroed links, so it left the reclaimed block at the
+            // front of the list and, taking a zero link for the address 0, wrote links
+            // into the payload of the block at physical offset 0.)
+            // SAFETY: we hold the class mutex, and the block is still `Free`, so its
+            // payload holds its links and nobody else reads or writes them.
             unsafe { unlink(region, &mut list, addr) };
             self.lens[class].fetch_sub(1, Ordering::Relaxed);
+            let next = current.with_state(target);
+            // Only this mutex's holder changes a Free header, so the store cannot lose a
+            // concurrent transition. Release: our reads of the links happen-before an
+            // evictor that sees `Dead` zeroes them.
+            word.store(next.0, std::sync::atomic::Ordering::Release);
+            #[cfg(test)]
+            if let Some(hook) = &*self.after_leave_free_hook.lock() {
+                hook(addr);
+            }
             if target == State::Reserved {
                 return Some((addr, next));
             }
@@ -175,6 +200,8 @@ impl FreeLists {
         {
             return false;
         }
+        // Unlinking after the CAS is safe here, unlike in `pop`: the CAS hands the block
+        // to our caller, its one processor, which reclaims it only after we return.
         // SAFETY: the block was Free, hence linked; we hold the class mutex.
         unsafe { unlink(region, &mut list, addr) };
         self.lens[class].fetch_sub(1, Ordering::Relaxed);

@@ -738,3 +738,62 @@ fn a_lower_limit_bounds_the_window_and_gives_back_memory_the_head_passed() {
     }
     assert_zero_outside_window(&pool);
 }
+
+/// The CI flake of `tree_concurrent::overlapping_writers_8_threads` ("free list holds a
+/// block ... that is not Free: Header(0)"), made deterministic. A pop that skips a
+/// listed block near the head turns it `Dead`, and from that instant the block's
+/// evictor may reclaim it without the list mutex: zero its payload, where the list links
+/// live, and let the head pass it. The hook runs that whole eviction inside the window
+/// (as a preempted allocator on an oversubscribed machine would let it); the pop must
+/// have unlinked the block before, or it unlinks through zeroed links and leaves the
+/// reclaimed block at the front of the list.
+#[test]
+fn pop_skip_unlinks_before_an_evictor_can_reclaim_the_block() {
+    let pool = std::sync::Arc::new(
+        Pool::new(PoolConfig {
+            capacity_bytes: 1024,
+            copy_on_access_percent: 50,
+            huge_pages: false,
+            max_block_size_bytes: 256,
+        })
+        .unwrap(),
+    );
+    // Freed while the buffer is nearly empty, so in the in-place region: listed.
+    let a = pool.try_alloc(64).unwrap();
+    // SAFETY: allocated by this pool, freed once.
+    unsafe { pool.free(a) };
+    assert_eq!(header_of(&pool, &a).state(), Some(State::Free));
+    // The tail moves on (tail 600, in-place bytes 512): `a` is now copy-on-access, so
+    // the next pop of its class skips it.
+    let _b = pool.try_alloc(256).unwrap();
+    let _c = pool.try_alloc(256).unwrap();
+    assert!(pool.in_copy_on_access_region(&a));
+    let evictor = std::sync::Arc::downgrade(&pool);
+    *pool.free_lists.after_leave_free_hook.lock() = Some(Box::new(move |addr| {
+        let pool = evictor.upgrade().expect("the test holds the pool");
+        assert_eq!(addr, 0, "the skipped block is `a`");
+        // The evictor claims the block the pop just made Dead and reclaims it at once.
+        assert_eq!(
+            pool.evict_one(&evict_all),
+            EvictResult::Reclaimed {
+                block_bytes: 72,
+                evicted: false
+            }
+        );
+    }));
+    let d = pool.try_alloc(64).unwrap();
+    *pool.free_lists.after_leave_free_hook.lock() = None;
+    assert_eq!(
+        d.addr(),
+        600,
+        "the skipped block is not handed out: the tail is"
+    );
+    assert_eq!(pool.addresses().head, 72, "the skipped block was reclaimed");
+    assert_eq!(pool.free_lists.len(0), 0);
+    assert_zero_outside_window(&pool);
+    // The list is intact: it takes and hands back a block as before.
+    // SAFETY: allocated by this pool, freed once.
+    unsafe { pool.free(d) };
+    assert_eq!(pool.try_alloc(64).unwrap().addr(), d.addr());
+    assert_eq!(pool.free_lists.len(0), 0);
+}
