@@ -668,7 +668,8 @@ impl F2 {
         until: u64,
     ) -> Result<()> {
         let log = self.log_of(tier);
-        for (address, record) in log.records_in(guard, from, until)? {
+        for item in log.records_in(guard, from, until)? {
+            let (address, record) = item?;
             if record.header.is_invalid() {
                 continue;
             }

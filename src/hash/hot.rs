@@ -317,7 +317,8 @@ impl HotLog {
         let mut from = extent.begin;
         while from < extent.tail {
             let until = (from - from % page_bytes + page_bytes).min(extent.tail);
-            for (address, record) in store.log.records_in(&guard, from, until)? {
+            for item in store.log.records_in(&guard, from, until)? {
+                let (address, record) = item?;
                 if record.header.is_invalid() {
                     continue;
                 }
