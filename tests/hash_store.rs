@@ -623,4 +623,13 @@ fn parts_of_the_memory_set_in_the_options_are_used_and_kept_across_a_reopen() {
         ),
         Err(Error::InvalidConfig(_))
     ));
+    // Even when their sum does not fit in 64 bits (a manifest can say anything: the
+    // db_files fuzz target found the overflow).
+    assert!(matches!(
+        db.hash_store_with(
+            "overflowing",
+            sized().read_cache_bytes(u64::MAX).hot_index_bytes(2)
+        ),
+        Err(Error::InvalidConfig(_))
+    ));
 }

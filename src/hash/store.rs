@@ -219,7 +219,11 @@ impl HashStoreOptions {
             ));
         }
         if let (Some(memory), parts) = (self.memory_bytes, self.parts())
-            && parts.iter().flatten().sum::<u64>() > memory
+            && parts
+                .iter()
+                .flatten()
+                .try_fold(0u64, |sum, &part| sum.checked_add(part))
+                .is_none_or(|sum| sum > memory)
         {
             return bad(format!(
                 "a hash store's parts {parts:?} (hot index, read cache, cold log, chunk \
