@@ -698,12 +698,14 @@ impl Db {
 
     /// What the database has done since it was opened.
     pub fn stats(&self) -> DbStats {
+        // Read before the checkpoint lock: a stats call holds one lock at a time.
+        let hash_memory = hash_memory_bytes(&self.shared.catalog.read());
         let c = self.shared.checkpoints.lock();
         let mut stats = c.stats.clone();
         stats.log_bytes_since_checkpoint = self.shared.log_bytes_since(&c);
         stats.memory_budget_bytes = self.shared.memory.capacity_bytes();
         stats.tree_memory_bytes = self.shared.memory.limit_bytes();
-        stats.hash_memory_bytes = hash_memory_bytes(&self.shared.catalog.read());
+        stats.hash_memory_bytes = hash_memory;
         stats.memory_in_use_bytes = self.shared.memory.bytes_in_use();
         stats.tree_memory_released_bytes = self.shared.memory.released_bytes();
         stats
