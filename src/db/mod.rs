@@ -65,7 +65,7 @@ use manifest::{
 /// [`MIN_MEMORY_BUDGET_BYTES`], a share of what the trees leave in proportion to it.
 fn hash_grants(budget: u64, recorded: &[u64]) -> Vec<u64> {
     let room = budget.saturating_sub(MIN_MEMORY_BUDGET_BYTES);
-    let total: u64 = recorded.iter().sum();
+    let total = recorded.iter().fold(0u64, |sum, &r| sum.saturating_add(r));
     if total <= room {
         return recorded.to_vec();
     }
