@@ -257,8 +257,7 @@ impl Pool {
         let cursor = self.evict_cursor.load(Ordering::Relaxed);
         if bounded
             && (state.retry.len() >= RETRY_LIST_MAX
-                || cursor - self.head.load(Ordering::Acquire)
-                    >= self.evict_window_bytes.load(Ordering::Acquire))
+                || cursor - self.head.load(Ordering::Acquire) >= self.evict_window_bytes())
         {
             return Claim::WindowFull;
         }

@@ -419,14 +419,10 @@ pub struct Pool {
     /// Bytes the blocks may span, `tail - head` (at most the capacity; see
     /// [`Pool::set_limit_bytes`]). Written under the head lock only.
     limit_bytes: AtomicU64,
+    /// Share of the limit, nearest the head, in the copy-on-access region
+    /// (`in_place_bytes` derives the rest from the limit).
     copy_on_access_percent: u8,
-    /// `limit - copy-on-access bytes`: how far below the tail the in-place region
-    /// reaches. Follows the limit.
-    in_place_bytes: AtomicU64,
     max_block_size_bytes: u32,
-    /// Bytes the evict cursor may run ahead of the head (bounds eviction behind a
-    /// stuck head): a quarter of the limit.
-    evict_window_bytes: AtomicU64,
     tail: AtomicU64,
     head: AtomicU64,
     evict_cursor: AtomicU64,
@@ -456,12 +452,7 @@ impl Pool {
             capacity_bytes,
             limit_bytes: AtomicU64::new(capacity_bytes),
             copy_on_access_percent: config.copy_on_access_percent,
-            in_place_bytes: AtomicU64::new(in_place_bytes(
-                capacity_bytes,
-                config.copy_on_access_percent,
-            )),
             max_block_size_bytes: config.max_block_size_bytes,
-            evict_window_bytes: AtomicU64::new(capacity_bytes / 4),
             tail: AtomicU64::new(0),
             head: AtomicU64::new(0),
             evict_cursor: AtomicU64::new(0),
@@ -504,11 +495,6 @@ impl Pool {
     pub fn set_limit_bytes(&self, bytes: u64) -> u64 {
         let limit = bytes.clamp(self.min_limit_bytes(), self.capacity_bytes);
         let _serial = self.head_lock.lock();
-        self.in_place_bytes.store(
-            in_place_bytes(limit, self.copy_on_access_percent),
-            Ordering::Release,
-        );
-        self.evict_window_bytes.store(limit / 4, Ordering::Release);
         self.limit_bytes.store(limit, Ordering::Release);
         limit
     }
@@ -690,8 +676,7 @@ impl Pool {
         let tail = self.tail.load(Ordering::Acquire);
         Addresses {
             head,
-            second_chance: head
-                .max(tail.saturating_sub(self.in_place_bytes.load(Ordering::Acquire))),
+            second_chance: head.max(tail.saturating_sub(self.in_place_bytes())),
             evict_cursor,
             tail,
         }
@@ -741,6 +726,20 @@ impl Pool {
             });
         }
         Ok(class_of(size_bytes))
+    }
+
+    /// How far below the tail the in-place region reaches: the limit less its
+    /// copy-on-access share.
+    fn in_place_bytes(&self) -> u64 {
+        let limit = self.limit_bytes();
+        // At most 2^48 * 100, far from overflowing.
+        limit - limit * u64::from(self.copy_on_access_percent) / 100
+    }
+
+    /// Bytes the evict cursor may run ahead of the head (bounds eviction behind a stuck
+    /// head): a quarter of the limit.
+    pub(super) fn evict_window_bytes(&self) -> u64 {
+        self.limit_bytes() / 4
     }
 
     /// The lap of a logical address, truncated to the header's 32 bits on purpose.
@@ -876,12 +875,6 @@ fn class_size_bytes(class: usize) -> u32 {
     let steps = (class % CLASSES_PER_DOUBLING) as u32;
     let base = MIN_BLOCK_SIZE_BYTES << doublings;
     base + steps * (base / CLASSES_PER_DOUBLING as u32)
-}
-
-/// The in-place bytes of a pool spanning `limit` bytes: all but the copy-on-access
-/// share. (At most 2^48 * 100, far from overflowing.)
-fn in_place_bytes(limit: u64, copy_on_access_percent: u8) -> u64 {
-    limit - limit * u64::from(copy_on_access_percent) / 100
 }
 
 /// The smallest size class whose payload holds `size_bytes` (no upper bound check).
