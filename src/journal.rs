@@ -6,10 +6,22 @@
 //! Recovery replays the log in sequence-number order, so for every key the order of its
 //! log records must be the order in which its writes reached the index; otherwise a
 //! replay could end with a value the index never held last. Two writers of one key are
-//! therefore serialized from the log append through the index write: each holds the
-//! key's *stripe* lock (one of [`STRIPES`] reader-writer locks, chosen by a hash of the
-//! keyspace and key) across both. Writers of different stripes never wait for each other;
-//! the log's own lock orders their appends.
+//! therefore serialized from the log append through the index write, by one of two
+//! locks:
+//!
+//! - A tree's single write appends while it holds the write lock of the key's page,
+//!   after the lock and before the record is placed ([`Journal::commit_ordered_by_index`]),
+//!   so the page lock, which every write of the key takes, orders the appends. It holds
+//!   the key's *stripe* (one of [`STRIPES`] reader-writer locks, chosen by a hash of the
+//!   keyspace and key) shared, which orders it against batches and checkpoints.
+//! - Every other logged write (a batch, a hash store's write) holds its keys' stripes
+//!   exclusively across both.
+//!
+//! Writers of different stripes or pages never wait for each other; the log's own lock
+//! orders their appends. (An earlier version held the stripe exclusively for a tree's
+//! single write too. Under a skewed workload a hot stripe then queued its writers behind
+//! a holder that was itself waiting for a page lock or preempted: at 16 threads on 2
+//! cores most of the logged writers' task switches were waits for a stripe.)
 //!
 //! # Batches
 //!
@@ -178,6 +190,48 @@ impl Journal {
         let applied = apply();
         drop((one, many));
         let out = applied?;
+        if let (Durability::Synced, Some(seq)) = (durability, seq) {
+            self.log.wait_durable(seq).map_err(log_error)?;
+        }
+        Ok(out)
+    }
+
+    /// A single write of `op`'s key by an index that orders its writers of one key
+    /// itself (the tree, by the lock of the key's page): `apply` writes the key and
+    /// calls the appender it is given while it holds that lock and before the write
+    /// becomes visible, once per attempt. The appender logs `op` (unless `durability`
+    /// is `Unlogged`); then this waits as `durability` says.
+    ///
+    /// The stripe is held shared from before the first append to after the write, so
+    /// the write runs wholly before or after a batch of the key and outside
+    /// [`Journal::quiesce`]; two single writers of one key do not wait for each other
+    /// here but on the index's lock, across which each appends. An attempt that
+    /// restarts appends again: the log may hold a record twice, and replaying the
+    /// earlier copy is harmless, since the later one, or a later write of the key,
+    /// follows it.
+    pub(crate) fn commit_ordered_by_index<T>(
+        &self,
+        op: LogOpRef<'_>,
+        durability: Durability,
+        apply: impl FnOnce(&mut dyn FnMut() -> Result<()>) -> Result<T>,
+    ) -> Result<T> {
+        if durability == Durability::Unlogged {
+            return apply(&mut || Ok(()));
+        }
+        let (keyspace, key) = target(&op);
+        let shared = self.stripes[stripe_of(keyspace, key)].0.read();
+        let mut seq = None;
+        let applied = apply(&mut || {
+            seq = Some(
+                self.log
+                    .append_refs(std::iter::once(op))
+                    .map_err(log_error)?,
+            );
+            Ok(())
+        });
+        drop(shared);
+        let out = applied?;
+        debug_assert!(seq.is_some(), "a write returned Ok without logging");
         if let (Durability::Synced, Some(seq)) = (durability, seq) {
             self.log.wait_durable(seq).map_err(log_error)?;
         }

@@ -558,8 +558,9 @@ impl Tree {
             });
         }
         let op = LogOpRef::write(a.keyspace, key, value);
-        a.journal
-            .commit(&[op], durability, || self.core.write(key, value))
+        a.journal.commit_ordered_by_index(op, durability, |log| {
+            self.core.write_logging(key, value, log)
+        })
     }
 
     /// Iterates over the records whose keys lie in `range`, in key order; `.rev()` walks

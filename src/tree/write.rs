@@ -29,6 +29,21 @@ pub(super) const MINI_GROWTH_PERCENT: usize = 125;
 impl Core {
     /// Upserts (`Some(value)`) or deletes (`None`) `key`.
     pub(super) fn write(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        self.write_logging(key, value, &mut || Ok(()))
+    }
+
+    /// [`Core::write`], calling `log` each time the key's page has been locked for the
+    /// write and before the record is placed: a logged write appends its log record
+    /// there, so that two writes of one key reach the log in the order they reach the
+    /// page (the journal's order rule; see `journal.rs`). An attempt that must restart
+    /// drops the page lock and calls `log` again on the next; an error from `log`
+    /// ends the write.
+    pub(super) fn write_logging(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        log: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
         let (value, record_type) = match value {
             Some(v) => (v, RecordType::Insert),
             None => (&[][..], RecordType::Tombstone),
@@ -37,6 +52,7 @@ impl Core {
         loop {
             self.check_writable()?;
             let (path, mut page) = self.lock_leaf_of(key, MappingTable::write);
+            log()?;
             match self.put_in_mini(&mut page, path.prefix_len, key, value, record_type) {
                 Ok(()) => return Ok(()),
                 Err(Op::Fail(e)) => return Err(e),

@@ -50,6 +50,10 @@ use parking_lot::{Condvar, Mutex};
 /// segments are what the default checkpoint trigger (64 MiB of log) retires at a time.
 pub const MAX_SPARE_SEGMENTS: usize = 4;
 
+/// The largest group buffer kept for the next group (a larger one, left by a big
+/// batch, is freed).
+const MAX_RECYCLED_BYTES: usize = 4 << 20;
+
 /// The id of the placeholder segment a log starts with (no file: the first group
 /// starts a real segment where it begins).
 const PLACEHOLDER: u64 = u64::MAX;
@@ -113,6 +117,9 @@ struct State {
     /// Framed records appended and not yet taken by a leader, and their end offsets.
     pending: Vec<u8>,
     ends: Vec<usize>,
+    /// The buffers of the last group written, emptied, for the next group's records:
+    /// appends then do not grow a fresh buffer step by step under the mutex.
+    recycled: (Vec<u8>, Vec<usize>),
     /// Sequence number of the next record appended.
     next_seq: u64,
     /// Every record up to this sequence number is durable.
@@ -208,6 +215,7 @@ impl Log {
             state: Mutex::new(State {
                 pending: Vec::new(),
                 ends: Vec::new(),
+                recycled: (Vec::new(), Vec::new()),
                 next_seq,
                 durable_seq: next_seq.saturating_sub(1),
                 durable_block: next_block,
@@ -392,6 +400,12 @@ impl Log {
                     s.groups_written += 1;
                     s.durable_seq = last_seq;
                     s.durable_block = group.segment.next_block;
+                    if group.bytes.capacity() <= MAX_RECYCLED_BYTES {
+                        let (mut bytes, mut ends) = (group.bytes, group.ends);
+                        bytes.clear();
+                        ends.clear();
+                        s.recycled = (bytes, ends);
+                    }
                 }
                 Err(e) => {
                     s.failure = Some(format!("the write-ahead log failed: {e}"));
@@ -419,8 +433,9 @@ impl Log {
     /// Takes the pending records as a group and reserves its blocks (starting a new
     /// segment if the current one has too few left). Called under the state lock.
     fn take_group(&self, s: &mut State) -> Group {
-        let bytes = std::mem::take(&mut s.pending);
-        let ends = std::mem::take(&mut s.ends);
+        let (spare_bytes, spare_ends) = std::mem::take(&mut s.recycled);
+        let bytes = std::mem::replace(&mut s.pending, spare_bytes);
+        let ends = std::mem::replace(&mut s.ends, spare_ends);
         let blocks = bytes.len().div_ceil(BLOCK_PAYLOAD_BYTES) as u64;
         let mut segment = s.segment;
         let mut start = None;
