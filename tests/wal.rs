@@ -19,7 +19,10 @@ fn put(i: u64, value_bytes: usize) -> Vec<LogOp> {
 }
 
 fn small_segments() -> LogOptions {
-    LogOptions { segment_blocks: 4 }
+    LogOptions {
+        segment_blocks: 4,
+        ..LogOptions::default()
+    }
 }
 
 /// The records a log on `device` recovers, after checking they are in ascending
@@ -138,7 +141,14 @@ fn a_crash_after_every_sync_keeps_every_acknowledged_record() {
 #[test]
 fn a_torn_last_block_at_every_offset_ends_the_log_cleanly() {
     let device = Arc::new(SimLog::new(3));
-    let (log, _) = wal::open(device.clone(), LogOptions { segment_blocks: 8 }).unwrap();
+    let (log, _) = wal::open(
+        device.clone(),
+        LogOptions {
+            segment_blocks: 8,
+            ..LogOptions::default()
+        },
+    )
+    .unwrap();
     let mut appended = Vec::new();
     for i in 0..6 {
         let ops = put(i, 100);
@@ -448,7 +458,14 @@ impl LogDevice for Gated {
 fn writers_that_arrive_during_a_sync_go_in_one_next_group() {
     let sim = Arc::new(SimLog::new(11));
     let dev = Gated::new(sim.clone());
-    let (log, _) = wal::open(dev.clone(), LogOptions { segment_blocks: 16 }).unwrap();
+    let (log, _) = wal::open(
+        dev.clone(),
+        LogOptions {
+            segment_blocks: 16,
+            ..LogOptions::default()
+        },
+    )
+    .unwrap();
     let log = Arc::new(log);
     let r1 = log.append(&put1(1, 10)).unwrap();
     log.wait_durable(r1).unwrap();
@@ -504,7 +521,14 @@ fn a_process_crash_then_a_machine_crash() {
     for seed in 1..=16u64 {
         let sim = Arc::new(SimLog::new(seed));
         let dev = Gated::new(sim.clone());
-        let (log, _) = wal::open(dev.clone(), LogOptions { segment_blocks: 4 }).unwrap();
+        let (log, _) = wal::open(
+            dev.clone(),
+            LogOptions {
+                segment_blocks: 4,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap();
         let r1 = log.append(&put1(1, 10)).unwrap();
         log.wait_durable(r1).unwrap();
         let log = Arc::new(log);
@@ -520,14 +544,27 @@ fn a_process_crash_then_a_machine_crash() {
         drop(log);
 
         // The restarted process sees the same files (page cache intact).
-        let (log, rec) = wal::open(sim.clone(), LogOptions { segment_blocks: 4 }).unwrap();
+        let (log, rec) = wal::open(
+            sim.clone(),
+            LogOptions {
+                segment_blocks: 4,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap();
         assert_eq!(rec.records.len(), 2, "recovery reads the unsynced r2");
         let r3 = log.append(&put1(3, 10)).unwrap();
         log.wait_durable(r3).unwrap(); // r3 acknowledged
         drop(log);
 
         // Power fails.
-        let outcome = match wal::open(Arc::new(sim.crash()), LogOptions { segment_blocks: 4 }) {
+        let outcome = match wal::open(
+            Arc::new(sim.crash()),
+            LogOptions {
+                segment_blocks: 4,
+                ..LogOptions::default()
+            },
+        ) {
             Ok((_, rec)) => {
                 let seqs: Vec<u64> = rec.records.iter().map(|r| r.seq).collect();
                 if seqs.contains(&3) {
@@ -551,7 +588,14 @@ fn a_process_crash_then_a_machine_crash() {
 fn crashes_while_groups_are_in_flight() {
     for seed in 1..=4u64 {
         let sim = Arc::new(SimLog::new(seed));
-        let (log, _) = wal::open(sim.clone(), LogOptions { segment_blocks: 3 }).unwrap();
+        let (log, _) = wal::open(
+            sim.clone(),
+            LogOptions {
+                segment_blocks: 3,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap();
         let log = Arc::new(log);
         let contents: Arc<Mutex<HashMap<u64, Vec<LogOp>>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
@@ -596,8 +640,13 @@ fn crashes_while_groups_are_in_flight() {
         let contents = contents.lock().unwrap();
         for (n, (durable, crashed)) in snapshots.into_iter().enumerate() {
             let crashed = Arc::new(crashed);
-            let (reopened, rec) = match wal::open(crashed.clone(), LogOptions { segment_blocks: 3 })
-            {
+            let (reopened, rec) = match wal::open(
+                crashed.clone(),
+                LogOptions {
+                    segment_blocks: 3,
+                    ..LogOptions::default()
+                },
+            ) {
                 Ok(x) => x,
                 Err(e) => panic!("seed {seed} snapshot {n}: {e}"),
             };
@@ -619,8 +668,13 @@ fn crashes_while_groups_are_in_flight() {
             let a = reopened.append(&put1(7, 9000)).unwrap();
             reopened.wait_durable(a).unwrap();
             let _b = reopened.append(&put1(8, 100)).unwrap();
-            let again = match wal::open(Arc::new(crashed.crash()), LogOptions { segment_blocks: 3 })
-            {
+            let again = match wal::open(
+                Arc::new(crashed.crash()),
+                LogOptions {
+                    segment_blocks: 3,
+                    ..LogOptions::default()
+                },
+            ) {
                 Ok((_, r)) => r.records,
                 Err(e) => panic!("seed {seed} snapshot {n}, second crash: {e}"),
             };
@@ -989,7 +1043,10 @@ fn a_crash_at_every_step_of_recycling_leaves_a_log_that_opens() {
     let mut checks = 0;
     for seed in 1..=3u64 {
         println!("seed {seed}");
-        let options = LogOptions { segment_blocks: 3 };
+        let options = LogOptions {
+            segment_blocks: 3,
+            ..LogOptions::default()
+        };
         let model = Arc::new(Mutex::new(Model {
             appended: Vec::new(),
             acked: 0,
@@ -1102,7 +1159,14 @@ fn spares_are_capped_kept_across_reopening_and_reused() {
     drop(log);
 
     // Another segment size: the spares no longer fit and are removed on open.
-    let (log, _) = recover_at(device.clone(), LogOptions { segment_blocks: 5 }, position);
+    let (log, _) = recover_at(
+        device.clone(),
+        LogOptions {
+            segment_blocks: 5,
+            ..LogOptions::default()
+        },
+        position,
+    );
     assert_eq!(log.spare_segments(), 0);
     assert!(device.spares().unwrap().is_empty());
 }
@@ -1112,7 +1176,14 @@ fn spares_are_capped_kept_across_reopening_and_reused() {
 #[test]
 fn the_preparer_makes_the_next_segment_ahead_of_need() {
     let device = Arc::new(SimLog::new(41));
-    let (log, _) = wal::open(device.clone(), LogOptions { segment_blocks: 8 }).unwrap();
+    let (log, _) = wal::open(
+        device.clone(),
+        LogOptions {
+            segment_blocks: 8,
+            ..LogOptions::default()
+        },
+    )
+    .unwrap();
     let log = Arc::new(log);
     let preparer = wal::Preparer::start(Arc::clone(&log));
     let mut seqs = Vec::new();
@@ -1255,7 +1326,10 @@ fn segment_ids_stay_above_the_spares_when_every_segment_was_retired() {
 /// it, and the log was refused as damaged.
 #[test]
 fn a_position_in_a_segment_that_overlaps_an_abandoned_one() {
-    let options = LogOptions { segment_blocks: 8 };
+    let options = LogOptions {
+        segment_blocks: 8,
+        ..LogOptions::default()
+    };
     let device = Arc::new(SimLog::new(61));
     let (log, _) = wal::open(device.clone(), options).unwrap();
     for i in 0..3 {
@@ -1283,4 +1357,49 @@ fn a_position_in_a_segment_that_overlaps_an_abandoned_one() {
     assert!(position.block > 3 && position.block < 8, "{position:?}");
     let (_, recovered) = recover_at(Arc::new(crashed.crash()), options, position);
     assert_eq!(recovered.records, after);
+}
+
+/// Writers that each wait for their record gather into one group per round once the
+/// leader has seen how many wait at once: without gathering, the writers a sync
+/// releases append while the group that queued during it is already being written, and
+/// the groups split in two. The patience is long here, so a group is cut short only if
+/// a released writer takes more than 200 ms to append again.
+#[test]
+fn a_leader_gathers_every_waiting_writer_into_its_group() {
+    const THREADS: u64 = 4;
+    const ROUNDS: u64 = 200;
+    let gathered = |patience: std::time::Duration| {
+        let device = Arc::new(SimLog::new(7));
+        let options = LogOptions {
+            gather_patience: Some(patience),
+            ..LogOptions::default()
+        };
+        let (log, _) = wal::open(device, options).unwrap();
+        let log = Arc::new(log);
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    for i in 0..ROUNDS {
+                        let seq = log.append(&put(t * ROUNDS + i, 16)).unwrap();
+                        log.wait_durable(seq).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        log.groups_written()
+    };
+    let groups = gathered(std::time::Duration::from_millis(200));
+    println!(
+        "{} writes in {groups} groups with gathering, {} without",
+        THREADS * ROUNDS,
+        gathered(std::time::Duration::ZERO)
+    );
+    assert!(
+        groups <= ROUNDS + ROUNDS / 10,
+        "{groups} groups for {ROUNDS} rounds of {THREADS} writers"
+    );
 }

@@ -27,7 +27,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(damage) = u.arbitrary::<Vec<Damage>>() else {
         return;
     };
-    let options = LogOptions { segment_blocks: 2 };
+    let options = LogOptions {
+        segment_blocks: 2,
+        ..LogOptions::default()
+    };
     let device = Arc::new(SimLog::new(1));
     let (log, _) = wal::open(device.clone(), options).unwrap();
     let mut written = Vec::new();

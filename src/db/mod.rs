@@ -507,6 +507,7 @@ impl Db {
             .map_or(LogPosition::default(), |c| c.position);
         let log_options = LogOptions {
             segment_blocks: options.log_segment_bytes / LOG_BLOCK_BYTES as u64,
+            ..LogOptions::default()
         };
         let (log, recovered) = wal::open_at(device, log_options, position).map_err(Error::from)?;
         recovery.log_bytes =

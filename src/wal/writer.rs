@@ -50,6 +50,9 @@ use parking_lot::{Condvar, Mutex};
 /// segments are what the default checkpoint trigger (64 MiB of log) retires at a time.
 pub const MAX_SPARE_SEGMENTS: usize = 4;
 
+/// The longest a leader waits for its group to fill (see [`Log::wait_durable`]).
+pub const MAX_GATHER: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// The largest group buffer kept for the next group (a larger one, left by a big
 /// batch, is freed).
 const MAX_RECYCLED_BYTES: usize = 4 << 20;
@@ -64,6 +67,10 @@ pub struct LogOptions {
     /// Data blocks per segment (4 KiB each); a group larger than a segment gets a
     /// segment of its own size.
     pub segment_blocks: u64,
+    /// How long a leader waits for its group to fill (see [`Log::wait_durable`]):
+    /// `None` (the default) for half the last group's write-and-sync time, at most
+    /// [`MAX_GATHER`]; `Some(Duration::ZERO)` never waits.
+    pub gather_patience: Option<std::time::Duration>,
 }
 
 impl Default for LogOptions {
@@ -71,6 +78,7 @@ impl Default for LogOptions {
         // 16 MiB segments.
         LogOptions {
             segment_blocks: 4096,
+            gather_patience: None,
         }
     }
 }
@@ -135,6 +143,25 @@ struct State {
     /// Groups written and synced so far.
     groups_written: u64,
     spares: Spares,
+    /// How the next leader gathers its group (see [`Log::wait_durable`]).
+    gather: Gather,
+}
+
+/// What a leader knows of how many writers wait for syncs, to gather a full group.
+#[derive(Debug, Default)]
+struct Gather {
+    /// Writers waiting for their records to be durable now (not the flusher, nor
+    /// `flush` callers).
+    waiting: usize,
+    /// The most writers waiting at once since the last group was taken.
+    peak: usize,
+    /// The peak of the interval before that group: how many records the next leader
+    /// waits for before it takes its group.
+    target: usize,
+    /// How long the last group took to write and sync.
+    last_write: std::time::Duration,
+    /// A leader is gathering: appends wake it when the target is reached.
+    leader_waiting: bool,
 }
 
 impl State {
@@ -161,6 +188,8 @@ pub struct Log {
     state: Mutex<State>,
     /// Signalled when durability advances, the log fails, or a spare becomes ready.
     durable: Condvar,
+    /// Signalled when a gathering leader's group has its target of records.
+    gathered: Condvar,
     /// Signalled when the preparer has work (or must stop).
     spare_wanted: Condvar,
 }
@@ -233,8 +262,10 @@ impl Log {
                 failure: None,
                 groups_written: 0,
                 spares: Spares::default(),
+                gather: Gather::default(),
             }),
             durable: Condvar::new(),
+            gathered: Condvar::new(),
             spare_wanted: Condvar::new(),
         }
     }
@@ -268,6 +299,9 @@ impl Log {
         format::encode_record(seq, ops, &mut s.pending);
         let end = s.pending.len();
         s.ends.push(end);
+        if s.gather.leader_waiting && s.ends.len() >= s.gather.target {
+            self.gathered.notify_one();
+        }
         Ok(seq)
     }
 
@@ -359,8 +393,35 @@ impl Log {
 
     /// Waits until every record up to `seq` is durable, leading a group write when no
     /// group is being written and records wait to be taken.
+    ///
+    /// **Gathering.** With one group at a time, the writers a sync releases append their
+    /// next records while the group that queued during that sync is already being
+    /// written, so concurrent writers split into two alternating half-size groups. A
+    /// leader therefore first waits, up to half the last group's write-and-sync time
+    /// (at most [`MAX_GATHER`]), until as many records are pending as writers were
+    /// waiting at once during the previous group: the released writers join its group
+    /// instead of the next. A lone writer's target is itself, so it never waits.
     pub fn wait_durable(&self, seq: u64) -> io::Result<()> {
+        self.wait(seq, true)
+    }
+
+    /// [`Log::wait_durable`]; `counted` if the caller is a writer that waits for its
+    /// own record (it counts toward a gathering leader's target).
+    fn wait(&self, seq: u64, counted: bool) -> io::Result<()> {
         let mut s = self.state.lock();
+        if counted {
+            let g = &mut s.gather;
+            g.waiting += 1;
+            g.peak = g.peak.max(g.waiting);
+        }
+        let out = self.wait_locked(&mut s, seq);
+        if counted {
+            s.gather.waiting -= 1;
+        }
+        out
+    }
+
+    fn wait_locked(&self, s: &mut parking_lot::MutexGuard<'_, State>, seq: u64) -> io::Result<()> {
         if seq >= s.next_seq {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -383,17 +444,19 @@ impl Log {
             // whose first writes change metadata.
             if s.writing
                 || s.pending.is_empty()
-                || (s.spares.preparing && s.spares.ready.is_empty() && self.needs_segment(&s))
+                || (s.spares.preparing && s.spares.ready.is_empty() && self.needs_segment(s))
             {
-                self.durable.wait(&mut s);
+                self.durable.wait(s);
                 continue;
             }
-            let group = self.take_group(&mut s);
-            let last_seq = s.next_seq - 1;
+            // Leading: no other leader starts while this one gathers or writes.
             s.writing = true;
-            drop(s);
-            let written = self.write_group(&group);
-            s = self.state.lock();
+            self.gather(s);
+            let group = self.take_group(s);
+            let last_seq = s.next_seq - 1;
+            let started = std::time::Instant::now();
+            let written = parking_lot::MutexGuard::unlocked(s, || self.write_group(&group));
+            s.gather.last_write = started.elapsed();
             s.writing = false;
             match written {
                 Ok(()) => {
@@ -421,7 +484,30 @@ impl Log {
     /// Makes everything appended so far durable.
     pub fn flush(&self) -> io::Result<()> {
         let last = self.state.lock().next_seq.saturating_sub(1);
-        self.wait_durable(last)
+        self.wait(last, false)
+    }
+
+    /// A leader's wait for its group to fill (see [`Log::wait_durable`]): until as many
+    /// records are pending as writers waited at once during the previous group, or
+    /// half the last group's write time has passed, or the log failed. Then sets the
+    /// next leader's target. Called under the state lock, by the leader.
+    fn gather(&self, s: &mut parking_lot::MutexGuard<'_, State>) {
+        let patience = self
+            .options
+            .gather_patience
+            .unwrap_or((s.gather.last_write / 2).min(MAX_GATHER));
+        if s.ends.len() < s.gather.target && !patience.is_zero() {
+            let deadline = std::time::Instant::now() + patience;
+            s.gather.leader_waiting = true;
+            while s.ends.len() < s.gather.target
+                && s.failure.is_none()
+                && !self.gathered.wait_until(s, deadline).timed_out()
+            {}
+            s.gather.leader_waiting = false;
+        }
+        let g = &mut s.gather;
+        g.target = g.peak;
+        g.peak = g.waiting;
     }
 
     /// Whether the pending records do not fit in the current segment.
