@@ -1392,14 +1392,20 @@ fn a_leader_gathers_every_waiting_writer_into_its_group() {
         }
         log.groups_written()
     };
-    let groups = gathered(std::time::Duration::from_millis(200));
+    // Alone this makes ROUNDS + 1 groups with gathering and about 2 x ROUNDS without.
+    // A writer descheduled between its append and its wait lowers the next target
+    // by one for a round, so under a loaded machine (the other tests of this binary
+    // run alongside) gathering gives ~1.2 x ROUNDS; both counts come from the same
+    // run so that the load affects them alike.
+    let with = gathered(std::time::Duration::from_millis(200));
+    let without = gathered(std::time::Duration::ZERO);
     println!(
-        "{} writes in {groups} groups with gathering, {} without",
-        THREADS * ROUNDS,
-        gathered(std::time::Duration::ZERO)
+        "{} writes in {with} groups with gathering, {without} without",
+        THREADS * ROUNDS
     );
     assert!(
-        groups <= ROUNDS + ROUNDS / 10,
-        "{groups} groups for {ROUNDS} rounds of {THREADS} writers"
+        with * 4 <= without * 3,
+        "gathering made {with} groups for {ROUNDS} rounds of {THREADS} writers, \
+         without it {without}"
     );
 }
