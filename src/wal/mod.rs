@@ -35,7 +35,7 @@ use crate::storage::{LOG_BLOCK_BYTES, LogDevice};
 pub(crate) use format::Cursor;
 pub use format::{LogOp, LogOpRef, LogRecord};
 pub use reader::Recovered;
-pub use writer::{Flusher, Log, LogOptions, MAX_SPARE_SEGMENTS, Preparer};
+pub use writer::{Flusher, Log, LogOptions, MAX_GATHER, MAX_SPARE_SEGMENTS, Preparer};
 
 /// Where the log begins for a recovery: a block address at or below the first block
 /// that can hold a record of sequence number `seq` or later, and that number. Records
