@@ -199,6 +199,7 @@ fn open_options(options: &Options, spec: &EngineSpec) -> Result<OpenOptions, Str
         records: options.records,
         hash_hot_log_bytes: options.hash_hot_log_mib.map(|m| m << 20),
         hash_compaction_threads: options.hash_compaction_threads,
+        checkpoint_log_bytes: options.checkpoint_log_mib.map(|m| m << 20),
         durability: spec.durability,
     })
 }

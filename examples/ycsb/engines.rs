@@ -129,6 +129,8 @@ pub struct OpenOptions {
     pub hash_hot_log_bytes: Option<u64>,
     /// bfdb-hash: the HashStore's `compaction_threads`.
     pub hash_compaction_threads: usize,
+    /// bfdb, bfdb-hash: the `Db`'s checkpoint trigger in log bytes, if given.
+    pub checkpoint_log_bytes: Option<u64>,
     /// How durable a write is when `insert`, `update` or `load_batch` returns.
     pub durability: Durability,
 }
@@ -418,6 +420,18 @@ fn bfdb_level_text(durability: Durability) -> &'static str {
     }
 }
 
+/// A `Db`'s options: `config`, the run's durability, and the checkpoint trigger if given
+/// (checkpoints otherwise on their default triggers, 64 MiB of log and 60 s).
+fn bfdb_db_options(options: &OpenOptions, config: bfdb::Config) -> bfdb::DbOptions {
+    let db_options = bfdb::DbOptions::default()
+        .config(config)
+        .durability(bfdb_durability(options.durability));
+    match options.checkpoint_log_bytes {
+        Some(bytes) => db_options.checkpoint_log_bytes(bytes),
+        None => db_options,
+    }
+}
+
 /// What a `Db`'s recovery on open did, as the driver reports it.
 fn bfdb_recovery(db: &bfdb::Db) -> RecoveryInfo {
     let r = db.recovery();
@@ -431,14 +445,19 @@ fn bfdb_recovery(db: &bfdb::Db) -> RecoveryInfo {
 impl BfdbDb {
     fn open(options: &OpenOptions) -> EngineResult<BfdbDb> {
         let durability = bfdb_durability(options.durability);
-        // Checkpoints on their default triggers (64 MiB of log, 60 s); flush interval 5 ms.
-        let db_options = bfdb::DbOptions::default()
-            .config(bfdb_config(options))
-            .durability(durability);
+        let db_options = bfdb_db_options(options, bfdb_config(options));
         let db = bfdb::Db::open(options.dir.join("bfdb"), db_options).map_err(|e| e.to_string())?;
         let tree = db.tree(KEYSPACE).map_err(|e| e.to_string())?;
         let level = bfdb_level_text(options.durability);
-        let mode = format!("Db, {level}, {}", bfdb_io_mode(&tree, options));
+        let checkpoints = match options.checkpoint_log_bytes {
+            Some(0) => ", no log-size checkpoints".to_string(),
+            Some(bytes) => format!(", checkpoints every {} MiB of log", bytes >> 20),
+            None => String::new(),
+        };
+        let mode = format!(
+            "Db, {level}{checkpoints}, {}",
+            bfdb_io_mode(&tree, options)
+        );
         Ok(BfdbDb {
             tree,
             db,
@@ -532,9 +551,7 @@ impl BfdbHash {
             backend: bfdb_backend(options),
             ..bfdb::Config::default()
         };
-        let db_options = bfdb::DbOptions::default()
-            .config(config)
-            .durability(durability);
+        let db_options = bfdb_db_options(options, config);
         let db = bfdb::Db::open(options.dir.join("bfdb"), db_options).map_err(|e| e.to_string())?;
         // The created store keeps its options (a reopen for --recovery finds them in the
         // manifest). The cold log's disk budget stays at its default.

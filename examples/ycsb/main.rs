@@ -127,6 +127,11 @@ pub struct Options {
     /// log.
     #[arg(long)]
     pub hash_hot_log_mib: Option<u64>,
+    /// bfdb and bfdb-hash: the `Db`'s background checkpoint trigger, in MiB of log
+    /// written since the last checkpoint (`DbOptions::checkpoint_log_bytes`; 0 turns it
+    /// off). The default is the `Db`'s own (64 MiB).
+    #[arg(long)]
+    pub checkpoint_log_mib: Option<u64>,
     /// bfdb-hash: threads a compaction pass runs on (the HashStore's
     /// `compaction_threads`). Each waits on its own disk reads of cold-index chunks, so
     /// more threads keep more reads in flight.
