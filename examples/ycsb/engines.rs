@@ -454,10 +454,7 @@ impl BfdbDb {
             Some(bytes) => format!(", checkpoints every {} MiB of log", bytes >> 20),
             None => String::new(),
         };
-        let mode = format!(
-            "Db, {level}{checkpoints}, {}",
-            bfdb_io_mode(&tree, options)
-        );
+        let mode = format!("Db, {level}{checkpoints}, {}", bfdb_io_mode(&tree, options));
         Ok(BfdbDb {
             tree,
             db,
