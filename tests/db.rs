@@ -302,6 +302,74 @@ fn a_batch_is_checked_whole_before_anything_is_written() {
 }
 
 #[test]
+fn replay_applies_each_keys_last_write_across_keyspaces_and_batches() {
+    use std::collections::BTreeMap;
+    let dir = tempfile::tempdir().unwrap();
+    let small = || small().checkpoint_on_close(false);
+    let mut model: [BTreeMap<Vec<u8>, Vec<u8>>; 2] = Default::default();
+    let mut writes = 0u64;
+    {
+        let db = Db::open(dir.path(), small()).unwrap();
+        let trees = [db.tree("a").unwrap(), db.tree("b").unwrap()];
+        for round in 0..6u32 {
+            // Keys in a scrambled order, so that the log's order is not the keys'.
+            for j in 0..1500u32 {
+                let i = j.wrapping_mul(7919) % 1500;
+                let value = format!("r{round}-{i}").into_bytes();
+                let t = (i % 3 == 0) as usize;
+                if round == 4 && i % 5 == 0 {
+                    trees[t].delete(&key(i)).unwrap();
+                    model[t].remove(&key(i));
+                } else if round == 5 && i % 4 == 0 {
+                    // A batch over both keyspaces, with a write it then undoes.
+                    let mut batch = WriteBatch::new();
+                    batch.insert(&trees[0], &key(i), &value);
+                    batch.insert(&trees[1], &key(i), &value);
+                    batch.delete(&trees[1], &key(i));
+                    db.write(batch).unwrap();
+                    model[0].insert(key(i), value);
+                    model[1].remove(&key(i));
+                    writes += 2;
+                } else {
+                    trees[t].insert(&key(i), &value).unwrap();
+                    model[t].insert(key(i), value);
+                }
+                writes += 1;
+            }
+        }
+        db.persist().unwrap();
+    }
+    let db = Db::open(dir.path(), small()).unwrap();
+    let r = db.recovery().clone();
+    assert_eq!(r.writes_replayed, writes, "{r:?}");
+    // Every key written was written last once: the rest were superseded. Keys of
+    // keyspace b that only round 5's batches touched count once there too.
+    let distinct: u64 = [
+        (0..1500u32).filter(|i| i % 3 != 0 || i % 4 == 0).count(),
+        (0..1500u32).filter(|i| i % 3 == 0 || i % 4 == 0).count(),
+    ]
+    .iter()
+    .sum::<usize>() as u64;
+    assert_eq!(r.writes_superseded, writes - distinct, "{r:?}");
+    for (t, name) in ["a", "b"].iter().enumerate() {
+        let tree = db.tree(name).unwrap();
+        for i in 0..1500u32 {
+            assert_eq!(
+                tree.get(&key(i)).unwrap(),
+                model[t].get(&key(i)).cloned(),
+                "{name} {i}"
+            );
+        }
+        let scanned: Vec<(Vec<u8>, Vec<u8>)> = tree
+            .range::<&[u8], _>(..)
+            .map(|item| item.unwrap())
+            .collect();
+        let expected: Vec<(Vec<u8>, Vec<u8>)> = model[t].clone().into_iter().collect();
+        assert_eq!(scanned, expected, "{name}: a full scan");
+    }
+}
+
+#[test]
 fn batches_span_keyspaces_and_survive_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     {

@@ -221,6 +221,16 @@ impl DbOptions {
     }
 }
 
+/// One write of the log as recovery replays it (`Shared::replay`).
+struct ReplayWrite<'a> {
+    keyspace: u32,
+    key: &'a [u8],
+    /// Its place among the replayed writes, in log order.
+    order: usize,
+    /// `None` for a delete.
+    value: Option<&'a [u8]>,
+}
+
 /// What recovery did when the database was opened ([`Db::recovery`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -235,8 +245,11 @@ pub struct RecoveryStats {
     pub leaf_pages: u64,
     /// Log records (single writes and batches) replayed.
     pub records_replayed: u64,
-    /// Writes replayed into keyspaces.
+    /// Writes of live keyspaces read from the log.
     pub writes_replayed: u64,
+    /// Of those, writes followed by a later write of the same key in the replayed log:
+    /// recovery applies each key's last write only.
+    pub writes_superseded: u64,
     /// Logged writes of keyspaces dropped since: not replayed.
     pub writes_skipped: u64,
     /// Bytes of log read from the checkpoint's position to the end.
@@ -1013,36 +1026,66 @@ impl Shared {
         Ok(())
     }
 
-    /// Replays the recovered log records into the keyspaces, in log order.
+    /// Replays the recovered log records into the keyspaces: each key's last write in
+    /// log order, applied in key order (see docs/design.md, "Recovery on open").
+    ///
+    /// Nothing reads the keyspaces until the open returns, so only each key's final
+    /// state must be right, and that is its last write in the log: the earlier ones are
+    /// counted as superseded and not applied. Applying in key order visits each leaf
+    /// page once for its run of keys instead of once per write (a log replayed in its
+    /// own order reads and merges a page per write once the tree outgrows memory).
     fn replay(&self, records: &[wal::LogRecord], recovery: &mut RecoveryStats) -> Result<()> {
         let catalog = self.catalog.read();
-        let (mut replayed, mut skipped) = (0, 0);
-        for record in records {
-            for op in &record.ops {
-                let (keyspace, key, value) = match op {
-                    LogOp::Put {
-                        keyspace,
-                        key,
-                        value,
-                    } => (*keyspace, key, Some(&value[..])),
-                    LogOp::Delete { keyspace, key } => (*keyspace, key, None),
-                };
-                let Some(ks) = catalog.keyspaces.get(&keyspace) else {
-                    skipped += 1;
-                    continue;
-                };
-                ks.check_record(key, value).map_err(|e| {
-                    Error::InvalidConfig(format!(
-                        "the log holds a write that these options refuse ({e}); open the \
-                         database with limits at least those it was written with"
-                    ))
-                })?;
-                ks.write_unlogged(key, value)?;
-                replayed += 1;
+        let mut writes: Vec<ReplayWrite<'_>> = Vec::new();
+        let mut skipped = 0;
+        for op in records.iter().flat_map(|r| &r.ops) {
+            let (keyspace, key, value) = match op {
+                LogOp::Put {
+                    keyspace,
+                    key,
+                    value,
+                } => (*keyspace, &key[..], Some(&value[..])),
+                LogOp::Delete { keyspace, key } => (*keyspace, &key[..], None),
+            };
+            let Some(ks) = catalog.keyspaces.get(&keyspace) else {
+                skipped += 1;
+                continue;
+            };
+            ks.check_record(key, value).map_err(|e| {
+                Error::InvalidConfig(format!(
+                    "the log holds a write that these options refuse ({e}); open the \
+                     database with limits at least those it was written with"
+                ))
+            })?;
+            writes.push(ReplayWrite {
+                keyspace,
+                key,
+                order: writes.len(),
+                value,
+            });
+        }
+        let replayed = writes.len() as u64;
+        // A key's writes sort together, in log order.
+        writes.sort_unstable_by(|a, b| {
+            (a.keyspace, a.key, a.order).cmp(&(b.keyspace, b.key, b.order))
+        });
+        let mut applied = 0;
+        for (i, w) in writes.iter().enumerate() {
+            let last = writes
+                .get(i + 1)
+                .is_none_or(|next| (next.keyspace, next.key) != (w.keyspace, w.key));
+            if last {
+                let ks = catalog
+                    .keyspaces
+                    .get(&w.keyspace)
+                    .expect("only writes of known keyspaces are kept");
+                ks.write_unlogged(w.key, w.value)?;
+                applied += 1;
             }
         }
         recovery.records_replayed = records.len() as u64;
         recovery.writes_replayed = replayed;
+        recovery.writes_superseded = replayed - applied;
         recovery.writes_skipped = skipped;
         Ok(())
     }
