@@ -201,10 +201,12 @@ fn main() {
     let r = db.recovery().clone();
     let gib = r.log_bytes as f64 / (1u64 << 30) as f64;
     println!(
-        "   recovery: {:.2} s for {:.0} MiB of log ({} records replayed): {:.1} s per GiB, {:.0} records/s",
+        "   recovery: {:.2} s for {:.0} MiB of log ({} records replayed, {} writes superseded \
+         by a later write of their key): {:.1} s per GiB, {:.0} records/s",
         r.duration.as_secs_f64(),
         r.log_bytes as f64 / (1u64 << 20) as f64,
         r.records_replayed,
+        r.writes_superseded,
         r.duration.as_secs_f64() / gib.max(1e-9),
         r.records_replayed as f64 / r.duration.as_secs_f64()
     );
@@ -216,8 +218,14 @@ fn main() {
     let db = Arc::new(db);
     let (quiet, _) = read_phase(&db, &args, false);
     let (busy, runs) = read_phase(&db, &args, true);
+    let stats = db.stats();
     println!("   no checkpoint:          {}", percentiles(&quiet));
     println!("   checkpoints ({runs:>3} run): {}", percentiles(&busy));
+    println!(
+        "   the last checkpoint took {:.2} s and recorded {} leaf pages",
+        stats.last_checkpoint_duration.as_secs_f64(),
+        stats.last_checkpoint_leaf_pages
+    );
     drop(db);
     let _ = std::fs::remove_dir_all(&scratch);
 }
