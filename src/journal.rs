@@ -38,6 +38,7 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::wal::{Flusher, Log, LogOpRef, Preparer};
 
@@ -61,7 +62,9 @@ pub(crate) const STRIPES: usize = 1024;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Durability {
     /// Not logged: the fastest level. A crash keeps it only if a checkpoint captured it
-    /// (a clean close takes one). A [`WriteBatch`](crate::WriteBatch) is logged even at
+    /// (a clean close takes one, and the background checkpoint interval,
+    /// [`DbOptions::checkpoint_interval`](crate::DbOptions::checkpoint_interval), takes
+    /// one within about that long of an unlogged write). A [`WriteBatch`](crate::WriteBatch) is logged even at
     /// this level, as at [`Durability::Logged`].
     Unlogged,
     /// Logged, and made durable by the background flusher within the flush interval;
@@ -81,6 +84,10 @@ struct Stripe(RwLock<()>);
 pub(crate) struct Journal {
     log: Arc<Log>,
     stripes: Box<[Stripe]>,
+    /// Set by an unlogged write, cleared when a checkpoint takes its position
+    /// ([`Journal::quiesce`]): what the checkpoint interval's "written since the last
+    /// checkpoint" sees of the writes the log does not.
+    unlogged_since_quiesce: AtomicBool,
     /// Makes `Logged` writes durable within the flush interval. Dropped before the log's
     /// last user, which stops its thread.
     _flusher: Flusher,
@@ -138,6 +145,7 @@ impl Journal {
             _lock: lock,
             log,
             stripes: (0..STRIPES).map(|_| Stripe(RwLock::new(()))).collect(),
+            unlogged_since_quiesce: AtomicBool::new(false),
             _flusher: flusher,
             _preparer: preparer,
         }
@@ -158,7 +166,7 @@ impl Journal {
     ) -> Result<T> {
         if durability == Durability::Unlogged && ops.len() == 1 {
             // Nothing to order against the log, and one key is all or nothing anyway.
-            return apply();
+            return self.noting_unlogged(apply());
         }
         // A batch is logged whatever the level: a checkpoint taken while it applies
         // could capture part of it, and only its record can complete it after a crash.
@@ -216,7 +224,7 @@ impl Journal {
         apply: impl FnOnce(&mut dyn FnMut() -> Result<()>) -> Result<T>,
     ) -> Result<T> {
         if durability == Durability::Unlogged {
-            return apply(&mut || Ok(()));
+            return self.noting_unlogged(apply(&mut || Ok(())));
         }
         let (keyspace, key) = target(&op);
         let shared = self.stripes[stripe_of(keyspace, key)].0.read();
@@ -249,7 +257,7 @@ impl Journal {
         apply: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
         let _shared = self.stripes[stripe_of(keyspace, key)].0.read();
-        apply()
+        self.noting_unlogged(apply())
     }
 
     /// Runs `f`, an unlogged read-modify-write of `key` in `keyspace`, while the key's
@@ -261,7 +269,7 @@ impl Journal {
         f: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
         let _held = self.stripes[stripe_of(keyspace, key)].0.write();
-        f()
+        self.noting_unlogged(f())
     }
 
     /// A read-modify-write of `key` in `keyspace` at `durability` (not `Unlogged`):
@@ -315,8 +323,26 @@ impl Journal {
     pub(crate) fn quiesce<T>(&self, f: impl FnOnce() -> T) -> T {
         let held: Vec<RwLockWriteGuard<'_, ()>> =
             self.stripes.iter().map(|s| s.0.write()).collect();
+        self.unlogged_since_quiesce.store(false, Ordering::SeqCst);
         let out = f();
         drop(held);
+        out
+    }
+
+    /// Whether an unlogged write returned since the last [`Journal::quiesce`] (a
+    /// trigger, not a promise: a write racing the quiesce may be counted on either
+    /// side of it, and one that is counted after it brings one checkpoint more).
+    pub(crate) fn unlogged_since_quiesce(&self) -> bool {
+        self.unlogged_since_quiesce.load(Ordering::SeqCst)
+    }
+
+    /// Passes `out` through, noting an unlogged write if it succeeded. The flag is
+    /// loaded first, so that once it is set writers only read its cache line until
+    /// the next checkpoint clears it.
+    fn noting_unlogged<T>(&self, out: Result<T>) -> Result<T> {
+        if out.is_ok() && !self.unlogged_since_quiesce.load(Ordering::SeqCst) {
+            self.unlogged_since_quiesce.store(true, Ordering::SeqCst);
+        }
         out
     }
 

@@ -742,6 +742,45 @@ fn a_background_checkpoint_runs_when_the_log_grows() {
 }
 
 #[test]
+fn the_checkpoint_interval_captures_unlogged_writes_alone() {
+    // Nothing is logged, so only the interval trigger's notice of unlogged writes
+    // brings a checkpoint; the database is then dropped without one, as a crash would.
+    let dir = tempfile::tempdir().unwrap();
+    let options = || {
+        small()
+            .durability(Durability::Unlogged)
+            .checkpoint_log_bytes(0)
+            .checkpoint_interval(Some(std::time::Duration::from_millis(50)))
+            .checkpoint_on_close(false)
+    };
+    {
+        let db = Db::open(dir.path(), options()).unwrap();
+        let t = db.tree("t").unwrap();
+        // A fresh database with nothing written takes no checkpoint.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(db.stats().checkpoints, 0);
+        // So the first checkpoint takes its position after this write: it captures it.
+        t.insert(b"k", b"unlogged").unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while db.stats().checkpoints == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no checkpoint captured the unlogged write"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(
+            db.stats().log_bytes_since_checkpoint,
+            0,
+            "nothing was logged"
+        );
+    }
+    let db = Db::open(dir.path(), options()).unwrap();
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.get(b"k").unwrap().as_deref(), Some(&b"unlogged"[..]));
+}
+
+#[test]
 fn a_missing_or_truncated_page_file_is_an_error_not_an_empty_keyspace() {
     for damage in ["remove", "truncate"] {
         let dir = checkpointed(3000, 1);

@@ -118,7 +118,9 @@ pub struct DbOptions {
     /// Default 64 MiB.
     pub checkpoint_log_bytes: u64,
     /// A checkpoint is taken in the background this long after the last one, if
-    /// anything was logged since; `None` turns the trigger off. Default 60 s.
+    /// anything was written since (logged or not: so an unlogged write is captured,
+    /// and survives a crash, within about this long); `None` turns the trigger off.
+    /// Default 60 s.
     ///
     /// While either trigger is on, a hash store whose kept checkpoints hold more of one
     /// of its logs on disk (below what compaction freed) than that log's disk budget
@@ -1356,7 +1358,7 @@ impl Shared {
         let grown = self.log_bytes_since(&c);
         let o = &self.options;
         (o.checkpoint_log_bytes > 0 && grown >= o.checkpoint_log_bytes)
-            || (grown > 0
+            || ((grown > 0 || self.journal.unlogged_since_quiesce())
                 && o.checkpoint_interval
                     .is_some_and(|i| c.last_at.elapsed() >= i))
             || self.catalog.read().keyspaces.values().any(|ks| match ks {
