@@ -64,8 +64,9 @@ pub enum Durability {
     /// Not logged: the fastest level. A crash keeps it only if a checkpoint captured it
     /// (a clean close takes one, and the background checkpoint interval,
     /// [`DbOptions::checkpoint_interval`](crate::DbOptions::checkpoint_interval), takes
-    /// one within about that long of an unlogged write). A [`WriteBatch`](crate::WriteBatch) is logged even at
-    /// this level, as at [`Durability::Logged`].
+    /// one within about that long of an unlogged write). A
+    /// [`WriteBatch`](crate::WriteBatch) is logged even at this level, as at
+    /// [`Durability::Logged`].
     Unlogged,
     /// Logged, and made durable by the background flusher within the flush interval;
     /// the caller does not wait for the disk. The default.

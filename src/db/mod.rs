@@ -226,6 +226,8 @@ impl DbOptions {
 /// One write of the log as recovery replays it (`Shared::replay`).
 struct ReplayWrite<'a> {
     keyspace: u32,
+    /// The keyspace `keyspace` names.
+    target: &'a Keyspace,
     key: &'a [u8],
     /// Its place among the replayed writes, in log order.
     order: usize,
@@ -1061,6 +1063,7 @@ impl Shared {
             })?;
             writes.push(ReplayWrite {
                 keyspace,
+                target: ks,
                 key,
                 order: writes.len(),
                 value,
@@ -1077,11 +1080,7 @@ impl Shared {
                 .get(i + 1)
                 .is_none_or(|next| (next.keyspace, next.key) != (w.keyspace, w.key));
             if last {
-                let ks = catalog
-                    .keyspaces
-                    .get(&w.keyspace)
-                    .expect("only writes of known keyspaces are kept");
-                ks.write_unlogged(w.key, w.value)?;
+                w.target.write_unlogged(w.key, w.value)?;
                 applied += 1;
             }
         }
