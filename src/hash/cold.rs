@@ -306,6 +306,23 @@ impl ColdLog {
         Ok(self.newest(guard, key, head)?.map(|(_, value)| value))
     }
 
+    /// The reads an insert of `key` makes before it links its record, for
+    /// [`super::pending::read_ahead`]: the key's chunk, and with `chain` (a conditional
+    /// insert, which walks the chain to check its source) the records of the chain down
+    /// to the key's newest.
+    pub(crate) fn look_ahead(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        chain: bool,
+    ) -> Result<()> {
+        let head = self.index.find(guard, hash_key(key))?;
+        if chain {
+            self.newest(guard, key, head)?;
+        }
+        Ok(())
+    }
+
     /// Walks the chain from `address` to the newest record of `key`: its address and
     /// value (`None` for a tombstone).
     #[allow(clippy::type_complexity)]

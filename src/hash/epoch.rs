@@ -358,6 +358,7 @@ impl<'e> EpochHandle<'e> {
         EpochGuard {
             handle: self,
             reads: None,
+            nested: false,
         }
     }
 
@@ -370,6 +371,7 @@ impl<'e> EpochHandle<'e> {
         EpochGuard {
             handle: self,
             reads: Some(reads),
+            nested: false,
         }
     }
 }
@@ -394,6 +396,9 @@ impl Drop for EpochHandle<'_> {
 pub(crate) struct EpochGuard<'h, 'e> {
     handle: &'h mut EpochHandle<'e>,
     reads: Option<&'h ReadBatch>,
+    /// Made by [`EpochGuard::batched`] from a guard that stays: dropping it leaves the
+    /// thread protected.
+    nested: bool,
 }
 
 impl std::fmt::Debug for EpochGuard<'_, '_> {
@@ -408,6 +413,19 @@ impl<'e> EpochGuard<'_, 'e> {
     /// The batch this guard's operation collects its device reads in, if any.
     pub(crate) fn read_batch(&self) -> Option<&ReadBatch> {
         self.reads
+    }
+
+    /// This guard's protection for a while with `reads` as its batch (as
+    /// [`EpochHandle::protect_batched`] makes): a thread that already holds a guard (a
+    /// compaction, a throttled writer) collects device reads in a batch. The thread stays
+    /// protected when the returned guard is dropped, and anything borrowed from it is
+    /// gone by then.
+    pub(crate) fn batched<'a>(&'a mut self, reads: &'a ReadBatch) -> EpochGuard<'a, 'e> {
+        EpochGuard {
+            handle: &mut *self.handle,
+            reads: Some(reads),
+            nested: true,
+        }
     }
 
     /// Moves this thread to the current epoch and runs ready actions. Returns the new
@@ -438,6 +456,9 @@ impl<'e> EpochGuard<'_, 'e> {
 
 impl Drop for EpochGuard<'_, '_> {
     fn drop(&mut self) {
+        if self.nested {
+            return;
+        }
         self.handle
             .slot
             .local_epoch

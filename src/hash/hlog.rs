@@ -682,7 +682,7 @@ impl HybridLog {
     /// Reads the record at `address` from the device: from the device's read alignment
     /// below it, enough for a record of [`FIRST_READ_BYTES`] (one read for most
     /// records), more if its header asks for more.
-    fn read_from_device(&self, address: u64) -> Result<DiskRecord> {
+    pub(crate) fn read_from_device(&self, address: u64) -> Result<DiskRecord> {
         let s = &self.shared;
         let (mut start, mut len) = self.device_span(address, FIRST_READ_BYTES);
         loop {

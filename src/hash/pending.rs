@@ -80,6 +80,11 @@ struct BatchState {
     wanted: Vec<Want>,
     /// By (log, record address).
     read: HashMap<(usize, u64), ReadBytes>,
+    /// Set once [`read_ahead`] is done: a record not read ahead is read on the spot
+    /// instead of asked for.
+    blocking_misses: bool,
+    /// Records read on the spot that way.
+    misses: u64,
 }
 
 /// Bytes read from a log's device at `start`.
@@ -155,6 +160,11 @@ impl ReadBatch {
             }
             None => FIRST_READ_BYTES,
         };
+        if state.blocking_misses {
+            state.misses += 1;
+            drop(state);
+            return log.read_from_device(address);
+        }
         let (start, len) = log.device_span(address, need);
         state.wanted.push(Want {
             log: log.id(),
@@ -245,6 +255,71 @@ pub(crate) fn read_now(reads: &mut [DeviceRead]) {
         for i in which {
             reads[i].set_done();
         }
+    }
+}
+
+/// Reads ahead, in rounds of one io_uring batch each, the device records that `count`
+/// operations of a thread that holds `guard` will need, and then sets `batch` to answer
+/// from those bytes and read any other record on the spot. `look(guard, i)` runs the
+/// reading part of operation `i` under `guard` made batched over `batch`
+/// ([`EpochGuard::batched`]), stopping at the first record not yet read as a batched
+/// operation does; its other errors are ignored (the operation meets them again when it
+/// runs). The operations then run under `guard.batched(batch)` and wait only for what
+/// the look-ahead did not foresee. For compaction, whose chunk reads would otherwise go
+/// one at a time: `guard` stays protected through the reads (as for the compaction's
+/// own page reads).
+pub(crate) fn read_ahead(
+    guard: &mut EpochGuard<'_, '_>,
+    batch: &ReadBatch,
+    count: usize,
+    look: impl Fn(&EpochGuard<'_, '_>, usize) -> Result<()>,
+) -> ReadAhead {
+    let mut open: Vec<usize> = (0..count).collect();
+    let mut done = ReadAhead::default();
+    for _ in 0..MAX_ROUNDS {
+        if open.is_empty() {
+            break;
+        }
+        let mut reads = {
+            let batched = guard.batched(batch);
+            open.retain(|&i| matches!(look(&batched, i), Err(e) if is_pending(&e)));
+            batch.issue()
+        };
+        if reads.is_empty() {
+            break;
+        }
+        read_now(&mut reads);
+        done.rounds += 1;
+        done.reads += reads.len() as u64;
+        batch.complete(reads);
+    }
+    batch.state.lock().blocking_misses = true;
+    done
+}
+
+/// What [`read_ahead`] did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReadAhead {
+    /// Device reads it put in flight (each round's together).
+    pub(crate) reads: u64,
+    /// Rounds of them.
+    pub(crate) rounds: u64,
+}
+
+impl ReadBatch {
+    /// Records read on the spot after [`read_ahead`] (not foreseen by its look).
+    pub(crate) fn misses(&self) -> u64 {
+        self.state.lock().misses
+    }
+
+    /// Bytes of the reads this batch keeps.
+    pub(crate) fn bytes_held(&self) -> u64 {
+        let state = self.state.lock();
+        state
+            .read
+            .values()
+            .map(|r| r.bytes.as_ref().len() as u64)
+            .sum()
     }
 }
 

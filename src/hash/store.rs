@@ -545,6 +545,27 @@ pub struct HashStoreStats {
     /// record is copied only when its key is read from disk a second time while the
     /// filter remembers the first.
     pub read_cache_not_admitted: u64,
+    /// Device reads compactions read ahead, a batch of them in flight at once (the
+    /// cold-index chunks, and for cold→cold copies the cold chains, of up to 128
+    /// records a thread copies together), counted in the disk reads above too.
+    pub compaction_read_ahead_reads: u64,
+    /// Rounds of those batches: `compaction_read_ahead_reads /
+    /// compaction_read_ahead_rounds` is their mean queue depth per compaction thread.
+    pub compaction_read_ahead_rounds: u64,
+    /// Device reads compactions made one at a time: what their read-ahead did not
+    /// foresee (a chunk moved to disk meanwhile, a longer chain).
+    pub compaction_single_reads: u64,
+    /// Wall time compaction passes took, in nanoseconds, from when a pass had the
+    /// store's one compaction to its truncation.
+    pub compaction_nanos: u64,
+    /// Bytes of log compaction passes went over (and truncated):
+    /// `compacted_bytes / compaction_nanos` is their throughput.
+    pub compacted_bytes: u64,
+    /// The most bytes of buffers compaction threads held at once: each thread's copy of
+    /// the page it reads and its read-ahead reads. This is compaction's memory outside
+    /// [`HashStoreStats::memory_bytes`]; it is bounded by the compaction threads times
+    /// a page of the log plus 128 reads.
+    pub compaction_buffer_peak_bytes: u64,
     /// Bytes of the hot log (from BEGIN to TAIL).
     pub hot_log_bytes: u64,
     /// Bytes of the cold log (from BEGIN to TAIL).
@@ -849,6 +870,12 @@ impl HashStore {
             read_cache_hits: s.read_cache_hits,
             read_cache_inserts: s.read_cache_inserts,
             read_cache_not_admitted: s.read_cache_not_admitted,
+            compaction_read_ahead_reads: s.compaction_read_ahead_reads,
+            compaction_read_ahead_rounds: s.compaction_read_ahead_rounds,
+            compaction_single_reads: s.compaction_single_reads,
+            compaction_nanos: s.compaction_nanos,
+            compacted_bytes: s.compacted_bytes,
+            compaction_buffer_peak_bytes: s.compaction_buffer_peak_bytes,
             hot_log_bytes: h.tail - h.begin,
             cold_log_bytes: c.tail - c.begin,
             chunk_log_bytes: k.tail - k.begin,
