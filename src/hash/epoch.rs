@@ -428,6 +428,28 @@ impl<'e> EpochGuard<'_, 'e> {
         }
     }
 
+    /// Runs `f` with this thread unprotected (as if the guard were dropped and taken
+    /// again): for a wait on the disk that must not hold back epoch actions (page
+    /// flushes and closes wait for every protected thread). Nothing borrowed from the
+    /// guard is held across it.
+    pub(crate) fn unprotected<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        self.unprotect();
+        let out = f();
+        self.refresh();
+        out
+    }
+
+    /// Marks this thread unprotected, and runs the actions that waited only for it.
+    fn unprotect(&self) {
+        self.handle
+            .slot
+            .local_epoch
+            .store(UNPROTECTED, Ordering::SeqCst);
+        if self.handle.epoch.pending.load(Ordering::SeqCst) > 0 {
+            self.handle.epoch.drain();
+        }
+    }
+
     /// Moves this thread to the current epoch and runs ready actions. Returns the new
     /// local epoch. Nothing borrowed from the guard may be held across it.
     pub(crate) fn refresh(&mut self) -> u64 {
@@ -456,16 +478,8 @@ impl<'e> EpochGuard<'_, 'e> {
 
 impl Drop for EpochGuard<'_, '_> {
     fn drop(&mut self) {
-        if self.nested {
-            return;
-        }
-        self.handle
-            .slot
-            .local_epoch
-            .store(UNPROTECTED, Ordering::SeqCst);
-        // An action may have been waiting only for this thread.
-        if self.handle.epoch.pending.load(Ordering::SeqCst) > 0 {
-            self.handle.epoch.drain();
+        if !self.nested {
+            self.unprotect();
         }
     }
 }

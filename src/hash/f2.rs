@@ -495,7 +495,15 @@ impl F2 {
                 continue;
             }
             let until = a.begin + (budget * o.compact_percent / 100).max(1);
-            self.compact(guard, tier, until)?;
+            // Past its whole budget a log holds writers back: its pass reads ahead as
+            // far as it can. Between the threshold and the budget the pass is background
+            // work, and reads ahead a little only, leaving the disk to the reads of
+            // operations.
+            let group = match size > budget {
+                true => READ_AHEAD_RECORDS,
+                false => BACKGROUND_READ_AHEAD_RECORDS,
+            };
+            self.compact(guard, tier, until, group)?;
             let after = self.log_of(tier).addresses();
             let after = after.tail - after.begin;
             futile.store(if after >= size { after } else { 0 }, Ordering::Relaxed);
@@ -535,12 +543,12 @@ impl F2 {
     /// Hot→cold compaction of the hot log below `until` (rounded up to a page, at most
     /// SAFE_READ_ONLY's page). Returns the new BEGIN.
     pub(crate) fn compact_hot(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
-        self.compact(guard, Tier::Hot, until)
+        self.compact(guard, Tier::Hot, until, READ_AHEAD_RECORDS)
     }
 
     /// Cold→cold compaction of the cold log below `until` (as for `compact_hot`).
     pub(crate) fn compact_cold(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
-        self.compact(guard, Tier::Cold, until)
+        self.compact(guard, Tier::Cold, until, READ_AHEAD_RECORDS)
     }
 
     /// Compaction of the cold index's chunk store below `until` (as for
@@ -551,18 +559,25 @@ impl F2 {
     /// one at a time); a cold read that walked into the truncated part is repeated
     /// through the cold truncation counter, as for a cold-log truncation.
     pub(crate) fn compact_chunks(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
-        self.compact(guard, Tier::Chunks, until)
+        self.compact(guard, Tier::Chunks, until, READ_AHEAD_RECORDS)
     }
 
     /// One compaction pass of `tier`'s log below `until`: its live records copied
-    /// (`copy_live`), then BEGIN moved past them. Returns the new BEGIN.
-    fn compact(&self, guard: &mut EpochGuard<'_, '_>, tier: Tier, until: u64) -> Result<u64> {
+    /// (`copy_live`, reading ahead for `group` records at a time), then BEGIN moved
+    /// past them. Returns the new BEGIN.
+    fn compact(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        tier: Tier,
+        until: u64,
+        group: usize,
+    ) -> Result<u64> {
         let _one = self.one_compaction(guard);
         let started = std::time::Instant::now();
         let log = self.log_of(tier);
         let a = log.addresses();
         let end = Self::compaction_end(a, until, log.page_bytes());
-        self.copy_live(guard, tier, a.begin, end)?;
+        self.copy_live(guard, tier, a.begin, end, group)?;
         if end <= a.begin {
             return Ok(end);
         }
@@ -661,6 +676,7 @@ impl F2 {
         tier: Tier,
         begin: u64,
         end: u64,
+        group: usize,
     ) -> Result<()> {
         if end <= begin {
             return Ok(());
@@ -683,7 +699,7 @@ impl F2 {
                 }
                 let from = (first_page + i * page_bytes).max(begin);
                 let until = (first_page + (i + 1) * page_bytes).min(end);
-                if let Err(e) = self.copy_page(guard, tier, from, until) {
+                if let Err(e) = self.copy_page(guard, tier, from, until, group) {
                     failure.lock().get_or_insert(e);
                     return;
                 }
@@ -723,16 +739,17 @@ impl F2 {
 
     /// Copies the live records of `[from, until)` (within one page) of `tier`'s log:
     /// chunk versions one at a time, records of the hot and cold logs in groups of
-    /// [`READ_AHEAD_RECORDS`] (`copy_records`).
+    /// `group` (`copy_records`).
     fn copy_page(
         &self,
         guard: &mut EpochGuard<'_, '_>,
         tier: Tier,
         from: u64,
         until: u64,
+        group_records: usize,
     ) -> Result<()> {
         let log = self.log_of(tier);
-        let mut group = Vec::with_capacity(READ_AHEAD_RECORDS);
+        let mut group = Vec::with_capacity(group_records);
         let records = log.records_in(guard, from, until)?;
         let _page = Held::new(&self.counters, log.page_bytes());
         for item in records {
@@ -742,7 +759,7 @@ impl F2 {
             }
             if !matches!(tier, Tier::Chunks) {
                 group.push((address, record));
-                if group.len() == READ_AHEAD_RECORDS {
+                if group.len() >= group_records {
                     self.copy_records(guard, tier, &mut group)?;
                 }
                 continue;
@@ -830,6 +847,11 @@ impl F2 {
 /// (and chain) reads go to the disk as one batch. Each read keeps a sector or so, so a
 /// thread holds at most about this many times 512 bytes of them besides its page.
 const READ_AHEAD_RECORDS: usize = 128;
+
+/// The same for a background pass (its log between its threshold and its whole
+/// budget): a few reads in flight per thread, so that the operations' reads are not
+/// queued behind hundreds of compaction reads.
+const BACKGROUND_READ_AHEAD_RECORDS: usize = 8;
 
 /// Which log a compaction reads.
 #[derive(Clone, Copy, Debug)]

@@ -266,8 +266,8 @@ pub(crate) fn read_now(reads: &mut [DeviceRead]) {
 /// operation does; its other errors are ignored (the operation meets them again when it
 /// runs). The operations then run under `guard.batched(batch)` and wait only for what
 /// the look-ahead did not foresee. For compaction, whose chunk reads would otherwise go
-/// one at a time: `guard` stays protected through the reads (as for the compaction's
-/// own page reads).
+/// one at a time. The thread is unprotected while the reads run, as between the rounds
+/// of a batch: the caller holds nothing borrowed from `guard` across the call.
 pub(crate) fn read_ahead(
     guard: &mut EpochGuard<'_, '_>,
     batch: &ReadBatch,
@@ -288,7 +288,8 @@ pub(crate) fn read_ahead(
         if reads.is_empty() {
             break;
         }
-        read_now(&mut reads);
+        // Without the epoch, as `Rounds` reads (the module docs say why that is safe).
+        guard.unprotected(|| read_now(&mut reads));
         done.rounds += 1;
         done.reads += reads.len() as u64;
         batch.complete(reads);
