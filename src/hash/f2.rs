@@ -796,16 +796,23 @@ impl F2 {
             // newer one arriving after this check makes the copy superfluous, not
             // wrong: reads find the newer one first.
             let mut dropped = 0;
-            let mut checked = Vec::with_capacity(group.len());
-            for (address, record) in group.drain(..) {
-                if self.hot.is_newest(guard, &record.key, address)? {
-                    checked.push((address, record));
-                } else {
-                    dropped += 1;
+            let mut failure = None;
+            group.retain(|(address, record)| {
+                match self.hot.is_newest(guard, &record.key, *address) {
+                    Ok(live) => {
+                        dropped += u64::from(!live);
+                        live
+                    }
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                        true
+                    }
                 }
-            }
+            });
             bump(&self.counters.records_dropped, dropped);
-            *group = checked;
+            if let Some(e) = failure {
+                return Err(e);
+            }
         }
         if group.is_empty() {
             return Ok(());
