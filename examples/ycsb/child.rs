@@ -108,7 +108,22 @@ pub fn main(options: &Options, spec: &EngineSpec) -> Result<(), String> {
         }
         for &threads in &options.threads {
             let seed = options.seed ^ ((wi as u64) << 32) ^ threads as u64;
-            let mut row = run(&*engine, options, workload, threads, &existing, &zipf, seed);
+            let ctx = RunContext {
+                engine: &*engine,
+                options,
+                workload,
+                threads,
+                existing: &existing,
+                zipf: &zipf,
+            };
+            if options.warmup_secs > 0.0 {
+                // Unmeasured, and on other keys than the row's own draw.
+                run(&ctx, Span::Secs(options.warmup_secs), !seed);
+            }
+            let span = options
+                .ops
+                .map_or(Span::Secs(options.duration_secs), Span::Ops);
+            let mut row = run(&ctx, span, seed);
             row.engine = engine_name.to_string();
             row.mode = engine.mode();
             row.durability = spec.durability.name().to_string();
@@ -295,6 +310,26 @@ struct ThreadResult {
 /// Operations a thread claims at a time from the shared budget in `--ops` mode.
 const OPS_CLAIM: u64 = 64;
 
+/// How long a run lasts.
+#[derive(Clone, Copy, Debug)]
+enum Span {
+    /// A time, in seconds.
+    Secs(f64),
+    /// A number of operations, shared by the threads.
+    Ops(u64),
+}
+
+/// What a run works on: the engine, the workload and its thread count, and the key
+/// choice's shared state.
+struct RunContext<'a> {
+    engine: &'a dyn Engine,
+    options: &'a Options,
+    workload: Workload,
+    threads: usize,
+    existing: &'a AtomicU64,
+    zipf: &'a Zipf,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn worker(
     engine: &dyn Engine,
@@ -303,7 +338,7 @@ fn worker(
     chooser: &Chooser<'_>,
     seed: u64,
     stop: &AtomicBool,
-    ops_left: &AtomicU64,
+    ops_left: Option<&AtomicU64>,
 ) -> ThreadResult {
     let mut rng = Rng::new(seed);
     let mix = workload.mix();
@@ -327,7 +362,7 @@ fn worker(
     let mut reads: Vec<Vec<u8>> = Vec::with_capacity(batch);
     let mut claimed = 0u64;
     loop {
-        if options.ops.is_some() {
+        if let Some(ops_left) = ops_left {
             if claimed == 0 {
                 let left = ops_left
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
@@ -441,15 +476,16 @@ impl Tally {
     }
 }
 
-fn run(
-    engine: &dyn Engine,
-    options: &Options,
-    workload: Workload,
-    threads: usize,
-    existing: &AtomicU64,
-    zipf: &Zipf,
-    seed: u64,
-) -> RunRow {
+/// Runs `ctx`'s workload for `span` and measures it.
+fn run(ctx: &RunContext<'_>, span: Span, seed: u64) -> RunRow {
+    let &RunContext {
+        engine,
+        options,
+        workload,
+        threads,
+        existing,
+        zipf,
+    } = ctx;
     let distribution = workload.distribution(options.distribution);
     let hotspot = Hotspot {
         hot_set_fraction: options.hot_set_fraction,
@@ -457,7 +493,10 @@ fn run(
     };
     let chooser = Chooser::new(distribution, zipf, hotspot, existing);
     let stop = AtomicBool::new(false);
-    let ops_left = AtomicU64::new(options.ops.unwrap_or(0));
+    let ops_left = match span {
+        Span::Ops(n) => Some(AtomicU64::new(n)),
+        Span::Secs(_) => None,
+    };
     reset_peak_rss();
     // The child's --dir is the engine's directory.
     let dir = options.dir.as_deref().unwrap_or(std::path::Path::new("."));
@@ -468,13 +507,13 @@ fn run(
     let results: Vec<ThreadResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads.max(1))
             .map(|t| {
-                let (chooser, stop, ops_left) = (&chooser, &stop, &ops_left);
+                let (chooser, stop, ops_left) = (&chooser, &stop, ops_left.as_ref());
                 let seed = seed.wrapping_add((t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
                 s.spawn(move || worker(engine, options, workload, chooser, seed, stop, ops_left))
             })
             .collect();
-        if options.ops.is_none() {
-            std::thread::sleep(Duration::from_secs_f64(options.duration_secs));
+        if let Span::Secs(secs) = span {
+            std::thread::sleep(Duration::from_secs_f64(secs));
             stop.store(true, Ordering::Relaxed);
         }
         handles

@@ -114,6 +114,12 @@ pub struct Options {
     /// Run a fixed number of operations per workload and thread count instead of a time.
     #[arg(long)]
     pub ops: Option<u64>,
+    /// Seconds each row first runs its workload at its thread count without measuring
+    /// (0: none), so that the row measures a steady state rather than the work the load
+    /// or the row before left behind (for bfdb-hash, the compaction passes that follow
+    /// a load; for the trees, the pool's turnover from one key mix to the next).
+    #[arg(long, default_value_t = 0.0)]
+    pub warmup_secs: f64,
     /// Memory budget in MiB: bfdb's and bf-tree's circular buffer, bfdb-hash's HashStore
     /// (its indexes, read cache and log pages), RocksDB's memtable and caches, sled's,
     /// fjall's and redb's caches. RwLock<BTreeMap> has none.
@@ -515,10 +521,13 @@ fn parent(options: &Options) -> Result<(), String> {
     } else {
         "in memory: the data fits in the budget".to_string()
     };
-    let amount = match options.ops {
+    let mut amount = match options.ops {
         Some(n) => format!("{n} operations"),
         None => format!("{} s", options.duration_secs),
     };
+    if options.warmup_secs > 0.0 {
+        let _ = write!(amount, " after {} s unmeasured", options.warmup_secs);
+    }
     let mut header = String::new();
     let _ = writeln!(header, "machine: {}", machine());
     let _ = writeln!(
