@@ -47,8 +47,66 @@ const TRAILER_BYTES: usize = 12;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct KeyspaceLeaves {
     pub(crate) id: u32,
-    /// (low routing key, physical page slot), in key order.
-    pub(crate) leaves: Vec<(Vec<u8>, u64)>,
+    /// Each leaf's low routing key and physical page slot, in key order.
+    pub(crate) leaves: Leaves,
+}
+
+/// Leaves in key order, each a low routing key and a physical page slot, with the keys
+/// packed in one buffer: a checkpoint of a tree of millions of leaves makes three
+/// allocations, not one per leaf (which the allocator keeps after the checkpoint).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Leaves {
+    /// The keys, one after another.
+    keys: Vec<u8>,
+    /// Where each leaf's key ends in `keys`.
+    ends: Vec<usize>,
+    /// Each leaf's page slot.
+    slots: Vec<u64>,
+}
+
+impl Leaves {
+    /// Appends a leaf after the others.
+    pub(crate) fn push(&mut self, low: &[u8], slot: u64) {
+        self.keys.extend_from_slice(low);
+        self.ends.push(self.keys.len());
+        self.slots.push(slot);
+    }
+
+    /// Forgets every leaf (their memory is kept for the next).
+    pub(crate) fn clear(&mut self) {
+        self.keys.clear();
+        self.ends.clear();
+        self.slots.clear();
+    }
+
+    /// How many leaves.
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The page slots, in key order.
+    pub(crate) fn slots(&self) -> &[u64] {
+        &self.slots
+    }
+
+    /// (low key, slot) of each leaf, in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], u64)> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(&self.ends)
+            .zip(&self.slots)
+            .map(|((start, &end), &slot)| (self.keys.get(start..end).unwrap_or_default(), slot))
+    }
+}
+
+impl<'a> FromIterator<(&'a [u8], u64)> for Leaves {
+    fn from_iter<I: IntoIterator<Item = (&'a [u8], u64)>>(iter: I) -> Leaves {
+        let mut leaves = Leaves::default();
+        for (low, slot) in iter {
+            leaves.push(low, slot);
+        }
+        leaves
+    }
 }
 
 /// A decoded checkpoint.
@@ -115,36 +173,47 @@ pub(crate) fn path(dir: &Path, generation: u64) -> PathBuf {
 }
 
 impl Checkpoint {
-    /// The file's bytes.
+    /// The file's bytes, as one buffer (tests and the fuzz target; files are written
+    /// with [`Checkpoint::store`]).
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
-        b.extend_from_slice(&MAGIC);
-        b.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
-        b.extend_from_slice(&self.generation.to_le_bytes());
-        b.extend_from_slice(&self.position.block.to_le_bytes());
-        b.extend_from_slice(&self.position.seq.to_le_bytes());
-        b.extend_from_slice(&(self.keyspaces.len() as u32).to_le_bytes());
-        for ks in &self.keyspaces {
-            b.extend_from_slice(&ks.id.to_le_bytes());
-            b.extend_from_slice(&(ks.leaves.len() as u64).to_le_bytes());
-            for (low, slot) in &ks.leaves {
-                b.extend_from_slice(&slot.to_le_bytes());
-                b.extend_from_slice(&(low.len() as u16).to_le_bytes());
-                b.extend_from_slice(low);
-            }
-        }
-        b.extend_from_slice(&(self.hash.len() as u32).to_le_bytes());
-        for (id, extents) in &self.hash {
-            b.extend_from_slice(&id.to_le_bytes());
-            for n in extent_fields(extents) {
-                b.extend_from_slice(&n.to_le_bytes());
-            }
-        }
-        let crc = crc32c::crc32c(&b);
-        let len = b.len() as u64;
-        b.extend_from_slice(&len.to_le_bytes());
-        b.extend_from_slice(&crc.to_le_bytes());
+        self.write_to(&mut b).expect("writing to a Vec");
         b
+    }
+
+    /// Writes the file's bytes to `out`, a piece at a time (no copy of the whole file
+    /// is built: a tree of millions of leaves has a checkpoint of tens of MiB).
+    fn write_to(&self, out: &mut impl Write) -> io::Result<()> {
+        let mut w = Summed {
+            out,
+            len: 0,
+            crc: 0,
+        };
+        w.put(&MAGIC)?;
+        w.put(&CHECKPOINT_VERSION.to_le_bytes())?;
+        w.put(&self.generation.to_le_bytes())?;
+        w.put(&self.position.block.to_le_bytes())?;
+        w.put(&self.position.seq.to_le_bytes())?;
+        w.put(&(self.keyspaces.len() as u32).to_le_bytes())?;
+        for ks in &self.keyspaces {
+            w.put(&ks.id.to_le_bytes())?;
+            w.put(&(ks.leaves.len() as u64).to_le_bytes())?;
+            for (low, slot) in ks.leaves.iter() {
+                w.put(&slot.to_le_bytes())?;
+                w.put(&(low.len() as u16).to_le_bytes())?;
+                w.put(low)?;
+            }
+        }
+        w.put(&(self.hash.len() as u32).to_le_bytes())?;
+        for (id, extents) in &self.hash {
+            w.put(&id.to_le_bytes())?;
+            for n in extent_fields(extents) {
+                w.put(&n.to_le_bytes())?;
+            }
+        }
+        let (len, crc) = (w.len, w.crc);
+        out.write_all(&len.to_le_bytes())?;
+        out.write_all(&crc.to_le_bytes())
     }
 
     /// Decodes the checkpoint file at `path`.
@@ -203,12 +272,11 @@ impl Checkpoint {
             let id = r.u32().ok_or_else(truncated)?;
             let leaves_count = r.u64().ok_or_else(truncated)?;
             // No capacity from the count: a damaged one could claim anything.
-            let mut leaves = Vec::new();
+            let mut leaves = Leaves::default();
             for _ in 0..leaves_count {
                 let slot = r.u64().ok_or_else(truncated)?;
                 let len = usize::from(r.u16().ok_or_else(truncated)?);
-                let low = r.take(len).ok_or_else(truncated)?.to_vec();
-                leaves.push((low, slot));
+                leaves.push(r.take(len).ok_or_else(truncated)?, slot);
             }
             keyspaces.push(KeyspaceLeaves { id, leaves });
         }
@@ -257,17 +325,34 @@ impl Checkpoint {
         let path = path(dir, self.generation);
         let tmp = dir.join(format!("{}.tmp", file_name(self.generation)));
         let write = || -> io::Result<()> {
-            let mut f = OpenOptions::new()
+            let f = OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(true)
                 .open(&tmp)?;
-            f.write_all(&self.encode())?;
+            let mut w = io::BufWriter::with_capacity(1 << 20, f);
+            self.write_to(&mut w)?;
+            let f = w.into_inner().map_err(io::IntoInnerError::into_error)?;
             f.sync_all()?;
             fs::rename(&tmp, &path)?;
             sync_dir(dir)
         };
         write().map_err(|e| Error::Io(named(&path, e)))
+    }
+}
+
+/// A writer that passes bytes on and keeps their count and crc32c (the body's trailer).
+struct Summed<'a, W: Write> {
+    out: &'a mut W,
+    len: u64,
+    crc: u32,
+}
+
+impl<W: Write> Summed<'_, W> {
+    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.crc = crc32c::crc32c_append(self.crc, bytes);
+        self.len += bytes.len() as u64;
+        self.out.write_all(bytes)
     }
 }
 
@@ -286,11 +371,13 @@ mod tests {
             keyspaces: vec![
                 KeyspaceLeaves {
                     id: 1,
-                    leaves: vec![(vec![], 5), (b"m".to_vec(), 9), (b"t".repeat(300), 2)],
+                    leaves: [(&b""[..], 5), (b"m", 9), (&b"t".repeat(300)[..], 2)]
+                        .into_iter()
+                        .collect(),
                 },
                 KeyspaceLeaves {
                     id: 4,
-                    leaves: vec![(vec![], 3)],
+                    leaves: [(&b""[..], 3)].into_iter().collect(),
                 },
             ],
             hash: vec![(5, extents_from([64, 9000, 1024, 64, 4096, 128, 70000, 256]))],

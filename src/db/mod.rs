@@ -54,7 +54,7 @@ use crate::tree::{Attached, Tree, TreeMemory, open_file_store};
 use crate::wal::{self, LogOp, LogOpRef, LogOptions, LogPosition};
 
 pub use batch::WriteBatch;
-use checkpoint::{Checkpoint, KeyspaceLeaves};
+use checkpoint::{Checkpoint, KeyspaceLeaves, Leaves};
 use manifest::{
     CheckpointRef, KEPT_CHECKPOINTS, KeyspaceEntry, KeyspaceKind, MANIFEST, MANIFEST_TMP,
     MAX_NAME_BYTES, Manifest,
@@ -849,7 +849,7 @@ impl Shared {
                     let ks = c.keyspaces.iter().find(|k| k.id == entry.id)?;
                     Some(PinSet {
                         generation: c.generation,
-                        slots: ks.leaves.iter().map(|(_, slot)| *slot).collect(),
+                        slots: ks.leaves.slots().to_vec(),
                     })
                 })
                 .collect();
@@ -888,8 +888,9 @@ impl Shared {
             let len = std::fs::metadata(&path).map_or(0, |m| m.len());
             let need = ks
                 .leaves
+                .slots()
                 .iter()
-                .map(|(_, slot)| slot.saturating_add(1))
+                .map(|slot| slot.saturating_add(1))
                 .max()
                 .unwrap_or(0)
                 .saturating_mul(4096);
@@ -911,42 +912,40 @@ impl Shared {
             }
             Pages::Sim(sim) => (sim.store(&page_file(entry.id)), ActiveBackend::custom()),
         };
-        let (shadow, tree) =
-            match leaves {
-                Some(ks) => {
-                    let slot_list: Vec<u64> = ks.leaves.iter().map(|(_, slot)| *slot).collect();
-                    let (shadow, logical) = ShadowStore::recover(slots, &slot_list, pinned)
-                        .map_err(|e| Error::CorruptFile {
-                            path: self.dir.join(page_file(entry.id)),
-                            reason: format!("its checkpoint's page slots: {e}"),
-                        })?;
-                    let shadow = Arc::new(shadow);
-                    let list: Vec<(Vec<u8>, PageNo)> = ks
-                        .leaves
-                        .iter()
-                        .map(|(low, _)| low.clone())
-                        .zip(logical)
-                        .collect();
-                    let tree = Tree::from_leaves(
-                        config,
-                        Box::new(Arc::clone(&shadow)),
-                        backend,
-                        list,
-                        Some(self.memory.clone()),
-                    )?;
-                    (shadow, tree)
-                }
-                None => {
-                    let shadow = Arc::new(ShadowStore::new(slots)?);
-                    let tree = Tree::with_store_in(
-                        config,
-                        Box::new(Arc::clone(&shadow)),
-                        backend,
-                        self.memory.clone(),
-                    )?;
-                    (shadow, tree)
-                }
-            };
+        let (shadow, tree) = match leaves {
+            Some(ks) => {
+                let (shadow, logical) = ShadowStore::recover(slots, ks.leaves.slots(), pinned)
+                    .map_err(|e| Error::CorruptFile {
+                        path: self.dir.join(page_file(entry.id)),
+                        reason: format!("its checkpoint's page slots: {e}"),
+                    })?;
+                let shadow = Arc::new(shadow);
+                let list: Vec<(Vec<u8>, PageNo)> = ks
+                    .leaves
+                    .iter()
+                    .map(|(low, _)| low.to_vec())
+                    .zip(logical)
+                    .collect();
+                let tree = Tree::from_leaves(
+                    config,
+                    Box::new(Arc::clone(&shadow)),
+                    backend,
+                    list,
+                    Some(self.memory.clone()),
+                )?;
+                (shadow, tree)
+            }
+            None => {
+                let shadow = Arc::new(ShadowStore::new(slots)?);
+                let tree = Tree::with_store_in(
+                    config,
+                    Box::new(Arc::clone(&shadow)),
+                    backend,
+                    self.memory.clone(),
+                )?;
+                (shadow, tree)
+            }
+        };
         let tree = tree.attach(Attached {
             journal: Arc::clone(&self.journal),
             keyspace: entry.id,
@@ -1427,7 +1426,7 @@ impl Shared {
             hash,
         };
         let captured = keyspaces.iter().try_for_each(|(id, tree, shadow)| {
-            let mut leaves = Vec::new();
+            let mut leaves = Leaves::default();
             let set = pins.entry(*id).or_insert_with(|| PinSet {
                 generation,
                 slots: Vec::new(),
@@ -1441,7 +1440,7 @@ impl Shared {
                 }
                 let slot = shadow.pin(no, generation)?;
                 set.slots.push(slot);
-                leaves.push((low.to_vec(), slot));
+                leaves.push(low, slot);
                 Ok(())
             });
             ckpt.keyspaces.push(KeyspaceLeaves { id: *id, leaves });
