@@ -213,6 +213,7 @@ fn open_options(options: &Options, spec: &EngineSpec) -> Result<OpenOptions, Str
         value_bytes: options.value_bytes,
         records: options.records,
         hash_hot_log_bytes: options.hash_hot_log_mib.map(|m| m << 20),
+        hash_read_cache_bytes: options.hash_read_cache_mib.map(|m| m << 20),
         hash_compaction_threads: options.hash_compaction_threads,
         checkpoint_log_bytes: options.checkpoint_log_mib.map(|m| m << 20),
         durability: spec.durability,

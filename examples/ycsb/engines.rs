@@ -127,6 +127,8 @@ pub struct OpenOptions {
     pub records: u64,
     /// bfdb-hash: the hot log's disk budget, if given (`--hash-hot-log-mib`).
     pub hash_hot_log_bytes: Option<u64>,
+    /// bfdb-hash: the read cache's memory, if given (`--hash-read-cache-mib`).
+    pub hash_read_cache_bytes: Option<u64>,
     /// bfdb-hash: the HashStore's `compaction_threads`.
     pub hash_compaction_threads: usize,
     /// bfdb, bfdb-hash: the `Db`'s checkpoint trigger in log bytes, if given.
@@ -555,11 +557,14 @@ impl BfdbHash {
         let hot_log_disk_bytes = options
             .hash_hot_log_bytes
             .unwrap_or_else(|| hot_log_fitting_index(options));
-        let hash_options = bfdb::HashStoreOptions::default()
+        let mut hash_options = bfdb::HashStoreOptions::default()
             .memory_bytes(options.budget_bytes.saturating_sub(tree_pool_bytes))
             .expected_keys(options.records.max(1))
             .hot_log_disk_bytes(hot_log_disk_bytes)
             .compaction_threads(options.hash_compaction_threads);
+        if let Some(bytes) = options.hash_read_cache_bytes {
+            hash_options = hash_options.read_cache_bytes(bytes);
+        }
         let store = db
             .hash_store_with(HASH_KEYSPACE, hash_options.clone())
             .map_err(|e| e.to_string())?;
@@ -572,12 +577,16 @@ impl BfdbHash {
             "Db with one HashStore (no scans), {}; memory: HashStore {:.2} MiB (hot index, \
              read cache, log pages) out of the Db's budget, its trees {} KiB (the least \
              the Db allows); \
-             expected_keys {}, hot log disk {:.1} MiB, cold log disk {} MiB, {} compaction \
-             threads; {io}",
+             expected_keys {}, read cache {}, hot log disk {:.1} MiB, cold log disk {} MiB, \
+             {} compaction threads; {io}",
             bfdb_level_text(options.durability),
             hash_options.memory_bytes.unwrap_or(0) as f64 / (1 << 20) as f64,
             tree_pool_bytes >> 10,
             hash_options.expected_keys,
+            match hash_options.read_cache_bytes {
+                Some(bytes) => format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64),
+                None => "the paper's share".to_string(),
+            },
             hash_options.hot_log_disk_bytes as f64 / (1 << 20) as f64,
             hash_options.cold_log_disk_bytes >> 20,
             hash_options.compaction_threads,

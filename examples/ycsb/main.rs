@@ -133,6 +133,11 @@ pub struct Options {
     /// log.
     #[arg(long)]
     pub hash_hot_log_mib: Option<u64>,
+    /// bfdb-hash: the HashStore's read cache in MiB (its `read_cache_bytes`; 0 turns it
+    /// off and gives its share to the hot log's pages). By default the paper's share, a
+    /// sixth of the budget.
+    #[arg(long)]
+    pub hash_read_cache_mib: Option<u64>,
     /// bfdb and bfdb-hash: the `Db`'s background checkpoint trigger, in MiB of log
     /// written since the last checkpoint (`DbOptions::checkpoint_log_bytes`; 0 turns it
     /// off). The default is the `Db`'s own (64 MiB).
