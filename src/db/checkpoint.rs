@@ -52,8 +52,9 @@ pub(crate) struct KeyspaceLeaves {
 }
 
 /// Leaves in key order, each a low routing key and a physical page slot, with the keys
-/// packed in one buffer: a checkpoint of a tree of millions of leaves makes three
-/// allocations, not one per leaf (which the allocator keeps after the checkpoint).
+/// packed in one buffer: a checkpoint of a tree of millions of leaves grows three
+/// buffers instead of making an allocation per leaf (which the allocator keeps after
+/// the checkpoint).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Leaves {
     /// The keys, one after another.
