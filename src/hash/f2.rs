@@ -798,6 +798,10 @@ impl F2 {
             let mut dropped = 0;
             let mut failure = None;
             group.retain(|(address, record)| {
+                if failure.is_some() {
+                    // The pass fails: no more lookups.
+                    return true;
+                }
                 match self.hot.is_newest(guard, &record.key, *address) {
                     Ok(live) => {
                         dropped += u64::from(!live);
