@@ -14,13 +14,22 @@
 //!                               begun in the block before (0 at a group's first block)
 //!                       32..    payload: the record stream
 //!
-//! record (in the payload stream, may span blocks of one group)
+//! record, format 2 (in the payload stream, may span blocks of one group)
+//!  body length varint | crc32c u32 of the body | body
+//! body: seq varint | kind u8 (1 = batch) | op count varint | ops
+//! op:   op u8 (1 put, 2 delete) | keyspace varint | key len varint | key
+//!       | [value len varint | value]
+//!
+//! record, format 1 (read, no longer written)
 //!  0..4  body length   4..8  crc32c of the body   8..  body
 //! body: seq u64 | kind u8 (1 = batch) | op count u32 | ops
 //! op:   keyspace u32 | op u8 (1 put, 2 delete) | key len u32 | key | [value len u32 | value]
 //! ```
 //!
-//! All integers are little-endian. A block's tag and address let recovery tell a block
+//! Fixed-width integers are little-endian; a varint is unsigned LEB128 (seven bits a
+//! byte, low bits first, the high bit set on every byte but the last). A segment's header names the format of every record in it (a group, and so a record,
+//! never spans two segments), so a log written by format 1 is read on and continued in
+//! format 2. A block's tag and address let recovery tell a block
 //! written for this segment from a stale one left in a recycled file or torn by a
 //! crash; a crash may tear any block not yet covered by a sync (atomic writes are not
 //! assumed), and the checksum catches it.
@@ -31,16 +40,18 @@
 
 use crate::storage::LOG_BLOCK_BYTES;
 
-/// The log format this code writes and reads.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// The log format this code writes.
+pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The oldest log format this code still reads.
+pub(crate) const OLDEST_READABLE_VERSION: u32 = 1;
 const MAGIC: &[u8; 8] = b"bfdbWAL\0";
 
 /// Bytes of a data block's header.
 pub(crate) const BLOCK_HEADER_BYTES: usize = 32;
 /// Payload bytes of one data block.
 pub(crate) const BLOCK_PAYLOAD_BYTES: usize = LOG_BLOCK_BYTES - BLOCK_HEADER_BYTES;
-/// Bytes of a record's frame (length and checksum) before its body.
-pub(crate) const RECORD_FRAME_BYTES: usize = 8;
+/// The most bytes a varint of a `u64` takes.
+const MAX_VARINT_BYTES: usize = 10;
 
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
@@ -75,6 +86,44 @@ impl<'a> Cursor<'a> {
     pub(crate) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
+
+    /// An unsigned LEB128 varint; `None` past the end, or for one longer than a `u64`'s.
+    pub(crate) fn varint(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for i in 0..MAX_VARINT_BYTES {
+            let byte = self.u8()?;
+            let bits = u64::from(byte & 0x7f);
+            // The tenth byte holds a u64's last bit; anything above it overflows.
+            if i == MAX_VARINT_BYTES - 1 && bits > 1 {
+                return None;
+            }
+            value |= bits << (7 * i);
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    /// A varint that must fit a `usize` (a length).
+    fn length(&mut self) -> Option<usize> {
+        usize::try_from(self.varint()?).ok()
+    }
+
+    /// A varint that must fit a `u32` (a keyspace id).
+    fn varint_u32(&mut self) -> Option<u32> {
+        u32::try_from(self.varint()?).ok()
+    }
+}
+
+/// Appends `value` as a varint to `out`.
+#[inline]
+fn push_varint(mut value: u64, out: &mut Vec<u8>) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
 }
 
 /// The crc32c over a block's bytes after its checksum field.
@@ -97,6 +146,9 @@ fn sealed(block: &[u8]) -> bool {
 /// A segment's header block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SegmentHeader {
+    /// The format of the segment's records: [`FORMAT_VERSION`] for a segment this code
+    /// writes, or an older one it still reads.
+    pub(crate) format: u32,
     pub(crate) id: u64,
     /// The address of the segment's first data block.
     pub(crate) first_block: u64,
@@ -117,7 +169,7 @@ impl SegmentHeader {
     pub(crate) fn encode(&self) -> [u8; LOG_BLOCK_BYTES] {
         let mut b = [0u8; LOG_BLOCK_BYTES];
         b[4..12].copy_from_slice(MAGIC);
-        b[12..16].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&self.format.to_le_bytes());
         b[16..24].copy_from_slice(&self.id.to_le_bytes());
         b[24..32].copy_from_slice(&self.first_block.to_le_bytes());
         b[32..40].copy_from_slice(&self.data_blocks.to_le_bytes());
@@ -132,12 +184,13 @@ impl SegmentHeader {
         if c.take(8) != Some(MAGIC.as_slice()) || !sealed(block) {
             return Err(HeaderError::Invalid);
         }
-        let version = c.u32().ok_or(HeaderError::Invalid)?;
-        if version != FORMAT_VERSION {
-            return Err(HeaderError::Version(version));
+        let format = c.u32().ok_or(HeaderError::Invalid)?;
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&format) {
+            return Err(HeaderError::Version(format));
         }
         let (id, first_block, data_blocks) = (c.u64(), c.u64(), c.u64());
         Ok(SegmentHeader {
+            format,
             id: id.ok_or(HeaderError::Invalid)?,
             first_block: first_block.ok_or(HeaderError::Invalid)?,
             data_blocks: data_blocks.ok_or(HeaderError::Invalid)?,
@@ -258,6 +311,18 @@ pub enum LogOpRef<'a> {
 }
 
 impl<'a> LogOpRef<'a> {
+    /// The op's keyspace, op code, key and (for a put) value: what both formats write.
+    fn parts(self) -> (u32, u8, &'a [u8], Option<&'a [u8]>) {
+        match self {
+            LogOpRef::Put {
+                keyspace,
+                key,
+                value,
+            } => (keyspace, OP_PUT, key, Some(value)),
+            LogOpRef::Delete { keyspace, key } => (keyspace, OP_DELETE, key, None),
+        }
+    }
+
     /// The write of `key` in `keyspace`: a put of `value`, or a delete for `None`.
     pub fn write(keyspace: u32, key: &'a [u8], value: Option<&'a [u8]>) -> LogOpRef<'a> {
         match value {
@@ -292,61 +357,122 @@ impl LogOp {
     }
 }
 
-/// Appends the body of a record of `ops` with sequence number `seq` to `out`.
-pub(crate) fn encode_body<'a>(
+/// Bytes of `value` as a varint.
+#[inline]
+fn varint_len(value: u64) -> usize {
+    // Bits needed (at least one), seven a byte.
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// Bytes of one op in a format-2 body.
+#[inline]
+fn op_len(op: LogOpRef<'_>) -> usize {
+    let (keyspace, _, key, value) = op.parts();
+    1 + varint_len(u64::from(keyspace))
+        + varint_len(key.len() as u64)
+        + key.len()
+        + value.map_or(0, |v| varint_len(v.len() as u64) + v.len())
+}
+
+/// Appends a framed format-2 record of `ops` with sequence number `seq` to `out`, in one
+/// pass over its bytes (the body's length, which the frame starts with, is summed from
+/// the ops first).
+pub(crate) fn encode_record<'a>(
     seq: u64,
-    ops: impl ExactSizeIterator<Item = LogOpRef<'a>>,
+    ops: impl ExactSizeIterator<Item = LogOpRef<'a>> + Clone,
     out: &mut Vec<u8>,
 ) {
-    out.extend_from_slice(&seq.to_le_bytes());
+    let body_len = varint_len(seq)
+        + 1
+        + varint_len(ops.len() as u64)
+        + ops.clone().map(op_len).sum::<usize>();
+    out.reserve(varint_len(body_len as u64) + 4 + body_len);
+    push_varint(body_len as u64, out);
+    let crc_at = out.len();
+    out.extend_from_slice(&[0u8; 4]);
+    let body_at = out.len();
+    push_varint(seq, out);
     out.push(KIND_BATCH);
-    out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    push_varint(ops.len() as u64, out);
     for op in ops {
-        let (keyspace, kind, key, value) = match op {
-            LogOpRef::Put {
-                keyspace,
-                key,
-                value,
-            } => (keyspace, OP_PUT, key, Some(value)),
-            LogOpRef::Delete { keyspace, key } => (keyspace, OP_DELETE, key, None),
-        };
-        out.extend_from_slice(&keyspace.to_le_bytes());
+        let (keyspace, kind, key, value) = op.parts();
         out.push(kind);
-        out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        push_varint(u64::from(keyspace), out);
+        push_varint(key.len() as u64, out);
         out.extend_from_slice(key);
         if let Some(value) = value {
-            out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            push_varint(value.len() as u64, out);
             out.extend_from_slice(value);
         }
     }
-}
-
-/// Appends a framed record (length, checksum, body) of `ops` to `out`.
-pub(crate) fn encode_record<'a>(
-    seq: u64,
-    ops: impl ExactSizeIterator<Item = LogOpRef<'a>>,
-    out: &mut Vec<u8>,
-) {
-    let at = out.len();
-    out.extend_from_slice(&[0u8; RECORD_FRAME_BYTES]);
-    encode_body(seq, ops, out);
-    let body_len = (out.len() - at - RECORD_FRAME_BYTES) as u32;
-    let crc = crc32c::crc32c(out.get(at + RECORD_FRAME_BYTES..).unwrap_or_default());
-    if let Some(frame) = out.get_mut(at..at + RECORD_FRAME_BYTES) {
-        let (len_field, crc_field) = frame.split_at_mut(4);
-        len_field.copy_from_slice(&body_len.to_le_bytes());
-        crc_field.copy_from_slice(&crc.to_le_bytes());
+    debug_assert_eq!(out.len() - body_at, body_len);
+    let crc = crc32c::crc32c(out.get(body_at..).unwrap_or_default());
+    if let Some(field) = out.get_mut(crc_at..crc_at + 4) {
+        field.copy_from_slice(&crc.to_le_bytes());
     }
 }
 
-/// A record frame's body length and checksum.
-pub(crate) fn decode_frame(frame: &[u8]) -> Option<(usize, u32)> {
-    let mut c = Cursor { bytes: frame };
-    Some((c.u32()? as usize, c.u32()?))
+/// A record's frame as read from the start of the record stream's bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Frame {
+    /// The body's length and checksum, and the frame's own length.
+    Complete {
+        frame_bytes: usize,
+        body_bytes: usize,
+        crc: u32,
+    },
+    /// The bytes end inside the frame.
+    Incomplete,
+    /// Not a frame: a length that is no varint.
+    Malformed,
 }
 
-/// Decodes a record body; `None` if it is malformed.
-pub(crate) fn decode_body(body: &[u8]) -> Option<LogRecord> {
+/// Reads a record's frame (length and checksum) in log format `format`.
+pub(crate) fn decode_frame(format: u32, bytes: &[u8]) -> Frame {
+    let mut c = Cursor { bytes };
+    let body_bytes = if format == 1 {
+        c.u32().map(|len| len as usize)
+    } else {
+        match c.length() {
+            Some(len) => Some(len),
+            // A varint cut off by the end of the bytes is incomplete; one that runs
+            // on past ten bytes (or does not fit) is no frame.
+            None if bytes.len() < MAX_VARINT_BYTES && bytes.iter().all(|b| b & 0x80 != 0) => None,
+            None => return Frame::Malformed,
+        }
+    };
+    match (body_bytes, c.u32()) {
+        (Some(body_bytes), Some(crc)) => Frame::Complete {
+            frame_bytes: bytes.len() - c.bytes.len(),
+            body_bytes,
+            crc,
+        },
+        _ => Frame::Incomplete,
+    }
+}
+
+/// Decodes a record body of log format `format`; `None` if it is malformed.
+pub(crate) fn decode_body(format: u32, body: &[u8]) -> Option<LogRecord> {
+    if format == 1 {
+        return decode_body_v1(body);
+    }
+    let mut c = Cursor { bytes: body };
+    let seq = c.varint()?;
+    if c.u8()? != KIND_BATCH {
+        return None;
+    }
+    let count = c.length()?;
+    let mut ops = Vec::with_capacity(count.min(body.len()));
+    for _ in 0..count {
+        let kind = c.u8()?;
+        let keyspace = c.varint_u32()?;
+        ops.push(decode_op(&mut c, kind, keyspace, |c| c.length())?);
+    }
+    c.bytes.is_empty().then_some(LogRecord { seq, ops })
+}
+
+/// Decodes a format-1 record body.
+fn decode_body_v1(body: &[u8]) -> Option<LogRecord> {
     let mut c = Cursor { bytes: body };
     let seq = c.u64()?;
     if c.u8()? != KIND_BATCH {
@@ -357,23 +483,58 @@ pub(crate) fn decode_body(body: &[u8]) -> Option<LogRecord> {
     for _ in 0..count {
         let keyspace = c.u32()?;
         let kind = c.u8()?;
-        let key_len = c.u32()? as usize;
-        let key = c.take(key_len)?.to_vec();
-        ops.push(match kind {
-            OP_PUT => {
-                let value_len = c.u32()? as usize;
-                let value = c.take(value_len)?.to_vec();
-                LogOp::Put {
-                    keyspace,
-                    key,
-                    value,
-                }
-            }
-            OP_DELETE => LogOp::Delete { keyspace, key },
-            _ => return None,
-        });
+        ops.push(decode_op(&mut c, kind, keyspace, |c| Some(c.u32()? as usize))?);
     }
     c.bytes.is_empty().then_some(LogRecord { seq, ops })
+}
+
+/// The rest of an op of `kind` in `keyspace`, past those two fields: the key, and a
+/// put's value, each after its length as `length` reads it (the formats differ only
+/// there, and in the order of the first two fields).
+fn decode_op<'a>(
+    c: &mut Cursor<'a>,
+    kind: u8,
+    keyspace: u32,
+    length: impl Fn(&mut Cursor<'a>) -> Option<usize>,
+) -> Option<LogOp> {
+    let key_len = length(c)?;
+    let key = c.take(key_len)?.to_vec();
+    Some(match kind {
+        OP_PUT => {
+            let value_len = length(c)?;
+            LogOp::Put {
+                keyspace,
+                key,
+                value: c.take(value_len)?.to_vec(),
+            }
+        }
+        OP_DELETE => LogOp::Delete { keyspace, key },
+        _ => return None,
+    })
+}
+
+/// Appends a framed format-1 record: what the code before format 2 wrote, kept to test
+/// that such logs are still read.
+#[cfg(test)]
+pub(crate) fn encode_record_v1(seq: u64, ops: &[LogOp], out: &mut Vec<u8>) {
+    let mut body = Vec::new();
+    body.extend_from_slice(&seq.to_le_bytes());
+    body.push(KIND_BATCH);
+    body.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    for op in ops {
+        let (keyspace, kind, key, value) = op.as_ref().parts();
+        body.extend_from_slice(&keyspace.to_le_bytes());
+        body.push(kind);
+        body.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        body.extend_from_slice(key);
+        if let Some(value) = value {
+            body.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            body.extend_from_slice(value);
+        }
+    }
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    out.extend_from_slice(&body);
 }
 
 #[cfg(test)]
@@ -395,23 +556,99 @@ mod tests {
         ]
     }
 
+    /// The body of a framed record, checking its frame.
+    fn body_of(format: u32, framed: &[u8]) -> &[u8] {
+        let Frame::Complete {
+            frame_bytes,
+            body_bytes,
+            crc,
+        } = decode_frame(format, framed)
+        else {
+            panic!("no frame");
+        };
+        let body = &framed[frame_bytes..];
+        assert_eq!((body_bytes, crc), (body.len(), crc32c::crc32c(body)));
+        body
+    }
+
     #[test]
     fn records_round_trip_and_reject_every_truncation() {
+        for seq in [0, 1, 127, 128, 42_000_000, u64::MAX] {
+            let mut framed = Vec::new();
+            encode_record(seq, ops().iter().map(LogOp::as_ref), &mut framed);
+            let body = body_of(FORMAT_VERSION, &framed);
+            let record = LogRecord { seq, ops: ops() };
+            assert_eq!(decode_body(FORMAT_VERSION, body), Some(record));
+            for cut in 0..body.len() {
+                assert_eq!(
+                    decode_body(FORMAT_VERSION, &body[..cut]),
+                    None,
+                    "cut at {cut}"
+                );
+            }
+            for cut in 0..framed.len() - body.len() {
+                assert_eq!(
+                    decode_frame(FORMAT_VERSION, &framed[..cut]),
+                    Frame::Incomplete
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_dense_format_frames_a_small_write_in_14_bytes_not_34() {
+        let op = LogOp::Put {
+            keyspace: 1,
+            key: vec![7; 16],
+            value: vec![9; 16],
+        };
+        let (mut dense, mut old) = (Vec::new(), Vec::new());
+        encode_record(1_000_000, std::iter::once(op.as_ref()), &mut dense);
+        encode_record_v1(1_000_000, std::slice::from_ref(&op), &mut old);
+        // 32 bytes of key and value: 34 bytes of framing in format 1, 14 in format 2.
+        assert_eq!((old.len(), dense.len()), (66, 46));
+    }
+
+    #[test]
+    fn format_1_records_are_still_read() {
         let mut framed = Vec::new();
-        encode_record(42, ops().iter().map(LogOp::as_ref), &mut framed);
-        let (len, crc) = decode_frame(&framed).unwrap();
-        let body = &framed[RECORD_FRAME_BYTES..];
-        assert_eq!((len, crc), (body.len(), crc32c::crc32c(body)));
+        encode_record_v1(42, &ops(), &mut framed);
+        let body = body_of(1, &framed);
         assert_eq!(
-            decode_body(body),
+            decode_body(1, body),
             Some(LogRecord {
                 seq: 42,
                 ops: ops()
             })
         );
-        for cut in 0..body.len() {
-            assert_eq!(decode_body(&body[..cut]), None, "cut at {cut}");
+        // The same bytes are no format-2 record.
+        assert_eq!(decode_body(FORMAT_VERSION, body), None);
+    }
+
+    #[test]
+    fn varints_round_trip_and_overlong_ones_are_refused() {
+        for value in [
+            0,
+            1,
+            127,
+            128,
+            16_383,
+            16_384,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            let mut out = Vec::new();
+            push_varint(value, &mut out);
+            let mut c = Cursor { bytes: &out };
+            assert_eq!((c.varint(), c.bytes.len()), (Some(value), 0));
         }
+        // Eleven continuation bytes, and a tenth byte carrying more than a u64's last bit.
+        assert_eq!(Cursor { bytes: &[0x80; 11] }.varint(), None);
+        let mut too_big = [0xff; 10];
+        too_big[9] = 0x02;
+        assert_eq!(Cursor { bytes: &too_big }.varint(), None);
+        assert_eq!(decode_frame(FORMAT_VERSION, &[0x80; 11]), Frame::Malformed);
+        assert_eq!(decode_frame(FORMAT_VERSION, &[0x80; 3]), Frame::Incomplete);
     }
 
     #[test]
@@ -438,6 +675,7 @@ mod tests {
     #[test]
     fn segment_headers_round_trip_and_name_another_version() {
         let h = SegmentHeader {
+            format: FORMAT_VERSION,
             id: 5,
             first_block: 1000,
             data_blocks: 63,
@@ -447,6 +685,13 @@ mod tests {
         other[12..16].copy_from_slice(&9u32.to_le_bytes());
         seal(&mut other);
         assert_eq!(SegmentHeader::decode(&other), Err(HeaderError::Version(9)));
+        let old = SegmentHeader { format: 1, ..h };
+        assert_eq!(SegmentHeader::decode(&old.encode()), Ok(old));
+        let zero = SegmentHeader { format: 0, ..h };
+        assert_eq!(
+            SegmentHeader::decode(&zero.encode()),
+            Err(HeaderError::Version(0))
+        );
         assert_eq!(
             SegmentHeader::decode(&[0u8; LOG_BLOCK_BYTES]),
             Err(HeaderError::Invalid)

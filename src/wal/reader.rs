@@ -25,9 +25,7 @@
 
 use std::io;
 
-use super::format::{
-    self, BLOCK_PAYLOAD_BYTES, HeaderError, LogRecord, RECORD_FRAME_BYTES, SegmentHeader,
-};
+use super::format::{self, BLOCK_PAYLOAD_BYTES, Frame, HeaderError, LogRecord, SegmentHeader};
 use crate::storage::{LOG_BLOCK_BYTES, LogDevice};
 
 /// What reading the log found.
@@ -145,7 +143,8 @@ pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<R
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "log segment {id} is of log format {v}; this bfdb reads format {}",
+                        "log segment {id} is of log format {v}; this bfdb reads formats {} to {}",
+                        format::OLDEST_READABLE_VERSION,
                         format::FORMAT_VERSION
                     ),
                 ));
@@ -194,7 +193,7 @@ pub(crate) fn read_log(device: &dyn LogDevice, start_block: u64) -> io::Result<R
             match block {
                 Block::Valid(h, payload) if h.address == address => {
                     stream
-                        .push(h.continued, payload, &mut out)
+                        .push(header.format, h.continued, payload, &mut out)
                         .map_err(|what| {
                             damaged(format!("block {address} of log segment {id}: {what}"))
                         })?;
@@ -272,6 +271,7 @@ impl Stream {
     /// block's checksum holds.
     fn push(
         &mut self,
+        format: u32,
         continued: usize,
         payload: &[u8],
         out: &mut Recovered,
@@ -285,25 +285,37 @@ impl Stream {
         }
         if continued > 0 && self.partial.is_empty() {
             // A continuation of a record whose start was not read: skip it.
-            return self.take_records(payload.get(continued..).unwrap_or_default(), out);
+            return self.take_records(format, payload.get(continued..).unwrap_or_default(), out);
         }
-        self.take_records(payload, out)
+        self.take_records(format, payload, out)
     }
 
-    /// Appends `bytes` to the stream and takes every record it completes.
-    fn take_records(&mut self, bytes: &[u8], out: &mut Recovered) -> Result<(), String> {
+    /// Appends `bytes` (records of log format `format`) to the stream and takes every
+    /// record it completes.
+    fn take_records(
+        &mut self,
+        format: u32,
+        bytes: &[u8],
+        out: &mut Recovered,
+    ) -> Result<(), String> {
         self.partial.extend_from_slice(bytes);
         let mut at = 0;
         loop {
             let rest = self.partial.get(at..).unwrap_or_default();
-            let Some((len, crc)) = format::decode_frame(rest) else {
-                break;
+            let (frame_bytes, len, crc) = match format::decode_frame(format, rest) {
+                Frame::Complete {
+                    frame_bytes,
+                    body_bytes,
+                    crc,
+                } => (frame_bytes, body_bytes, crc),
+                Frame::Incomplete => break,
+                Frame::Malformed => return Err("a record's length does not decode".into()),
             };
-            let Some(body) = rest.get(RECORD_FRAME_BYTES..RECORD_FRAME_BYTES + len) else {
+            let Some(body) = rest.get(frame_bytes..).and_then(|b| b.get(..len)) else {
                 break;
             };
             match (crc32c::crc32c(body) == crc)
-                .then(|| format::decode_body(body))
+                .then(|| format::decode_body(format, body))
                 .flatten()
             {
                 Some(record) => out.records.push(record),
@@ -311,9 +323,98 @@ impl Stream {
                 // which would lose it silently.
                 None => return Err(format!("a record of {len} bytes does not decode")),
             }
-            at += RECORD_FRAME_BYTES + len;
+            at += frame_bytes + len;
         }
         self.partial.drain(..at);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::format::{BlockHeader, LogOp, LogRecord, SegmentHeader, encode_block};
+    use crate::storage::{LOG_BLOCK_BYTES, LogDevice, SimLog};
+    use crate::wal::{self, LogOptions};
+
+    fn put(k: u8) -> LogOp {
+        LogOp::Put {
+            keyspace: 1,
+            key: vec![k],
+            value: vec![k; 3],
+        }
+    }
+
+    #[test]
+    fn a_format_1_log_is_read_and_continued_in_format_2() -> std::io::Result<()> {
+        // Segment 0 as the code before format 2 wrote it: a group of two records.
+        let device = Arc::new(SimLog::new(1));
+        let old = vec![
+            LogRecord {
+                seq: 0,
+                ops: vec![put(1)],
+            },
+            LogRecord {
+                seq: 1,
+                ops: vec![
+                    put(2),
+                    LogOp::Delete {
+                        keyspace: 2,
+                        key: vec![1],
+                    },
+                ],
+            },
+        ];
+        let mut stream = Vec::new();
+        for r in &old {
+            super::format::encode_record_v1(r.seq, &r.ops, &mut stream);
+        }
+        let header = SegmentHeader {
+            format: 1,
+            id: 0,
+            first_block: 0,
+            data_blocks: 8,
+        };
+        device.create(0, 9 * LOG_BLOCK_BYTES as u64)?;
+        device.write_at(0, 0, &header.encode())?;
+        let block_header = BlockHeader {
+            segment: 0,
+            address: 0,
+            durable_horizon: 0,
+            used: stream.len(),
+            continued: 0,
+        };
+        device.write_at(
+            0,
+            LOG_BLOCK_BYTES as u64,
+            &encode_block(&block_header, &stream),
+        )?;
+        device.sync(0)?;
+
+        let (log, recovered) = wal::open(device.clone(), LogOptions::default())?;
+        assert_eq!(recovered.records, old);
+        let seq = log.append(&[put(3)])?;
+        assert_eq!(seq, 2);
+        log.wait_durable(seq)?;
+        drop(log);
+
+        // Both segments read back after a crash, the new one in this code's format.
+        let crashed = Arc::new(device.crash());
+        let (_, again) = wal::open(crashed.clone(), LogOptions::default())?;
+        let mut all = old;
+        all.push(LogRecord {
+            seq: 2,
+            ops: vec![put(3)],
+        });
+        assert_eq!(again.records, all);
+        let mut first = vec![0u8; LOG_BLOCK_BYTES];
+        let ids = crashed.list()?;
+        assert_eq!(ids.len(), 2, "{ids:?}");
+        crashed.read_at(ids[1], 0, &mut first)?;
+        let newest =
+            SegmentHeader::decode(&first).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+        assert_eq!(newest.format, super::format::FORMAT_VERSION);
         Ok(())
     }
 }

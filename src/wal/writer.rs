@@ -252,6 +252,7 @@ impl Log {
                 // A zero-length placeholder: the first group starts a real segment there.
                 segment: Segment {
                     header: SegmentHeader {
+                        format: format::FORMAT_VERSION,
                         id: PLACEHOLDER,
                         first_block: next_block,
                         data_blocks: 0,
@@ -288,7 +289,7 @@ impl Log {
     /// Appends a record of borrowed `ops`, as [`Log::append`].
     pub fn append_refs<'a>(
         &self,
-        ops: impl ExactSizeIterator<Item = LogOpRef<'a>>,
+        ops: impl ExactSizeIterator<Item = LogOpRef<'a>> + Clone,
     ) -> io::Result<u64> {
         let mut s = self.state.lock();
         if let Some(why) = &s.failure {
@@ -527,6 +528,7 @@ impl Log {
         let mut start = None;
         if segment.next_block + blocks > segment.end() {
             let header = SegmentHeader {
+                format: format::FORMAT_VERSION,
                 id: s.next_segment_id,
                 first_block: segment.next_block,
                 data_blocks: self.options.segment_blocks.max(blocks),
