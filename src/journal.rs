@@ -38,7 +38,7 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::wal::{Flusher, Log, LogOpRef, Preparer};
 
@@ -89,6 +89,10 @@ pub(crate) struct Journal {
     /// ([`Journal::quiesce`]): what the checkpoint interval's "written since the last
     /// checkpoint" sees of the writes the log does not.
     unlogged_since_quiesce: AtomicBool,
+    /// The checkpoint epoch: bumped by every [`Journal::quiesce`], read by logged tree
+    /// writes under their stripe (so it cannot change between a write's append and its
+    /// placement), which stamp their page with it.
+    epoch: AtomicU64,
     /// Makes `Logged` writes durable within the flush interval. Dropped before the log's
     /// last user, which stops its thread.
     _flusher: Flusher,
@@ -147,6 +151,7 @@ impl Journal {
             log,
             stripes: (0..STRIPES).map(|_| Stripe(RwLock::new(()))).collect(),
             unlogged_since_quiesce: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
             _flusher: flusher,
             _preparer: preparer,
         }
@@ -209,7 +214,8 @@ impl Journal {
     /// itself (the tree, by the lock of the key's page): `apply` writes the key and
     /// calls the appender it is given while it holds that lock and before the write
     /// becomes visible, once per attempt. The appender logs `op` (unless `durability`
-    /// is `Unlogged`); then this waits as `durability` says.
+    /// is `Unlogged`) and answers the checkpoint epoch the record was appended in
+    /// (`None` if it logged nothing); then this waits as `durability` says.
     ///
     /// The stripe is held shared from before the first append to after the write, so
     /// the write runs wholly before or after a batch of the key and outside
@@ -222,10 +228,10 @@ impl Journal {
         &self,
         op: LogOpRef<'_>,
         durability: Durability,
-        apply: impl FnOnce(&mut dyn FnMut() -> Result<()>) -> Result<T>,
+        apply: impl FnOnce(&mut dyn FnMut() -> Result<Option<u64>>) -> Result<T>,
     ) -> Result<T> {
         if durability == Durability::Unlogged {
-            return self.noting_unlogged(apply(&mut || Ok(())));
+            return self.noting_unlogged(apply(&mut || Ok(None)));
         }
         let (keyspace, key) = target(&op);
         let shared = self.stripes[stripe_of(keyspace, key)].0.read();
@@ -236,7 +242,9 @@ impl Journal {
                     .append_refs(std::iter::once(op))
                     .map_err(log_error)?,
             );
-            Ok(())
+            // The stripe held shared keeps a quiesce, and so the epoch's next value,
+            // out until the write is placed.
+            Ok(Some(self.epoch()))
         });
         drop(shared);
         let out = applied?;
@@ -320,14 +328,23 @@ impl Journal {
 
     /// Runs `f` while every stripe is locked exclusively: no logged write is between
     /// its log append and its index write meanwhile, so every record below the log's
-    /// position read in `f` is in its index.
-    pub(crate) fn quiesce<T>(&self, f: impl FnOnce() -> T) -> T {
+    /// position read in `f` is in its index. Begins a new checkpoint epoch, and answers
+    /// with `f`'s result whether an unlogged write returned since the last quiesce
+    /// (clearing that flag).
+    pub(crate) fn quiesce<T>(&self, f: impl FnOnce() -> T) -> (T, bool) {
         let held: Vec<RwLockWriteGuard<'_, ()>> =
             self.stripes.iter().map(|s| s.0.write()).collect();
-        self.unlogged_since_quiesce.store(false, Ordering::SeqCst);
+        let unlogged = self.unlogged_since_quiesce.swap(false, Ordering::SeqCst);
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         let out = f();
         drop(held);
-        out
+        (out, unlogged)
+    }
+
+    /// The checkpoint epoch: how many times [`Journal::quiesce`] ran since the database
+    /// opened. Stable while the caller holds a stripe.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
     }
 
     /// Whether an unlogged write returned since the last [`Journal::quiesce`] (a

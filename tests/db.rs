@@ -968,3 +968,59 @@ fn a_batch_of_one_write_is_logged_even_at_unlogged() {
     assert_eq!(t.get(b"two").unwrap().as_deref(), Some(&b"2"[..]));
     assert_eq!(t.get(b"one").unwrap().as_deref(), Some(&b"1"[..]));
 }
+
+#[test]
+fn a_background_checkpoint_leaves_recent_pages_to_the_log_and_merges_older_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = || {
+        small()
+            .checkpoint_log_bytes(0)
+            .checkpoint_interval(None)
+            .checkpoint_on_close(false)
+    };
+    let write_all = |t: &Tree, round: u32| {
+        for i in 0..2000 {
+            t.insert(&key(i), format!("r{round}-{i}").as_bytes())
+                .unwrap();
+        }
+    };
+    {
+        let db = Db::open(dir.path(), options()).unwrap();
+        let t = db.tree("t").unwrap();
+        write_all(&t, 0);
+        // Every dirty page was written since the open: logged, and left to the log.
+        db.checkpoint_incremental().unwrap();
+        let first = db.stats();
+        assert_eq!(first.checkpoint_pages_merged, 0, "{first:?}");
+        assert!(first.checkpoint_pages_left_dirty > 0, "{first:?}");
+        // Written before the previous checkpoint began and dirty still: merged now.
+        db.checkpoint_incremental().unwrap();
+        let second = db.stats();
+        assert!(second.checkpoint_pages_merged > 0, "{second:?}");
+        // An unlogged write since the last checkpoint: everything is merged, so that
+        // no older logged write replays over it.
+        write_all(&t, 1);
+        t.insert_with(&key(5), b"unlogged", Durability::Unlogged)
+            .unwrap();
+        let left = db.stats().checkpoint_pages_left_dirty;
+        db.checkpoint_incremental().unwrap();
+        assert_eq!(db.stats().checkpoint_pages_left_dirty, left);
+        // Logged writes again, left dirty by the next one; then the process stops
+        // without a checkpoint on close.
+        write_all(&t, 2);
+        db.checkpoint_incremental().unwrap();
+        assert!(db.stats().checkpoint_pages_left_dirty > left);
+        db.persist().unwrap();
+    }
+    // Recovery replays the left pages' writes from the previous checkpoint's position.
+    let db = Db::open(dir.path(), options()).unwrap();
+    let t = db.tree("t").unwrap();
+    for i in 0..2000 {
+        assert_eq!(
+            t.get(&key(i)).unwrap(),
+            Some(format!("r2-{i}").into_bytes()),
+            "key {i}"
+        );
+    }
+    assert!(db.recovery().records_replayed > 0);
+}

@@ -84,7 +84,8 @@ enum Step {
     },
     /// `db.persist()`; `acked` once it returned `Ok`.
     Persist { acked: bool },
-    /// `db.checkpoint()`; `acked` once it returned `Ok`.
+    /// `db.checkpoint()` or `db.checkpoint_incremental()`; `acked` once it returned
+    /// `Ok`.
     Checkpoint { acked: bool },
 }
 
@@ -112,9 +113,12 @@ fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Ste
         v
     };
     for op in 0..ops {
+        // Unlogged writes only in every other run of 100 steps: a background
+        // checkpoint merges everything after one, and leaves recently written pages
+        // dirty (their writes replayed from the previous checkpoint) only without.
         let level = match rng.below(3) {
-            0 => Durability::Unlogged,
-            1 => Durability::Logged,
+            0 if (op / 100) % 2 == 0 => Durability::Unlogged,
+            0 | 1 => Durability::Logged,
             _ => Durability::Synced,
         };
         // Every 80th step is a checkpoint, on top of the random 3%: a seed whose rolls
@@ -134,7 +138,14 @@ fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Ste
             }
             continue;
         } else if roll < 8 {
-            let ok = db.checkpoint().is_ok();
+            // Mostly the background kind, which leaves recently written pages dirty
+            // and replays their writes from the previous checkpoint's position.
+            let ok = if rng.below(4) == 0 {
+                db.checkpoint()
+            } else {
+                db.checkpoint_incremental()
+            }
+            .is_ok();
             steps.push(Step::Checkpoint { acked: ok });
             after_step(&steps);
             if !ok {
@@ -499,19 +510,25 @@ fn crashing_at_every_step_of_a_checkpoint_recovers_a_committed_state() {
 fn crashing_after_every_operation_recovers_a_prefix() {
     let mut points = 0;
     let mut writes_checked = 0;
+    let mut left_dirty = 0;
     for seed in seeds("crash_after_every_op") {
-        let (checked, n) = check_each_step(seed, 300);
+        let (checked, n, left) = check_each_step(seed, 300);
         writes_checked += checked;
         points += n;
+        left_dirty += left;
     }
+    // The checkpoints that leave pages dirty were among those crashed after.
+    assert!(left_dirty > 0, "no checkpoint left a page dirty");
     eprintln!(
-        "crash after every operation: {points} crash points, {writes_checked} recovered writes checked, 0 lost"
+        "crash after every operation: {points} crash points, {writes_checked} recovered writes \
+         checked, 0 lost; checkpoints left {left_dirty} dirty pages to the log"
     );
 }
 
 /// Runs the workload of `seed` and, after every step, crashes a copy of the database
-/// (its devices and its directory's files) and checks what a reopen finds.
-fn check_each_step(seed: u64, ops: usize) -> (usize, usize) {
+/// (its devices and its directory's files) and checks what a reopen finds. Answers the
+/// writes checked, the crash points, and the pages the checkpoints left dirty.
+fn check_each_step(seed: u64, ops: usize) -> (usize, usize, u64) {
     let dir = tempfile::tempdir().unwrap();
     let devices = Devices::new(seed);
     let db = devices.open(dir.path());
@@ -529,7 +546,7 @@ fn check_each_step(seed: u64, ops: usize) -> (usize, usize) {
         );
         points += 1;
     });
-    (checked, points)
+    (checked, points, db.stats().checkpoint_pages_left_dirty)
 }
 
 /// Copies the manifest and checkpoint files of `from` into `to` (not the lock).

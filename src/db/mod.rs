@@ -113,9 +113,11 @@ pub struct DbOptions {
     /// the most acknowledged time a crash can lose at that level. Default 5 ms.
     pub flush_interval: Duration,
     /// A checkpoint is taken in the background once the log has grown by this many
-    /// bytes since the last one; 0 turns the trigger off. Recovery replays at most
-    /// about this much log (twice as much if it must fall back to the older checkpoint).
-    /// Default 64 MiB.
+    /// bytes since the last one began; 0 turns the trigger off. A background
+    /// checkpoint leaves pages written since the previous one began in memory, their
+    /// writes in the log, so recovery replays at most about twice this much log (three
+    /// times if it must fall back to the older checkpoint); after [`Db::checkpoint`]
+    /// or a clean close, only what follows it. Default 64 MiB.
     pub checkpoint_log_bytes: u64,
     /// A checkpoint is taken in the background this long after the last one, if
     /// anything was written since (logged or not: so an unlogged write is captured,
@@ -280,8 +282,14 @@ pub struct DbStats {
     pub last_checkpoint_duration: Duration,
     /// Leaf pages the last checkpoint recorded.
     pub last_checkpoint_leaf_pages: u64,
-    /// Log bytes written since the newest checkpoint's position: what a recovery now
-    /// would replay.
+    /// Dirty mini-pages the committed checkpoints merged into their leaf pages.
+    pub checkpoint_pages_merged: u64,
+    /// Dirty mini-pages the committed checkpoints left dirty, because every write they
+    /// held was logged since the previous checkpoint began (background checkpoints;
+    /// see [`DbOptions::checkpoint_log_bytes`]).
+    pub checkpoint_pages_left_dirty: u64,
+    /// Log bytes from the newest checkpoint's replay start to the log's end: what a
+    /// recovery now would read.
     pub log_bytes_since_checkpoint: u64,
     /// The database's memory budget (`config.memory_budget_bytes`, rounded down to a
     /// multiple of 8): the hash stores' memory and the trees' pool together.
@@ -365,10 +373,28 @@ struct Kept {
     hash: HashMap<u32, F2Extents>,
 }
 
+/// Which dirty pages a checkpoint merges into their leaf pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Merge {
+    /// Every one: recovery replays only what follows the checkpoint's quiesce (the
+    /// checkpoint on close, after recovery, and `Db::checkpoint`).
+    All,
+    /// Those with a write older than the previous checkpoint's quiesce, or unlogged:
+    /// the background checkpoints (docs/design.md, "Checkpoints that leave recent
+    /// pages dirty").
+    Older,
+}
+
 /// The checkpoints kept, newest first, and what the next one needs.
 struct Checkpoints {
     kept: Vec<Kept>,
     next_generation: u64,
+    /// The checkpoint epoch and log position of the last quiesce (of the open, before
+    /// any): the replay start of a checkpoint that leaves pages dirty since then.
+    quiesced: (u64, LogPosition),
+    /// The log block of the last committed checkpoint's quiesce: the log-size trigger
+    /// counts from here (its replay start may lie further back).
+    trigger_from: u64,
     stats: DbStats,
     last_at: Instant,
 }
@@ -552,6 +578,8 @@ impl Db {
             checkpoints: Mutex::new(Checkpoints {
                 kept: Vec::new(),
                 next_generation,
+                quiesced: (0, LogPosition::default()),
+                trigger_from: loaded.first().map_or(0, |c| c.position.block),
                 stats: DbStats {
                     checkpoint_generation: loaded.first().map_or(0, |c| c.generation),
                     ..DbStats::default()
@@ -563,6 +591,11 @@ impl Db {
         };
         shared.restore(&manifest, &loaded, &mut recovery)?;
         shared.replay(&recovered.records, &mut recovery)?;
+        // Epoch 0's writes come after the replay: every record they append is at or
+        // past the log's position now. (Replayed writes are stamped unlogged, so the
+        // first checkpoint merges them.)
+        shared.checkpoints.get_mut().quiesced =
+            (shared.journal.epoch(), shared.journal.log().position());
         // The newest checkpoint any manifest committed: files above it never were.
         let committed = manifest.checkpoints.first().map_or(0, |c| c.generation);
         let mut manifest = manifest;
@@ -602,7 +635,7 @@ impl Db {
         shared.recovery = recovery;
         // What was replayed (and a torn tail) goes behind a checkpoint at once: a crash
         // soon after does not replay it again, and the torn tail is never counted twice.
-        if replayed && let Err(e) = shared.checkpoint() {
+        if replayed && let Err(e) = shared.checkpoint(Merge::All) {
             log::warn!(
                 "bfdb: the checkpoint after recovery failed (the log still holds everything): {e}"
             );
@@ -702,11 +735,21 @@ impl Db {
 
     /// Takes a checkpoint now: every keyspace's records written to its pages, the
     /// trees' leaves recorded, the log truncated to what the two kept checkpoints need.
+    /// A recovery after it replays only the log written since it began.
     /// Readers and writers go on meanwhile (they wait only for a moment at its start).
-    /// Background checkpoints ([`DbOptions::checkpoint_log_bytes`],
-    /// [`DbOptions::checkpoint_interval`]) and the one on close do the same.
+    /// The one on close does the same; background checkpoints
+    /// ([`DbOptions::checkpoint_log_bytes`], [`DbOptions::checkpoint_interval`]) leave
+    /// the pages written since the previous checkpoint began to the log.
     pub fn checkpoint(&self) -> Result<()> {
-        self.shared.checkpoint()
+        self.shared.checkpoint(Merge::All)
+    }
+
+    /// Takes a checkpoint as the background triggers do: one that leaves the pages
+    /// written since the last checkpoint began dirty, their writes in the log (for the
+    /// crash tests, which take both kinds at chosen moments).
+    #[doc(hidden)]
+    pub fn checkpoint_incremental(&self) -> Result<()> {
+        self.shared.checkpoint(Merge::Older)
     }
 
     /// What recovery did when this database was opened.
@@ -720,7 +763,9 @@ impl Db {
         let hash_memory = hash_memory_bytes(&self.shared.catalog.read());
         let c = self.shared.checkpoints.lock();
         let mut stats = c.stats.clone();
-        stats.log_bytes_since_checkpoint = self.shared.log_bytes_since(&c);
+        stats.log_bytes_since_checkpoint = self
+            .shared
+            .log_bytes_since(c.kept.first().map_or(0, |k| k.position.block));
         stats.memory_budget_bytes = self.shared.memory.capacity_bytes();
         stats.tree_memory_bytes = self.shared.memory.limit_bytes();
         stats.hash_memory_bytes = hash_memory;
@@ -766,7 +811,7 @@ impl Drop for Db {
         // and recovery replays it.
         if self.shared.options.checkpoint_on_close
             && !std::thread::panicking()
-            && let Err(e) = self.shared.checkpoint()
+            && let Err(e) = self.shared.checkpoint(Merge::All)
         {
             log::warn!("bfdb: the checkpoint on close failed: {e}");
         }
@@ -789,7 +834,7 @@ fn checkpointer(shared: &Arc<Shared>) -> Option<Ticker> {
     Ticker::start("bfdb-checkpointer", tick, move |_| {
         if let Some(shared) = weak.upgrade()
             && shared.checkpoint_due()
-            && let Err(e) = shared.checkpoint()
+            && let Err(e) = shared.checkpoint(Merge::Older)
         {
             log::warn!("bfdb: a background checkpoint failed: {e}");
         }
@@ -1345,15 +1390,14 @@ impl Shared {
     }
 
     /// Log bytes written since the newest kept checkpoint's position.
-    fn log_bytes_since(&self, c: &Checkpoints) -> u64 {
-        let from = c.kept.first().map_or(0, |k| k.position.block);
+    fn log_bytes_since(&self, from: u64) -> u64 {
         self.journal.log().position().block.saturating_sub(from) * LOG_BLOCK_BYTES as u64
     }
 
     /// Whether a background checkpoint is due.
     fn checkpoint_due(&self) -> bool {
         let c = self.checkpoints.lock();
-        let grown = self.log_bytes_since(&c);
+        let grown = self.log_bytes_since(c.trigger_from);
         let o = &self.options;
         (o.checkpoint_log_bytes > 0 && grown >= o.checkpoint_log_bytes)
             || ((grown > 0 || self.journal.unlogged_since_quiesce())
@@ -1376,7 +1420,7 @@ impl Shared {
     }
 
     /// Takes a checkpoint (the protocol is argued in `docs/design.md`, "Checkpoints").
-    fn checkpoint(&self) -> Result<()> {
+    fn checkpoint(&self, merge: Merge) -> Result<()> {
         let started = Instant::now();
         let mut c = self.checkpoints.lock();
         // A generation whose pin bit no kept checkpoint has: failed checkpoints use up
@@ -1391,8 +1435,11 @@ impl Shared {
             generation += 1;
         }
         c.next_generation = generation + 1;
-        // 1. The log position: every record below it is in its tree.
-        let position = self.journal.quiesce(|| self.journal.log().position());
+        // 1. The log position: every record below it is in its tree. The quiesce begins
+        //    a new epoch: logged writes from now on stamp their pages with it.
+        let (position, unlogged) = self.journal.quiesce(|| self.journal.log().position());
+        let epoch = self.journal.epoch();
+        let previous = std::mem::replace(&mut c.quiesced, (epoch, position));
         // The keyspaces after the position: one created before it (and so possibly
         // written below it) is in the catalog by now; one created later has no record
         // below it, and recovery starts it empty and replays all of it.
@@ -1409,8 +1456,26 @@ impl Shared {
         //    slots keeps the kept checkpoints' pages as they were); every hash store's
         //    logs are flushed and synced, and their extents recorded (segments a kept
         //    checkpoint needs are never deleted).
+        //    A checkpoint that merges only the older pages leaves those whose writes
+        //    all came after the previous quiesce (epoch `previous.0` or this one): the
+        //    log from the previous quiesce's position on holds every write they have not
+        //    merged, so that is where its recovery replays from. Not when an unlogged
+        //    write returned since the previous quiesce: it is captured, and replaying
+        //    an older logged write of its key from before this quiesce would undo it.
+        let mut replay_from = position;
+        let keep_from = match merge {
+            Merge::Older if !unlogged && previous.0 + 1 == epoch => Some(previous.0),
+            // The epochs do not follow on (no quiesce but a checkpoint's bumps them):
+            // merge everything rather than trust a position.
+            _ => None,
+        };
+        let mut flushed = (0, 0);
         for (_, tree, _) in &keyspaces {
-            tree.flush()?;
+            let f = tree.flush_for_checkpoint(keep_from)?;
+            flushed = (flushed.0 + f.merged, flushed.1 + f.left);
+            if f.oldest_left.is_some_and(|oldest| oldest < epoch) {
+                replay_from = previous.1;
+            }
         }
         let hash: Vec<(u32, F2Extents)> = hashes
             .iter()
@@ -1421,7 +1486,7 @@ impl Shared {
         let mut pins: HashMap<u32, PinSet> = HashMap::new();
         let mut ckpt = Checkpoint {
             generation,
-            position,
+            position: replay_from,
             keyspaces: Vec::new(),
             hash,
         };
@@ -1469,11 +1534,12 @@ impl Shared {
         self.crash_point(CheckpointCrashPoint::AfterCommit)?;
         // 4. Keep the newest two; release the one that falls out, and the log only it
         //    needed.
+        c.trigger_from = position.block;
         c.kept.insert(
             0,
             Kept {
                 generation,
-                position,
+                position: replay_from,
                 pins,
                 hash: ckpt.hash.iter().copied().collect(),
             },
@@ -1517,6 +1583,8 @@ impl Shared {
         c.stats.last_checkpoint_duration = started.elapsed();
         c.stats.last_checkpoint_leaf_pages =
             ckpt.keyspaces.iter().map(|k| k.leaves.len() as u64).sum();
+        c.stats.checkpoint_pages_merged += flushed.0;
+        c.stats.checkpoint_pages_left_dirty += flushed.1;
         Ok(())
     }
 

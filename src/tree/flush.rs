@@ -15,9 +15,32 @@ use super::{Core, Op};
 /// Pages whose dirty mini-pages `flush` merges with one batched read and write.
 pub(super) const FLUSH_BATCH_PAGES: usize = 32;
 
+/// What a checkpoint's flush did ([`Core::flush_older`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Flushed {
+    /// Dirty pages merged into their leaf pages.
+    pub(crate) merged: u64,
+    /// Dirty pages left dirty.
+    pub(crate) left: u64,
+    /// The oldest checkpoint epoch among the pages left dirty.
+    pub(crate) oldest_left: Option<u64>,
+}
+
 impl Core {
+    /// Merges every dirty mini-page into its leaf page (see [`Core::flush_older`]).
     pub(super) fn flush(&self) -> Result<()> {
+        self.flush_older(None).map(|_| ())
+    }
+
+    /// Merges the dirty mini-pages into their leaf pages, and syncs the page store. With
+    /// `keep_from` set, a page whose dirty stamp is a logged write of checkpoint epoch
+    /// `keep_from` or later stays dirty (the log covers it); every other dirty page is
+    /// merged (older logged writes, unlogged ones, unknown stamps). Answers how many
+    /// pages it merged and left, and the oldest epoch among those left. Pages found
+    /// clean, and pages merged, have their stamps reset.
+    pub(super) fn flush_older(&self, keep_from: Option<u64>) -> Result<Flushed> {
         self.check_writable()?;
+        let mut flushed = Flushed::default();
         // Visit every page in id order and merge the dirty records of its mini-page into
         // its leaf page, up to `FLUSH_BATCH_PAGES` pages per batched read and write. The
         // first page of a batch is locked waiting (flush then holds no other lock, so
@@ -40,10 +63,20 @@ impl Core {
                     }
                 };
                 next += 1;
-                if self.dirty_mini(&page).is_some() {
-                    locked.push(page);
+                if self.dirty_mini(&page).is_none() {
+                    page.clear_dirty();
+                    continue;
+                }
+                match (page.dirty_stamp().epoch(), keep_from) {
+                    (Some(epoch), Some(keep_from)) if epoch >= keep_from => {
+                        flushed.left += 1;
+                        flushed.oldest_left =
+                            Some(flushed.oldest_left.map_or(epoch, |o| o.min(epoch)));
+                    }
+                    _ => locked.push(page),
                 }
             }
+            flushed.merged += locked.len() as u64;
             let (headers, merged) = self.merge_locked(&locked);
             let mut again = Vec::new();
             // Every answer is acted on before an error is returned: a page whose leaf
@@ -74,7 +107,8 @@ impl Core {
             let e = Error::from(e);
             self.record_failure(&e);
             e
-        })
+        })?;
+        Ok(flushed)
     }
 
     /// The page's mini-page as a merge job, if it holds dirty records. The caller holds
@@ -122,6 +156,7 @@ impl Core {
             self.retire(block);
         } else {
             mark_clean(&mut mini.node_mut());
+            page.clear_dirty();
         }
     }
 

@@ -29,7 +29,7 @@
 
 use std::ptr::NonNull;
 
-use crate::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use crate::sync::{Mutex, spin_wait};
 
 const LOCATION_BITS: u32 = 48;
@@ -101,6 +101,38 @@ type Chunk<T> = [T; CHUNK_ENTRIES];
 /// Bytes per unit of a fill hint: a 4,080-byte leaf payload fits in 255 units.
 pub(crate) const FILL_UNIT_BYTES: usize = 16;
 
+/// A page's *dirty stamp* ([`WriteGuard::note_dirty`]): when the oldest write its
+/// mini-page may still hold unmerged was made, as a checkpoint epoch
+/// (`docs/design.md`, "Checkpoints that leave recent pages dirty"). Kept per page id
+/// beside the mapping word, and read and written only under the page's write lock.
+///
+/// The stamp is never *newer* than the oldest unmerged write: a write lowers it to its
+/// own stamp, and only a page with no mini-page (its location set to a leaf page) or a
+/// checkpoint that finds it clean or merges it resets it. A dirty mini-page whose stamp
+/// is [`DirtyStamp::NONE`] (no write noted it, which no write path leaves) is treated
+/// as unknown, that is, as old.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct DirtyStamp(u32);
+
+impl DirtyStamp {
+    /// No write noted since the last reset.
+    pub(crate) const NONE: DirtyStamp = DirtyStamp(0);
+    /// A write no log record covers: only merging the page makes it durable, so the
+    /// next checkpoint must merge it, whatever its age.
+    pub(crate) const UNLOGGED: DirtyStamp = DirtyStamp(1);
+
+    /// A logged write made in checkpoint epoch `epoch`.
+    pub(crate) fn logged(epoch: u64) -> DirtyStamp {
+        DirtyStamp(u32::try_from(epoch.saturating_add(2)).unwrap_or(u32::MAX))
+    }
+
+    /// The epoch of a logged write's stamp; `None` for [`Self::NONE`] and
+    /// [`Self::UNLOGGED`].
+    pub(crate) fn epoch(self) -> Option<u64> {
+        self.0.checked_sub(2).map(u64::from)
+    }
+}
+
 /// The indirection array from `PageId` to location-and-lock words.
 ///
 /// Chunks are allocated on first use and never move or shrink while the table lives, so a
@@ -109,6 +141,8 @@ pub(crate) struct MappingTable {
     chunks: Box<[AtomicPtr<Chunk<AtomicU64>>]>,
     /// Each id's leaf fill hint ([`MappingTable::fill_hint`]), chunked like `chunks`.
     fills: Box<[AtomicPtr<Chunk<AtomicU8>>]>,
+    /// Each id's [`DirtyStamp`], chunked like `chunks`.
+    dirty: Box<[AtomicPtr<Chunk<AtomicU32>>]>,
     /// Next never-used id, and ids given back for reuse.
     ids: Mutex<IdAllocator>,
 }
@@ -135,6 +169,9 @@ impl MappingTable {
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             fills: (0..MAX_CHUNKS)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            dirty: (0..MAX_CHUNKS)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             ids: Mutex::new(IdAllocator::default()),
@@ -198,7 +235,11 @@ impl MappingTable {
     pub(crate) fn write(&self, id: PageId) -> WriteGuard<'_> {
         let word = self.word(id);
         lock_with(word, try_write_word, WRITER_PENDING);
-        WriteGuard { word, id }
+        WriteGuard {
+            word,
+            id,
+            table: self,
+        }
     }
 
     /// Takes `id`'s exclusive lock if it is free right now. Eviction uses only this: it
@@ -209,7 +250,11 @@ impl MappingTable {
     /// tree's table for it.
     pub(crate) fn try_write(&self, id: PageId) -> Option<WriteGuard<'_>> {
         let word = self.existing_word(id)?;
-        try_lock_once(word, try_write_word).then(|| WriteGuard { word, id })
+        try_lock_once(word, try_write_word).then(|| WriteGuard {
+            word,
+            id,
+            table: self,
+        })
     }
 
     /// How full `id`'s leaf page was when last written, in bytes (rounded up to
@@ -232,6 +277,10 @@ impl MappingTable {
 
     fn word(&self, id: PageId) -> &AtomicU64 {
         entry(&self.chunks, id, || AtomicU64::new(0))
+    }
+
+    fn dirty_stamp(&self, id: PageId) -> &AtomicU32 {
+        entry(&self.dirty, id, || AtomicU32::new(0))
     }
 
     /// `id`'s word if its chunk exists; never allocates.
@@ -291,6 +340,7 @@ impl Drop for MappingTable {
     fn drop(&mut self) {
         free_chunks(&self.chunks);
         free_chunks(&self.fills);
+        free_chunks(&self.dirty);
     }
 }
 
@@ -457,6 +507,7 @@ impl Drop for ReadGuard<'_> {
 pub(crate) struct WriteGuard<'a> {
     word: &'a AtomicU64,
     id: PageId,
+    table: &'a MappingTable,
 }
 
 impl WriteGuard<'_> {
@@ -471,14 +522,42 @@ impl WriteGuard<'_> {
     }
 
     /// Points the id at a new location. Waiters may set their bit concurrently, so only
-    /// the location bits are replaced.
+    /// the location bits are replaced. A page pointed at its leaf page (or at nothing)
+    /// has no mini-page, so no unmerged write: its dirty stamp is reset.
     pub(crate) fn set_location(&self, location: Location) {
+        if matches!(location, Location::Leaf(_) | Location::Empty) {
+            self.clear_dirty();
+        }
         let bits = location.encode();
         let _ = self
             .word
             .fetch_update(Ordering::Release, Ordering::Relaxed, |w| {
                 Some((w & !LOCATION_MASK) | bits)
             });
+    }
+}
+
+impl WriteGuard<'_> {
+    /// Notes a write placed in the page's mini-page with `stamp`: the page's stamp
+    /// becomes the older of the two.
+    pub(crate) fn note_dirty(&self, stamp: DirtyStamp) {
+        let cell = self.table.dirty_stamp(self.id);
+        let old = cell.load(Ordering::Relaxed);
+        if old == DirtyStamp::NONE.0 || stamp.0 < old {
+            cell.store(stamp.0, Ordering::Relaxed);
+        }
+    }
+
+    /// The page's dirty stamp.
+    pub(crate) fn dirty_stamp(&self) -> DirtyStamp {
+        DirtyStamp(self.table.dirty_stamp(self.id).load(Ordering::Relaxed))
+    }
+
+    /// Resets the page's dirty stamp: its mini-page holds no unmerged write.
+    pub(crate) fn clear_dirty(&self) {
+        self.table
+            .dirty_stamp(self.id)
+            .store(DirtyStamp::NONE.0, Ordering::Relaxed);
     }
 }
 

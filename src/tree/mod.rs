@@ -609,6 +609,13 @@ impl Tree {
         self.core.flush()
     }
 
+    /// A checkpoint's flush: as [`Tree::flush`], but a page whose oldest unmerged write
+    /// was logged in checkpoint epoch `keep_from` or later stays dirty, since the log
+    /// from that epoch on covers it. `None` merges every dirty page.
+    pub(crate) fn flush_for_checkpoint(&self, keep_from: Option<u64>) -> Result<flush::Flushed> {
+        self.core.flush_older(keep_from)
+    }
+
     /// Counters describing what the tree has done so far.
     pub fn stats(&self) -> TreeStats {
         let c = &self.core.counters;

@@ -13,7 +13,7 @@ use crate::storage::PageNo;
 use crate::sync::atomic::Ordering;
 
 use super::leaf::{self, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader};
-use super::mapping::{self, Location, MappingTable};
+use super::mapping::{self, DirtyStamp, Location, MappingTable};
 use super::mini::{drop_cold_clean, place};
 use super::node::{self, RecordType};
 use super::stats::bump;
@@ -29,7 +29,7 @@ pub(super) const MINI_GROWTH_PERCENT: usize = 125;
 impl Core {
     /// Upserts (`Some(value)`) or deletes (`None`) `key`.
     pub(super) fn write(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
-        self.write_logging(key, value, &mut || Ok(()))
+        self.write_logging(key, value, &mut || Ok(None))
     }
 
     /// [`Core::write`], calling `log` each time the key's page has been locked for the
@@ -37,12 +37,16 @@ impl Core {
     /// there, so that two writes of one key reach the log in the order they reach the
     /// page (the journal's order rule; see `journal.rs`). An attempt that must restart
     /// drops the page lock and calls `log` again on the next; an error from `log`
-    /// ends the write.
+    /// ends the write. `log` answers the checkpoint epoch its record was appended in,
+    /// or `None` for a write no record covers (an unlogged write, a batch's write whose
+    /// record is the batch's, recovery's replay), and the page's dirty stamp notes it
+    /// (`mapping::DirtyStamp`): a checkpoint merges an unlogged write's page whatever
+    /// its age.
     pub(super) fn write_logging(
         &self,
         key: &[u8],
         value: Option<&[u8]>,
-        log: &mut dyn FnMut() -> Result<()>,
+        log: &mut dyn FnMut() -> Result<Option<u64>>,
     ) -> Result<()> {
         let (value, record_type) = match value {
             Some(v) => (v, RecordType::Insert),
@@ -52,9 +56,15 @@ impl Core {
         loop {
             self.check_writable()?;
             let (path, mut page) = self.lock_leaf_of(key, MappingTable::write);
-            log()?;
+            let stamp = log()?.map_or(DirtyStamp::UNLOGGED, DirtyStamp::logged);
             match self.put_in_mini(&mut page, path.prefix_len, key, value, record_type) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    // Under the page's lock still: the page the record is in now (a
+                    // merge may have split it off to another page, whose records are
+                    // then on disk) is stamped before a checkpoint can look at it.
+                    page.note_dirty(stamp);
+                    return Ok(());
+                }
                 Err(Op::Fail(e)) => return Err(e),
                 Err(Op::Restart) => {
                     drop(page);
