@@ -172,7 +172,7 @@ impl Journal {
     ) -> Result<T> {
         if durability == Durability::Unlogged && ops.len() == 1 {
             // Nothing to order against the log, and one key is all or nothing anyway.
-            return self.noting_unlogged(apply());
+            return self.noting_unlogged(apply);
         }
         // A batch is logged whatever the level: a checkpoint taken while it applies
         // could capture part of it, and only its record can complete it after a crash.
@@ -231,7 +231,7 @@ impl Journal {
         apply: impl FnOnce(&mut dyn FnMut() -> Result<Option<u64>>) -> Result<T>,
     ) -> Result<T> {
         if durability == Durability::Unlogged {
-            return self.noting_unlogged(apply(&mut || Ok(None)));
+            return self.noting_unlogged(|| apply(&mut || Ok(None)));
         }
         let (keyspace, key) = target(&op);
         let shared = self.stripes[stripe_of(keyspace, key)].0.read();
@@ -266,7 +266,7 @@ impl Journal {
         apply: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
         let _shared = self.stripes[stripe_of(keyspace, key)].0.read();
-        self.noting_unlogged(apply())
+        self.noting_unlogged(apply)
     }
 
     /// Runs `f`, an unlogged read-modify-write of `key` in `keyspace`, while the key's
@@ -278,7 +278,7 @@ impl Journal {
         f: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
         let _held = self.stripes[stripe_of(keyspace, key)].0.write();
-        self.noting_unlogged(f())
+        self.noting_unlogged(f)
     }
 
     /// A read-modify-write of `key` in `keyspace` at `durability` (not `Unlogged`):
@@ -354,14 +354,26 @@ impl Journal {
         self.unlogged_since_quiesce.load(Ordering::SeqCst)
     }
 
-    /// Passes `out` through, noting an unlogged write if it succeeded. The flag is
-    /// loaded first, so that once it is set writers only read its cache line until
-    /// the next checkpoint clears it.
-    fn noting_unlogged<T>(&self, out: Result<T>) -> Result<T> {
-        if out.is_ok() && !self.unlogged_since_quiesce.load(Ordering::SeqCst) {
-            self.unlogged_since_quiesce.store(true, Ordering::SeqCst);
+    /// Runs `apply`, an unlogged write, noting it for [`Journal::quiesce`] before it
+    /// runs and, if it succeeded, after. A checkpoint that replays from the previous
+    /// quiesce must know of every unlogged write since then (`docs/design.md`): one
+    /// that returned before this quiesce was noted after it ran, and one still running
+    /// then was noted before, so the only writes it misses began before the previous
+    /// quiesce and returned after this one. The flag is loaded first, so that once it
+    /// is set writers only read its cache line until the next checkpoint clears it.
+    fn noting_unlogged<T>(&self, apply: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.note_unlogged();
+        let out = apply();
+        if out.is_ok() {
+            self.note_unlogged();
         }
         out
+    }
+
+    fn note_unlogged(&self) {
+        if !self.unlogged_since_quiesce.load(Ordering::SeqCst) {
+            self.unlogged_since_quiesce.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Makes every record appended so far durable.

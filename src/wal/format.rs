@@ -382,10 +382,8 @@ pub(crate) fn encode_record<'a>(
     ops: impl ExactSizeIterator<Item = LogOpRef<'a>> + Clone,
     out: &mut Vec<u8>,
 ) {
-    let body_len = varint_len(seq)
-        + 1
-        + varint_len(ops.len() as u64)
-        + ops.clone().map(op_len).sum::<usize>();
+    let body_len =
+        varint_len(seq) + 1 + varint_len(ops.len() as u64) + ops.clone().map(op_len).sum::<usize>();
     out.reserve(varint_len(body_len as u64) + 4 + body_len);
     push_varint(body_len as u64, out);
     let crc_at = out.len();
@@ -483,7 +481,9 @@ fn decode_body_v1(body: &[u8]) -> Option<LogRecord> {
     for _ in 0..count {
         let keyspace = c.u32()?;
         let kind = c.u8()?;
-        ops.push(decode_op(&mut c, kind, keyspace, |c| Some(c.u32()? as usize))?);
+        ops.push(decode_op(&mut c, kind, keyspace, |c| {
+            Some(c.u32()? as usize)
+        })?);
     }
     c.bytes.is_empty().then_some(LogRecord { seq, ops })
 }
