@@ -329,8 +329,8 @@ impl Journal {
     /// Runs `f` while every stripe is locked exclusively: no logged write is between
     /// its log append and its index write meanwhile, so every record below the log's
     /// position read in `f` is in its index. Begins a new checkpoint epoch, and answers
-    /// with `f`'s result whether an unlogged write returned since the last quiesce
-    /// (clearing that flag).
+    /// with `f`'s result whether an unlogged write ran since the last quiesce (clearing
+    /// that flag; see [`Journal::noting_unlogged`] for which writes it sees).
     pub(crate) fn quiesce<T>(&self, f: impl FnOnce() -> T) -> (T, bool) {
         let held: Vec<RwLockWriteGuard<'_, ()>> =
             self.stripes.iter().map(|s| s.0.write()).collect();
