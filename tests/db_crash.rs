@@ -628,6 +628,145 @@ fn checkpoint_candidates_all(steps: &[Step]) -> Vec<Option<usize>> {
 /// keyspaces at random levels, while a checkpointer runs and the devices are crashed at
 /// random moments: each crash recovers every thread's pair equal (no half batch) and at
 /// least its last acknowledged durable value.
+/// Checks that a writer's last recovered write `n` is at or past its last synced one
+/// (`floor`) and at or below its last begun one (`ceiling`).
+fn assert_acked_and_made(n: u64, floor: u64, ceiling: u64, who: &str) {
+    assert!(
+        n >= floor,
+        "{who} lost synced write {floor} (recovered up to {n})"
+    );
+    assert!(n <= ceiling, "{who}: write {n} was never made");
+}
+
+/// The write number a concurrent test's value starts with (12 digits).
+fn write_number(value: &[u8]) -> u64 {
+    std::str::from_utf8(&value[..12]).unwrap().parse().unwrap()
+}
+
+/// Crashes a copy of `db` while its writers run: its directory's files copied and its
+/// devices crashed at one moment. The files are real, and the two devices are crashed
+/// one after the other: consistent as long as no checkpoint commits meanwhile, since a
+/// write between the two only touches slots no kept checkpoint records (and log records
+/// past what the pages need). Answers the copy, the crashed devices, and each writer's
+/// counters read before (`durable`: its last write acknowledged durable) and after
+/// (`tried`: its last write begun).
+fn crash_copy(
+    db: &Db,
+    dir: &Path,
+    devices: &Devices,
+    durable: &[AtomicU64],
+    tried: &[AtomicU64],
+) -> (tempfile::TempDir, Devices, Vec<u64>, Vec<u64>) {
+    let floor: Vec<u64> = durable.iter().map(|d| d.load(Ordering::SeqCst)).collect();
+    let (copy, crashed) = db.with_checkpoints_paused(|| {
+        let copy = tempfile::tempdir().unwrap();
+        copy_files(dir, copy.path());
+        (copy, devices.crash())
+    });
+    let ceiling: Vec<u64> = tried.iter().map(|d| d.load(Ordering::SeqCst)).collect();
+    (copy, crashed, floor, ceiling)
+}
+
+/// [`crash_copy`], reopened and read back.
+fn crash_during_writes(
+    db: &Db,
+    dir: &Path,
+    devices: &Devices,
+    durable: &[AtomicU64],
+    tried: &[AtomicU64],
+) -> (State, Vec<u64>, Vec<u64>) {
+    let (copy, crashed, floor, ceiling) = crash_copy(db, dir, devices, durable, tried);
+    let recovered = crashed.open_with(copy.path(), options()).unwrap();
+    (read_back(&recovered), floor, ceiling)
+}
+
+/// Single logged and synced tree writes from several threads while background
+/// checkpoints, which leave recently written pages to the log, run every few
+/// milliseconds; the devices are crashed at moments in between. Each thread writes its
+/// own keys round robin, so what it recovers must be one prefix of its writes: every
+/// key at its last write up to some point, at or past the last synced one.
+#[test]
+fn concurrent_single_writes_recover_a_prefix_under_background_checkpoints() {
+    const THREADS: usize = 4;
+    const KEYS_PER_THREAD: u64 = 40;
+    let mut left_dirty = 0;
+    for seed in seeds("concurrent_single_writes") {
+        let dir = tempfile::tempdir().unwrap();
+        let devices = Devices::new(seed);
+        let opts = options()
+            .flush_interval(Duration::from_millis(2))
+            .checkpoint_interval(Some(Duration::from_millis(15)));
+        let db = Arc::new(devices.open_with(dir.path(), opts).unwrap());
+        let tree = db.tree(KEYSPACES[0]).unwrap();
+        let durable: Arc<Vec<AtomicU64>> =
+            Arc::new((0..THREADS).map(|_| AtomicU64::new(0)).collect());
+        let tried: Arc<Vec<AtomicU64>> =
+            Arc::new((0..THREADS).map(|_| AtomicU64::new(0)).collect());
+        let stop = Arc::new(AtomicBool::new(false));
+        let key = |t: usize, n: u64| format!("t{t}-{:03}", n % KEYS_PER_THREAD).into_bytes();
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (tree, durable, tried, stop) =
+                    (tree.clone(), durable.clone(), tried.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut rng = Rng(seed ^ (t as u64 + 1));
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        n += 1;
+                        let level = match rng.below(4) {
+                            0 => Durability::Synced,
+                            _ => Durability::Logged,
+                        };
+                        // Values of assorted sizes, so that leaves split.
+                        let value = format!("{n:012}-{}", "v".repeat(rng.below(120) as usize));
+                        tried[t].store(n, Ordering::SeqCst);
+                        tree.insert_with(&key(t, n), value.as_bytes(), level)
+                            .unwrap();
+                        if level == Durability::Synced {
+                            durable[t].store(n, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut rng = Rng(seed);
+        for _ in 0..12 {
+            std::thread::sleep(Duration::from_millis(5 + rng.below(40)));
+            let (state, floor, ceiling) =
+                crash_during_writes(&db, dir.path(), &devices, &durable, &tried);
+            for t in 0..THREADS {
+                let n_of = |k: u64| state[0].get(&key(t, k)).map(|v| write_number(v));
+                // The prefix: the thread's last write that came back.
+                let p = (0..KEYS_PER_THREAD).filter_map(n_of).max().unwrap_or(0);
+                assert_acked_and_made(p, floor[t], ceiling[t], &format!("seed {seed}: thread {t}"));
+                for k in 0..KEYS_PER_THREAD {
+                    // The last write of key k at or before p.
+                    let want = (p >= k.max(1)).then(|| p - (p - k) % KEYS_PER_THREAD);
+                    let want = want.filter(|&w| w >= 1);
+                    assert_eq!(
+                        n_of(k),
+                        want,
+                        "seed {seed}: thread {t}'s key {k} is not at its last write up to {p}"
+                    );
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            h.join().unwrap();
+        }
+        left_dirty += db.stats().checkpoint_pages_left_dirty;
+        assert!(
+            db.stats().checkpoints > 0,
+            "no checkpoint ran during the test"
+        );
+    }
+    assert!(left_dirty > 0, "no background checkpoint left a page dirty");
+    eprintln!(
+        "concurrent single writes: checkpoints left {left_dirty} dirty pages to the log, 0 lost"
+    );
+}
+
 #[test]
 fn concurrent_batches_crash_atomically() {
     const THREADS: usize = 4;
@@ -686,17 +825,8 @@ fn concurrent_batches_crash_atomically() {
         let mut checked = 0;
         for _ in 0..12 {
             std::thread::sleep(Duration::from_millis(1 + rng.below(30)));
-            // The directory's files are real, and the two devices are crashed one after
-            // the other while writers run: consistent as long as no checkpoint commits
-            // meanwhile, since a write between the two only touches slots no kept
-            // checkpoint records (and log records past what the pages need).
-            let floor: Vec<u64> = durable.iter().map(|d| d.load(Ordering::SeqCst)).collect();
-            let (copy, crashed) = db.with_checkpoints_paused(|| {
-                let copy = tempfile::tempdir().unwrap();
-                copy_files(dir.path(), copy.path());
-                (copy, devices.crash())
-            });
-            let ceiling: Vec<u64> = tried.iter().map(|d| d.load(Ordering::SeqCst)).collect();
+            let (copy, crashed, floor, ceiling) =
+                crash_copy(&db, dir.path(), &devices, &durable, &tried);
             let db = crashed.open_with(copy.path(), options()).unwrap();
             let state = read_back(&db);
             for t in 0..THREADS {
@@ -713,21 +843,8 @@ fn concurrent_batches_crash_atomically() {
                     h.as_ref(),
                     "seed {seed}: thread {t}'s batch recovered in part (hash store)"
                 );
-                let n = a.map_or(0, |v| {
-                    std::str::from_utf8(&v[..12])
-                        .unwrap()
-                        .parse::<u64>()
-                        .unwrap()
-                });
-                assert!(
-                    n >= floor[t],
-                    "seed {seed}: thread {t} lost synced batch {} (got {n})",
-                    floor[t]
-                );
-                assert!(
-                    n <= ceiling[t],
-                    "seed {seed}: thread {t} has batch {n}, never written"
-                );
+                let n = a.map_or(0, |v| write_number(v));
+                assert_acked_and_made(n, floor[t], ceiling[t], &format!("seed {seed}: thread {t}"));
                 checked += 1;
             }
         }
