@@ -1389,7 +1389,7 @@ impl Shared {
         })
     }
 
-    /// Log bytes written since the newest kept checkpoint's position.
+    /// Log bytes from log block `from` to the log's end.
     fn log_bytes_since(&self, from: u64) -> u64 {
         self.journal.log().position().block.saturating_sub(from) * LOG_BLOCK_BYTES as u64
     }
@@ -1460,8 +1460,8 @@ impl Shared {
         //    all came after the previous quiesce (epoch `previous.0` or this one): the
         //    log from the previous quiesce's position on holds every write they have not
         //    merged, so that is where its recovery replays from. Not when an unlogged
-        //    write returned since the previous quiesce: it is captured, and replaying
-        //    an older logged write of its key from before this quiesce would undo it.
+        //    write ran since the previous quiesce: it is captured, and replaying an
+        //    older logged write of its key from before this quiesce would undo it.
         let mut replay_from = position;
         let keep_from = match merge {
             Merge::Older if !unlogged && previous.0 + 1 == epoch => Some(previous.0),
