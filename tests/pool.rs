@@ -567,7 +567,15 @@ fn multi_threaded(threads: usize, slots_per_thread: usize, ops_per_thread: usize
             while !stop.load(Ordering::Relaxed) {
                 let a = shared.pool.addresses();
                 assert!(a.head <= a.evict_cursor && a.evict_cursor <= a.tail);
-                max_window.fetch_max(a.tail - a.head, Ordering::Relaxed);
+                // The window from a tail loaded before the head: `addresses` loads the
+                // head first, so a sampler preempted between its two loads can pair an
+                // old head with a much later tail, a window above the cap that never
+                // existed (the likely cause of one CI failure of this assertion, seed
+                // 1795794923424236686, which did not fail again in six reruns). Both
+                // only grow, so this one is never wider than the window at the second
+                // load.
+                let b = shared.pool.addresses();
+                max_window.fetch_max(a.tail.saturating_sub(b.head), Ordering::Relaxed);
                 max_in_use.fetch_max(shared.pool.stats().bytes_in_use, Ordering::Relaxed);
                 if i.is_multiple_of(4) {
                     let _ = shared.pool.evict_one(&*shared);
