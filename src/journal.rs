@@ -36,6 +36,7 @@
 //! Uses: `wal`, `sync`, `error`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,7 +53,7 @@ pub(crate) const STRIPES: usize = 1024;
 /// | level | the call returns | after a crash of the process or machine |
 /// |---|---|---|
 /// | [`Unlogged`](Durability::Unlogged) | after the index write | there if a checkpoint captured it, else gone: it is not in the log |
-/// | [`Logged`](Durability::Logged) | after the log append, before any disk write | there if the background flush ran first: at most [`DbOptions::flush_interval`](crate::DbOptions::flush_interval) of acknowledged writes can be lost |
+/// | [`Logged`](Durability::Logged) | after the log append, before any disk write (unless older records wait past the flush interval: then after its own record's sync) | there if a group write covered it first: at most about [`DbOptions::flush_interval`](crate::DbOptions::flush_interval), plus one group write, of acknowledged writes can be lost |
 /// | [`Synced`](Durability::Synced) | after the `fdatasync` that covers its log record | there |
 ///
 /// Whatever the level, a write is all or nothing after a crash, and so is a batch; the
@@ -69,7 +70,9 @@ pub enum Durability {
     /// [`Durability::Logged`].
     Unlogged,
     /// Logged, and made durable by the background flusher within the flush interval;
-    /// the caller does not wait for the disk. The default.
+    /// the caller does not wait for the disk, unless the flusher is late (a busy
+    /// machine): a write that finds a record older than the interval not yet durable
+    /// waits for its own record's sync, so the bound holds under load. The default.
     #[default]
     Logged,
     /// Logged and synced: the call returns once its record is on stable storage. Writers
@@ -93,6 +96,13 @@ pub(crate) struct Journal {
     /// writes under their stripe (so it cannot change between a write's append and its
     /// placement), which stamp their page with it.
     epoch: AtomicU64,
+    /// The database's failure state (see [`Journal::fail`]): set once, never cleared.
+    failed: AtomicBool,
+    /// Why it failed, and whether readers must be refused too.
+    failure: parking_lot::Mutex<Option<Failure>>,
+    /// How old a `Logged` write's unflushed predecessors may be before the next
+    /// `Logged` write waits for the disk (see [`Journal::bound_lag`]).
+    flush_interval: Duration,
     /// Makes `Logged` writes durable within the flush interval. Dropped before the log's
     /// last user, which stops its thread.
     _flusher: Flusher,
@@ -111,6 +121,15 @@ impl std::fmt::Debug for Journal {
             .field("log", &self.log)
             .finish_non_exhaustive()
     }
+}
+
+/// Why a database can no longer make writes durable.
+#[derive(Clone, Debug)]
+struct Failure {
+    cause: String,
+    /// A batch was left half applied in memory: readers are refused too, so that none
+    /// sees it (recovery completes or removes it from the log).
+    unreadable: bool,
 }
 
 /// The stripe of `key` in `keyspace`.
@@ -152,6 +171,9 @@ impl Journal {
             stripes: (0..STRIPES).map(|_| Stripe(RwLock::new(()))).collect(),
             unlogged_since_quiesce: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            failure: parking_lot::Mutex::new(None),
+            flush_interval,
             _flusher: flusher,
             _preparer: preparer,
         }
@@ -170,6 +192,7 @@ impl Journal {
         durability: Durability,
         apply: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
+        self.check_writable()?;
         if durability == Durability::Unlogged && ops.len() == 1 {
             // Nothing to order against the log, and one key is all or nothing anyway.
             return self.noting_unlogged(apply);
@@ -201,13 +224,33 @@ impl Journal {
                     .map_err(log_error)?,
             ),
         };
-        let applied = apply();
+        let applied = self.noted(apply());
         drop((one, many));
         let out = applied?;
-        if let (Durability::Synced, Some(seq)) = (durability, seq) {
-            self.log.wait_durable(seq).map_err(log_error)?;
-        }
+        self.wait_as(durability, seq)?;
         Ok(out)
+    }
+
+    /// Waits as `durability` says for record `seq` (if one was logged): `Synced` for
+    /// its sync; `Logged` only if the log lags (see [`Journal::bound_lag`]).
+    fn wait_as(&self, durability: Durability, seq: Option<u64>) -> Result<()> {
+        match (durability, seq) {
+            (Durability::Synced, Some(seq)) => self.log.wait_durable(seq).map_err(log_error),
+            (Durability::Logged, Some(seq)) => self.bound_lag(seq),
+            _ => Ok(()),
+        }
+    }
+
+    /// Keeps the `Logged` promise under load: a logged write is acknowledged at once
+    /// only while the log's oldest record not yet durable is younger than the flush
+    /// interval. Past that (the flusher is late: starved of CPU on a busy machine, or
+    /// behind a slow disk) the write waits until its own record is durable, leading
+    /// or joining a group write itself. So a crash loses only writes acknowledged
+    /// within the flush interval, plus one group write's time, before it.
+    fn bound_lag(&self, seq: u64) -> Result<()> {
+        self.log
+            .wait_if_late(seq, self.flush_interval)
+            .map_err(log_error)
     }
 
     /// A single write of `op`'s key by an index that orders its writers of one key
@@ -230,6 +273,7 @@ impl Journal {
         durability: Durability,
         apply: impl FnOnce(&mut dyn FnMut() -> Result<Option<u64>>) -> Result<T>,
     ) -> Result<T> {
+        self.check_writable()?;
         if durability == Durability::Unlogged {
             return self.noting_unlogged(|| apply(&mut || Ok(None)));
         }
@@ -246,12 +290,11 @@ impl Journal {
             // out until the write is placed.
             Ok(Some(self.epoch()))
         });
+        let applied = self.noted(applied);
         drop(shared);
         let out = applied?;
         debug_assert!(seq.is_some(), "a write returned Ok without logging");
-        if let (Durability::Synced, Some(seq)) = (durability, seq) {
-            self.log.wait_durable(seq).map_err(log_error)?;
-        }
+        self.wait_as(durability, seq)?;
         Ok(out)
     }
 
@@ -265,6 +308,7 @@ impl Journal {
         key: &[u8],
         apply: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
+        self.check_writable()?;
         let _shared = self.stripes[stripe_of(keyspace, key)].0.read();
         self.noting_unlogged(apply)
     }
@@ -277,6 +321,7 @@ impl Journal {
         key: &[u8],
         f: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
+        self.check_writable()?;
         let _held = self.stripes[stripe_of(keyspace, key)].0.write();
         self.noting_unlogged(f)
     }
@@ -295,6 +340,7 @@ impl Journal {
         compute: impl FnOnce() -> Result<(Option<Vec<u8>>, T)>,
         apply: impl FnOnce(Option<&[u8]>) -> Result<()>,
     ) -> Result<T> {
+        self.check_writable()?;
         let stripe = self.stripes[stripe_of(keyspace, key)].0.write();
         let (value, out) = compute()?;
         let op = LogOpRef::write(keyspace, key, value.as_deref());
@@ -302,12 +348,10 @@ impl Journal {
             .log
             .append_refs(std::iter::once(op))
             .map_err(log_error)?;
-        let applied = apply(value.as_deref());
+        let applied = self.noted(apply(value.as_deref()));
         drop(stripe);
         applied?;
-        if durability == Durability::Synced {
-            self.log.wait_durable(seq).map_err(log_error)?;
-        }
+        self.wait_as(durability, Some(seq))?;
         Ok(out)
     }
 
@@ -363,9 +407,19 @@ impl Journal {
     /// is set writers only read its cache line until the next checkpoint clears it.
     fn noting_unlogged<T>(&self, apply: impl FnOnce() -> Result<T>) -> Result<T> {
         self.note_unlogged();
-        let out = apply();
+        let out = self.noted(apply());
         if out.is_ok() {
             self.note_unlogged();
+        }
+        out
+    }
+
+    /// Passes on a keyspace write's result; a keyspace that reports itself poisoned
+    /// (it could not write its pages or logs, so it can never reach a checkpoint) puts
+    /// the database in its failure state.
+    fn noted<T>(&self, out: Result<T>) -> Result<T> {
+        if let Err(Error::Poisoned { cause }) = &out {
+            self.fail(cause, false);
         }
         out
     }
@@ -381,9 +435,87 @@ impl Journal {
         self.log.flush().map_err(log_error)
     }
 
+    /// Puts the database in its failure state: it can no longer make writes durable
+    /// (the log failed, a keyspace could not write its pages, a background thread
+    /// died, a batch was left half applied). From then on every write at every level
+    /// is refused with [`Error::Poisoned`] naming `cause`, and checkpoints are refused,
+    /// so nothing is acknowledged that a later open will not have and nothing is
+    /// committed over what the log still holds. With `unreadable`, reads are refused
+    /// too. The first cause is kept; a later call can only make it unreadable.
+    pub(crate) fn fail(&self, cause: &str, unreadable: bool) {
+        let mut f = self.failure.lock();
+        match &mut *f {
+            Some(failure) => failure.unreadable |= unreadable,
+            None => {
+                log::error!(
+                    "bfdb: the database can no longer make writes durable and refuses them: \
+                     {cause}"
+                );
+                *f = Some(Failure {
+                    cause: cause.to_string(),
+                    unreadable,
+                });
+            }
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// The failure state's error, if the database is in it (a failed log puts it
+    /// there as soon as it is seen).
+    pub(crate) fn failure(&self) -> Option<Error> {
+        if !self.failed.load(Ordering::Acquire) {
+            if let Some(cause) = self.log.failure() {
+                self.fail(&cause, false);
+            } else {
+                return None;
+            }
+        }
+        let f = self.failure.lock();
+        let cause = f.as_ref().map_or_else(String::new, |f| f.cause.clone());
+        Some(Error::Poisoned {
+            cause: format!(
+                "the database can no longer make writes durable ({cause}); drop it and \
+                 every handle and open it again: recovery restores every acknowledged \
+                 write"
+            ),
+        })
+    }
+
+    /// Refuses a write once the database is in its failure state.
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        match self.failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses a read once a half-applied batch made the database unreadable.
+    pub(crate) fn check_readable(&self) -> Result<()> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if self.failure.lock().as_ref().is_some_and(|f| f.unreadable) {
+            return Err(self.failure().unwrap_or(Error::Poisoned {
+                cause: String::new(),
+            }));
+        }
+        Ok(())
+    }
+
     /// The log, for recovery statistics.
     pub(crate) fn log(&self) -> &Log {
         &self.log
+    }
+}
+
+impl Drop for Journal {
+    /// The last handle of the database is gone: every logged write acknowledged through
+    /// any of them becomes durable now, as `Db`'s own close makes them, rather than
+    /// waiting for a flusher that is about to stop.
+    fn drop(&mut self) {
+        if let Err(e) = self.log.flush() {
+            log::warn!("bfdb: the log's last flush failed: {e}");
+        }
     }
 }
 

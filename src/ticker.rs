@@ -18,10 +18,14 @@ pub(crate) struct Ticker {
 impl Ticker {
     /// Starts thread `name`, which calls `tick` every `interval` until the ticker is
     /// dropped or `tick` answers `false`. `tick` gets a check of whether the ticker is
-    /// being dropped, for work that loops. `None` if the thread could not be spawned.
+    /// being dropped, for work that loops. A `tick` that panics stops the thread, and
+    /// `on_panic` gets the panic's message: a background thread's death must reach its
+    /// owner, not vanish into a join nobody reads. `None` if the thread could not be
+    /// spawned.
     pub(crate) fn start(
         name: &str,
         interval: Duration,
+        on_panic: impl FnOnce(String) + Send + 'static,
         mut tick: impl FnMut(&dyn Fn() -> bool) -> bool + Send + 'static,
     ) -> Option<Ticker> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
@@ -41,8 +45,15 @@ impl Ticker {
                             return;
                         }
                     }
-                    if !tick(&stopping) {
-                        return;
+                    let ticked =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tick(&stopping)));
+                    match ticked {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(panic) => {
+                            on_panic(panic_message(&*panic));
+                            return;
+                        }
                     }
                 }
             })
@@ -51,6 +62,17 @@ impl Ticker {
             stop,
             handle: Some(handle),
         })
+    }
+}
+
+/// The message of a caught panic's payload.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
     }
 }
 

@@ -1409,3 +1409,27 @@ fn a_leader_gathers_every_waiting_writer_into_its_group() {
          without it {without}"
     );
 }
+
+#[test]
+fn a_logged_write_waits_for_the_disk_once_an_older_record_is_late() {
+    // The `Logged` bound: while the oldest record not yet durable is younger than the
+    // flush interval an append returns at once; past it the next logged write waits
+    // for its own record (no flusher runs here, as none could under full load).
+    let device: Arc<dyn LogDevice> = Arc::new(SimLog::new(7));
+    let (log, _) = wal::open(device, LogOptions::default()).unwrap();
+    let first = log.append(&put(1, 16)).unwrap();
+    let early = log.append(&put(2, 16)).unwrap();
+    log.wait_if_late(early, std::time::Duration::from_secs(30))
+        .unwrap();
+    assert!(log.durable_seq() < first, "nothing was late yet");
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert!(log.unflushed_for() >= std::time::Duration::from_millis(30));
+    let late = log.append(&put(3, 16)).unwrap();
+    log.wait_if_late(late, std::time::Duration::from_millis(10))
+        .unwrap();
+    assert!(
+        log.durable_seq() >= late,
+        "a write acknowledged after an older record was late waited for the disk"
+    );
+    assert_eq!(log.unflushed_for(), std::time::Duration::ZERO);
+}

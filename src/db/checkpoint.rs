@@ -334,11 +334,12 @@ impl Checkpoint {
             let mut w = io::BufWriter::with_capacity(1 << 20, f);
             self.write_to(&mut w)?;
             let f = w.into_inner().map_err(io::IntoInnerError::into_error)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)?;
-            sync_dir(dir)
+            f.sync_all()
         };
-        write().map_err(|e| Error::Io(named(&path, e)))
+        // Each step's error names the file it failed on.
+        write().map_err(|e| Error::Io(named(&tmp, e)))?;
+        fs::rename(&tmp, &path).map_err(|e| Error::Io(named(&path, e)))?;
+        sync_dir(dir).map_err(|e| Error::Io(named(dir, e)))
     }
 }
 

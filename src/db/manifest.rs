@@ -24,8 +24,12 @@
 //!                         read as kind 3 with every part a share.
 //!           checkpoint count (u8, at most 2), newest first
 //!           per checkpoint: generation (u64, at most 2^62), log position block (u64) and sequence
-//!                           number (u64)
+//!                           number (u64), and the log's durable end when it committed
+//!                           (u64: every record below this sequence number was durable)
 //! ```
+//!
+//! Version 1 (written before the durable end was recorded) is still read: its
+//! checkpoints' durable ends are their positions, so recovery demands no log past them.
 //!
 //! The manifest is the database's commit point: a checkpoint counts once the manifest
 //! names it. Two are kept, so that recovery can fall back to the older one if the newer
@@ -58,7 +62,9 @@ pub(crate) const MANIFEST_TMP: &str = "MANIFEST.tmp";
 
 const MAGIC: [u8; 8] = *b"BFDBMANI";
 /// The manifest format this build reads and writes.
-pub(crate) const MANIFEST_VERSION: u32 = 1;
+pub(crate) const MANIFEST_VERSION: u32 = 2;
+/// The oldest manifest format this build reads (and rewrites as the current one).
+const OLDEST_READABLE_VERSION: u32 = 1;
 const HEADER_BYTES: usize = 20;
 /// The longest keyspace name, in bytes.
 pub(crate) const MAX_NAME_BYTES: usize = 255;
@@ -96,6 +102,10 @@ pub(crate) struct CheckpointRef {
     pub(crate) generation: u64,
     /// Where recovery from it starts reading the log.
     pub(crate) position: LogPosition,
+    /// The sequence number of the first record that was not durable when it committed:
+    /// the log held every record from `position` up to here, and a recovery from this
+    /// checkpoint, or from an older one, must find all of them.
+    pub(crate) log_end_seq: u64,
 }
 
 /// The largest checkpoint generation a manifest names: far beyond any database's
@@ -169,6 +179,7 @@ impl Manifest {
             body.extend_from_slice(&c.generation.to_le_bytes());
             body.extend_from_slice(&c.position.block.to_le_bytes());
             body.extend_from_slice(&c.position.seq.to_le_bytes());
+            body.extend_from_slice(&c.log_end_seq.to_le_bytes());
         }
         let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
         out.extend_from_slice(&MAGIC);
@@ -193,11 +204,11 @@ impl Manifest {
             return Err(corrupt("not a bfdb manifest (wrong magic bytes)".into()));
         }
         let version = r.u32().ok_or_else(|| corrupt("truncated header".into()))?;
-        if version != MANIFEST_VERSION {
+        if !(OLDEST_READABLE_VERSION..=MANIFEST_VERSION).contains(&version) {
             return Err(Error::Incompatible {
                 reason: format!(
-                    "{} is manifest format version {version}; this build reads version \
-                     {MANIFEST_VERSION}",
+                    "{} is manifest format version {version}; this build reads versions \
+                     {OLDEST_READABLE_VERSION} to {MANIFEST_VERSION}",
                     path.display()
                 ),
             });
@@ -218,10 +229,10 @@ impl Manifest {
         if crc32c::crc32c(body) != crc {
             return Err(corrupt("checksum mismatch".into()));
         }
-        Self::decode_body(body).map_err(corrupt)
+        Self::decode_body(body, version).map_err(corrupt)
     }
 
-    fn decode_body(body: &[u8]) -> std::result::Result<Manifest, String> {
+    fn decode_body(body: &[u8], version: u32) -> std::result::Result<Manifest, String> {
         let truncated = || "truncated body".to_string();
         let mut r = Cursor { bytes: body };
         let next_id = r.u32().ok_or_else(truncated)?;
@@ -305,9 +316,22 @@ impl Manifest {
                 block: r.u64().ok_or_else(truncated)?,
                 seq: r.u64().ok_or_else(truncated)?,
             };
+            let log_end_seq = if version >= 2 {
+                r.u64().ok_or_else(truncated)?
+            } else {
+                position.seq
+            };
+            if log_end_seq < position.seq {
+                return Err(format!(
+                    "checkpoint {generation}'s durable log end {log_end_seq} is below its \
+                     position {}",
+                    position.seq
+                ));
+            }
             checkpoints.push(CheckpointRef {
                 generation,
                 position,
+                log_end_seq,
             });
         }
         if checkpoints.windows(2).any(|w| {
@@ -344,6 +368,7 @@ impl Manifest {
     pub(crate) fn store(&self, dir: &Path) -> Result<()> {
         let tmp = dir.join(MANIFEST_TMP);
         let path = dir.join(MANIFEST);
+        // Each step's error names the file it failed on.
         let write = || -> io::Result<()> {
             let mut f = OpenOptions::new()
                 .write(true)
@@ -351,11 +376,11 @@ impl Manifest {
                 .truncate(true)
                 .open(&tmp)?;
             f.write_all(&self.encode())?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)?;
-            sync_dir(dir)
+            f.sync_all()
         };
-        write().map_err(|e| Error::Io(named(&path, e)))
+        write().map_err(|e| Error::Io(named(&tmp, e)))?;
+        fs::rename(&tmp, &path).map_err(|e| Error::Io(named(&path, e)))?;
+        sync_dir(dir).map_err(|e| Error::Io(named(dir, e)))
     }
 }
 
@@ -421,10 +446,12 @@ mod tests {
                     block: 40,
                     seq: 900,
                 },
+                log_end_seq: 1200,
             },
             CheckpointRef {
                 generation: 11,
                 position: LogPosition { block: 8, seq: 100 },
+                log_end_seq: 950,
             },
         ];
         m
@@ -489,11 +516,34 @@ mod tests {
     #[test]
     fn another_version_is_incompatible() {
         let mut bytes = sample().encode();
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
         let err = Manifest::decode(Path::new("dir/MANIFEST"), &bytes).unwrap_err();
         assert!(
-            matches!(&err, Error::Incompatible { reason } if reason.contains("dir/MANIFEST") && reason.contains("version 2")),
+            matches!(&err, Error::Incompatible { reason } if reason.contains("dir/MANIFEST") && reason.contains("version 3")),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn a_version_1_manifest_reads_with_each_checkpoints_end_at_its_position() {
+        let mut m = sample();
+        for c in &mut m.checkpoints {
+            c.log_end_seq = c.position.seq;
+        }
+        let new = m.encode();
+        // Version 1: the same body without the durable ends.
+        let mut body = new[HEADER_BYTES..].to_vec();
+        let count_at = body.len() - 2 * 32 - 1;
+        assert_eq!(body[count_at], 2);
+        for i in (0..2).rev() {
+            let end_at = count_at + 1 + i * 32 + 24;
+            body.drain(end_at..end_at + 8);
+        }
+        let mut old = new[..8].to_vec();
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        old.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        old.extend_from_slice(&body);
+        assert_eq!(Manifest::decode(Path::new("M"), &old).unwrap(), m);
     }
 }

@@ -110,7 +110,10 @@ pub struct DbOptions {
     /// [`Durability::Logged`].
     pub durability: Durability,
     /// How often the background flusher makes [`Durability::Logged`] writes durable:
-    /// the most acknowledged time a crash can lose at that level. Default 5 ms.
+    /// about the most acknowledged time a crash can lose at that level (plus one group
+    /// write: a logged write that finds an older record waiting longer than this waits
+    /// for the disk itself, so the bound holds when the flusher is starved of CPU).
+    /// Default 5 ms.
     pub flush_interval: Duration,
     /// A checkpoint is taken in the background once the log has grown by this many
     /// bytes since the last one began; 0 turns the trigger off. A background
@@ -136,6 +139,12 @@ pub struct DbOptions {
     pub create: bool,
     /// Size of one log segment file. Default 16 MiB.
     pub log_segment_bytes: u64,
+    /// Open a database whose log does not reach as far as its checkpoints say it must
+    /// (log segments deleted or lost), as the older state the files still hold, instead
+    /// of failing the open. Default `false`: such an open is an error naming the missing
+    /// range of the log, and nothing is written. When it is `true`,
+    /// [`RecoveryStats::rolled_back`] says what was missing.
+    pub accept_rollback: bool,
 }
 
 impl Default for DbOptions {
@@ -149,6 +158,7 @@ impl Default for DbOptions {
             checkpoint_on_close: true,
             create: true,
             log_segment_bytes: 16 << 20,
+            accept_rollback: false,
         }
     }
 }
@@ -202,6 +212,12 @@ impl DbOptions {
         self
     }
 
+    /// Sets [`DbOptions::accept_rollback`].
+    pub fn accept_rollback(mut self, accept: bool) -> DbOptions {
+        self.accept_rollback = accept;
+        self
+    }
+
     fn validate(&self) -> Result<()> {
         self.config.validate()?;
         if self.flush_interval.is_zero() || self.flush_interval > Duration::from_secs(60) {
@@ -246,7 +262,21 @@ pub struct RecoveryStats {
     /// Checkpoints named by the manifest whose files did not validate, so that recovery
     /// fell back to an older one (and a longer replay). Each is also logged as a
     /// warning, with its file and what is wrong.
+    ///
+    /// Recovery falls back only on proven damage (a file that is missing, fails its
+    /// checksum, or does not decode), and only if the log still holds every record the
+    /// older checkpoint needs; an IO error reading a checkpoint fails the open instead,
+    /// since the same read may succeed later and the newest checkpoint may hold
+    /// unlogged writes nothing else has.
     pub checkpoint_fallbacks: u64,
+    /// Why each checkpoint counted in [`RecoveryStats::checkpoint_fallbacks`] (and any
+    /// older one that did not validate either) was not used: its file and what is
+    /// wrong with it.
+    pub damaged_checkpoints: Vec<String>,
+    /// Set only when [`DbOptions::accept_rollback`] let a database open whose log did
+    /// not hold everything its checkpoints needed: the database is then older than
+    /// what was acknowledged, and this says which log records were missing.
+    pub rolled_back: Option<LostLog>,
     /// Leaf pages the checkpoint recorded, over all keyspaces.
     pub leaf_pages: u64,
     /// Log records (single writes and batches) replayed.
@@ -268,6 +298,23 @@ pub struct RecoveryStats {
     pub discarded_records: u64,
     /// Wall time from the start of `Db::open` to the database being ready.
     pub duration: Duration,
+}
+
+/// The part of the log a recovery needed and did not find
+/// ([`RecoveryStats::rolled_back`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LostLog {
+    /// The checkpoint recovery loaded.
+    pub checkpoint: u64,
+    /// The first sequence number of the log records it needed.
+    pub first_seq: u64,
+    /// One past the last sequence number it needed: every record below was durable
+    /// when the newest checkpoint committed.
+    pub end_seq: u64,
+    /// One past the last sequence number the log still held from `first_seq` on
+    /// (`first_seq` if it held none of them).
+    pub found_end_seq: u64,
 }
 
 /// What a database has done since it was opened ([`Db::stats`]).
@@ -362,6 +409,9 @@ impl Keyspace {
 struct Catalog {
     manifest: Manifest,
     keyspaces: HashMap<u32, Keyspace>,
+    /// The names of keyspaces dropped since the open, by id: what an error about a
+    /// handle to one calls it.
+    dropped: HashMap<u32, String>,
 }
 
 /// A committed checkpoint the database keeps, with the slots it pinned per tree
@@ -468,6 +518,8 @@ struct Shared {
 pub struct Db {
     shared: Arc<Shared>,
     checkpointer: Option<Ticker>,
+    /// [`Db::close`] ran: the drop has nothing left to do.
+    closed: bool,
 }
 
 impl std::fmt::Debug for Db {
@@ -492,14 +544,18 @@ impl Db {
     /// Fails with [`Error::Locked`] if another `Db` has the directory open; with
     /// [`Error::Incompatible`] if the directory holds files but no bfdb manifest, or a
     /// manifest, checkpoint or log of another format version; with
-    /// [`Error::CorruptFile`] if the manifest does not validate, or no checkpoint it
-    /// names does; with [`Error::Io`] of kind `InvalidData` if the log is damaged
-    /// anywhere but in its torn tail. Nothing is written to a directory that does not
-    /// validate.
+    /// [`Error::CorruptFile`] if the manifest does not validate, if no checkpoint it
+    /// names does, if the log is damaged anywhere but in its torn tail, or if the log
+    /// lacks records a checkpoint needs (see [`DbOptions::accept_rollback`]); with
+    /// [`Error::Io`] if a file cannot be read (a read that may succeed later: the
+    /// open falls back to an older checkpoint only on proven damage). Nothing is
+    /// written to a directory that does not validate.
     pub fn open(dir: impl AsRef<Path>, options: DbOptions) -> Result<Db> {
         let dir = dir.as_ref();
         if options.create {
             std::fs::create_dir_all(dir).map_err(|e| Error::Io(manifest::named(dir, e)))?;
+        } else if !dir.is_dir() {
+            return Err(no_database(dir));
         }
         let log = DirLog::open(dir).map_err(Error::Io)?;
         Db::open_on(dir, options, Arc::new(log), Pages::Files)
@@ -532,17 +588,24 @@ impl Db {
         let started = Instant::now();
         options.validate()?;
         if !dir.is_dir() {
-            return Err(Error::Io(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{}: no such database directory", dir.display()),
-            )));
+            return Err(no_database(dir));
         }
-        let lock = lock_dir(dir)?;
+        let (lock, lock_created) = lock_dir(dir)?;
         let manifest = match Manifest::load(dir)? {
             Some(m) => m,
-            None => create_manifest(dir, &options, &*device)?,
+            None => match create_manifest(dir, &options, &*device) {
+                Ok(m) => m,
+                Err(e) => {
+                    // Refused: the directory is left as it was found.
+                    if lock_created {
+                        let _ = std::fs::remove_file(dir.join(LOCK));
+                    }
+                    return Err(e);
+                }
+            },
         };
         let (manifest, raised) = check_limits(dir, manifest, &options.config)?;
+        let newest_named = manifest.checkpoints.first().map_or(0, |c| c.generation);
         let mut recovery = RecoveryStats::default();
         let loaded = load_checkpoints(dir, &manifest, &mut recovery)?;
         let position = loaded
@@ -552,18 +615,47 @@ impl Db {
             segment_blocks: options.log_segment_bytes / LOG_BLOCK_BYTES as u64,
             ..LogOptions::default()
         };
-        let (log, recovered) = wal::open_at(device, log_options, position).map_err(Error::from)?;
+        let (log, recovered) =
+            wal::open_at(device, log_options, position).map_err(|e| log_damage(dir, e))?;
+        check_log_reaches(
+            dir,
+            &manifest,
+            loaded.first(),
+            &recovered.records,
+            options.accept_rollback,
+            &mut recovery,
+        )?;
+        // Manifest first: a checkpoint recovery skipped is not pinned, so replay,
+        // eviction and every later write may reuse its page slots (and its hash logs'
+        // addresses). Before anything can, the manifest stops naming it, durably: a
+        // crash or a failure of this open then leaves a manifest whose checkpoints are
+        // intact, and no later open loads pages that were overwritten.
+        // A rollback the options accepted is recorded the same way: the checkpoints'
+        // durable ends come down to what the log holds, so that the next open does not
+        // ask again for records that are gone (the log continues from where it ends).
+        let mut manifest = manifest;
+        if loaded.len() < manifest.checkpoints.len() || recovery.rolled_back.is_some() {
+            manifest.checkpoints = manifest
+                .checkpoints
+                .iter()
+                .filter(|r| loaded.iter().any(|c| c.generation == r.generation))
+                .map(|r| CheckpointRef {
+                    log_end_seq: recovery.rolled_back.map_or(r.log_end_seq, |lost| {
+                        r.log_end_seq.min(lost.found_end_seq).max(r.position.seq)
+                    }),
+                    ..*r
+                })
+                .collect();
+            manifest.store(dir)?;
+        }
         recovery.log_bytes =
             recovered.next_block.saturating_sub(position.block) * LOG_BLOCK_BYTES as u64;
         recovery.discarded_bytes = recovered.discarded_bytes;
         recovery.discarded_records = recovered.discarded_records;
         let journal = Arc::new(Journal::new(lock, Arc::new(log), options.flush_interval));
-        let next_generation = manifest
-            .checkpoints
-            .iter()
-            .map(|c| c.generation + 1)
-            .max()
-            .unwrap_or(1);
+        // Past every generation the manifest named at the open, a damaged one skipped
+        // too: its file is left in place, never overwritten by a new checkpoint.
+        let next_generation = newest_named + 1;
         let memory = TreeMemory::new(&options.config)?;
         let mut shared = Shared {
             dir: dir.to_path_buf(),
@@ -574,6 +666,7 @@ impl Db {
             catalog: RwLock::new(Catalog {
                 manifest: manifest.clone(),
                 keyspaces: HashMap::new(),
+                dropped: HashMap::new(),
             }),
             checkpoints: Mutex::new(Checkpoints {
                 kept: Vec::new(),
@@ -597,25 +690,10 @@ impl Db {
         shared.checkpoints.get_mut().quiesced =
             (shared.journal.epoch(), shared.journal.log().position());
         // The newest checkpoint any manifest committed: files above it never were.
-        let committed = manifest.checkpoints.first().map_or(0, |c| c.generation);
-        let mut manifest = manifest;
-        // A checkpoint the manifest names but recovery could not load is not pinned:
-        // its slots are reused from now on, so no later open may load it (a read that
-        // failed once may succeed then). The manifest names only those loaded; the
-        // file is left in place.
-        let skipped = loaded.len() < manifest.checkpoints.len();
-        if skipped {
-            manifest.checkpoints = loaded
-                .iter()
-                .map(|c| CheckpointRef {
-                    generation: c.generation,
-                    position: c.position,
-                })
-                .collect();
-        }
-        if raised || skipped {
+        let committed = newest_named;
+        if raised {
             // Larger limits are recorded (durably, before a write can use them) only
-            // once the database has validated, as is the list of usable checkpoints.
+            // once the database has validated.
             manifest.store(dir)?;
             shared.catalog.get_mut().manifest = manifest.clone();
         }
@@ -645,6 +723,7 @@ impl Db {
         Ok(Db {
             shared,
             checkpointer,
+            closed: false,
         })
     }
 
@@ -803,23 +882,75 @@ impl Db {
     }
 }
 
-impl Drop for Db {
-    fn drop(&mut self) {
+impl Db {
+    /// Closes the database and says whether everything acknowledged is durable: the
+    /// background checkpointer stops, the checkpoint on close is taken (if
+    /// [`DbOptions::checkpoint_on_close`]), and every logged write is made durable.
+    ///
+    /// `Ok` means the next open finds every write acknowledged through this database
+    /// at any durability level, with no log to replay if the checkpoint was taken. An
+    /// `Err` says what failed: a database in its failure state (a failed log, a
+    /// keyspace that could not write its pages, a batch left half applied, a
+    /// background thread that died) answers the error that put it there, and then
+    /// the next open recovers what the log and the last checkpoint hold — every
+    /// `Logged` and `Synced` write acknowledged, and the `Unlogged` writes a committed
+    /// checkpoint captured. Dropping a `Db` does the same as `close` and logs a failure
+    /// as a warning.
+    ///
+    /// Handles to its keyspaces may outlive it and keep writing through the log; the
+    /// last of them to go makes their logged writes durable.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = bfdb::Db::open(dir.path(), bfdb::DbOptions::default())?;
+    /// db.tree("t")?.insert(b"k", b"v")?;
+    /// db.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn close(mut self) -> Result<()> {
+        self.closed = true;
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> Result<()> {
         // Stop the background checkpointer first, so the one below is the last.
         self.checkpointer = None;
-        // Best effort: a failure has nowhere to go. The log keeps every logged write,
-        // and recovery replays it.
-        if self.shared.options.checkpoint_on_close
-            && !std::thread::panicking()
-            && let Err(e) = self.shared.checkpoint(Merge::All)
-        {
-            log::warn!("bfdb: the checkpoint on close failed: {e}");
+        let checkpointed = if self.shared.options.checkpoint_on_close {
+            self.shared.checkpoint(Merge::All)
+        } else {
+            Ok(())
+        };
+        // The log keeps every logged write whatever the checkpoint did.
+        let persisted = self.shared.journal.persist();
+        match self.shared.journal.failure() {
+            Some(e) => Err(e),
+            None => checkpointed.and(persisted),
         }
-        let _ = self.shared.journal.persist();
     }
 }
 
+impl Drop for Db {
+    fn drop(&mut self) {
+        if self.closed || std::thread::panicking() {
+            self.checkpointer = None;
+            if !self.closed {
+                let _ = self.shared.journal.persist();
+            }
+            return;
+        }
+        if let Err(e) = self.shut_down() {
+            log::warn!("bfdb: closing {} failed: {e}", self.shared.dir.display());
+        }
+    }
+}
+
+/// The longest a failing background checkpoint waits before it is tried again.
+const MAX_CHECKPOINT_BACKOFF: Duration = Duration::from_secs(5);
+
 /// Starts the background checkpointer if a trigger is on; dropping it stops the thread.
+/// A checkpoint that fails is tried again after a wait that doubles with each failure
+/// (up to [`MAX_CHECKPOINT_BACKOFF`]); once the database is in its failure state it is
+/// not tried at all. A panic puts the database in its failure state.
 fn checkpointer(shared: &Arc<Shared>) -> Option<Ticker> {
     let o = &shared.options;
     if o.checkpoint_log_bytes == 0 && o.checkpoint_interval.is_none() {
@@ -831,12 +962,37 @@ fn checkpointer(shared: &Arc<Shared>) -> Option<Ticker> {
             (i / 4).min(Duration::from_millis(50))
         });
     let weak = Arc::downgrade(shared);
-    Ticker::start("bfdb-checkpointer", tick, move |_| {
-        if let Some(shared) = weak.upgrade()
-            && shared.checkpoint_due()
-            && let Err(e) = shared.checkpoint(Merge::Older)
-        {
-            log::warn!("bfdb: a background checkpoint failed: {e}");
+    let on_panic = {
+        let weak = Arc::downgrade(shared);
+        move |why: String| {
+            if let Some(shared) = weak.upgrade() {
+                shared.journal.fail(
+                    &format!("the background checkpointer panicked: {why}"),
+                    false,
+                );
+            }
+        }
+    };
+    let mut backoff = Duration::ZERO;
+    let mut retry_at = Instant::now();
+    Ticker::start("bfdb-checkpointer", tick, on_panic, move |_| {
+        let Some(shared) = weak.upgrade() else {
+            return false;
+        };
+        if Instant::now() < retry_at || shared.journal.failure().is_some() {
+            return true;
+        }
+        if shared.checkpoint_due() {
+            match shared.checkpoint(Merge::Older) {
+                Ok(()) => backoff = Duration::ZERO,
+                Err(e) => {
+                    backoff = (backoff * 2).clamp(tick, MAX_CHECKPOINT_BACKOFF);
+                    retry_at = Instant::now() + backoff;
+                    log::warn!(
+                        "bfdb: a background checkpoint failed, tried again in {backoff:?}: {e}"
+                    );
+                }
+            }
         }
         true
     })
@@ -1317,6 +1473,7 @@ impl Shared {
         if let Some(ks) = catalog.keyspaces.remove(&entry.id) {
             ks.mark_dropped();
         }
+        catalog.dropped.insert(entry.id, name.to_string());
         if hash {
             // Its memory goes back to the trees (once the last handle to it is gone,
             // the store's own memory is freed).
@@ -1363,7 +1520,11 @@ impl Shared {
                         .get(&op.keyspace)
                         .cloned()
                         .ok_or_else(|| Error::KeyspaceDropped {
-                            name: format!("#{}", op.keyspace),
+                            name: catalog
+                                .dropped
+                                .get(&op.keyspace)
+                                .cloned()
+                                .unwrap_or_else(|| format!("#{}", op.keyspace)),
                         })?;
                     ks.check_record(&op.key, op.value.as_deref())?;
                     Ok(ks)
@@ -1382,11 +1543,32 @@ impl Shared {
             level => level,
         };
         self.journal.commit(&ops, durability, || {
-            for (op, ks) in batch.ops.iter().zip(&targets) {
-                ks.write_unlogged(&op.key, op.value.as_deref())?;
+            for (i, (op, ks)) in batch.ops.iter().zip(&targets).enumerate() {
+                if let Err(e) = write_retrying(ks, &op.key, op.value.as_deref()) {
+                    if i > 0 {
+                        self.half_applied(&e);
+                    }
+                    return Err(e);
+                }
             }
             Ok(())
         })
+    }
+
+    /// A batch failed after some of its writes reached their keyspaces: the index now
+    /// holds half of it. Readers must not see that, and no checkpoint may commit it
+    /// (its record would then lie below the replay start, the half batch permanent).
+    /// So the database fails, unreadable, and its record is made durable if the log
+    /// still can: the next open replays it whole. (A batch's writes cannot be undone
+    /// in place: they overwrote the keys' earlier values.)
+    fn half_applied(&self, e: &Error) {
+        self.journal.fail(
+            &format!("a batch failed after part of it was applied ({e})"),
+            true,
+        );
+        if let Err(e) = self.journal.persist() {
+            log::warn!("bfdb: the half-applied batch's record could not be made durable: {e}");
+        }
     }
 
     /// Log bytes from log block `from` to the log's end.
@@ -1421,6 +1603,19 @@ impl Shared {
 
     /// Takes a checkpoint (the protocol is argued in `docs/design.md`, "Checkpoints").
     fn checkpoint(&self, merge: Merge) -> Result<()> {
+        let out = self.checkpoint_once(merge);
+        if let Err(Error::Poisoned { cause }) = &out {
+            // A keyspace that cannot write its pages or logs never reaches a
+            // checkpoint again: nothing unlogged can become durable.
+            self.journal.fail(cause, false);
+        }
+        out
+    }
+
+    fn checkpoint_once(&self, merge: Merge) -> Result<()> {
+        // A database in its failure state commits nothing: a checkpoint could capture
+        // a half-applied batch, or writes the log no longer holds.
+        self.journal.check_writable()?;
         let started = Instant::now();
         let mut c = self.checkpoints.lock();
         // A generation whose pin bit no kept checkpoint has: failed checkpoints use up
@@ -1596,19 +1791,26 @@ impl Shared {
         keyspaces: &[(u32, Arc<Tree>, Arc<ShadowStore>)],
         ckpt: &Checkpoint,
     ) -> std::result::Result<(), Uncommitted> {
-        let before = || -> std::result::Result<(), Uncommitted> {
+        let before = || -> std::result::Result<u64, Uncommitted> {
             for (_, _, shadow) in keyspaces {
                 use crate::storage::PageStore;
                 shadow.sync().map_err(Error::from)?;
             }
             self.crash_point(CheckpointCrashPoint::AfterPageSync)?;
             self.journal.persist()?;
+            // Every record below this was durable at the commit: recovery from this
+            // checkpoint or the one before must find them all.
+            let log_end_seq = self.journal.log().durable_seq() + 1;
             self.crash_point(CheckpointCrashPoint::AfterLogFlush)?;
             ckpt.store(&self.dir)?;
             self.crash_point(CheckpointCrashPoint::AfterCheckpointFile)?;
-            Ok(())
+            Ok(log_end_seq)
         };
-        before()?;
+        let log_end_seq = before()?;
+        // A batch that failed halfway after the quiesce appended its record first, so
+        // if the capture saw part of it, the persist above made the record durable and
+        // recovery completes it; one that failed before this check stops the commit.
+        self.journal.check_writable()?;
         let mut catalog = self.catalog.write();
         let mut manifest = catalog.manifest.clone();
         manifest.checkpoints.insert(
@@ -1616,12 +1818,34 @@ impl Shared {
             CheckpointRef {
                 generation: ckpt.generation,
                 position: ckpt.position,
+                log_end_seq: log_end_seq.max(ckpt.position.seq),
             },
         );
         manifest.checkpoints.truncate(KEPT_CHECKPOINTS);
         manifest.store(&self.dir).map_err(Uncommitted::Maybe)?;
         catalog.manifest = manifest;
         Ok(())
+    }
+}
+
+/// How many times a batch's write is tried before the batch gives up on an error that
+/// poisoned nothing (a read that failed once may succeed the next time).
+const BATCH_WRITE_TRIES: usize = 3;
+
+/// Writes one of a batch's keys, trying again after an error that poisoned nothing: a
+/// write that fails changes nothing, and giving up on a batch halfway costs the
+/// database (`Shared::half_applied`).
+fn write_retrying(ks: &Keyspace, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+    let mut tries = 1;
+    loop {
+        match ks.write_unlogged(key, value) {
+            Err(e) if tries < BATCH_WRITE_TRIES && !matches!(e, Error::Poisoned { .. }) => {
+                log::warn!("bfdb: a batch's write failed and is tried again: {e}");
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            other => return other,
+        }
     }
 }
 
@@ -1663,8 +1887,13 @@ fn check_limits(dir: &Path, mut manifest: Manifest, config: &Config) -> Result<(
 }
 
 /// The checkpoints the manifest names that validate, newest first: the first is the
-/// one recovery loads. A damaged one is skipped with a warning and counted; if none
-/// validates although some are named, that is an error.
+/// one recovery loads.
+///
+/// A checkpoint whose file is proven damaged — missing, failing its checksum or its
+/// decoding, or disagreeing with the manifest — is skipped with a warning and
+/// counted; if none validates although some are named, that is an error. Any other
+/// failure to read one (an IO error: a read that may succeed later) fails the open,
+/// so that a transient fault never makes recovery give a checkpoint up.
 fn load_checkpoints(
     dir: &Path,
     manifest: &Manifest,
@@ -1688,17 +1917,18 @@ fn load_checkpoints(
         });
         match checked {
             Ok(c) => loaded.push(c),
-            Err(e @ Error::Incompatible { .. }) => return Err(e),
-            Err(e) => {
+            Err(e) if is_damage(&e) => {
                 log::warn!(
-                    "bfdb: checkpoint {} is not usable, falling back: {e}",
+                    "bfdb: checkpoint {} is damaged, falling back: {e}",
                     r.generation
                 );
                 if loaded.is_empty() {
                     recovery.checkpoint_fallbacks += 1;
                 }
+                recovery.damaged_checkpoints.push(e.to_string());
                 first_error.get_or_insert(e);
             }
+            Err(e) => return Err(e),
         }
     }
     if loaded.is_empty()
@@ -1707,6 +1937,80 @@ fn load_checkpoints(
         return Err(e);
     }
     Ok(loaded)
+}
+
+/// Whether `e`, from loading a checkpoint file, proves the file damaged for good (so
+/// that recovery may fall back past it) rather than reporting a fault of the moment.
+fn is_damage(e: &Error) -> bool {
+    match e {
+        Error::CorruptFile { .. } => true,
+        Error::Io(io) => io.kind() == io::ErrorKind::NotFound,
+        _ => false,
+    }
+}
+
+/// Checks that the log recovery read reaches as far as the checkpoints need: from the
+/// loaded checkpoint's position to the durable end the newest checkpoint the manifest
+/// names recorded when it committed (every record in between was durable then, so a
+/// log without them lost them). A log that falls short is an error naming the missing
+/// records, unless `accept` (then `recovery` records the loss).
+fn check_log_reaches(
+    dir: &Path,
+    manifest: &Manifest,
+    loaded: Option<&Checkpoint>,
+    records: &[wal::LogRecord],
+    accept: bool,
+    recovery: &mut RecoveryStats,
+) -> Result<()> {
+    let (Some(newest), Some(from)) = (manifest.checkpoints.first(), loaded) else {
+        return Ok(());
+    };
+    let (first_seq, end_seq) = (from.position.seq, newest.log_end_seq);
+    if end_seq <= first_seq {
+        return Ok(());
+    }
+    // The records read are contiguous (the reader stops at the first gap), so the log
+    // holds the needed range if it starts at its first record and reaches its end.
+    let found_end_seq = match records.first() {
+        Some(r) if r.seq == first_seq => records.last().map_or(first_seq, |r| r.seq + 1),
+        _ => first_seq,
+    };
+    if found_end_seq >= end_seq {
+        return Ok(());
+    }
+    let lost = LostLog {
+        checkpoint: from.generation,
+        first_seq,
+        end_seq,
+        found_end_seq,
+    };
+    let what = format!(
+        "checkpoint {} needs the write-ahead log's records {first_seq} to {} (every one was \
+         durable when checkpoint {} committed), but the log holds {}",
+        from.generation,
+        end_seq - 1,
+        newest.generation,
+        if found_end_seq == first_seq {
+            "none of them".to_string()
+        } else {
+            format!("only those to {}", found_end_seq - 1)
+        }
+    );
+    if !accept {
+        return Err(Error::CorruptFile {
+            path: dir.join("wal-*.log"),
+            reason: format!(
+                "{what}: log segments are missing. Open it with \
+                 DbOptions::accept_rollback(true) to accept the older state the files hold"
+            ),
+        });
+    }
+    log::warn!(
+        "bfdb: {}: {what}; opening the older state as asked",
+        dir.display()
+    );
+    recovery.rolled_back = Some(lost);
+    Ok(())
 }
 
 /// How long opening a page file waits for the IO of a process that died holding it.
@@ -1741,7 +2045,10 @@ fn open_page_file(
 #[doc(hidden)]
 pub fn fuzz_decode_files(bytes: &[u8]) {
     let path = Path::new("fuzz");
-    if let Ok(m) = Manifest::decode(path, bytes) {
+    let current_manifest = bytes.get(8..12) == Some(&manifest::MANIFEST_VERSION.to_le_bytes()[..]);
+    if let Ok(m) = Manifest::decode(path, bytes)
+        && current_manifest
+    {
         assert_eq!(
             m.encode(),
             bytes,
@@ -1803,9 +2110,34 @@ fn page_file(id: u32) -> String {
     format!("ks-{id:08x}.pages")
 }
 
-/// Opens and `flock`s the directory's lock file.
-fn lock_dir(dir: &Path) -> Result<File> {
+/// An error reading the log back: damage (`InvalidData`) is reported as every damaged
+/// file of the directory is, as [`Error::CorruptFile`]; other errors as they are.
+fn log_damage(dir: &Path, e: io::Error) -> Error {
+    if e.kind() == io::ErrorKind::InvalidData {
+        Error::CorruptFile {
+            path: dir.to_path_buf(),
+            reason: format!("its write-ahead log (wal-*.log) does not validate: {e}"),
+        }
+    } else {
+        Error::from(e)
+    }
+}
+
+/// The error for a database directory that is not there.
+fn no_database(dir: &Path) -> Error {
+    Error::Io(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!(
+            "{}: no such database directory (DbOptions::create makes one)",
+            dir.display()
+        ),
+    ))
+}
+
+/// Opens and `flock`s the directory's lock file; `true` if this call created it.
+fn lock_dir(dir: &Path) -> Result<(File, bool)> {
     let path = dir.join(LOCK);
+    let existed = path.exists();
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -1823,7 +2155,7 @@ fn lock_dir(dir: &Path) -> Result<File> {
             Error::Io(manifest::named(&path, e))
         });
     }
-    Ok(file)
+    Ok((file, !existed))
 }
 
 /// Writes the manifest of a new, empty database in `dir` — if `dir` holds nothing else

@@ -708,6 +708,7 @@ impl HashStore {
     /// The value stored under `key`, if any.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_key(key)?;
+        self.inner.attached.journal.check_readable()?;
         self.inner.get(key)
     }
 
@@ -738,6 +739,7 @@ impl HashStore {
         let a = &self.inner.attached;
         a.journal
             .read_locked(keys.iter().map(|k| (a.keyspace, k.as_ref())), || {
+                a.journal.check_readable()?;
                 self.inner.get_many(keys)
             })
     }
@@ -1010,24 +1012,39 @@ const COMPACTOR_TICK: Duration = Duration::from_millis(20);
 /// Starts the store's compactor: every tick it compacts whichever log is past its
 /// threshold, while that helps (see `F2::maybe_compact`).
 fn compactor(inner: &Arc<Inner>) -> Option<Ticker> {
-    let inner = Arc::clone(inner);
-    Ticker::start("bfdb-hash-compactor", COMPACTOR_TICK, move |stopping| {
-        // A dropped keyspace's files are gone: nothing to compact.
-        if inner.attached.dropped.load(Ordering::Acquire) {
-            return false;
+    let journal = Arc::downgrade(&inner.attached.journal);
+    let name = inner.attached.name.clone();
+    let on_panic = move |why: String| {
+        if let Some(journal) = journal.upgrade() {
+            journal.fail(
+                &format!("hash keyspace {name:?}'s compactor panicked: {why}"),
+                false,
+            );
         }
-        loop {
-            match inner.with_guard(|g| inner.f2.maybe_compact(g)) {
-                Ok(true) if !stopping() => {}
-                Ok(_) => return true,
-                Err(e) => {
-                    log::warn!(
-                        "bfdb: compacting hash keyspace {:?} failed: {e}",
-                        inner.attached.name
-                    );
-                    return true;
+    };
+    let inner = Arc::clone(inner);
+    Ticker::start(
+        "bfdb-hash-compactor",
+        COMPACTOR_TICK,
+        on_panic,
+        move |stopping| {
+            // A dropped keyspace's files are gone: nothing to compact.
+            if inner.attached.dropped.load(Ordering::Acquire) {
+                return false;
+            }
+            loop {
+                match inner.with_guard(|g| inner.f2.maybe_compact(g)) {
+                    Ok(true) if !stopping() => {}
+                    Ok(_) => return true,
+                    Err(e) => {
+                        log::warn!(
+                            "bfdb: compacting hash keyspace {:?} failed: {e}",
+                            inner.attached.name
+                        );
+                        return true;
+                    }
                 }
             }
-        }
-    })
+        },
+    )
 }

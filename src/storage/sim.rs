@@ -486,6 +486,17 @@ impl SimPages {
         }
     }
 
+    /// Arms [`SimStore::fail_writes_after`] (and [`SimBlocks::fail_writes_after`]) on
+    /// every store and block file that exists now.
+    pub fn fail_writes_after(&self, n: u64) {
+        for s in self.stores.lock().values() {
+            s.fail_writes_after(n);
+        }
+        for b in self.blocks.lock().values() {
+            b.fail_writes_after(n);
+        }
+    }
+
     /// Arms [`SimStore::fail_syncs_after`] (and [`SimBlocks::fail_syncs_after`]) on every
     /// store and block file that exists now.
     pub fn fail_syncs_after(&self, n: u64) {

@@ -123,7 +123,22 @@ impl Background {
         let worker = Arc::clone(pool);
         let handle = std::thread::Builder::new()
             .name("bfdb-evictor".into())
-            .spawn(move || run(&worker))
+            .spawn(move || {
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&worker)));
+                if let Err(panic) = ran {
+                    // The evictor's death must reach the trees' owners: each member
+                    // fails, which puts a database's keyspaces in its failure state.
+                    let why = crate::error::Error::Poisoned {
+                        cause: format!(
+                            "the background evictor panicked: {}",
+                            crate::ticker::panic_message(&*panic)
+                        ),
+                    };
+                    for core in worker.members() {
+                        core.record_failure(&why);
+                    }
+                }
+            })
             .ok()?;
         // Only now may writers wake it: `after_alloc` is a no-op until the handle is set.
         let _ = pool.wake.thread.set(handle.thread().clone());

@@ -180,6 +180,10 @@ struct Core {
     /// Set once eviction dropped such records: leaf-page reads are refused from then on.
     dropped_records: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// Told of the tree's failure when it happens: a keyspace of a `Db` puts the
+    /// database in its failure state (`Journal::fail`), since the keyspace can no
+    /// longer reach a checkpoint.
+    on_failure: std::sync::OnceLock<FailureHook>,
     /// Evictions of dirty mini-pages that failed with an operating error, and the last.
     evict_failures: AtomicU64,
     evict_error: Mutex<Option<String>>,
@@ -190,6 +194,9 @@ struct Core {
     /// This tree among every tree of the process, for `LOCATE_HINT`; never reused.
     id: u64,
 }
+
+/// What a tree calls when it fails (`Core::on_failure`).
+type FailureHook = Box<dyn Fn(&str) + Send + Sync>;
 
 /// The ids of trees (`Core::id`); 0 is no tree.
 static NEXT_TREE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -357,6 +364,7 @@ impl Tree {
             drop_when_failed: AtomicBool::new(false),
             dropped_records: AtomicBool::new(false),
             failure: Mutex::new(None),
+            on_failure: std::sync::OnceLock::new(),
             evict_failures: AtomicU64::new(0),
             evict_error: Mutex::new(None),
             background: signal::Signal::default(),
@@ -423,6 +431,13 @@ impl Tree {
     /// the database's journal from now on.
     pub(crate) fn attach(mut self, attached: Attached) -> Tree {
         self.core.drop_when_failed.store(true, Ordering::Release);
+        let journal = Arc::downgrade(&attached.journal);
+        let name = attached.name.clone();
+        let _ = self.core.on_failure.set(Box::new(move |cause| {
+            if let Some(journal) = journal.upgrade() {
+                journal.fail(&format!("keyspace {name:?}: {cause}"), false);
+            }
+        }));
         self.journal = Some(attached);
         self
     }
@@ -460,6 +475,9 @@ impl Tree {
     /// exists. No allocation happens when `out` already has the capacity.
     pub fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         self.core.check_key(key)?;
+        if let Some(a) = &self.journal {
+            a.journal.check_readable()?;
+        }
         out.clear();
         self.core.get(key, out)
     }
@@ -490,6 +508,9 @@ impl Tree {
             Some(a) => a
                 .journal
                 .read_locked(keys.iter().map(|k| (a.keyspace, k.as_ref())), || {
+                    // Under the stripes: a batch that failed halfway made the database
+                    // unreadable before it released them.
+                    a.journal.check_readable()?;
                     self.core.get_many(keys)
                 }),
             None => self.core.get_many(keys),
@@ -766,6 +787,10 @@ impl Core {
             *f = Some(e.to_string());
         }
         self.failed.store(true, Ordering::Release);
+        drop(f);
+        if let Some(hook) = self.on_failure.get() {
+            hook(&e.to_string());
+        }
     }
 }
 

@@ -145,6 +145,11 @@ struct State {
     spares: Spares,
     /// How the next leader gathers its group (see [`Log::wait_durable`]).
     gather: Gather,
+    /// When the first record now pending was appended (in [`Log::clock_nanos`]), and
+    /// the oldest append of the group being written: what [`Log::unflushed_for`]
+    /// measures from.
+    pending_since: Option<u64>,
+    group_since: Option<u64>,
 }
 
 /// What a leader knows of how many writers wait for syncs, to gather a full group.
@@ -192,6 +197,14 @@ pub struct Log {
     gathered: Condvar,
     /// Signalled when the preparer has work (or must stop).
     spare_wanted: Condvar,
+    /// The clock's origin, for the times below.
+    origin: std::time::Instant,
+    /// When the oldest record not yet durable was appended (nanoseconds since
+    /// `origin`); `u64::MAX` when every record is durable. Written under the state
+    /// lock, read without it by [`Log::unflushed_for`].
+    oldest_unflushed_nanos: std::sync::atomic::AtomicU64,
+    /// Set once the log failed (the reason is `State::failure`).
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Log {
@@ -264,11 +277,70 @@ impl Log {
                 groups_written: 0,
                 spares: Spares::default(),
                 gather: Gather::default(),
+                pending_since: None,
+                group_since: None,
             }),
             durable: Condvar::new(),
             gathered: Condvar::new(),
             spare_wanted: Condvar::new(),
+            origin: std::time::Instant::now(),
+            oldest_unflushed_nanos: std::sync::atomic::AtomicU64::new(u64::MAX),
+            failed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Nanoseconds since the log's clock origin.
+    fn clock_nanos(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// How long the oldest record not yet durable has waited since its append (zero
+    /// when every record is durable). Reads no lock.
+    pub fn unflushed_for(&self) -> std::time::Duration {
+        use std::sync::atomic::Ordering;
+        let since = self.oldest_unflushed_nanos.load(Ordering::Acquire);
+        if since == u64::MAX {
+            return std::time::Duration::ZERO;
+        }
+        std::time::Duration::from_nanos(self.clock_nanos().saturating_sub(since))
+    }
+
+    /// Waits until record `seq` is durable if the oldest record not yet durable was
+    /// appended more than `late` ago (the flusher that should have written it is
+    /// behind); returns at once otherwise.
+    pub fn wait_if_late(&self, seq: u64, late: std::time::Duration) -> io::Result<()> {
+        if self.unflushed_for() > late {
+            self.wait_durable(seq)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Publishes when the oldest record not yet durable was appended.
+    fn publish_unflushed(&self, s: &State) {
+        use std::sync::atomic::Ordering;
+        let oldest = s.group_since.or(s.pending_since).unwrap_or(u64::MAX);
+        self.oldest_unflushed_nanos.store(oldest, Ordering::Release);
+    }
+
+    /// Fails the log for `why` (one of its threads died): every waiter and every later
+    /// append gets the error.
+    pub(crate) fn fail(&self, why: String) {
+        let mut s = self.state.lock();
+        s.failure.get_or_insert(why);
+        self.failed
+            .store(true, std::sync::atomic::Ordering::Release);
+        drop(s);
+        self.durable.notify_all();
+    }
+
+    /// Why the log failed, if it did: after a failed write or sync it takes no more
+    /// records.
+    pub fn failure(&self) -> Option<String> {
+        if !self.failed.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        self.state.lock().failure.clone()
     }
 
     /// Adopts spares found on the device (ids below the log's next segment id, each of
@@ -297,6 +369,12 @@ impl Log {
         }
         let seq = s.next_seq;
         s.next_seq += 1;
+        if s.ends.is_empty() {
+            s.pending_since = Some(self.clock_nanos());
+            if s.group_since.is_none() {
+                self.publish_unflushed(&s);
+            }
+        }
         format::encode_record(seq, ops, &mut s.pending);
         let end = s.pending.len();
         s.ends.push(end);
@@ -473,8 +551,12 @@ impl Log {
                 }
                 Err(e) => {
                     s.failure = Some(format!("the write-ahead log failed: {e}"));
+                    self.failed
+                        .store(true, std::sync::atomic::Ordering::Release);
                 }
             }
+            s.group_since = None;
+            self.publish_unflushed(s);
             if s.wants_spare() {
                 self.spare_wanted.notify_one();
             }
@@ -521,6 +603,7 @@ impl Log {
     /// segment if the current one has too few left). Called under the state lock.
     fn take_group(&self, s: &mut State) -> Group {
         let (spare_bytes, spare_ends) = std::mem::take(&mut s.recycled);
+        s.group_since = s.pending_since.take();
         let bytes = std::mem::replace(&mut s.pending, spare_bytes);
         let ends = std::mem::replace(&mut s.ends, spare_ends);
         let blocks = bytes.len().div_ceil(BLOCK_PAYLOAD_BYTES) as u64;
@@ -730,7 +813,17 @@ impl Preparer {
         let worker = Arc::clone(&log);
         let handle = std::thread::Builder::new()
             .name("bfdb-wal-spares".into())
-            .spawn(move || worker.prepare_spares())
+            .spawn(move || {
+                let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    worker.prepare_spares();
+                }));
+                if let Err(panic) = prepared {
+                    worker.fail(format!(
+                        "the log's spare preparer panicked: {}",
+                        crate::ticker::panic_message(&*panic)
+                    ));
+                }
+            })
             .expect("spawning the log's spare preparer");
         Preparer {
             log,
@@ -779,7 +872,16 @@ impl Flusher {
                         break;
                     }
                     drop(stopped);
-                    let flushed = log.flush();
+                    let flushed =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| log.flush()))
+                            .unwrap_or_else(|panic| {
+                                let why = format!(
+                                    "the log's flusher panicked: {}",
+                                    crate::ticker::panic_message(&*panic)
+                                );
+                                log.fail(why.clone());
+                                Err(io::Error::other(why))
+                            });
                     stopped = signal.0.lock();
                     if flushed.is_err() {
                         break;
