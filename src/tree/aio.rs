@@ -202,7 +202,7 @@ impl AsyncTree {
                 Ok(Some(page))
             }
             Err(_) if !core.ticket_current(ticket) => Ok(None),
-            Err(e) => Err(Error::from(e)),
+            Err(e) => Err(core.read_error(no, e)),
         }
     }
 }
