@@ -1151,6 +1151,7 @@ impl Shared {
             journal: Arc::clone(&self.journal),
             keyspace: entry.id,
             name: name.to_string(),
+            pages: self.dir.join(page_file(entry.id)),
             durability: self.options.durability,
             dropped: AtomicBool::new(false),
         });

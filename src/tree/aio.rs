@@ -31,7 +31,7 @@ use super::read::Probe;
 use super::scan::{Bounds, Direction, FetchStep, is_empty};
 use super::stats::bump;
 use super::{Core, Tree};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::storage::{AsyncPageReader, Page, ReadPath};
 
 /// Async attempts at a read whose leaf page keeps changing under it, before the
@@ -202,7 +202,7 @@ impl AsyncTree {
                 Ok(Some(page))
             }
             Err(_) if !core.ticket_current(ticket) => Ok(None),
-            Err(e) => Err(Error::from(e)),
+            Err(e) => Err(core.read_error(no, e)),
         }
     }
 }

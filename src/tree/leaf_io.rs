@@ -7,16 +7,30 @@
 //! here changes a page a committed checkpoint names, and the rule is enforced when a
 //! checkpoint commits (docs/design.md, "The database directory").
 //!
-//! Uses: `mini` (to find a mini-page's leaf page), `leaf`, `mapping`, `stats`.
+//! Leaf pages read from disk are checked before anything relies on them: the checksum
+//! (the store), the node layout (`parse_leaf`), and, where the page's records or fences
+//! are used, that its fences are the page's routing range in its parent (`check_route`).
+//! A page that fails is reported as damage (`Core::damaged`: `CorruptFile` naming the
+//! page file, page and keyspace in a `Db`, else `Corrupted`); a page whose bytes passed
+//! their checksum but are wrong poisons the tree.
+//!
+//! Uses: `mini` (to find a mini-page's leaf page), `descend` (the routing range),
+//! `leaf`, `mapping`, `stats`.
+
+use std::fmt::Display;
+
+use crossbeam_epoch as epoch;
 
 use crate::error::{Error, Result};
 use crate::storage::{PAGE_PAYLOAD_SIZE, Page, PageNo};
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 use super::Core;
+use super::descend::Target;
 use super::mapping::{Location, PageId};
 use super::mini::PageLock;
-use super::node::NodeRef;
+use super::node::{Fence, NodeKind, NodeRef};
+use super::olc::Restart;
 use super::stats::{LEAF_VERSION_STRIPES, bump, bump_by};
 
 /// A leaf page a read still needs, noted under the page's lock so that the page can be
@@ -38,9 +52,45 @@ pub(super) fn leaf_used_bytes(page: &Page) -> usize {
 
 impl Core {
     pub(super) fn read_leaf<'p>(&self, no: PageNo, page: &'p mut Page) -> Result<NodeRef<'p>> {
-        self.store.read_page(no, page)?;
+        self.store
+            .read_page(no, page)
+            .map_err(|e| self.read_error(no, e))?;
         bump(&self.counters.leaf_reads);
         self.parse_leaf(no, page)
+    }
+
+    /// The error of a failed read of leaf page `no`: a page that fails its checksum is
+    /// named as `Core::damaged` names it; other errors stay as they are. Does not poison
+    /// the tree (an unlocked read may have met a page being rewritten).
+    pub(super) fn read_error(&self, no: PageNo, e: std::io::Error) -> Error {
+        match Error::from(e) {
+            Error::Corrupted { reason, .. } => self.damaged(no, reason),
+            other => other,
+        }
+    }
+
+    /// The error for leaf page `no` found damaged (`reason`): for a keyspace of a `Db`,
+    /// `CorruptFile` naming its page file, the page and the keyspace; for a tree on its
+    /// own, `Corrupted` naming the page.
+    pub(super) fn damaged(&self, no: PageNo, reason: impl Display) -> Error {
+        match self.place.get() {
+            Some((path, keyspace)) => Error::CorruptFile {
+                path: path.clone(),
+                reason: format!("page {} of keyspace {keyspace:?}: {reason}", no.0),
+            },
+            None => Error::Corrupted {
+                page: no.0,
+                reason: reason.to_string(),
+            },
+        }
+    }
+
+    /// `damaged`, and the tree is poisoned with it: the page passed its checksum, so
+    /// its bytes are what was written, and wrong; no write may build on them.
+    pub(super) fn damaged_leaf(&self, no: PageNo, reason: impl Display) -> Error {
+        let e = self.damaged(no, reason);
+        self.record_damage(&e);
+        e
     }
 
     /// Checks the node in a leaf page read from `no`. Every read of a leaf page's
@@ -50,10 +100,121 @@ impl Core {
         if self.dropped_records.load(Ordering::Acquire) {
             return Err(self.poisoned());
         }
-        NodeRef::parse(page.payload()).map_err(|e| Error::Corrupted {
-            page: no.0,
-            reason: e.to_string(),
-        })
+        let leaf = NodeRef::parse(page.payload()).map_err(|e| self.damaged_leaf(no, e))?;
+        if leaf.kind() != NodeKind::Leaf || leaf.low_fence().is_none() {
+            return Err(self.damaged_leaf(no, "it is not a leaf page with fence keys"));
+        }
+        Ok(leaf)
+    }
+
+    /// Checks that `leaf`, leaf page `no` of page `pid` as read from disk (and parsed),
+    /// has `pid`'s routing range as its fences. The caller holds `pid`'s lock and read
+    /// the page under it or validated the read with a ticket, so the bytes are the
+    /// page's current leaf page.
+    ///
+    /// Why it never fires on a sound tree: while a page's lock is held its leaf page's
+    /// fences are its routing range (docs/design.md, "Capturing and rebuilding the leaf
+    /// level"): both change only under the page's write lock, and together. Routing
+    /// keys are suffix-truncated separators, and so are the fences, which splits and
+    /// redistributions set to the very separators they publish; recovery's leaf list
+    /// gives each page its captured range, whose bytes had those fences. A failed write
+    /// can leave them apart; from then on (`write_failed`) nothing is checked, and
+    /// reads trust only routing, as before.
+    ///
+    /// Cost: the page's low fence is looked up like a key (usually from the thread's
+    /// locate hint: one level-1 node) and the two fences compared with the two
+    /// separators around the page; no allocation unless the page is damaged. A page is
+    /// damaged if its low fence routes to another page or a fence differs.
+    pub(super) fn check_route(&self, pid: PageId, no: PageNo, leaf: &NodeRef<'_>) -> Result<()> {
+        if self.write_failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let low: &[u8] = match leaf.low_fence() {
+            Some(Fence::Key(k)) => k,
+            Some(Fence::Unbounded) => &[],
+            None => return Err(self.damaged_leaf(no, "it has no fence keys")),
+        };
+        loop {
+            match self.route_matches(pid, low, leaf) {
+                Ok(None) => return Ok(()),
+                Ok(Some(reason)) => return Err(self.damaged_leaf(no, reason)),
+                Err(Restart) => bump(&self.counters.restarts),
+            }
+        }
+    }
+
+    /// `None` if `leaf`'s fences are `pid`'s routing range, else what is wrong. `low`
+    /// is the leaf's low fence (empty if unbounded). A restart if an inner node changed
+    /// meanwhile.
+    fn route_matches(
+        &self,
+        pid: PageId,
+        low: &[u8],
+        leaf: &NodeRef<'_>,
+    ) -> Result<Option<String>, Restart> {
+        let guard = epoch::pin();
+        let Some(path) = self.find_leaf(Target::Holding(low), &guard)? else {
+            // Every key has a page; nothing to compare with otherwise.
+            return Ok(None);
+        };
+        let parent = path.parent_snapshot(&guard).ok_or(Restart)?;
+        let n = parent.view();
+        // The snapshot's version was read before its bytes (`LeafPath::routing_range`).
+        if path.index >= n.len() {
+            return Err(Restart);
+        }
+        let i = path.index;
+        let prefix = n.prefix();
+        let is_key = |j: usize, k: &[u8]| {
+            let suffix = n.key_suffix(j);
+            k.len() == prefix.len() + suffix.len()
+                && k.starts_with(prefix)
+                && &k[prefix.len()..] == suffix
+        };
+        let low_ok = match leaf.low_fence() {
+            // Only the leftmost page is unbounded below; its separator is empty.
+            Some(Fence::Unbounded) => prefix.is_empty() && n.key_suffix(i).is_empty(),
+            Some(Fence::Key(k)) => is_key(i, k),
+            None => false,
+        };
+        let high_ok = match (leaf.high_fence(), i + 1 < n.len()) {
+            (Some(Fence::Key(k)), true) => is_key(i + 1, k),
+            (Some(Fence::Key(k)), false) => {
+                matches!(n.high_fence(), Some(Fence::Key(h)) if h == k)
+            }
+            (Some(Fence::Unbounded), false) => {
+                matches!(n.high_fence(), Some(Fence::Unbounded) | None)
+            }
+            _ => false,
+        };
+        let verdict = if path.pid == pid && low_ok && high_ok {
+            None
+        } else {
+            let mut routed_low = Vec::new();
+            n.key_into(i, &mut routed_low);
+            let routed_high = if i + 1 < n.len() {
+                let mut high = Vec::new();
+                n.key_into(i + 1, &mut high);
+                Some(high)
+            } else {
+                n.high_fence().and_then(|f| f.key().map(<[u8]>::to_vec))
+            };
+            let low_fence = if routed_low.is_empty() {
+                Fence::Unbounded
+            } else {
+                Fence::Key(&routed_low)
+            };
+            let high_fence = routed_high.as_deref().map_or(Fence::Unbounded, Fence::Key);
+            let routed = show_range(Some(low_fence), Some(high_fence));
+            let own = show_range(leaf.low_fence(), leaf.high_fence());
+            Some(if path.pid == pid {
+                format!("its key range {own} is not the range {routed} the tree routes to it")
+            } else {
+                format!("its key range {own} starts in another page's range {routed}")
+            })
+        };
+        parent.validate()?;
+        Ok(verdict)
     }
 
     /// Writes the leaf page of `pid`, whose write lock the caller holds. A failure
@@ -171,4 +332,15 @@ impl Core {
         let page = self.mapping.read(ticket.pid);
         self.ticket_valid(ticket, &page)
     }
+}
+
+/// A range of fences for an error message: `[low, high)`, keys escaped, `-inf` and
+/// `+inf` for unbounded ends.
+fn show_range(low: Option<Fence<'_>>, high: Option<Fence<'_>>) -> String {
+    let show = |f: Option<Fence<'_>>, unbounded: &str| match f {
+        Some(Fence::Key(k)) => format!("{:?}", k.escape_ascii().to_string()),
+        Some(Fence::Unbounded) => unbounded.to_string(),
+        None => "none".to_string(),
+    };
+    format!("[{}, {})", show(low, "-inf"), show(high, "+inf"))
 }

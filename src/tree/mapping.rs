@@ -221,14 +221,14 @@ impl MappingTable {
     pub(crate) fn read(&self, id: PageId) -> ReadGuard<'_> {
         let word = self.word(id);
         lock_with(word, try_read_word, 0);
-        ReadGuard { word }
+        ReadGuard { word, id }
     }
 
     /// Takes `id`'s shared lock if no writer holds or awaits it right now. Scans use it
     /// to look at the pages after the one they hold locked, without ever waiting.
     pub(crate) fn try_read(&self, id: PageId) -> Option<ReadGuard<'_>> {
         let word = self.word(id);
-        try_lock_once(word, try_read_word).then(|| ReadGuard { word })
+        try_lock_once(word, try_read_word).then(|| ReadGuard { word, id })
     }
 
     /// Takes `id`'s exclusive lock, waiting for readers and writers to finish.
@@ -487,9 +487,15 @@ fn unlock(word: &AtomicU64, release: impl Fn(u64) -> u64) {
 #[derive(Debug)]
 pub(crate) struct ReadGuard<'a> {
     word: &'a AtomicU64,
+    id: PageId,
 }
 
 impl ReadGuard<'_> {
+    /// The id this guard locks.
+    pub(crate) fn id(&self) -> PageId {
+        self.id
+    }
+
     /// Where the page lives while this guard is held.
     pub(crate) fn location(&self) -> Location {
         Location::decode(self.word.load(Ordering::Acquire))

@@ -18,7 +18,7 @@ use crate::pool::{AllocError, Block};
 use crate::storage::PageNo;
 
 use super::leaf::{self, MINI_HEADER_BYTES, MiniHeader};
-use super::mapping::{self, Location};
+use super::mapping::{self, Location, PageId};
 use super::node::{self, Fences, NodeKind, NodeMut, NodeRef, RecordType, WriteError};
 use super::stats::bump;
 use super::{Core, Op};
@@ -29,17 +29,25 @@ use super::{Core, Op};
 pub(super) trait PageLock {
     /// Where the page lives while the guard is held.
     fn location(&self) -> Location;
+    /// The page locked.
+    fn id(&self) -> PageId;
 }
 
 impl PageLock for mapping::ReadGuard<'_> {
     fn location(&self) -> Location {
         mapping::ReadGuard::location(self)
     }
+    fn id(&self) -> PageId {
+        mapping::ReadGuard::id(self)
+    }
 }
 
 impl PageLock for mapping::WriteGuard<'_> {
     fn location(&self) -> Location {
         mapping::WriteGuard::location(self)
+    }
+    fn id(&self) -> PageId {
+        mapping::WriteGuard::id(self)
     }
 }
 
@@ -208,19 +216,26 @@ pub(super) fn place(
     }
 }
 
-/// Applies one dirty record to a leaf node in place; `false` if it does not fit.
-pub(super) fn apply(node: &mut NodeMut<'_>, key: &[u8], value: &[u8], t: RecordType) -> bool {
+/// Applies one dirty record to a leaf node in place; `Ok(false)` if it does not fit.
+/// Any other refusal (a key outside the leaf's fences) means the leaf page read from
+/// disk is not the one its routing says: the caller reports it as damage.
+pub(super) fn apply(
+    node: &mut NodeMut<'_>,
+    key: &[u8],
+    value: &[u8],
+    t: RecordType,
+) -> Result<bool, WriteError> {
     if t.exists() {
         match node.upsert(key, value, RecordType::Insert) {
-            Ok(_) => true,
-            Err(WriteError::Full) => false,
-            Err(e) => unreachable!("a routed key fits its leaf's range: {e:?}"),
+            Ok(_) => Ok(true),
+            Err(WriteError::Full) => Ok(false),
+            Err(e) => Err(e),
         }
     } else {
         if let Ok(i) = node.as_ref().search(key) {
             node.remove(i);
         }
-        true
+        Ok(true)
     }
 }
 

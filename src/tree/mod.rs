@@ -138,6 +138,8 @@ pub(crate) struct Attached {
     pub(crate) journal: Arc<Journal>,
     pub(crate) keyspace: u32,
     pub(crate) name: String,
+    /// The keyspace's page file, which errors about its damaged leaf pages name.
+    pub(crate) pages: std::path::PathBuf,
     /// The durability of `insert` and `delete` (`DbOptions::durability`).
     pub(crate) durability: Durability,
     /// Set when the keyspace is dropped from its database.
@@ -184,6 +186,13 @@ struct Core {
     /// database in its failure state (`Journal::fail`), since the keyspace can no
     /// longer reach a checkpoint.
     on_failure: std::sync::OnceLock<FailureHook>,
+    /// Set by a failed leaf write or sync, which may leave a leaf page's fences apart
+    /// from its routing range (docs/design.md, "Failure"): leaf pages read from then on
+    /// are not held to their routing range (`Core::check_route`).
+    write_failed: AtomicBool,
+    /// For a keyspace of a `Db`: its page file and name, which an error about a damaged
+    /// leaf page names (`Core::damaged`). Set once, when the tree is attached.
+    place: std::sync::OnceLock<(std::path::PathBuf, String)>,
     /// Evictions of dirty mini-pages that failed with an operating error, and the last.
     evict_failures: AtomicU64,
     evict_error: Mutex<Option<String>>,
@@ -365,6 +374,8 @@ impl Tree {
             dropped_records: AtomicBool::new(false),
             failure: Mutex::new(None),
             on_failure: std::sync::OnceLock::new(),
+            write_failed: AtomicBool::new(false),
+            place: std::sync::OnceLock::new(),
             evict_failures: AtomicU64::new(0),
             evict_error: Mutex::new(None),
             background: signal::Signal::default(),
@@ -438,6 +449,10 @@ impl Tree {
                 journal.fail(&format!("keyspace {name:?}: {cause}"), false);
             }
         }));
+        let _ = self
+            .core
+            .place
+            .set((attached.pages.clone(), attached.name.clone()));
         self.journal = Some(attached);
         self
     }
@@ -781,7 +796,14 @@ impl Core {
         Error::Poisoned { cause }
     }
 
+    /// Poisons the tree after a failed leaf write or sync.
     fn record_failure(&self, e: &Error) {
+        self.write_failed.store(true, Ordering::Release);
+        self.record_damage(e);
+    }
+
+    /// Poisons the tree: writes are refused with `e` as their cause from now on.
+    fn record_damage(&self, e: &Error) {
         let mut f = self.failure.lock();
         if f.is_none() {
             *f = Some(e.to_string());

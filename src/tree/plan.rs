@@ -223,6 +223,9 @@ impl Core {
             }
         } else {
             let leaf = self.parse_leaf(header.leaf, &page)?;
+            // The plan builds on the leaf's fences, and a split publishes them as
+            // separators: they must be the page's routing range.
+            self.check_route(header.pid, header.leaf, &leaf)?;
             let fence = owned_fence;
             low = fence(leaf.low_fence());
             high = fence(leaf.high_fence());
@@ -239,21 +242,23 @@ impl Core {
             if let Some((k, v, t)) = extra {
                 dirty.upsert(k, v, t);
             }
-            #[cfg(debug_assertions)]
-            for (k, _, _) in dirty.iter() {
-                let leaf = NodeRef::trusted(page.payload());
-                assert!(
-                    leaf.covers(k),
-                    "pid {:?} leaf {:?}: key {:?} outside [{:?}, {:?}) extra={:?}",
-                    header.pid,
-                    header.leaf,
-                    String::from_utf8_lossy(k),
-                    low.as_ref()
-                        .map(|l| String::from_utf8_lossy(l).into_owned()),
-                    high.as_ref()
-                        .map(|l| String::from_utf8_lossy(l).into_owned()),
-                    extra.map(|e| String::from_utf8_lossy(e.0).into_owned()),
-                );
+            // Routed keys lie in the routing range, which the check above found to be
+            // the leaf's fences; the dirty records are sorted, so the ends tell. (Not a
+            // bug to assert: `check_route` checks nothing once a write failed, and a
+            // poisoned tree merges nothing, but this keeps bytes from disk away from
+            // the packing's assumptions whatever happens.)
+            if let Some(last) = dirty.len().checked_sub(1) {
+                for k in [dirty.key(0), dirty.key(last)] {
+                    if !leaf.covers(k) {
+                        return Err(Op::Fail(self.damaged_leaf(
+                            header.leaf,
+                            format!(
+                                "its key range does not hold the key {:?} routed to it",
+                                k.escape_ascii().to_string()
+                            ),
+                        )));
+                    }
+                }
             }
             // Fast path: apply in place on a copy when everything fits, then write a
             // compact copy: records placed in place sit out of offset order, and every
@@ -262,7 +267,21 @@ impl Core {
             let mut work = [0u8; PAGE_PAYLOAD_SIZE];
             work.copy_from_slice(page.payload());
             let mut node = NodeMut::trusted(&mut work);
-            if dirty.iter().all(|(k, v, t)| apply(&mut node, k, v, t)) {
+            let mut fits = true;
+            for (k, v, t) in dirty.iter() {
+                match apply(&mut node, k, v, t) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        fits = false;
+                        break;
+                    }
+                    Err(e) => {
+                        let reason = format!("a record routed to it does not fit it: {e:?}");
+                        return Err(Op::Fail(self.damaged_leaf(header.leaf, reason)));
+                    }
+                }
+            }
+            if fits {
                 let applied = NodeRef::trusted(&work);
                 node::copy_into(&applied, page.payload_mut(), applied.fences(), |_| true)
                     .expect("a node's records fit a node of its size");

@@ -181,8 +181,9 @@ impl Core {
         if !read_leaf {
             return Ok(None);
         }
-        let mut page = Page::zeroed();
-        let leaf = self.read_leaf(leaf_no, &mut page)?;
+        let mut leaf_page = Page::zeroed();
+        let leaf = self.read_leaf(leaf_no, &mut leaf_page)?;
+        self.check_route(page.id(), leaf_no, &leaf)?;
         Ok(Some((search_leaf(&leaf, key, out), None)))
     }
 
@@ -201,6 +202,7 @@ impl Core {
         let mut leaf_page = Page::boxed();
         let leaf_no = self.leaf_of(&*page);
         let leaf = self.read_leaf(leaf_no, &mut leaf_page)?;
+        self.check_route(page.id(), leaf_no, &leaf)?;
         let found = search_leaf(&leaf, key, out);
         if !self.mirror_read(page, leaf_no, &leaf) {
             self.cache_read(page, prefix_len, key, found, out)?;
@@ -335,6 +337,7 @@ impl Core {
                 return Ok(Some(self.answer_hit(ticket.pid, page, hit, key)));
             }
             let leaf = self.parse_leaf(ticket.leaf, leaf_page)?;
+            self.check_route(ticket.pid, ticket.leaf, &leaf)?;
             let found = search_leaf(&leaf, key, out);
             if !self.mirror_read(&page, ticket.leaf, &leaf) {
                 self.cache_read(&mut page, ticket.prefix_len, key, found, out)?;
@@ -348,7 +351,9 @@ impl Core {
         if let Some(hit) = self.get_locked(&page, key, out, false)? {
             return Ok(Some(self.answer_hit(ticket.pid, page, hit, key)));
         }
-        let found = search_leaf(&self.parse_leaf(ticket.leaf, leaf_page)?, key, out);
+        let leaf = self.parse_leaf(ticket.leaf, leaf_page)?;
+        self.check_route(ticket.pid, ticket.leaf, &leaf)?;
+        let found = search_leaf(&leaf, key, out);
         Ok(Some(matches!(found, Found::Value)))
     }
 

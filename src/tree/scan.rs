@@ -25,7 +25,7 @@ use super::node::{self, Fences, NodeKind, NodeRef, RecordType, RecordView};
 use super::plan::owned_fence;
 use super::stats::{bump, bump_by};
 use super::{Core, inner};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::storage::{PAGE_SIZE, Page, PageNo};
 
 type Record = (Vec<u8>, Vec<u8>);
@@ -139,6 +139,19 @@ impl<'t> FetchState<'t> {
             (&mut self.prefetched, ahead),
         ) {
             Ok(Some(next)) => {
+                // Each fetch moves its end of the unfetched range strictly inwards
+                // (a page's fence lies past every key the page routes); one that does
+                // not met a page whose fences are not its range, and would loop.
+                let stalled = match direction {
+                    Direction::Forward => !moves_up(&lower, &next),
+                    Direction::Backward => !moves_down(&upper, &next),
+                };
+                if stalled {
+                    let e = self.core.stalled_scan(&lower, &upper, direction);
+                    self.failed = true;
+                    self.prefetched.clear();
+                    return Some(Err(e));
+                }
                 let rest = match direction {
                     Direction::Forward => (next, upper),
                     Direction::Backward => (lower, next),
@@ -436,6 +449,30 @@ fn above_strictly(lower: &Bound<Vec<u8>>, key: &[u8]) -> bool {
     }
 }
 
+/// Whether `next`, a new lower bound, admits fewer keys than `lower`: a forward fetch's
+/// progress.
+fn moves_up(lower: &Bound<Vec<u8>>, next: &Bound<Vec<u8>>) -> bool {
+    match (lower, next) {
+        (_, Bound::Unbounded) => false,
+        (Bound::Unbounded, _) => true,
+        (Bound::Included(l), Bound::Included(n)) => n > l,
+        (Bound::Included(l), Bound::Excluded(n)) => n >= l,
+        (Bound::Excluded(l), Bound::Included(n) | Bound::Excluded(n)) => n > l,
+    }
+}
+
+/// Whether `next`, a new upper bound, admits fewer keys than `upper`: a backward
+/// fetch's progress.
+fn moves_down(upper: &Bound<Vec<u8>>, next: &Bound<Vec<u8>>) -> bool {
+    match (upper, next) {
+        (_, Bound::Unbounded) => false,
+        (Bound::Unbounded, _) => true,
+        (Bound::Included(u), Bound::Included(n)) => n < u,
+        (Bound::Included(u), Bound::Excluded(n)) => n <= u,
+        (Bound::Excluded(u), Bound::Included(n) | Bound::Excluded(n)) => n < u,
+    }
+}
+
 fn below(upper: &Bound<Vec<u8>>, key: &[u8]) -> bool {
     match upper {
         Bound::Included(u) => key <= u.as_slice(),
@@ -715,6 +752,27 @@ impl Core {
                     view.low.map(Bound::Excluded)
                 }
             });
+        }
+    }
+
+    /// The error for a scan whose fetch did not move its bound (`FetchState::fetch`):
+    /// the leaf page of the page it fetched from has fences that are not the page's
+    /// range (a mirror built from it copied them). Names that leaf page and poisons the
+    /// tree.
+    fn stalled_scan(
+        &self,
+        lower: &Bound<Vec<u8>>,
+        upper: &Bound<Vec<u8>>,
+        direction: Direction,
+    ) -> Error {
+        let reason = "a scan fetching from it made no progress: its fences are not its range";
+        match self.lock_leaf(target(direction, lower, upper), MappingTable::read) {
+            Some((_, page)) => {
+                let no = self.leaf_of(&page);
+                drop(page);
+                self.damaged_leaf(no, reason)
+            }
+            None => self.damaged_leaf(PageNo(0), reason),
         }
     }
 
@@ -1050,14 +1108,17 @@ impl Core {
             Location::Leaf(no) => (None, PageNo(no)),
             Location::Empty => unreachable!("a routed page id is in use"),
         };
-        let mut page;
+        let mut leaf_page;
         let leaf = match leaf {
             Some(given) => self.parse_leaf(leaf_no, given)?,
             None => {
-                page = Page::boxed();
-                self.read_leaf(leaf_no, &mut page)?
+                leaf_page = Page::boxed();
+                self.read_leaf(leaf_no, &mut leaf_page)?
             }
         };
+        // A scan goes on at the fence it returns: a page whose fences are not its
+        // range would send it back or past pages.
+        self.check_route(page.id(), leaf_no, &leaf)?;
         let fences = (fence(leaf.low_fence()), fence(leaf.high_fence()));
         let mut m = mini.iter().flat_map(|m| m.iter()).peekable();
         let mut k = Vec::new();
