@@ -884,7 +884,13 @@ impl HashStore {
         }
     }
 
+    /// Checks `key` as a [`Tree`](crate::Tree) checks its keys: not empty, within the
+    /// database's limit. Every entry point (reads, writes, batches, async reads) calls
+    /// it, so one rule holds for both kinds of keyspace.
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
         let max = self.inner.attached.max_key_bytes;
         if key.len() > max {
             return Err(Error::KeyTooLarge {
