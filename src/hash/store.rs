@@ -517,6 +517,11 @@ pub struct HashStoreStats {
     /// Writes that found a log past its whole disk budget and compacted before they
     /// returned.
     pub throttled_writes: u64,
+    /// Compactions that failed (a device error, a damaged record), a throttled
+    /// writer's or the background compactor's. A write never fails because of one: it
+    /// had applied when it compacted. Each failure is logged too; the logs may grow past
+    /// their budgets until a compaction succeeds.
+    pub compaction_failures: u64,
     /// Updates made in place in the hot log's mutable region.
     pub in_place_updates: u64,
     /// Records appended to the hot log.
@@ -859,6 +864,7 @@ impl HashStore {
             records_copied: s.records_copied,
             records_dropped: s.records_dropped,
             throttled_writes: s.throttled_writes,
+            compaction_failures: s.compaction_failures,
             in_place_updates: hot.in_place_updates,
             appended_records: hot.appended_records,
             hot_disk_reads: hot.disk_reads,
@@ -1027,10 +1033,8 @@ fn compactor(inner: &Arc<Inner>) -> Option<Ticker> {
                 Ok(true) if !stopping() => {}
                 Ok(_) => return true,
                 Err(e) => {
-                    log::warn!(
-                        "bfdb: compacting hash keyspace {:?} failed: {e}",
-                        inner.attached.name
-                    );
+                    let whose = format!("the compactor's (keyspace {:?})", inner.attached.name);
+                    inner.f2.note_compaction_failure(&whose, &e);
                     return true;
                 }
             }
