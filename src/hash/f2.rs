@@ -1351,6 +1351,89 @@ mod tests {
     }
 
     #[test]
+    fn flipped_bits_on_the_devices_are_errors_of_reads_batches_and_compaction_never_data() {
+        // Records of the hot log, the cold log and the chunk log on devices in memory;
+        // then bits flipped on each device. Every read, single or batched, answers the
+        // right value or `Corrupted` naming the address; a compaction that meets the
+        // damage fails (and the write it throttles does not).
+        let devices = [(); 3].map(|()| Arc::new(MemPages::new()));
+        let store = F2::new(
+            tiny_options(1 << 30, 0, false),
+            F2Devices {
+                hot: devices[0].clone(),
+                cold: devices[1].clone(),
+                chunks: devices[2].clone(),
+            },
+        )
+        .unwrap();
+        let mut handle = store.epoch().register();
+        let value = |i: u64| format!("value {i:05} ").repeat(5).into_bytes();
+        let keys = 3_000u64;
+        {
+            let mut guard = handle.protect();
+            for i in 0..keys {
+                store.upsert(&mut guard, &key(i), Some(&value(i))).unwrap();
+                guard.refresh();
+            }
+            // Half the keys into the cold log (with their chunks on the chunk log).
+            let hot = store.hot().log().addresses();
+            store
+                .compact_hot(&mut guard, hot.begin + (hot.tail - hot.begin) / 2)
+                .unwrap();
+        }
+        let mut rng = Rng(41);
+        let mut flipped = 0;
+        for (d, device) in devices.iter().enumerate() {
+            let log = match d {
+                0 => store.hot().log(),
+                1 => store.cold().log(),
+                _ => store.cold().index().chunks().log(),
+            };
+            let a = log.addresses();
+            for _ in 0..20 {
+                let at = a.begin + rng.below(a.flushed_until.saturating_sub(a.begin).max(1));
+                flipped += u64::from(device.flip_bit(at, rng.below(8) as u32));
+            }
+        }
+        assert!(flipped > 30, "only {flipped} bits flipped");
+        let mut refused = 0;
+        let check = |i: u64, got: Result<Option<Vec<u8>>>, refused: &mut u64| match got {
+            Ok(got) => assert_eq!(got, Some(value(i)), "key {i}"),
+            Err(crate::Error::Corrupted { reason, .. }) => {
+                assert!(reason.contains("address"), "{reason}");
+                *refused += 1;
+            }
+            Err(e) => panic!("key {i}: {e:?}"),
+        };
+        {
+            let guard = handle.protect();
+            for i in 0..keys {
+                check(i, store.get(&guard, &key(i)), &mut refused);
+            }
+        }
+        for first in (0..keys).step_by(32) {
+            let batch: Vec<Vec<u8>> = (first..(first + 32).min(keys)).map(key).collect();
+            match store.get_many(&mut handle, &batch) {
+                Ok(got) => {
+                    for (i, got) in (first..).zip(got) {
+                        check(i, Ok(got), &mut refused);
+                    }
+                }
+                Err(e) => check(first, Err(e), &mut refused),
+            }
+        }
+        assert!(refused > 0, "no read met a flipped bit");
+        // Compacting over the damage fails, or copies only what reads back right.
+        let mut guard = handle.protect();
+        let hot = store.hot().log().addresses();
+        let compacted = store.compact_hot(&mut guard, hot.safe_read_only);
+        assert!(
+            matches!(compacted, Ok(_) | Err(crate::Error::Corrupted { .. })),
+            "{compacted:?}"
+        );
+    }
+
+    #[test]
     fn chunk_log_compaction_keeps_every_cold_key_and_reads_no_dead_chunk() {
         let store = tiny_with(1 << 30, 0);
         let mut handle = store.epoch().register();

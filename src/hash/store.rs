@@ -264,7 +264,16 @@ pub(crate) struct HashLayout {
     pub(crate) options: HashStoreOptions,
     /// log2 of the page size of the hot log, the cold log and the chunk log.
     pub(crate) page_bits: [u8; 3],
+    /// The format of the records in the log files: [`RECORD_FORMAT`] for every store
+    /// this build creates; a manifest entry of an earlier build (kinds 2 and 3) has
+    /// records without checksums, which this build refuses to open
+    /// ([`HashLayout::check_record_format`]).
+    pub(crate) record_format: u8,
 }
+
+/// The record format this build writes: records that end in a CRC-32C (manifest kind
+/// 4). Format 1 (kinds 2 and 3) had none.
+pub(crate) const RECORD_FORMAT: u8 = 2;
 
 /// Bytes of a log segment file.
 const SEGMENT_BYTES: u64 = 64 << 20;
@@ -277,7 +286,9 @@ impl HashLayout {
     pub(crate) fn new(options: HashStoreOptions, max_record_bytes: u64) -> Result<HashLayout> {
         options.validate()?;
         let memory = recorded_memory(&options)?;
-        let least = max_record_bytes
+        // `max_record_bytes` counts the header, the key and the value; their padding
+        // and the record's checksum add at most 7 + 7 + 4 bytes.
+        let least = (max_record_bytes + 18)
             .next_power_of_two()
             .trailing_zeros()
             .max(12);
@@ -302,6 +313,7 @@ impl HashLayout {
             )));
         }
         let layout = HashLayout {
+            record_format: RECORD_FORMAT,
             page_bits: [
                 bits(split.hot_log),
                 bits(split.cold_log),
@@ -328,6 +340,23 @@ impl HashLayout {
             )));
         }
         Ok(())
+    }
+
+    /// Refuses a store whose log files hold records of another format than this build's
+    /// (never reading them as this build's records, and never writing to them): an
+    /// `Error::Incompatible` naming `files` (the store's files, a pattern) and
+    /// the keyspace.
+    pub(crate) fn check_record_format(&self, files: &Path, name: &str) -> Result<()> {
+        if self.record_format == RECORD_FORMAT {
+            return Ok(());
+        }
+        Err(Error::Incompatible {
+            reason: format!(
+                "{} (hash keyspace {name:?}) hold log records of format {} (written before                  hash log records had checksums); this build reads format {RECORD_FORMAT}",
+                files.display(),
+                self.record_format
+            ),
+        })
     }
 
     /// The memory recorded at creation (`options.memory_bytes`, which `check` found).
@@ -494,6 +523,26 @@ pub(crate) struct HashAttached {
     /// The largest key and value a write may have.
     pub(crate) max_key_bytes: usize,
     pub(crate) max_value_bytes: usize,
+}
+
+impl HashAttached {
+    /// `e` with damage named as the issue asks of every file of a database: damage in a
+    /// log's file (the log names the file and the address) gets the keyspace's name;
+    /// damage on a device without files (simulated ones) names the store's files.
+    pub(crate) fn named(&self, e: Error) -> Error {
+        let keyspace = &self.name;
+        match e {
+            Error::CorruptFile { path, reason } => Error::CorruptFile {
+                path,
+                reason: format!("hash keyspace {keyspace:?}: {reason}"),
+            },
+            Error::Corrupted { reason, .. } => Error::CorruptFile {
+                path: file_prefix(self.keyspace, "*").into(),
+                reason: format!("hash keyspace {keyspace:?}: {reason}"),
+            },
+            other => other,
+        }
+    }
 }
 
 /// What a [`HashStore`] has done since its database was opened.
@@ -678,9 +727,10 @@ impl HashStore {
         };
         let options = layout.f2_options(memory)?;
         let f2 = match extents {
-            Some((extents, _)) => F2::recover(options, f2_devices, extents)?,
-            None => F2::new(options, f2_devices)?,
-        };
+            Some((extents, _)) => F2::recover(options, f2_devices, extents),
+            None => F2::new(options, f2_devices),
+        }
+        .map_err(|e| attached.named(e))?;
         let inner = Arc::new(Inner {
             f2,
             floors,
@@ -999,7 +1049,7 @@ impl Inner {
     ) -> Result<T> {
         let mut handle = self.f2.epoch().register();
         let mut guard = handle.protect();
-        f(&mut guard)
+        f(&mut guard).map_err(|e| self.attached.named(e))
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -1008,7 +1058,9 @@ impl Inner {
 
     /// [`Inner::get`] of every key, their device reads in flight together.
     fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
-        self.f2.get_many(&mut self.f2.epoch().register(), keys)
+        self.f2
+            .get_many(&mut self.f2.epoch().register(), keys)
+            .map_err(|e| self.attached.named(e))
     }
 
     fn apply(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
