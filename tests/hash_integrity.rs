@@ -42,7 +42,10 @@ fn empty_keys_are_refused_by_every_entry_point_as_the_tree_refuses_them() {
     for level in [Durability::Unlogged, Durability::Logged, Durability::Synced] {
         empty("insert_with", store.insert_with(b"", b"v", level));
         empty("delete_with", store.delete_with(b"", level));
-        empty("rmw_with", store.rmw_with(b"", |_| b"v".to_vec(), level).map(drop));
+        empty(
+            "rmw_with",
+            store.rmw_with(b"", |_| b"v".to_vec(), level).map(drop),
+        );
     }
     empty("delete", store.delete(b""));
     empty("rmw", store.rmw(b"", |_| b"v".to_vec()).map(drop));
@@ -125,7 +128,10 @@ fn flipped_bytes_in_hash_log_files_are_errors_naming_the_file_never_data() {
             let at = nonzero[rng.below(nonzero.len() as u64) as usize];
             bytes[at] ^= 1 << rng.below(8);
             std::fs::write(&target, &bytes).unwrap();
-            let what = format!("{log} log, trial {trial}, byte {at} of {}", target.display());
+            let what = format!(
+                "{log} log, trial {trial}, byte {at} of {}",
+                target.display()
+            );
             let db = match Db::open(copy.path(), options()) {
                 Ok(db) => db,
                 Err(e) => {
@@ -213,6 +219,10 @@ fn a_hash_store_of_the_format_before_checksums_is_refused_by_name_and_left_alone
             }
             other => panic!("expected Incompatible, got {other:?}"),
         }
-        assert_eq!(snapshot(dir.path()), before, "a refused open changed the files");
+        assert_eq!(
+            snapshot(dir.path()),
+            before,
+            "a refused open changed the files"
+        );
     }
 }

@@ -12,9 +12,9 @@
 //! write after it ([`Durability::Unlogged`] writes after the last checkpoint are gone).
 //! Checkpoints are only taken by the input (the background trigger and the checkpoint on
 //! close are off), so the model knows exactly what each one captured. Every answer must
-//! equal the model's, including `EmptyKey` / `KeyTooLarge` / `ValueTooLarge` for bad arguments (a
-//! refused write changes nothing, and a refused batch none of its keys), and after each
-//! reopen every key ever written is read back.
+//! equal the model's, including `EmptyKey` / `KeyTooLarge` / `ValueTooLarge` for bad
+//! arguments (a refused write changes nothing, and a refused batch none of its keys), and
+//! after each reopen every key ever written is read back.
 //!
 //! The store's compactor runs in a background thread, so an input's run is not
 //! entirely deterministic: a failing input replays the same operations, but the failure
@@ -329,12 +329,7 @@ impl Harness {
         !key.is_empty() && key.len() <= self.max_key_bytes
     }
 
-    fn expect_bad_key<T: std::fmt::Debug>(
-        &self,
-        what: &str,
-        key: &[u8],
-        got: Result<T, Error>,
-    ) {
+    fn expect_bad_key<T: std::fmt::Debug>(&self, what: &str, key: &[u8], got: Result<T, Error>) {
         match got {
             Err(Error::EmptyKey) if key.is_empty() => {}
             Err(Error::KeyTooLarge { len, max })

@@ -671,11 +671,7 @@ impl HybridLog {
 
     /// The bytes of the page at `page` (page-aligned, at or above BEGIN's page), and
     /// whether they were read from the device (rather than copied from its frame).
-    fn page_bytes_at(
-        &self,
-        _guard: &EpochGuard<'_, '_>,
-        page: u64,
-    ) -> Result<(AlignedPage, bool)> {
+    fn page_bytes_at(&self, _guard: &EpochGuard<'_, '_>, page: u64) -> Result<(AlignedPage, bool)> {
         let s = &self.shared;
         let mut page_copy = AlignedPage::new(s.page_bytes as usize);
         if page >= s.head.load(Ordering::Acquire) {
