@@ -226,3 +226,30 @@ fn a_hash_store_of_the_format_before_checksums_is_refused_by_name_and_left_alone
         );
     }
 }
+
+#[test]
+fn an_unlogged_read_modify_write_refused_for_its_size_writes_nothing() {
+    // A result over the value limit is refused: the key keeps its value or its
+    // absence, and no record of any value (not even for a moment) reaches the store.
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let store = db.hash_store_with("h", tiny()).unwrap();
+    store.insert(b"present", b"old").unwrap();
+    let max = Config::default().max_value_bytes;
+    let before = store.stats();
+    for k in [&b"present"[..], b"absent"] {
+        let got = store.rmw_with(k, |_| vec![1u8; max + 1], Durability::Unlogged);
+        assert!(
+            matches!(got, Err(Error::ValueTooLarge { len, .. }) if len == max + 1),
+            "{got:?}"
+        );
+    }
+    let after = store.stats();
+    assert_eq!(
+        (after.appended_records, after.in_place_updates),
+        (before.appended_records, before.in_place_updates),
+        "a refused read-modify-write wrote"
+    );
+    assert_eq!(store.get(b"present").unwrap(), Some(b"old".to_vec()));
+    assert_eq!(store.get(b"absent").unwrap(), None);
+}

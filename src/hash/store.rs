@@ -30,6 +30,7 @@ use std::time::Duration;
 use super::device::{FilePages, LogPages, Retaining};
 use super::f2::{F2, F2Devices, F2Extents, F2Options};
 use super::hlog::HlogOptions;
+use super::hot::Update;
 use super::read_cache::ReadCache;
 use crate::error::{Error, Result};
 use crate::journal::{Durability, Journal};
@@ -847,33 +848,21 @@ impl HashStore {
         let max = a.max_value_bytes;
         match durability {
             Durability::Unlogged => a.journal.exclusive(a.keyspace, key, || {
-                // F2's read-modify-write, with a result over the limit replaced by the
-                // old value (or, for an absent key, a tombstone written after it), so
-                // that nothing over the limit is stored; no other write of the key runs
-                // meanwhile.
-                let refused = AtomicUsize::new(0);
-                let had_value = AtomicBool::new(false);
-                let bounded = |old: Option<&[u8]>| {
-                    let new = update(old);
-                    had_value.store(old.is_some(), Ordering::Relaxed);
-                    if new.len() > max {
-                        refused.store(new.len(), Ordering::Relaxed);
-                        return old.map(<[u8]>::to_vec).unwrap_or_default();
-                    }
-                    refused.store(0, Ordering::Relaxed);
-                    new
+                // F2's read-modify-write, refusing a result over the limit: then nothing
+                // is written (the key keeps its value or its absence), and the call
+                // fails without having changed anything readers can see.
+                let bounded = Bounded {
+                    update: &update,
+                    max,
+                    refused: AtomicUsize::new(0),
                 };
                 let value = self
                     .inner
                     .with_guard(|g| self.inner.f2.rmw(g, key, &bounded))?;
-                let len = refused.load(Ordering::Relaxed);
-                if len > 0 {
-                    if !had_value.load(Ordering::Relaxed) {
-                        self.inner.apply(key, None)?;
-                    }
-                    return Err(Error::ValueTooLarge { len, max });
+                match bounded.refused.load(Ordering::Relaxed) {
+                    0 => Ok(value),
+                    len => Err(Error::ValueTooLarge { len, max }),
                 }
-                Ok(value)
             }),
             level => a.journal.commit_computed(
                 a.keyspace,
@@ -1065,6 +1054,30 @@ impl Inner {
 
     fn apply(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
         self.with_guard(|g| self.f2.upsert(g, key, value))
+    }
+}
+
+/// An unlogged read-modify-write's update under the database's value limit: a result
+/// over it is refused (F2 writes nothing), and its length kept for the error.
+struct Bounded<'a, F> {
+    update: &'a F,
+    max: usize,
+    /// The length of the last result if it was refused, else 0.
+    refused: AtomicUsize,
+}
+
+impl<F: Fn(Option<&[u8]>) -> Vec<u8> + Sync> Update for Bounded<'_, F> {
+    fn update(&self, old: Option<&[u8]>) -> Vec<u8> {
+        (self.update)(old)
+    }
+
+    fn refuses(&self, new: &[u8]) -> bool {
+        // The last try's result decides: a try that raced and started again refused or
+        // stored nothing.
+        let over = new.len() > self.max;
+        self.refused
+            .store(if over { new.len() } else { 0 }, Ordering::Relaxed);
+        over
     }
 }
 
