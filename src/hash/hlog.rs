@@ -38,6 +38,9 @@
 //! - A frame is reused for page `p` only after page `p - frames` was closed.
 //! - After a device error the log is failed: allocation returns the error (nothing
 //!   waits forever for a flush that will not come).
+//! - Every record on the device carries its checksum (stamped on the flush's copy of
+//!   its page, see [`super::record`]), and every record decoded from device bytes is
+//!   checked: damage is an error naming the file and the address, never a value.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;

@@ -353,7 +353,8 @@ impl HashLayout {
         }
         Err(Error::Incompatible {
             reason: format!(
-                "{} (hash keyspace {name:?}) hold log records of format {} (written before                  hash log records had checksums); this build reads format {RECORD_FORMAT}",
+                "{} (hash keyspace {name:?}) hold log records of format {} (written before \
+                 hash log records had checksums); this build reads format {RECORD_FORMAT}",
                 files.display(),
                 self.record_format
             ),
