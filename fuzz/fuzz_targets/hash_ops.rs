@@ -12,9 +12,9 @@
 //! write after it ([`Durability::Unlogged`] writes after the last checkpoint are gone).
 //! Checkpoints are only taken by the input (the background trigger and the checkpoint on
 //! close are off), so the model knows exactly what each one captured. Every answer must
-//! equal the model's, including `KeyTooLarge` / `ValueTooLarge` for bad arguments (a
-//! refused write changes nothing, and a refused batch none of its keys), and after each
-//! reopen every key ever written is read back.
+//! equal the model's, including `EmptyKey` / `KeyTooLarge` / `ValueTooLarge` for bad
+//! arguments (a refused write changes nothing, and a refused batch none of its keys), and
+//! after each reopen every key ever written is read back.
 //!
 //! The store's compactor runs in a background thread, so an input's run is not
 //! entirely deterministic: a failing input replays the same operations, but the failure
@@ -69,7 +69,8 @@ impl<'a> Arbitrary<'a> for Input {
 }
 
 /// A key: `k` and its id, then padding up to one byte past the limit (so over-long
-/// keys appear now and then); `Empty` is the empty key, which a hash store accepts.
+/// keys appear now and then); `Empty` is the empty key, which a hash store refuses
+/// (`EmptyKey`, as a tree does).
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum KeyArg {
     Id { id: u16, pad: u8 },
@@ -325,20 +326,16 @@ impl Harness {
     }
 
     fn key_ok(&self, key: &[u8]) -> bool {
-        key.len() <= self.max_key_bytes
+        !key.is_empty() && key.len() <= self.max_key_bytes
     }
 
-    fn expect_key_too_large<T: std::fmt::Debug>(
-        &self,
-        what: &str,
-        key: &[u8],
-        got: Result<T, Error>,
-    ) {
+    fn expect_bad_key<T: std::fmt::Debug>(&self, what: &str, key: &[u8], got: Result<T, Error>) {
         match got {
+            Err(Error::EmptyKey) if key.is_empty() => {}
             Err(Error::KeyTooLarge { len, max })
                 if len == key.len() && max == self.max_key_bytes => {}
             got => panic!(
-                "{what} of a {}-byte key: expected KeyTooLarge, got {got:?}",
+                "{what} of a {}-byte key: expected EmptyKey or KeyTooLarge, got {got:?}",
                 key.len()
             ),
         }
@@ -378,7 +375,7 @@ impl Harness {
     fn get(&self, key: &[u8]) {
         let got = self.store().get(key);
         if !self.key_ok(key) {
-            return self.expect_key_too_large("get", key, got);
+            return self.expect_bad_key("get", key, got);
         }
         let got = got.unwrap_or_else(|e| panic!("get of key {key:?}: {e}"));
         assert_eq!(got.as_ref(), self.live.get(key), "get of key {key:?}");
@@ -387,7 +384,7 @@ impl Harness {
     fn get_many(&self, keys: &[Vec<u8>]) {
         let got = self.store().get_many(keys);
         if let Some(bad) = keys.iter().find(|k| !self.key_ok(k)) {
-            return self.expect_key_too_large("get_many", bad, got);
+            return self.expect_bad_key("get_many", bad, got);
         }
         let got = got.unwrap_or_else(|e| panic!("get_many of {keys:?}: {e}"));
         let want: Vec<Option<Vec<u8>>> = keys.iter().map(|k| self.live.get(k).cloned()).collect();
@@ -399,7 +396,7 @@ impl Harness {
         let value = value_bytes(arg, self.serial, self.max_value_bytes);
         let got = self.store().insert_with(&key, &value, level.durability());
         if !self.key_ok(&key) {
-            self.expect_key_too_large("insert", &key, got);
+            self.expect_bad_key("insert", &key, got);
         } else if value.len() > self.max_value_bytes {
             self.expect_value_too_large("insert", &key, value.len(), got);
         } else {
@@ -411,7 +408,7 @@ impl Harness {
     fn delete(&mut self, key: Vec<u8>, level: Level) {
         let got = self.store().delete_with(&key, level.durability());
         if !self.key_ok(&key) {
-            self.expect_key_too_large("delete", &key, got);
+            self.expect_bad_key("delete", &key, got);
         } else {
             got.unwrap_or_else(|e| panic!("delete of key {key:?}: {e}"));
             self.model_write(key, None, !matches!(level, Level::Unlogged));
@@ -427,7 +424,7 @@ impl Harness {
             level.durability(),
         );
         if !self.key_ok(&key) {
-            return self.expect_key_too_large("rmw", &key, got);
+            return self.expect_bad_key("rmw", &key, got);
         }
         let want = apply_update(update, serial, max, self.live.get(&key).map(Vec::as_slice));
         if want.len() > max {
@@ -462,7 +459,7 @@ impl Harness {
         let got = self.db().write_with(batch, level.durability());
         if refused {
             match got {
-                Err(Error::KeyTooLarge { .. } | Error::ValueTooLarge { .. }) => {}
+                Err(Error::EmptyKey | Error::KeyTooLarge { .. } | Error::ValueTooLarge { .. }) => {}
                 got => panic!("a batch with a bad key or value: {got:?}"),
             }
             return;

@@ -13,7 +13,7 @@
 //!           largest key and value a write may have had (u32, u32): the options'
 //!             limits when written, never lowered
 //!           keyspace count (u32)
-//!           per keyspace: id (u32), kind (u8: 1 = tree, 2 or 3 = hash store), name
+//!           per keyspace: id (u32), kind (u8: 1 = tree, 2, 3 or 4 = hash store), name
 //!                         length (u16), name (UTF-8), and for a hash store its layout:
 //!                         memory bytes, expected keys, hot and cold log disk bytes
 //!                         (u64 each), compaction threads (u16), log2 of the page size
@@ -21,7 +21,10 @@
 //!                         the memory parts set instead of the paper's shares (hot
 //!                         index, read cache, cold log, chunk log: u64 each, all ones
 //!                         for a share). Kind 2 (written before the parts existed) is
-//!                         read as kind 3 with every part a share.
+//!                         read as kind 3 with every part a share. Kind 4 is kind 3
+//!                         whose log records carry checksums (record format 2); a
+//!                         store of kind 2 or 3 (format 1) is refused when opened, and
+//!                         its entry is written back as it was.
 //!           checkpoint count (u8, at most 2), newest first
 //!           per checkpoint: generation (u64, at most 2^62), log position block (u64) and sequence
 //!                           number (u64), and the log's durable end when it committed
@@ -52,7 +55,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::hash::store::{HashLayout, HashStoreOptions};
+use crate::hash::store::{HashLayout, HashStoreOptions, RECORD_FORMAT};
 use crate::wal::{Cursor, LogPosition};
 
 /// The manifest's file name in the database directory.
@@ -84,6 +87,8 @@ impl KeyspaceKind {
     fn code(&self) -> u8 {
         match self {
             KeyspaceKind::Tree => 1,
+            KeyspaceKind::Hash(layout) if layout.record_format == RECORD_FORMAT => 4,
+            // An entry of an earlier build keeps its kind: its files keep their format.
             KeyspaceKind::Hash(_) => 3,
         }
     }
@@ -248,7 +253,7 @@ impl Manifest {
                 .map_err(|_| format!("keyspace {id}'s name is not UTF-8"))?;
             let kind = match code {
                 1 => KeyspaceKind::Tree,
-                2 | 3 => {
+                2..=4 => {
                     let mut n = [0u64; 4];
                     for v in &mut n {
                         *v = r.u64().ok_or_else(truncated)?;
@@ -259,7 +264,7 @@ impl Manifest {
                         .and_then(|b| b.try_into().ok())
                         .ok_or_else(truncated)?;
                     let mut parts = [None; 4];
-                    if code == 3 {
+                    if code >= 3 {
                         for part in &mut parts {
                             let v = r.u64().ok_or_else(truncated)?;
                             *part = (v != NO_PART).then_some(v);
@@ -274,6 +279,7 @@ impl Manifest {
                             .compaction_threads(threads)
                             .with_parts(parts),
                         page_bits: bits,
+                        record_format: if code == 4 { RECORD_FORMAT } else { 1 },
                     };
                     layout
                         .check()
@@ -485,7 +491,7 @@ mod tests {
         // The same entry as kind 2: no parts after the page sizes.
         let mut body = new[HEADER_BYTES..].to_vec();
         let kind_at = 16 + 4;
-        assert_eq!(body[kind_at], 3);
+        assert_eq!(body[kind_at], 4);
         body[kind_at] = 2;
         let parts_at = kind_at + 1 + 2 + 1 + 4 * 8 + 2 + 3;
         assert!(body[parts_at..parts_at + 32].iter().all(|&b| b == 0xff));
@@ -495,7 +501,18 @@ mod tests {
         old.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
         old.extend_from_slice(&(body.len() as u32).to_le_bytes());
         old.extend_from_slice(&body);
-        assert_eq!(Manifest::decode(Path::new("M"), &old).unwrap(), m);
+        // Kind 2 is of the earlier record format (no checksums), and stays so when
+        // written back.
+        let read = Manifest::decode(Path::new("M"), &old).unwrap();
+        let KeyspaceKind::Hash(mut old_layout) = read.keyspaces["h"].kind.clone() else {
+            panic!("a hash keyspace");
+        };
+        assert_eq!(old_layout.record_format, 1);
+        let again = Manifest::decode(Path::new("M"), &read.encode()).unwrap();
+        assert_eq!(again, read);
+        assert_eq!(again.encode()[HEADER_BYTES + kind_at], 3);
+        old_layout.record_format = layout.record_format;
+        assert_eq!(old_layout, layout);
     }
 
     #[test]

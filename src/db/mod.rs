@@ -1172,6 +1172,8 @@ impl Shared {
         memory: u64,
         extents: Option<(&F2Extents, [u64; 3])>,
     ) -> Result<Arc<HashStore>> {
+        // Before anything touches its files: a store of an earlier format is refused.
+        layout.check_record_format(&self.dir.join(hash_store::file_prefix(id, "*")), name)?;
         if extents.is_none() {
             self.remove_hash_files(id)?;
         }

@@ -85,7 +85,9 @@ impl AsyncHashStore {
         loop {
             let mut reads = {
                 let mut handle = f2.epoch().register();
-                rounds.round(&mut handle, &keys, |g, key| f2.get(g, key))?
+                rounds
+                    .round(&mut handle, &keys, |g, key| f2.get(g, key))
+                    .map_err(|e| self.store.attached().named(e))?
             };
             if reads.is_empty() {
                 return Ok(rounds.answers().pop().expect("one key, one answer"));

@@ -53,6 +53,11 @@ pub(crate) trait LogPages: Send + Sync {
     fn read_target(&self, _address: u64, _len: usize) -> Option<(Arc<File>, u64)> {
         None
     }
+    /// The file that holds `address`, for errors about its bytes; `None` for devices
+    /// without files.
+    fn file_of(&self, _address: u64) -> Option<PathBuf> {
+        None
+    }
     /// Makes every write so far durable.
     fn sync(&self) -> io::Result<()>;
     /// Gives up every address below `address` (the device may keep part of it).
@@ -239,6 +244,10 @@ impl LogPages for FilePages {
         self.file(segment, false).ok().map(|file| (file, offset))
     }
 
+    fn file_of(&self, address: u64) -> Option<PathBuf> {
+        Some(self.path(address / self.segment_bytes))
+    }
+
     fn sync(&self) -> io::Result<()> {
         let files: Vec<(u64, Arc<File>)> = {
             let mut state = self.state.lock();
@@ -349,6 +358,10 @@ impl LogPages for Retaining {
         self.inner.read_target(address, len)
     }
 
+    fn file_of(&self, address: u64) -> Option<PathBuf> {
+        self.inner.file_of(address)
+    }
+
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()
     }
@@ -398,6 +411,21 @@ impl MemPages {
     /// Makes the next `reads` reads fail.
     pub(crate) fn fail_reads(&self, reads: u64) {
         self.state.lock().fail_reads = reads;
+    }
+
+    /// Flips bit `bit` of the byte at `address`, as damage on a disk would; false if
+    /// nothing was written there.
+    #[cfg(test)]
+    pub(crate) fn flip_bit(&self, address: u64, bit: u32) -> bool {
+        let mut s = self.state.lock();
+        let block = address - address % IO_ALIGN_BYTES;
+        match s.blocks.get_mut(&block) {
+            Some(bytes) => {
+                bytes[(address - block) as usize] ^= 1 << (bit % 8);
+                true
+            }
+            None => false,
+        }
     }
 }
 

@@ -34,7 +34,10 @@
 //! A compaction runs on `compaction_threads` threads (the caller's among them), one
 //! compaction at a time per store, each thread holding one page of records. A writer
 //! that finds a log past its whole budget compacts before it returns (it is throttled,
-//! never failed).
+//! never failed). A write's `Err` means it did not apply: a throttling compaction runs
+//! after the write became visible, so its failure is not the write's; it is logged and
+//! counted (`compaction_failures`), the write answers `Ok`, and the next write past the
+//! budget (or the compactor) tries again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,6 +101,9 @@ pub(crate) struct F2Stats {
     pub(crate) hot_entries_removed: u64,
     /// Writes that found a log past its whole budget and compacted before returning.
     pub(crate) throttled_writes: u64,
+    /// Compaction passes that failed (a device error, a damaged record), whether a
+    /// throttled writer or the compactor ran them.
+    pub(crate) compaction_failures: u64,
     /// Reads (and read-modify-writes) answered by a copy in the read cache.
     pub(crate) read_cache_hits: u64,
     /// Copies of records read from disk linked into the read cache.
@@ -145,6 +151,7 @@ struct Counters {
     cold_reads_repeated: AtomicU64,
     hot_entries_removed: AtomicU64,
     throttled_writes: AtomicU64,
+    compaction_failures: AtomicU64,
     batched_reads: AtomicU64,
     batch_rounds: AtomicU64,
     hot_index_rebuilds: AtomicU64,
@@ -373,6 +380,7 @@ impl F2 {
             cold_reads_repeated: load(&c.cold_reads_repeated),
             hot_entries_removed: load(&c.hot_entries_removed),
             throttled_writes: load(&c.throttled_writes),
+            compaction_failures: load(&c.compaction_failures),
             batched_reads: load(&c.batched_reads),
             batch_rounds: load(&c.batch_rounds),
             hot_index_rebuilds: load(&c.hot_index_rebuilds),
@@ -450,7 +458,9 @@ impl F2 {
         value: Option<&[u8]>,
     ) -> Result<()> {
         self.hot.upsert(guard, key, value)?;
-        self.throttle(guard)
+        // Applied: from here on nothing may fail the write.
+        self.throttle(guard);
+        Ok(())
     }
 
     /// Replaces the value of `key` with `update(old)` atomically; returns the new value.
@@ -462,7 +472,8 @@ impl F2 {
     ) -> Result<Vec<u8>> {
         let older = |guard: &EpochGuard<'_, '_>| self.cold_get(guard, key);
         let value = self.hot.rmw_with_older(guard, key, update, &older)?;
-        self.throttle(guard)?;
+        // Applied: from here on nothing may fail the write.
+        self.throttle(guard);
         Ok(value)
     }
 
@@ -649,20 +660,37 @@ impl F2 {
     /// back under their budgets, or once a compaction shrank nothing (what is left is in
     /// the mutable region, or live: a budget below the live data cannot be met, and the
     /// writer is not held forever).
-    fn throttle(&self, guard: &mut EpochGuard<'_, '_>) -> Result<()> {
+    ///
+    /// It runs after the writer's write applied, so it answers nothing: a compaction
+    /// that fails is noted ([`F2::note_compaction_failure`]) and the writer goes on.
+    /// Returning the error would tell the caller a visible write failed — a batch would
+    /// stop half applied, and a logged write's caller would retry or give up on a write
+    /// that readers (and a later checkpoint) already hold.
+    fn throttle(&self, guard: &mut EpochGuard<'_, '_>) {
         let o = &self.options;
         loop {
             let (hot, cold) = self.log_sizes();
             if hot <= o.hot_log_budget_bytes && cold <= o.cold_log_budget_bytes {
-                return Ok(());
+                return;
             }
             bump(&self.counters.throttled_writes, 1);
-            self.maybe_compact(guard)?;
+            if let Err(e) = self.maybe_compact(guard) {
+                self.note_compaction_failure("a throttled write's", &e);
+                return;
+            }
             let (hot_after, cold_after) = self.log_sizes();
             if hot_after + cold_after >= hot + cold {
-                return Ok(());
+                return;
             }
         }
+    }
+
+    /// Counts and logs a compaction that failed: it is no operation's failure (a
+    /// compaction only copies records and truncates what it copied), and the next one
+    /// tries again; a log that cannot be compacted grows past its budget meanwhile.
+    pub(crate) fn note_compaction_failure(&self, whose: &str, e: &crate::error::Error) {
+        bump(&self.counters.compaction_failures, 1);
+        log::warn!("bfdb: {whose} compaction of a hash store failed: {e}");
     }
 
     /// Copies the live records of `[begin, end)` of `tier`'s log to the cold log's tail,
@@ -1273,6 +1301,136 @@ mod tests {
                 Some(newest.to_le_bytes().to_vec())
             );
         }
+    }
+
+    #[test]
+    fn a_write_that_fails_did_not_apply_even_when_its_throttling_compaction_fails() {
+        // A writer past the budget compacts; make every device read fail meanwhile, so
+        // that compaction fails. Each write (of a key never written before) must then
+        // either fail and leave nothing behind, or succeed: never fail after its record
+        // became visible.
+        let devices = [(); 3].map(|()| Arc::new(MemPages::new()));
+        let store = F2::new(
+            tiny_options(64 * 4096, 0, false),
+            F2Devices {
+                hot: devices[0].clone(),
+                cold: devices[1].clone(),
+                chunks: devices[2].clone(),
+            },
+        )
+        .unwrap();
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let fail = |n: u64| devices.iter().for_each(|d| d.fail_reads(n));
+        let mut failed = 0;
+        for i in 0..6_000u64 {
+            let (k, v, r) = (key(i), i.to_le_bytes(), format!("rmw{i}").into_bytes());
+            fail(u64::MAX);
+            let upserted = store.upsert(&mut guard, &k, Some(&v));
+            let bumped = store.rmw(&mut guard, &r, &|_: Option<&[u8]>| b"r".to_vec());
+            fail(0);
+            guard.refresh();
+            failed += u64::from(upserted.is_err()) + u64::from(bumped.is_err());
+            assert_eq!(
+                store.get(&guard, &k).unwrap(),
+                upserted.is_ok().then(|| v.to_vec()),
+                "write {i}: an upsert that answered {upserted:?}"
+            );
+            assert_eq!(
+                store.get(&guard, &r).unwrap(),
+                bumped.as_ref().ok().cloned(),
+                "write {i}: a read-modify-write that answered {bumped:?}"
+            );
+        }
+        assert!(failed > 0, "no write met a failing device");
+        let stats = store.stats();
+        assert!(
+            stats.compaction_failures > 0 && stats.throttled_writes > 0,
+            "no throttled write met a failing compaction: {stats:?}"
+        );
+    }
+
+    #[test]
+    fn flipped_bits_on_the_devices_are_errors_of_reads_batches_and_compaction_never_data() {
+        // Records of the hot log, the cold log and the chunk log on devices in memory;
+        // then bits flipped on each device. Every read, single or batched, answers the
+        // right value or `Corrupted` naming the address; a compaction that meets the
+        // damage fails (and the write it throttles does not).
+        let devices = [(); 3].map(|()| Arc::new(MemPages::new()));
+        let store = F2::new(
+            tiny_options(1 << 30, 0, false),
+            F2Devices {
+                hot: devices[0].clone(),
+                cold: devices[1].clone(),
+                chunks: devices[2].clone(),
+            },
+        )
+        .unwrap();
+        let mut handle = store.epoch().register();
+        let value = |i: u64| format!("value {i:05} ").repeat(5).into_bytes();
+        let keys = 3_000u64;
+        {
+            let mut guard = handle.protect();
+            for i in 0..keys {
+                store.upsert(&mut guard, &key(i), Some(&value(i))).unwrap();
+                guard.refresh();
+            }
+            // Half the keys into the cold log (with their chunks on the chunk log).
+            let hot = store.hot().log().addresses();
+            store
+                .compact_hot(&mut guard, hot.begin + (hot.tail - hot.begin) / 2)
+                .unwrap();
+        }
+        let mut rng = Rng(41);
+        let mut flipped = 0;
+        for (d, device) in devices.iter().enumerate() {
+            let log = match d {
+                0 => store.hot().log(),
+                1 => store.cold().log(),
+                _ => store.cold().index().chunks().log(),
+            };
+            let a = log.addresses();
+            for _ in 0..20 {
+                let at = a.begin + rng.below(a.flushed_until.saturating_sub(a.begin).max(1));
+                flipped += u64::from(device.flip_bit(at, rng.below(8) as u32));
+            }
+        }
+        assert!(flipped > 30, "only {flipped} bits flipped");
+        let mut refused = 0;
+        let check = |i: u64, got: Result<Option<Vec<u8>>>, refused: &mut u64| match got {
+            Ok(got) => assert_eq!(got, Some(value(i)), "key {i}"),
+            Err(crate::Error::Corrupted { reason, .. }) => {
+                assert!(reason.contains("address"), "{reason}");
+                *refused += 1;
+            }
+            Err(e) => panic!("key {i}: {e:?}"),
+        };
+        {
+            let guard = handle.protect();
+            for i in 0..keys {
+                check(i, store.get(&guard, &key(i)), &mut refused);
+            }
+        }
+        for first in (0..keys).step_by(32) {
+            let batch: Vec<Vec<u8>> = (first..(first + 32).min(keys)).map(key).collect();
+            match store.get_many(&mut handle, &batch) {
+                Ok(got) => {
+                    for (i, got) in (first..).zip(got) {
+                        check(i, Ok(got), &mut refused);
+                    }
+                }
+                Err(e) => check(first, Err(e), &mut refused),
+            }
+        }
+        assert!(refused > 0, "no read met a flipped bit");
+        // Compacting over the damage fails, or copies only what reads back right.
+        let mut guard = handle.protect();
+        let hot = store.hot().log().addresses();
+        let compacted = store.compact_hot(&mut guard, hot.safe_read_only);
+        assert!(
+            matches!(compacted, Ok(_) | Err(crate::Error::Corrupted { .. })),
+            "{compacted:?}"
+        );
     }
 
     #[test]

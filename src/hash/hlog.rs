@@ -38,6 +38,9 @@
 //! - A frame is reused for page `p` only after page `p - frames` was closed.
 //! - After a device error the log is failed: allocation returns the error (nothing
 //!   waits forever for a flush that will not come).
+//! - Every record on the device carries its checksum (stamped on the flush's copy of
+//!   its page, see [`super::record`]), and every record decoded from device bytes is
+//!   checked: damage is an error naming the file and the address, never a value.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
@@ -47,7 +50,7 @@ use std::sync::atomic::AtomicU64 as AtomicU64Std;
 
 use super::device::{IO_ALIGN_BYTES, LogPages};
 use super::epoch::{Epoch, EpochGuard};
-use super::record::{Decode, DiskRecord, MemRecord};
+use super::record::{Decode, DiskRecord, MemRecord, stamp_checksums};
 use crate::error::{Error, Result};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -223,6 +226,9 @@ pub(crate) struct PageRecords {
     bytes: AlignedPage,
     at: usize,
     until: u64,
+    /// Read from the device: each record's checksum is checked.
+    from_device: bool,
+    shared: Arc<Shared>,
 }
 
 impl Iterator for PageRecords {
@@ -234,7 +240,12 @@ impl Iterator for PageRecords {
         if page + at as u64 >= self.until || at >= bytes.len() {
             return None;
         }
-        match DiskRecord::decode(&bytes[at..], bytes.len() - at) {
+        let decoded = if self.from_device {
+            DiskRecord::decode(&bytes[at..], bytes.len() - at)
+        } else {
+            DiskRecord::decode_in_memory(&bytes[at..], bytes.len() - at)
+        };
+        match decoded {
             Ok(record) => {
                 self.at += super::record::record_size_bytes(record.key.len(), record.value.len());
                 Some(Ok((page + at as u64, record)))
@@ -250,10 +261,7 @@ impl Iterator for PageRecords {
                     Decode::Corrupt(why) => why,
                     Decode::NeedBytes(_) => "a record cut short".into(),
                 };
-                Some(Err(Error::Corrupted {
-                    page: page + at as u64,
-                    reason: format!("hash log page at {page}: {why}"),
-                }))
+                Some(Err(self.shared.corrupt(page + at as u64, &why)))
             }
         }
     }
@@ -385,6 +393,7 @@ impl HybridLog {
         if offset > 0 && tail > FIRST_ADDRESS {
             let mut bytes = AlignedPage::new(s.page_bytes as usize);
             s.device.read(page, bytes.as_mut()).map_err(Error::Io)?;
+            s.check_records(page, bytes.as_ref(), tail)?;
             let frame = s.frames.ptrs[((page >> options.page_bits) % options.frames) as usize];
             // SAFETY: the frame is `page_bytes` long and no other thread has the log yet.
             unsafe {
@@ -572,7 +581,7 @@ impl HybridLog {
         // there, and the page is written whole again when the tail leaves it.
         s.flush_until(s.page_start(tail));
         if !tail.is_multiple_of(s.page_bytes) {
-            s.write_page(s.page_start(tail));
+            s.write_page(s.page_start(tail), tail);
         }
         s.check_failed()?;
         Ok(tail)
@@ -648,7 +657,7 @@ impl HybridLog {
             until <= page + s.page_bytes,
             "{from}..{until} crosses a page"
         );
-        let bytes = self.page_bytes_at(guard, page)?;
+        let (bytes, from_device) = self.page_bytes_at(guard, page)?;
         let mut at = from.saturating_sub(page) as usize;
         if page == 0 {
             at = at.max(FIRST_ADDRESS as usize);
@@ -658,11 +667,14 @@ impl HybridLog {
             bytes,
             at,
             until: until.min(page + s.page_bytes),
+            from_device,
+            shared: Arc::clone(s),
         })
     }
 
-    /// The bytes of the page at `page` (page-aligned, at or above BEGIN's page).
-    fn page_bytes_at(&self, _guard: &EpochGuard<'_, '_>, page: u64) -> Result<AlignedPage> {
+    /// The bytes of the page at `page` (page-aligned, at or above BEGIN's page), and
+    /// whether they were read from the device (rather than copied from its frame).
+    fn page_bytes_at(&self, _guard: &EpochGuard<'_, '_>, page: u64) -> Result<(AlignedPage, bool)> {
         let s = &self.shared;
         let mut page_copy = AlignedPage::new(s.page_bytes as usize);
         if page >= s.head.load(Ordering::Acquire) {
@@ -673,10 +685,10 @@ impl HybridLog {
                 let word = unsafe { AtomicU64Std::from_ptr(frame.as_ptr().cast::<u64>().add(i)) };
                 out.copy_from_slice(&word.load(Ordering::Acquire).to_le_bytes());
             }
-            return Ok(page_copy);
+            return Ok((page_copy, false));
         }
         s.device.read(page, page_copy.as_mut()).map_err(Error::Io)?;
-        Ok(page_copy)
+        Ok((page_copy, true))
     }
 
     /// Reads the record at `address` from the device: from the device's read alignment
@@ -723,14 +735,8 @@ impl HybridLog {
             Ok(record) => Ok(Ok(record)),
             // More than `buf` holds, within the page (`decode` checks that).
             Err(Decode::NeedBytes(n)) if n > buf.len() - at => Ok(Err(n as u64)),
-            Err(Decode::NeedBytes(_)) => Err(Error::Corrupted {
-                page: address,
-                reason: format!("hash log record at {address}: cut short"),
-            }),
-            Err(Decode::Corrupt(why)) => Err(Error::Corrupted {
-                page: address,
-                reason: format!("hash log record at {address}: {why}"),
-            }),
+            Err(Decode::NeedBytes(_)) => Err(s.corrupt(address, "cut short")),
+            Err(Decode::Corrupt(why)) => Err(s.corrupt(address, &why)),
         }
     }
 
@@ -793,6 +799,35 @@ impl Shared {
         address & !(self.page_bytes - 1)
     }
 
+    /// The error for damaged bytes of the record at `address` read from the device:
+    /// naming the device's file that holds it, where it has files.
+    fn corrupt(&self, address: u64, why: &str) -> Error {
+        let reason = format!("hash log record at address {address}: {why}");
+        match self.device.file_of(address) {
+            Some(path) => Error::CorruptFile { path, reason },
+            None => Error::Corrupted {
+                page: address,
+                reason,
+            },
+        }
+    }
+
+    /// Checks the checksum of every record of `bytes`, the page at `page` read from the
+    /// device, below `until`.
+    fn check_records(&self, page: u64, bytes: &[u8], until: u64) -> Result<()> {
+        let mut at = if page == 0 { FIRST_ADDRESS as usize } else { 0 };
+        while page + (at as u64) < until {
+            let address = page + at as u64;
+            let record = match DiskRecord::decode(&bytes[at..], bytes.len() - at) {
+                Ok(record) => record,
+                Err(Decode::Corrupt(why)) => return Err(self.corrupt(address, &why)),
+                Err(Decode::NeedBytes(_)) => return Err(self.corrupt(address, "cut short")),
+            };
+            at += super::record::record_size_bytes(record.key.len(), record.value.len());
+        }
+        Ok(())
+    }
+
     fn fail(&self, why: String) {
         let mut failure = self.failure.lock();
         failure.get_or_insert(why);
@@ -822,7 +857,7 @@ impl Shared {
         while at < until && !self.failed.load(Ordering::Acquire) {
             // Page `at` is below SAFE_READ_ONLY (the callers), so nobody writes it in
             // place any more, and its frame is not closed before `flushed_until` passes.
-            if !self.write_page(at) {
+            if !self.write_page(at, at + self.page_bytes) {
                 return;
             }
             at += self.page_bytes;
@@ -830,9 +865,12 @@ impl Shared {
         }
     }
 
-    /// Writes the page at `at` from its frame to the device; false (and the log
-    /// failed) on an error. The caller makes sure the frame holds that page.
-    fn write_page(&self, at: u64) -> bool {
+    /// Writes the page at `at` from its frame to the device, with the checksums of its
+    /// records below `until` (the page's end, or a checkpoint's tail on its page: bytes
+    /// past it are written as zeros); false (and the log failed) on an error. The caller
+    /// makes sure the frame holds that page, and that its records below `until` are
+    /// complete and no longer change in place.
+    fn write_page(&self, at: u64, until: u64) -> bool {
         let page = at >> self.options.page_bits;
         let frame = self.frames.ptrs[(page % self.options.frames) as usize];
         // The page is copied word by word with atomic loads: `flush_all` writes the
@@ -846,6 +884,8 @@ impl Shared {
             let word = unsafe { AtomicU64Std::from_ptr(frame.as_ptr().cast::<u64>().add(i)) };
             out.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
         }
+        let first = if at == 0 { FIRST_ADDRESS as usize } else { 0 };
+        stamp_checksums(copy.as_mut(), first, (until - at) as usize);
         match self.device.write(at, copy.as_mut()) {
             Ok(()) => true,
             Err(e) => {

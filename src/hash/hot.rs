@@ -109,6 +109,13 @@ impl Keying {
 /// What a read-modify-write does with the current value (`None`: no record).
 pub(crate) trait Update: Sync {
     fn update(&self, old: Option<&[u8]>) -> Vec<u8>;
+
+    /// Whether `new`, what [`Update::update`] just returned, is refused: the
+    /// read-modify-write then writes nothing and answers `new` (the caller knows why it
+    /// refused it). So a refused result is never visible, not even for a moment.
+    fn refuses(&self, _new: &[u8]) -> bool {
+        false
+    }
 }
 
 impl<F: Fn(Option<&[u8]>) -> Vec<u8> + Sync> Update for F {
@@ -946,6 +953,10 @@ impl HotLog {
                 };
                 let old = (!locked.header().is_tombstone()).then(|| locked.value());
                 let new = update.update(old.as_deref());
+                if update.refuses(&new) {
+                    // Unlocked unchanged when `locked` drops.
+                    return Ok(Step::Done(new));
+                }
                 if old.as_ref().is_some_and(|o| o.len() == new.len()) {
                     locked.write_value(&new);
                     bump(&self.counters.in_place_updates);
@@ -999,6 +1010,9 @@ impl HotLog {
         update: &dyn Update,
     ) -> Result<Step<Vec<u8>>> {
         let new = update.update(old.as_deref());
+        if update.refuses(&new) {
+            return Ok(Step::Done(new));
+        }
         Ok(match self.append(guard, slot, key, &new, false)? {
             Step::Done(()) => Step::Done(new),
             Step::Retry => Step::Retry,

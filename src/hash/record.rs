@@ -11,8 +11,20 @@
 //!  8..10   key length (u16 LE)
 //! 10..12   0
 //! 12..16   value length (u32 LE)
-//! 16..     key, zero-padded to a multiple of 8; then the value, zero-padded likewise
+//! 16..     key, zero-padded to a multiple of 8; then the value
+//!  ..+4    on disk: CRC-32C of the record's bytes from its header to the value's end
+//!          (the header with `locked` clear); in memory: 0. Then zeros to a multiple of 8
 //! ```
+//!
+//! **The checksum** is per record, because a record is the unit read back: a point
+//! read, a batch's read or a compaction's read-ahead reads the sectors holding one
+//! record, not its page (pages are up to 4 MiB), and must still tell damage from data
+//! in that one read. It is computed when a page is written to its device
+//! ([`stamp_checksums`], on the flush's copy of the frame, when no record of the page
+//! changes any more) and checked by every decode of bytes read from a device
+//! ([`DiskRecord::decode`]). It sits in the value's padding when there are four bytes of
+//! it, so it costs a record 0 bytes when the value's length is 1-4 past a multiple of 8
+//! (an 8-byte key and a 100-byte value: 128 bytes either way), 8 otherwise.
 //!
 //! A record never crosses a page of its log, and its size is a multiple of 8, so every
 //! record and every value starts 8-byte aligned. A header word of zero is never a
@@ -36,6 +48,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes before the key.
 pub(crate) const RECORD_HEADER_BYTES: usize = 16;
+/// Bytes of the checksum after the value.
+const CHECKSUM_BYTES: usize = 4;
 
 const ADDRESS_MASK: u64 = (1 << 48) - 1;
 const INVALID: u64 = 1 << 48;
@@ -53,7 +67,42 @@ fn pad8(n: usize) -> usize {
 
 /// The bytes a record of this key and value takes in its log.
 pub(crate) fn record_size_bytes(key_len: usize, value_len: usize) -> usize {
-    RECORD_HEADER_BYTES + pad8(key_len) + pad8(value_len)
+    RECORD_HEADER_BYTES + pad8(key_len) + pad8(value_len + CHECKSUM_BYTES)
+}
+
+/// Bytes of a record the checksum covers: up to the value's end.
+fn checked_bytes(key_len: usize, value_len: usize) -> usize {
+    RECORD_HEADER_BYTES + pad8(key_len) + value_len
+}
+
+fn le_u64(bytes: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Writes the checksum of every record of a page copy about to be written to its
+/// device: the records from `first` (the page's first record) up to its zero end or
+/// `until`, whichever comes first. The `locked` bit is cleared in the copy (an on-disk
+/// record is never locked). Bytes from where the records end are zeroed, so that the
+/// device never holds the start of a record being written past `until` (the tail of a
+/// checkpoint's partial page).
+pub(crate) fn stamp_checksums(page: &mut [u8], first: usize, until: usize) {
+    let until = until.min(page.len());
+    let mut at = first;
+    while let (Some(word), Some(lengths)) = (le_u64(page, at), le_u64(page, at + 8)) {
+        let (k, v) = ((lengths & 0xffff) as usize, (lengths >> 32) as usize);
+        let size = record_size_bytes(k, v);
+        if word & PRESENT == 0 || at + size > until {
+            break;
+        }
+        page[at..at + 8].copy_from_slice(&(word & !LOCKED).to_le_bytes());
+        let end = at + checked_bytes(k, v);
+        let crc = crc32c::crc32c(&page[at..end]);
+        page[end..end + CHECKSUM_BYTES].copy_from_slice(&crc.to_le_bytes());
+        at += size;
+    }
+    if let Some(rest) = page.get_mut(at.max(first)..) {
+        rest.fill(0);
+    }
 }
 
 /// A record's header word.
@@ -322,10 +371,20 @@ pub(crate) enum Decode {
 }
 
 impl DiskRecord {
-    /// Decodes the record at the start of `bytes`, which must extend to the end of its
-    /// page or further (`page_room` is how many bytes of the page are left from the
-    /// record's start).
+    /// Decodes the record at the start of `bytes`, read from a device, checking its
+    /// checksum. `bytes` must extend to the end of its page or further (`page_room` is
+    /// how many bytes of the page are left from the record's start).
     pub(crate) fn decode(bytes: &[u8], page_room: usize) -> Result<DiskRecord, Decode> {
+        Self::decode_checked(bytes, page_room, true)
+    }
+
+    /// [`DiskRecord::decode`] of bytes copied from a page frame in memory, whose
+    /// records carry no checksum.
+    pub(crate) fn decode_in_memory(bytes: &[u8], page_room: usize) -> Result<DiskRecord, Decode> {
+        Self::decode_checked(bytes, page_room, false)
+    }
+
+    fn decode_checked(bytes: &[u8], page_room: usize, check: bool) -> Result<DiskRecord, Decode> {
         let Some(fixed) = bytes.get(..RECORD_HEADER_BYTES) else {
             return Err(Decode::NeedBytes(RECORD_HEADER_BYTES));
         };
@@ -353,6 +412,19 @@ impl DiskRecord {
             return Err(Decode::NeedBytes(size));
         };
         let value_at = pad8(k);
+        if check {
+            let end = checked_bytes(k, v);
+            let (covered, stored) = (&bytes[..end], &bytes[end..end + CHECKSUM_BYTES]);
+            let mut word = [0u8; CHECKSUM_BYTES];
+            word.copy_from_slice(stored);
+            let stored = u32::from_le_bytes(word);
+            let computed = crc32c::crc32c(covered);
+            if stored != computed {
+                return Err(Decode::Corrupt(format!(
+                    "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+                )));
+            }
+        }
         Ok(DiskRecord {
             header: Header(header.0 & !LOCKED),
             key: body[..k].to_vec(),
@@ -378,13 +450,21 @@ mod tests {
             b"key-1",
             b"a value of 21 bytes..",
         );
-        assert_eq!(rec.size_bytes(), 16 + 8 + 24);
+        // 21 bytes of value and 4 of checksum: padded to 32.
+        assert_eq!(rec.size_bytes(), 16 + 8 + 32);
         assert!(rec.key_equals(b"key-1") && !rec.key_equals(b"key-2"));
         assert!(rec.update_in_place(b"another value, 21 b.."));
         assert!(!rec.update_in_place(b"short"), "lengths must match");
         let (h, v) = rec.read_value();
         assert_eq!(v, b"another value, 21 b..");
         assert_eq!(h.previous(), 12_345);
+        // In memory a record has no checksum; the flush's copy gets one.
+        assert!(DiskRecord::decode(&buf.0, 256).is_err());
+        assert_eq!(
+            DiskRecord::decode_in_memory(&buf.0, 256).unwrap().value,
+            b"another value, 21 b.."
+        );
+        stamp_checksums(&mut buf.0, 0, 256);
         let d = DiskRecord::decode(&buf.0, 256).unwrap();
         assert_eq!(d.key, b"key-1");
         assert_eq!(d.value, b"another value, 21 b..");
@@ -401,7 +481,38 @@ mod tests {
         // An invalid record refuses in-place updates and says so on disk too.
         rec.invalidate();
         assert!(!rec.update_in_place(b"a third value of 21 b"));
+        stamp_checksums(&mut buf.0, 0, 256);
         assert!(DiskRecord::decode(&buf.0, 256).unwrap().header.is_invalid());
+    }
+
+    #[test]
+    fn every_flipped_bit_of_a_record_on_disk_is_corrupt_never_another_record() {
+        let mut buf = Buf([0; 256]);
+        for (at, key, value) in [(0, &b"k1"[..], &[7u8; 100][..]), (128, b"key-2", b"v")] {
+            // SAFETY: the buffer is 8-aligned, large enough, and only this test uses it.
+            let rec = unsafe { MemRecord::at(buf.0.as_mut_ptr().add(at)) };
+            rec.init(Header::new(40, false), key, value);
+        }
+        // An 8-byte key and a 100-byte value keep the 128 bytes they took unchecked.
+        assert_eq!(record_size_bytes(8, 100), 128);
+        // A page copy ending after the first record: the second is zeroed, not stamped.
+        let mut page = buf.0;
+        stamp_checksums(&mut page, 0, 128);
+        assert!(page[128..].iter().all(|&b| b == 0));
+        stamp_checksums(&mut buf.0, 0, 256);
+        for at in [0, 128] {
+            let good = DiskRecord::decode(&buf.0[at..], 256 - at).unwrap();
+            let size = record_size_bytes(good.key.len(), good.value.len());
+            for bit in 0..size * 8 {
+                let mut bytes = buf.0;
+                bytes[at + bit / 8] ^= 1 << (bit % 8);
+                // A flip the decode lets through must not change the record: only the
+                // padding after the checksum is not read.
+                if let Ok(d) = DiskRecord::decode(&bytes[at..], 256 - at) {
+                    assert_eq!(d, good, "bit {bit} of the record at {at}");
+                }
+            }
+        }
     }
 
     #[test]

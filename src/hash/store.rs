@@ -30,6 +30,7 @@ use std::time::Duration;
 use super::device::{FilePages, LogPages, Retaining};
 use super::f2::{F2, F2Devices, F2Extents, F2Options};
 use super::hlog::HlogOptions;
+use super::hot::Update;
 use super::read_cache::ReadCache;
 use crate::error::{Error, Result};
 use crate::journal::{Durability, Journal};
@@ -264,7 +265,16 @@ pub(crate) struct HashLayout {
     pub(crate) options: HashStoreOptions,
     /// log2 of the page size of the hot log, the cold log and the chunk log.
     pub(crate) page_bits: [u8; 3],
+    /// The format of the records in the log files: [`RECORD_FORMAT`] for every store
+    /// this build creates; a manifest entry of an earlier build (kinds 2 and 3) has
+    /// records without checksums, which this build refuses to open
+    /// ([`HashLayout::check_record_format`]).
+    pub(crate) record_format: u8,
 }
+
+/// The record format this build writes: records that end in a CRC-32C (manifest kind
+/// 4). Format 1 (kinds 2 and 3) had none.
+pub(crate) const RECORD_FORMAT: u8 = 2;
 
 /// Bytes of a log segment file.
 const SEGMENT_BYTES: u64 = 64 << 20;
@@ -277,7 +287,9 @@ impl HashLayout {
     pub(crate) fn new(options: HashStoreOptions, max_record_bytes: u64) -> Result<HashLayout> {
         options.validate()?;
         let memory = recorded_memory(&options)?;
-        let least = max_record_bytes
+        // `max_record_bytes` counts the header, the key and the value; their padding
+        // and the record's checksum add at most 7 + 7 + 4 bytes.
+        let least = (max_record_bytes + 18)
             .next_power_of_two()
             .trailing_zeros()
             .max(12);
@@ -302,6 +314,7 @@ impl HashLayout {
             )));
         }
         let layout = HashLayout {
+            record_format: RECORD_FORMAT,
             page_bits: [
                 bits(split.hot_log),
                 bits(split.cold_log),
@@ -328,6 +341,24 @@ impl HashLayout {
             )));
         }
         Ok(())
+    }
+
+    /// Refuses a store whose log files hold records of another format than this build's
+    /// (never reading them as this build's records, and never writing to them): an
+    /// `Error::Incompatible` naming `files` (the store's files, a pattern) and
+    /// the keyspace.
+    pub(crate) fn check_record_format(&self, files: &Path, name: &str) -> Result<()> {
+        if self.record_format == RECORD_FORMAT {
+            return Ok(());
+        }
+        Err(Error::Incompatible {
+            reason: format!(
+                "{} (hash keyspace {name:?}) hold log records of format {} (written before \
+                 hash log records had checksums); this build reads format {RECORD_FORMAT}",
+                files.display(),
+                self.record_format
+            ),
+        })
     }
 
     /// The memory recorded at creation (`options.memory_bytes`, which `check` found).
@@ -496,6 +527,26 @@ pub(crate) struct HashAttached {
     pub(crate) max_value_bytes: usize,
 }
 
+impl HashAttached {
+    /// `e` with damage named as the issue asks of every file of a database: damage in a
+    /// log's file (the log names the file and the address) gets the keyspace's name;
+    /// damage on a device without files (simulated ones) names the store's files.
+    pub(crate) fn named(&self, e: Error) -> Error {
+        let keyspace = &self.name;
+        match e {
+            Error::CorruptFile { path, reason } => Error::CorruptFile {
+                path,
+                reason: format!("hash keyspace {keyspace:?}: {reason}"),
+            },
+            Error::Corrupted { reason, .. } => Error::CorruptFile {
+                path: file_prefix(self.keyspace, "*").into(),
+                reason: format!("hash keyspace {keyspace:?}: {reason}"),
+            },
+            other => other,
+        }
+    }
+}
+
 /// What a [`HashStore`] has done since its database was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -517,6 +568,11 @@ pub struct HashStoreStats {
     /// Writes that found a log past its whole disk budget and compacted before they
     /// returned.
     pub throttled_writes: u64,
+    /// Compactions that failed (a device error, a damaged record), a throttled
+    /// writer's or the background compactor's. A write never fails because of one: it
+    /// had applied when it compacted. Each failure is logged too; the logs may grow past
+    /// their budgets until a compaction succeeds.
+    pub compaction_failures: u64,
     /// Updates made in place in the hot log's mutable region.
     pub in_place_updates: u64,
     /// Records appended to the hot log.
@@ -673,9 +729,10 @@ impl HashStore {
         };
         let options = layout.f2_options(memory)?;
         let f2 = match extents {
-            Some((extents, _)) => F2::recover(options, f2_devices, extents)?,
-            None => F2::new(options, f2_devices)?,
-        };
+            Some((extents, _)) => F2::recover(options, f2_devices, extents),
+            None => F2::new(options, f2_devices),
+        }
+        .map_err(|e| attached.named(e))?;
         let inner = Arc::new(Inner {
             f2,
             floors,
@@ -794,33 +851,21 @@ impl HashStore {
         let max = a.max_value_bytes;
         match durability {
             Durability::Unlogged => a.journal.exclusive(a.keyspace, key, || {
-                // F2's read-modify-write, with a result over the limit replaced by the
-                // old value (or, for an absent key, a tombstone written after it), so
-                // that nothing over the limit is stored; no other write of the key runs
-                // meanwhile.
-                let refused = AtomicUsize::new(0);
-                let had_value = AtomicBool::new(false);
-                let bounded = |old: Option<&[u8]>| {
-                    let new = update(old);
-                    had_value.store(old.is_some(), Ordering::Relaxed);
-                    if new.len() > max {
-                        refused.store(new.len(), Ordering::Relaxed);
-                        return old.map(<[u8]>::to_vec).unwrap_or_default();
-                    }
-                    refused.store(0, Ordering::Relaxed);
-                    new
+                // F2's read-modify-write, refusing a result over the limit: then nothing
+                // is written (the key keeps its value or its absence), and the call
+                // fails without having changed anything readers can see.
+                let bounded = Bounded {
+                    update: &update,
+                    max,
+                    refused: AtomicUsize::new(0),
                 };
                 let value = self
                     .inner
                     .with_guard(|g| self.inner.f2.rmw(g, key, &bounded))?;
-                let len = refused.load(Ordering::Relaxed);
-                if len > 0 {
-                    if !had_value.load(Ordering::Relaxed) {
-                        self.inner.apply(key, None)?;
-                    }
-                    return Err(Error::ValueTooLarge { len, max });
+                match bounded.refused.load(Ordering::Relaxed) {
+                    0 => Ok(value),
+                    len => Err(Error::ValueTooLarge { len, max }),
                 }
-                Ok(value)
             }),
             level => a.journal.commit_computed(
                 a.keyspace,
@@ -861,6 +906,7 @@ impl HashStore {
             records_copied: s.records_copied,
             records_dropped: s.records_dropped,
             throttled_writes: s.throttled_writes,
+            compaction_failures: s.compaction_failures,
             in_place_updates: hot.in_place_updates,
             appended_records: hot.appended_records,
             hot_disk_reads: hot.disk_reads,
@@ -886,7 +932,13 @@ impl HashStore {
         }
     }
 
+    /// Checks `key` as a [`Tree`](crate::Tree) checks its keys: not empty, within the
+    /// database's limit. Every entry point (reads, writes, batches, async reads) calls
+    /// it, so one rule holds for both kinds of keyspace.
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
         let max = self.inner.attached.max_key_bytes;
         if key.len() > max {
             return Err(Error::KeyTooLarge {
@@ -989,7 +1041,7 @@ impl Inner {
     ) -> Result<T> {
         let mut handle = self.f2.epoch().register();
         let mut guard = handle.protect();
-        f(&mut guard)
+        f(&mut guard).map_err(|e| self.attached.named(e))
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -998,11 +1050,37 @@ impl Inner {
 
     /// [`Inner::get`] of every key, their device reads in flight together.
     fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
-        self.f2.get_many(&mut self.f2.epoch().register(), keys)
+        self.f2
+            .get_many(&mut self.f2.epoch().register(), keys)
+            .map_err(|e| self.attached.named(e))
     }
 
     fn apply(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
         self.with_guard(|g| self.f2.upsert(g, key, value))
+    }
+}
+
+/// An unlogged read-modify-write's update under the database's value limit: a result
+/// over it is refused (F2 writes nothing), and its length kept for the error.
+struct Bounded<'a, F> {
+    update: &'a F,
+    max: usize,
+    /// The length of the last result if it was refused, else 0.
+    refused: AtomicUsize,
+}
+
+impl<F: Fn(Option<&[u8]>) -> Vec<u8> + Sync> Update for Bounded<'_, F> {
+    fn update(&self, old: Option<&[u8]>) -> Vec<u8> {
+        (self.update)(old)
+    }
+
+    fn refuses(&self, new: &[u8]) -> bool {
+        // The last try's result decides: a try that raced and started again refused or
+        // stored nothing.
+        let over = new.len() > self.max;
+        self.refused
+            .store(if over { new.len() } else { 0 }, Ordering::Relaxed);
+        over
     }
 }
 
@@ -1037,10 +1115,8 @@ fn compactor(inner: &Arc<Inner>) -> Option<Ticker> {
                     Ok(true) if !stopping() => {}
                     Ok(_) => return true,
                     Err(e) => {
-                        log::warn!(
-                            "bfdb: compacting hash keyspace {:?} failed: {e}",
-                            inner.attached.name
-                        );
+                        let whose = format!("the compactor's (keyspace {:?})", inner.attached.name);
+                        inner.f2.note_compaction_failure(&whose, &e);
                         return true;
                     }
                 }
