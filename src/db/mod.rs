@@ -718,6 +718,11 @@ impl Db {
                 "bfdb: the checkpoint after recovery failed (the log still holds everything): {e}"
             );
         }
+        for ks in shared.catalog.get_mut().keyspaces.values() {
+            if let Keyspace::Tree { tree, .. } = ks {
+                tree.set_flush_on_drop(true);
+            }
+        }
         let shared = Arc::new(shared);
         let checkpointer = checkpointer(&shared);
         Ok(Db {
@@ -1058,6 +1063,10 @@ impl Shared {
                 .first()
                 .and_then(|c| c.keyspaces.iter().find(|k| k.id == entry.id));
             let keyspace = self.open_keyspace(name, entry, leaves, &pinned)?;
+            if let Keyspace::Tree { tree, .. } = &keyspace {
+                // Until the open succeeds: a failed one writes no page on its way out.
+                tree.set_flush_on_drop(false);
+            }
             recovery.leaf_pages += leaves.map_or(0, |l| l.leaves.len() as u64);
             for (k, set) in kept.iter_mut().zip(loaded) {
                 if let Some(p) = pinned.iter().find(|p| p.generation == set.generation) {

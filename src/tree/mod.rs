@@ -131,6 +131,10 @@ pub struct Tree {
     /// The database's journal, for a keyspace of a [`Db`](crate::Db); `None` for a tree
     /// on its own, whose writes are not logged.
     journal: Option<Attached>,
+    /// Whether dropping the tree writes its dirty mini-pages to its leaf pages: not
+    /// while a database's open is recovering it (an open that fails writes nothing a
+    /// later open could depend on).
+    flush_on_drop: AtomicBool,
 }
 
 /// A tree's place in its database: the journal its writes go through, and its keyspace.
@@ -387,6 +391,7 @@ impl Tree {
             core,
             memory,
             journal: None,
+            flush_on_drop: AtomicBool::new(true),
         })
     }
 
@@ -455,6 +460,11 @@ impl Tree {
             .set((attached.pages.clone(), attached.name.clone()));
         self.journal = Some(attached);
         self
+    }
+
+    /// Sets whether dropping the tree flushes it (`Tree::flush_on_drop`).
+    pub(crate) fn set_flush_on_drop(&self, on: bool) {
+        self.flush_on_drop.store(on, Ordering::Release);
     }
 
     /// The keyspace's journal attachment, if the tree belongs to a database.
@@ -716,7 +726,7 @@ impl Drop for Tree {
         // the flush locks each page as it goes, and what the evictor merges is written
         // either way.)
         self.memory.background = None;
-        if !std::thread::panicking() {
+        if !std::thread::panicking() && self.flush_on_drop.load(Ordering::Acquire) {
             let _ = self.core.flush();
         }
         // The pool's memory goes back now, not when the last `Arc<Core>` goes: an
