@@ -110,23 +110,23 @@ fn an_open_whose_log_lacks_what_its_checkpoint_needs_fails_naming_the_range() {
     assert!(db.tree("t").unwrap().get(b"later").unwrap().is_some());
 }
 
-#[test]
-fn a_fallback_without_the_log_it_needs_fails_instead_of_opening_an_older_database() {
-    // ed4ebb1: with the newest checkpoint damaged and the log gone, the open fell back
-    // and returned Ok with half of the acknowledged records.
-    let dir = tempfile::tempdir().unwrap();
+/// A database of 3,000 keys written in two rounds (values `v0`, then `v1`), each
+/// round followed by a checkpoint; the newest checkpoint's file then has a bit flipped.
+/// Answers the damaged file.
+fn two_checkpoints_the_newest_damaged(dir: &Path) -> std::path::PathBuf {
     {
-        let db = Db::open(dir.path(), small().checkpoint_on_close(false)).unwrap();
+        let db = Db::open(dir, small().checkpoint_on_close(false)).unwrap();
         let t = db.tree("t").unwrap();
         for round in 0..2u32 {
-            for i in 0..4000 {
-                t.insert(&key(round * 4000 + i), b"v").unwrap();
+            for i in 0..3000 {
+                t.insert(&key(i), format!("v{round}").as_bytes()).unwrap();
             }
             db.checkpoint().unwrap();
         }
+        drop(t);
         db.close().unwrap();
     }
-    let mut ckpts: Vec<_> = std::fs::read_dir(dir.path())
+    let mut ckpts: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| {
@@ -139,8 +139,17 @@ fn a_fallback_without_the_log_it_needs_fails_instead_of_opening_an_older_databas
     ckpts.sort();
     let newest = ckpts.pop().unwrap();
     let mut bytes = std::fs::read(&newest).unwrap();
-    bytes[100] ^= 0x08;
+    bytes[60] ^= 0x01;
     std::fs::write(&newest, &bytes).unwrap();
+    newest
+}
+
+#[test]
+fn a_fallback_without_the_log_it_needs_fails_instead_of_opening_an_older_database() {
+    // ed4ebb1: with the newest checkpoint damaged and the log gone, the open fell back
+    // and returned Ok with the older checkpoint's state only.
+    let dir = tempfile::tempdir().unwrap();
+    two_checkpoints_the_newest_damaged(dir.path());
     remove_log(dir.path());
     let err = Db::open(dir.path(), small()).unwrap_err();
     assert!(
@@ -157,32 +166,7 @@ fn a_fallback_without_the_log_it_needs_fails_instead_of_opening_an_older_databas
 #[test]
 fn a_damaged_newest_checkpoint_falls_back_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
-    {
-        let db = Db::open(dir.path(), small().checkpoint_on_close(false)).unwrap();
-        let t = db.tree("t").unwrap();
-        for round in 0..2u32 {
-            for i in 0..3000 {
-                t.insert(&key(i), format!("v{round}").as_bytes()).unwrap();
-            }
-            db.checkpoint().unwrap();
-        }
-        db.close().unwrap();
-    }
-    let mut ckpts: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("ckpt-")
-        })
-        .collect();
-    ckpts.sort();
-    let newest = ckpts.pop().unwrap();
-    let mut bytes = std::fs::read(&newest).unwrap();
-    bytes[60] ^= 0x01;
-    std::fs::write(&newest, &bytes).unwrap();
+    let newest = two_checkpoints_the_newest_damaged(dir.path());
     let db = Db::open(dir.path(), small()).unwrap();
     let r = db.recovery().clone();
     assert_eq!(r.checkpoint_fallbacks, 1);
@@ -350,6 +334,71 @@ fn a_refused_open_leaves_the_directory_as_it_was() {
     let err = Db::open(&missing, small().create(false)).unwrap_err();
     assert!(
         err.to_string().contains("no such database directory"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_panic_in_the_background_checkpointer_fails_the_database() {
+    // ed4ebb1: the checkpointer's thread died silently (`let _ = h.join()`), and the
+    // database went on with no checkpoints: unbounded log growth, no error.
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(
+        dir.path(),
+        small()
+            .checkpoint_interval(Some(Duration::from_millis(20)))
+            .checkpoint_on_close(false),
+    )
+    .unwrap();
+    let t = db.tree("t").unwrap();
+    t.insert(b"before", b"x").unwrap();
+    db.fail_checkpoints_at(bfdb::CheckpointCrashPoint::PanicAfterFlush);
+    let mut refused = None;
+    for i in 0..2000 {
+        // Each write makes a checkpoint due; the next background one panics.
+        match t.insert(&key(i), b"v") {
+            Ok(()) => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let e = refused.expect("the checkpointer's panic never reached the writers");
+    assert!(
+        matches!(&e, Error::Poisoned { cause } if cause.contains("checkpointer panicked")),
+        "{e}"
+    );
+    let closed = db.close();
+    assert!(closed.is_err(), "{closed:?}");
+}
+
+#[test]
+fn a_zeroed_page_file_is_an_error_naming_it_and_its_keyspace() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), small()).unwrap();
+        let t = db.tree("users").unwrap();
+        for i in 0..3000 {
+            t.insert(&key(i), &[5; 100]).unwrap();
+        }
+    }
+    let file = dir.path().join("ks-00000001.pages");
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::write(&file, vec![0u8; len as usize]).unwrap();
+    let outcome = Db::open(dir.path(), small()).and_then(|db| {
+        let t = db.tree("users")?;
+        for i in 0..3000 {
+            t.get(&key(i))?;
+        }
+        Ok(())
+    });
+    // ed4ebb1: "incompatible file: not a bfdb file: neither superblock slot carries
+    // the magic bytes", naming neither the file nor the keyspace.
+    let err = outcome.expect_err("a zeroed page file read as data");
+    assert!(
+        matches!(&err, Error::CorruptFile { path, reason }
+            if path.ends_with("ks-00000001.pages") && reason.contains("\"users\"")),
         "{err}"
     );
 }

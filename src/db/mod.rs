@@ -469,6 +469,9 @@ pub enum CheckpointCrashPoint {
     AfterCheckpointFile = 5,
     /// After the manifest committed the checkpoint, before the retired one is released.
     AfterCommit = 6,
+    /// A panic where `AfterFlush` fails: what a bug in a checkpoint does to the thread
+    /// running it (the background checkpointer's panic must reach the database).
+    PanicAfterFlush = 7,
 }
 
 /// Everything the `Db` and its background checkpointer share.
@@ -1116,8 +1119,8 @@ impl Shared {
         }
         let (slots, backend): (Arc<dyn SlotStore>, ActiveBackend) = match &self.pages {
             Pages::Files => {
-                let (store, backend) =
-                    open_page_file(&self.dir.join(page_file(entry.id)), &config)?;
+                let (store, backend) = open_page_file(&self.dir.join(page_file(entry.id)), &config)
+                    .map_err(|e| self.page_file_error(name, entry.id, e))?;
                 (Arc::new(store), backend)
             }
             Pages::Sim(sim) => (sim.store(&page_file(entry.id)), ActiveBackend::custom()),
@@ -1168,6 +1171,33 @@ impl Shared {
             tree: Arc::new(tree),
             shadow,
         })
+    }
+
+    /// An error opening keyspace `name`'s page file, naming the file and the keyspace.
+    /// The manifest says the file is this database's, so one without a bfdb
+    /// superblock is damaged ([`Error::CorruptFile`], as any damaged file of the
+    /// directory), not foreign; one of another format version stays
+    /// [`Error::Incompatible`].
+    fn page_file_error(&self, name: &str, id: u32, e: Error) -> Error {
+        let path = self.dir.join(page_file(id));
+        let whose = format!("the page file of keyspace {name:?}");
+        match e {
+            Error::Corrupted { page, reason } => Error::CorruptFile {
+                path,
+                reason: format!("{whose}, page {page}: {reason}"),
+            },
+            Error::Incompatible { reason } if reason.starts_with("not a bfdb file") => {
+                Error::CorruptFile {
+                    path,
+                    reason: format!("{whose}: {reason}"),
+                }
+            }
+            Error::Incompatible { reason } => Error::Incompatible {
+                reason: format!("{} ({whose}): {reason}", path.display()),
+            },
+            Error::Io(io) => Error::Io(manifest::named(&path, io)),
+            other => other,
+        }
     }
 
     /// Opens hash keyspace `id`: as a checkpoint's `extents` recorded it (with the
@@ -1605,7 +1635,13 @@ impl Shared {
 
     /// Fails the checkpoint here if a test asked for it.
     fn crash_point(&self, point: CheckpointCrashPoint) -> Result<()> {
-        if self.crash_point.load(Ordering::Relaxed) == point as u8 {
+        let armed = self.crash_point.load(Ordering::Relaxed);
+        if point == CheckpointCrashPoint::AfterFlush
+            && armed == CheckpointCrashPoint::PanicAfterFlush as u8
+        {
+            panic!("simulated panic of a checkpoint after its flush");
+        }
+        if armed == point as u8 {
             return Err(Error::Io(io::Error::other(format!(
                 "simulated crash of the checkpoint at {point:?}"
             ))));
