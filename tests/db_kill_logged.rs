@@ -144,7 +144,7 @@ fn logged_child_entry() {
             let (tree, rings) = (&tree, &rings);
             s.spawn(move || {
                 let mut counter = from;
-                let mut value = vec![0u8; 100];
+                let mut value = [0u8; 100];
                 loop {
                     counter += 1;
                     value[..8].copy_from_slice(&counter.to_le_bytes());

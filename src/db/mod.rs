@@ -109,11 +109,12 @@ pub struct DbOptions {
     /// keyspaces; [`Tree::insert_with`] and [`Db::write_with`] choose per write. Default
     /// [`Durability::Logged`].
     pub durability: Durability,
-    /// How often the background flusher makes [`Durability::Logged`] writes durable:
-    /// about the most acknowledged time a crash can lose at that level (plus one group
-    /// write: a logged write that finds an older record waiting longer than this waits
-    /// for the disk itself, so the bound holds when the flusher is starved of CPU).
-    /// Default 5 ms.
+    /// How often the background flusher makes [`Durability::Logged`] writes durable. A
+    /// crash loses at most about twice this of acknowledged logged writes: a record
+    /// waits up to one interval for the flusher's next group, and then that group's
+    /// write; a logged write that finds an older record waiting longer than twice the
+    /// interval waits for the disk itself, so the bound holds when the flusher is
+    /// starved of CPU. Default 5 ms.
     pub flush_interval: Duration,
     /// A checkpoint is taken in the background once the log has grown by this many
     /// bytes since the last one began; 0 turns the trigger off. A background
