@@ -1588,7 +1588,11 @@ impl Shared {
         self.journal.commit(&ops, durability, || {
             for (i, (op, ks)) in batch.ops.iter().zip(&targets).enumerate() {
                 if let Err(e) = write_retrying(ks, &op.key, op.value.as_deref()) {
-                    if i > 0 {
+                    // Earlier writes applied; and a write that poisoned its keyspace
+                    // may have applied before it failed (a tree's merge that wrote
+                    // part of a split, say): either way the index may hold part of
+                    // the batch. Only a first write that failed cleanly left nothing.
+                    if i > 0 || matches!(e, Error::Poisoned { .. }) {
                         self.half_applied(&e);
                     }
                     return Err(e);

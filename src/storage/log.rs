@@ -30,6 +30,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::file::name_path;
+use super::sim::{Countdown, SimFault, SimOp};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, Ordering};
 
@@ -365,8 +366,19 @@ pub struct SimLog {
     segments: Mutex<BTreeMap<u64, SimSegment>>,
     spares: Mutex<BTreeMap<u64, SimSegment>>,
     seed: Mutex<u64>,
-    fail_syncs_after: Mutex<Option<u64>>,
+    /// The armed faults of reads, writes and syncs.
+    faults: Mutex<SimLogFaults>,
+    /// Operations failed by an armed fault.
+    injected: crate::sync::atomic::AtomicU64,
     failed: AtomicBool,
+}
+
+/// The faults armed on a [`SimLog`], one per kind of operation.
+#[derive(Debug, Default)]
+struct SimLogFaults {
+    reads: Countdown,
+    writes: Countdown,
+    syncs: Countdown,
 }
 
 impl SimLog {
@@ -376,7 +388,8 @@ impl SimLog {
             segments: Mutex::new(BTreeMap::new()),
             spares: Mutex::new(BTreeMap::new()),
             seed: Mutex::new(mix(seed) | 1),
-            fail_syncs_after: Mutex::new(None),
+            faults: Mutex::new(SimLogFaults::default()),
+            injected: crate::sync::atomic::AtomicU64::new(0),
             failed: AtomicBool::new(false),
         }
     }
@@ -392,7 +405,54 @@ impl SimLog {
 
     /// The sync after the next `n` syncs fails with `EIO` (and poisons the device).
     pub fn fail_syncs_after(&self, n: u64) {
-        *self.fail_syncs_after.lock() = Some(n);
+        self.arm(SimOp::Sync, n, SimFault::Permanent);
+    }
+
+    /// Arms `fault` on the `op` after the next `n` of the device's segment reads, writes
+    /// or syncs (see [`SimFault`]; replacing what was armed on `op`). A failed write or
+    /// sync poisons the device, as it does a [`DirLog`]; a failed read changes nothing.
+    /// Creating, renaming and removing files never fail.
+    #[doc(hidden)]
+    pub fn arm(&self, op: SimOp, n: u64, fault: SimFault) {
+        let mut faults = self.faults.lock();
+        let countdown = Countdown::after(n, fault);
+        match op {
+            SimOp::Read => faults.reads = countdown,
+            SimOp::Write => faults.writes = countdown,
+            SimOp::Sync => faults.syncs = countdown,
+        }
+    }
+
+    /// Operations failed by an armed fault so far.
+    pub fn injected_failures(&self) -> u64 {
+        self.injected.load(Ordering::Relaxed)
+    }
+
+    /// Disarms every fault. Does not lift poisoning: a restarted process
+    /// ([`SimLog::crash`]) finds a writable device.
+    pub fn clear_faults(&self) {
+        *self.faults.lock() = SimLogFaults::default();
+    }
+
+    /// The error of an armed fault that fires on this `op`, which poisons the device
+    /// unless it is a read.
+    fn injected(&self, op: SimOp, what: impl FnOnce() -> String) -> io::Result<()> {
+        let mut faults = self.faults.lock();
+        let countdown = match op {
+            SimOp::Read => &mut faults.reads,
+            SimOp::Write => &mut faults.writes,
+            SimOp::Sync => &mut faults.syncs,
+        };
+        match countdown.tick(op, what) {
+            None => Ok(()),
+            Some(e) => {
+                self.injected.fetch_add(1, Ordering::Relaxed);
+                if op != SimOp::Read {
+                    self.failed.store(true, Ordering::Release);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// The device a restarted process would find: per segment, every 512-byte sector
@@ -409,7 +469,8 @@ impl SimLog {
             segments: Mutex::new(self.crash_files(segments)),
             spares: Mutex::new(self.crash_files(spares)),
             seed: Mutex::new(self.next_random() | 1),
-            fail_syncs_after: Mutex::new(None),
+            faults: Mutex::new(SimLogFaults::default()),
+            injected: crate::sync::atomic::AtomicU64::new(0),
             failed: AtomicBool::new(false),
         }
     }
@@ -510,6 +571,9 @@ impl LogDevice for SimLog {
 
     fn write_at(&self, id: u64, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.check_writable()?;
+        self.injected(SimOp::Write, || {
+            format!("a write at {offset} of simulated log segment {id}")
+        })?;
         let mut segments = self.segments.lock();
         let seg = segments.get_mut(&id).ok_or_else(|| no_segment(id))?;
         let at = offset as usize;
@@ -524,6 +588,9 @@ impl LogDevice for SimLog {
     }
 
     fn read_at(&self, id: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.injected(SimOp::Read, || {
+            format!("a read at {offset} of simulated log segment {id}")
+        })?;
         let segments = self.segments.lock();
         let seg = segments.get(&id).ok_or_else(|| no_segment(id))?;
         let at = (offset as usize).min(seg.live.len());
@@ -534,17 +601,9 @@ impl LogDevice for SimLog {
 
     fn sync(&self, id: u64) -> io::Result<()> {
         self.check_writable()?;
-        {
-            let mut countdown = self.fail_syncs_after.lock();
-            match &mut *countdown {
-                Some(0) => {
-                    self.failed.store(true, Ordering::Release);
-                    return Err(io::Error::from_raw_os_error(libc::EIO));
-                }
-                Some(n) => *n -= 1,
-                None => {}
-            }
-        }
+        self.injected(SimOp::Sync, || {
+            format!("a sync of simulated log segment {id}")
+        })?;
         let mut segments = self.segments.lock();
         let seg = segments.get_mut(&id).ok_or_else(|| no_segment(id))?;
         seg.durable.clone_from(&seg.live);

@@ -62,7 +62,7 @@ pub use file::{
 pub use log::{DirLog, LOG_BLOCK_BYTES, LogDevice, SimLog};
 pub use memory::MemoryStore;
 pub use shadow::{PinSet, ShadowStore};
-pub use sim::{SimBlocks, SimCounts, SimPages, SimStore};
+pub use sim::{SimBlocks, SimCounts, SimFault, SimOp, SimPages, SimStore};
 
 /// A page store a database keeps a keyspace's pages in: besides page IO, it makes page
 /// writes durable without persisting its own allocation state, and takes the set of

@@ -4,10 +4,17 @@
 //! bytes (what survived the last `sync`), and the same two copies of the allocation state.
 //! Faults are armed by the test:
 //!
-//! - [`SimStore::fail_reads_after`], [`SimStore::fail_writes_after`],
-//!   [`SimStore::fail_syncs_after`]: the operation after the next `n` of that kind fails
-//!   with `EIO` (and keeps failing until [`SimStore::clear_faults`]). A failed write or
-//!   sync poisons the store, as on a real file: later writes are refused.
+//! - [`SimStore::arm`] (and [`SimBlocks::arm`], [`SimLog::arm`](super::SimLog::arm)):
+//!   the operation of one kind ([`SimOp`]: read, write, sync) after the next `n` of that
+//!   kind fails, as [`SimFault`] says: `Transient` (`EIO` on that one call, later ones
+//!   succeed), `Permanent` (`EIO` on it and every later one until
+//!   [`SimStore::clear_faults`]: a failing medium), or `Full` (`StorageFull`, ENOSPC, on
+//!   it and every later one: a full device). [`SimStore::fail_reads_after`],
+//!   [`SimStore::fail_writes_after`] and [`SimStore::fail_syncs_after`] arm a permanent
+//!   one. A failed write or sync poisons the store whatever the fault, as a real file
+//!   store does (`FileStore`, `DirLog`: Linux may have dropped the dirty pages of a
+//!   failed writeback, and a write refused for space may have reached part of its
+//!   range): later writes are refused. A failed read changes nothing.
 //! - [`SimStore::flip_bit`]: corrupts a page in both images, as media rot would.
 //! - [`SimStore::crash`]: returns the store a restarted process would find. Every write
 //!   since the last sync is, by the seeded coin, lost, kept, or *torn* — a random number
@@ -38,19 +45,82 @@ impl Allocation {
     }
 }
 
+/// The kind of operation a fault of a simulated device is armed on.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimOp {
+    /// Reads (page reads, block reads, log segment reads).
+    Read,
+    /// Writes (page writes, block writes, log segment writes).
+    Write,
+    /// Syncs (`fdatasync`).
+    Sync,
+}
+
+/// What an armed fault of a simulated device does when it fires.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimFault {
+    /// `EIO` on that call only; later calls of its kind succeed (a glitch: a bus reset,
+    /// a command the device retried).
+    Transient,
+    /// `EIO` on that call and every later one of its kind until the faults are cleared
+    /// (a failing medium).
+    Permanent,
+    /// `StorageFull` (ENOSPC) on that call and every later one of its kind until the
+    /// faults are cleared (a full device). On reads it is `Permanent`: a full device
+    /// reads.
+    Full,
+}
+
 /// One armed fault: fire after `remaining` more operations of its kind.
-#[derive(Clone, Copy, Debug, Default)]
-struct Countdown(Option<u64>);
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Countdown {
+    remaining: Option<u64>,
+    fault: SimFault,
+}
+
+impl Default for Countdown {
+    fn default() -> Countdown {
+        Countdown {
+            remaining: None,
+            fault: SimFault::Permanent,
+        }
+    }
+}
 
 impl Countdown {
-    /// Counts one operation; `true` if this one must fail.
-    fn tick(&mut self) -> bool {
-        match &mut self.0 {
-            None => false,
-            Some(0) => true,
+    /// A fault firing after `n` more operations.
+    pub(crate) fn after(n: u64, fault: SimFault) -> Countdown {
+        Countdown {
+            remaining: Some(n),
+            fault,
+        }
+    }
+
+    /// Counts one operation; the error it fails with if it must fail. A transient
+    /// fault disarms itself as it fires.
+    pub(crate) fn tick(&mut self, op: SimOp, what: impl FnOnce() -> String) -> Option<io::Error> {
+        match &mut self.remaining {
+            None => None,
+            Some(0) => {
+                let full = self.fault == SimFault::Full && op != SimOp::Read;
+                if self.fault == SimFault::Transient {
+                    self.remaining = None;
+                }
+                let what = what();
+                Some(if full {
+                    io::Error::new(
+                        io::ErrorKind::StorageFull,
+                        format!("simulated ENOSPC (no space left on device) on {what}"),
+                    )
+                } else {
+                    eio(&what)
+                })
+            }
             Some(n) => {
                 *n -= 1;
-                false
+                None
             }
         }
     }
@@ -70,6 +140,8 @@ struct State {
     fail_syncs: Countdown,
     poisoned: Option<String>,
     counts: SimCounts,
+    /// The file's name in its [`SimPages`], for error messages.
+    name: String,
 }
 
 /// What a [`SimStore`] has been asked to do.
@@ -107,7 +179,7 @@ pub struct SimStore {
 }
 
 fn eio(what: &str) -> io::Error {
-    io::Error::other(format!("simulated EIO on {what}"))
+    io::Error::other(format!("simulated EIO (input/output error) on {what}"))
 }
 
 impl SimStore {
@@ -126,24 +198,44 @@ impl SimStore {
                 fail_syncs: Countdown::default(),
                 poisoned: None,
                 counts: SimCounts::default(),
+                name: "a simulated page store".into(),
             }),
+        }
+    }
+
+    /// `SimStore::new`, its errors naming file `name`.
+    fn named(seed: u64, name: &str) -> SimStore {
+        let store = SimStore::new(seed);
+        store.state.lock().name = name.to_string();
+        store
+    }
+
+    /// Arms `fault` on the `op` after the next `n` (replacing what was armed on `op`).
+    #[doc(hidden)]
+    pub fn arm(&self, op: SimOp, n: u64, fault: SimFault) {
+        let mut s = self.state.lock();
+        let countdown = Countdown::after(n, fault);
+        match op {
+            SimOp::Read => s.fail_reads = countdown,
+            SimOp::Write => s.fail_writes = countdown,
+            SimOp::Sync => s.fail_syncs = countdown,
         }
     }
 
     /// The read after the next `n` reads fails with `EIO`, and so does every later one
     /// until [`SimStore::clear_faults`].
     pub fn fail_reads_after(&self, n: u64) {
-        self.state.lock().fail_reads = Countdown(Some(n));
+        self.arm(SimOp::Read, n, SimFault::Permanent);
     }
 
     /// The write after the next `n` writes fails with `EIO` (and poisons the store).
     pub fn fail_writes_after(&self, n: u64) {
-        self.state.lock().fail_writes = Countdown(Some(n));
+        self.arm(SimOp::Write, n, SimFault::Permanent);
     }
 
     /// The sync after the next `n` syncs fails with `EIO` (and poisons the store).
     pub fn fail_syncs_after(&self, n: u64) {
-        self.state.lock().fail_syncs = Countdown(Some(n));
+        self.arm(SimOp::Sync, n, SimFault::Permanent);
     }
 
     /// Disarms every fault. Does not lift poisoning: a real store must be reopened.
@@ -199,7 +291,7 @@ impl SimStore {
         }
         let alloc = s.durable_alloc.clone();
         let seed = next_random(&mut s.rng);
-        let crashed = SimStore::new(seed);
+        let crashed = SimStore::named(seed, &s.name);
         {
             let mut c = crashed.state.lock();
             c.live = pages.clone();
@@ -246,9 +338,14 @@ struct BlocksState {
     unsynced: Vec<u64>,
     /// Blocks below this were given up.
     discarded_below: u64,
+    fail_reads: Countdown,
     fail_writes: Countdown,
     fail_syncs: Countdown,
     poisoned: Option<String>,
+    /// The file's name in its [`SimPages`], for error messages.
+    name: String,
+    /// Operations failed by an armed fault.
+    injected: u64,
 }
 
 /// A simulated file of raw, unchecksummed 4 KiB blocks (a hash log's segment files),
@@ -270,11 +367,48 @@ impl SimBlocks {
                 durable: HashMap::new(),
                 unsynced: Vec::new(),
                 discarded_below: 0,
+                fail_reads: Countdown::default(),
                 fail_writes: Countdown::default(),
                 fail_syncs: Countdown::default(),
                 poisoned: None,
+                name: "a simulated block file".into(),
+                injected: 0,
             }),
         }
+    }
+
+    /// `SimBlocks::new`, its errors naming file `name`.
+    fn named(seed: u64, name: &str) -> SimBlocks {
+        let blocks = SimBlocks::new(seed);
+        blocks.state.lock().name = name.to_string();
+        blocks
+    }
+
+    /// Arms `fault` on the `op` after the next `n` (replacing what was armed on `op`).
+    /// A failed write or sync poisons the file, as a hash log's failed device write
+    /// fails the log.
+    #[doc(hidden)]
+    pub fn arm(&self, op: SimOp, n: u64, fault: SimFault) {
+        let mut s = self.state.lock();
+        let countdown = Countdown::after(n, fault);
+        match op {
+            SimOp::Read => s.fail_reads = countdown,
+            SimOp::Write => s.fail_writes = countdown,
+            SimOp::Sync => s.fail_syncs = countdown,
+        }
+    }
+
+    /// Operations failed by an armed fault so far.
+    pub fn injected_failures(&self) -> u64 {
+        self.state.lock().injected
+    }
+
+    /// Disarms every fault. Does not lift poisoning.
+    pub fn clear_faults(&self) {
+        let mut s = self.state.lock();
+        s.fail_reads = Countdown::default();
+        s.fail_writes = Countdown::default();
+        s.fail_syncs = Countdown::default();
     }
 
     fn check_aligned(offset: u64, len: usize) -> io::Result<()> {
@@ -295,9 +429,13 @@ impl SimBlocks {
         if let Some(cause) = &s.poisoned {
             return Err(super::store_poisoned(cause.clone()));
         }
-        if s.fail_writes.tick() {
-            s.poisoned = Some("simulated EIO on a block write".into());
-            return Err(eio("a block write"));
+        let st = &mut *s;
+        if let Some(e) = st.fail_writes.tick(SimOp::Write, || {
+            format!("a write at {offset} of {}", st.name)
+        }) {
+            s.injected += 1;
+            s.poisoned = Some(e.to_string());
+            return Err(e);
         }
         for (i, chunk) in bytes.chunks_exact(BLOCK_BYTES).enumerate() {
             let at = offset / BLOCK_BYTES as u64 + i as u64;
@@ -312,7 +450,15 @@ impl SimBlocks {
     /// Reads whole blocks at `offset`; blocks never written read as zeros.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         Self::check_aligned(offset, buf.len())?;
-        let s = self.state.lock();
+        let mut s = self.state.lock();
+        let st = &mut *s;
+        if let Some(e) = st
+            .fail_reads
+            .tick(SimOp::Read, || format!("a read at {offset} of {}", st.name))
+        {
+            s.injected += 1;
+            return Err(e);
+        }
         if offset < s.discarded_below {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -334,9 +480,14 @@ impl SimBlocks {
         if let Some(cause) = &s.poisoned {
             return Err(super::store_poisoned(cause.clone()));
         }
-        if s.fail_syncs.tick() {
-            s.poisoned = Some("simulated EIO on a block sync".into());
-            return Err(eio("a block sync"));
+        let st = &mut *s;
+        if let Some(e) = st
+            .fail_syncs
+            .tick(SimOp::Sync, || format!("a sync of {}", st.name))
+        {
+            s.injected += 1;
+            s.poisoned = Some(e.to_string());
+            return Err(e);
         }
         for at in std::mem::take(&mut s.unsynced) {
             if let Some(block) = s.live.get(&at).cloned() {
@@ -358,12 +509,12 @@ impl SimBlocks {
 
     /// The sync after the next `n` syncs fails with `EIO` (and poisons the file).
     pub fn fail_syncs_after(&self, n: u64) {
-        self.state.lock().fail_syncs = Countdown(Some(n));
+        self.arm(SimOp::Sync, n, SimFault::Permanent);
     }
 
     /// The write after the next `n` writes fails with `EIO` (and poisons the file).
     pub fn fail_writes_after(&self, n: u64) {
-        self.state.lock().fail_writes = Countdown(Some(n));
+        self.arm(SimOp::Write, n, SimFault::Permanent);
     }
 
     /// What a restarted process would find: the durable image, plus each block written
@@ -393,7 +544,7 @@ impl SimBlocks {
                 }
             }
         }
-        let crashed = SimBlocks::new(next_random(&mut s.rng));
+        let crashed = SimBlocks::named(next_random(&mut s.rng), &s.name);
         {
             let mut c = crashed.state.lock();
             c.live = blocks.clone();
@@ -430,7 +581,7 @@ impl SimPages {
         let mut seed = self.seed.lock();
         let file = blocks.entry(name.to_string()).or_insert_with(|| {
             *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            std::sync::Arc::new(SimBlocks::new(*seed))
+            std::sync::Arc::new(SimBlocks::named(*seed, name))
         });
         std::sync::Arc::clone(file)
     }
@@ -451,7 +602,7 @@ impl SimPages {
         let mut seed = self.seed.lock();
         let store = stores.entry(name.to_string()).or_insert_with(|| {
             *seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            std::sync::Arc::new(SimStore::new(*seed))
+            std::sync::Arc::new(SimStore::named(*seed, name))
         });
         std::sync::Arc::clone(store)
     }
@@ -497,6 +648,28 @@ impl SimPages {
         }
     }
 
+    /// Arms `fault` ([`SimStore::arm`], [`SimBlocks::arm`]) on every store and block file
+    /// that exists now; each counts its own operations.
+    #[doc(hidden)]
+    pub fn arm(&self, op: SimOp, n: u64, fault: SimFault) {
+        for s in self.stores.lock().values() {
+            s.arm(op, n, fault);
+        }
+        for b in self.blocks.lock().values() {
+            b.arm(op, n, fault);
+        }
+    }
+
+    /// Disarms the faults of every store and block file (poisoning stays).
+    pub fn clear_faults(&self) {
+        for s in self.stores.lock().values() {
+            s.clear_faults();
+        }
+        for b in self.blocks.lock().values() {
+            b.clear_faults();
+        }
+    }
+
     /// Arms [`SimStore::fail_syncs_after`] (and [`SimBlocks::fail_syncs_after`]) on every
     /// store and block file that exists now.
     pub fn fail_syncs_after(&self, n: u64) {
@@ -536,9 +709,12 @@ impl PageStore for SimStore {
         if !s.live_alloc.is_allocated(no.0) {
             return Err(not_allocated(no, "read"));
         }
-        if s.fail_reads.tick() {
+        let st = &mut *s;
+        if let Some(e) = st.fail_reads.tick(SimOp::Read, || {
+            format!("a read of page {no} of {}", st.name)
+        }) {
             s.counts.injected_failures += 1;
-            return Err(eio("read"));
+            return Err(e);
         }
         let Some(bytes) = s.live.get(&no.0) else {
             return Err(not_allocated(no, "read (never written)"));
@@ -555,9 +731,12 @@ impl PageStore for SimStore {
         if !s.live_alloc.is_allocated(no.0) {
             return Err(not_allocated(no, "write"));
         }
-        if s.fail_writes.tick() {
+        let st = &mut *s;
+        if let Some(e) = st.fail_writes.tick(SimOp::Write, || {
+            format!("a write of page {no} of {}", st.name)
+        }) {
             s.counts.injected_failures += 1;
-            return Err(s.poison(eio("write")));
+            return Err(s.poison(e));
         }
         page.stamp(PageKind::Data);
         s.live.insert(no.0, Box::new(page.clone()));
@@ -593,9 +772,13 @@ impl PageStore for SimStore {
     fn sync(&self) -> io::Result<()> {
         let mut s = self.state.lock();
         s.check_poison()?;
-        if s.fail_syncs.tick() {
+        let st = &mut *s;
+        if let Some(e) = st
+            .fail_syncs
+            .tick(SimOp::Sync, || format!("a sync of {}", st.name))
+        {
             s.counts.injected_failures += 1;
-            return Err(s.poison(eio("sync")));
+            return Err(s.poison(e));
         }
         s.durable = s.live.clone();
         s.durable_alloc = s.live_alloc.clone();
