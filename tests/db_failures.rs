@@ -402,3 +402,15 @@ fn a_zeroed_page_file_is_an_error_naming_it_and_its_keyspace() {
         "{err}"
     );
 }
+
+#[test]
+fn a_failed_manifest_write_names_the_file_it_failed_on() {
+    // ed4ebb1 named MANIFEST when writing MANIFEST.tmp failed.
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), small()).unwrap();
+    std::fs::create_dir(dir.path().join("MANIFEST.tmp")).unwrap();
+    let err = db.tree("new").unwrap_err();
+    assert!(err.to_string().contains("MANIFEST.tmp"), "{err}");
+    std::fs::remove_dir(dir.path().join("MANIFEST.tmp")).unwrap();
+    db.tree("new").unwrap();
+}
