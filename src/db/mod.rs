@@ -639,14 +639,19 @@ impl Db {
         // ask again for records that are gone (the log continues from where it ends).
         let mut manifest = manifest;
         if loaded.len() < manifest.checkpoints.len() || recovery.rolled_back.is_some() {
+            // A kept checkpoint's recovery still needs the log through the skipped
+            // one's durable end: that is what its durable end becomes.
+            let needed_end = manifest.checkpoints.first().map_or(0, |r| r.log_end_seq);
             manifest.checkpoints = manifest
                 .checkpoints
                 .iter()
                 .filter(|r| loaded.iter().any(|c| c.generation == r.generation))
                 .map(|r| CheckpointRef {
-                    log_end_seq: recovery.rolled_back.map_or(r.log_end_seq, |lost| {
-                        r.log_end_seq.min(lost.found_end_seq).max(r.position.seq)
-                    }),
+                    log_end_seq: match recovery.rolled_back {
+                        None => r.log_end_seq.max(needed_end),
+                        Some(lost) => r.log_end_seq.min(lost.found_end_seq),
+                    }
+                    .max(r.position.seq),
                     ..*r
                 })
                 .collect();
