@@ -9,7 +9,7 @@
 //! otherwise hold back every page close and flush of the store).
 //!
 //! The read goes to the segment file the device handed out under the guard
-//! ([`LogPages::read_target`](super::device::LogPages::read_target)), through a
+//! ([`BlockDevice::read_target`](crate::storage::BlockDevice::read_target)), through a
 //! duplicate of its descriptor owned by the ring's `File`: a truncation that deletes the
 //! file meanwhile leaves its bytes readable. A device without files (none in a `Db`)
 //! is read on the spot, blocking the thread.
@@ -19,10 +19,10 @@ use std::sync::Arc;
 
 use tokio_uring::buf::{IoBuf, IoBufMut};
 
-use super::hlog::AlignedPage;
 use super::pending::{DeviceRead, Rounds};
 use super::store::HashStore;
 use crate::error::{Error, Result};
+use crate::storage::AlignedBuf;
 
 /// Async reads of a [`HashStore`] for tasks of a tokio-uring runtime.
 ///
@@ -112,7 +112,7 @@ async fn read_on_ring(read: &mut DeviceRead) {
         return;
     };
     let (result, bytes) = file
-        .read_exact_at(RingBuf(AlignedPage::new(len)), offset)
+        .read_exact_at(RingBuf(AlignedBuf::new(len)), offset)
         .await;
     // Closing a duplicate cannot lose data (nothing was written through it).
     let _ = file.close().await;
@@ -135,9 +135,9 @@ fn duplicate(file: &std::fs::File) -> Result<tokio_uring::fs::File> {
 }
 
 /// An aligned buffer (for `O_DIRECT`) as a tokio-uring buffer.
-struct RingBuf(AlignedPage);
+struct RingBuf(AlignedBuf);
 
-// SAFETY: the bytes live in the `AlignedPage`'s heap allocation, which does not move
+// SAFETY: the bytes live in the `AlignedBuf`'s heap allocation, which does not move
 // when the `RingBuf` moves and stays allocated while the runtime owns it; every byte is
 // initialised (zeroed when allocated).
 unsafe impl IoBuf for RingBuf {

@@ -29,6 +29,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::SECTOR_BYTES;
 use super::file::name_path;
 use super::sim::{Countdown, SimFault, SimOp};
 use crate::sync::Mutex;
@@ -36,8 +37,6 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 
 /// Bytes in one log block: the unit of every log write.
 pub const LOG_BLOCK_BYTES: usize = 4096;
-
-const SECTOR_BYTES: usize = 512;
 
 /// Where the write-ahead log's segments live. Segments are named by a `u64` id that is
 /// never reused; spares (see the module docs) by a `u64` id of the same space, which no
