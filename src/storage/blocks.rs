@@ -168,15 +168,8 @@ impl SegmentFiles {
     fn read_exact_at(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
         let (segment, offset) = self.split(address, buf.len());
         self.with_file(segment, false, |f| {
-            let mut done = 0;
-            while done < buf.len() {
-                let n = f.read_at(&mut buf[done..], offset + done as u64)?;
-                if n == 0 {
-                    buf[done..].fill(0);
-                    break;
-                }
-                done += n;
-            }
+            let done = read_up_to(f, offset, buf)?;
+            buf[done..].fill(0);
             Ok(())
         })
     }
@@ -200,6 +193,20 @@ impl SegmentFiles {
         );
         (segment, offset)
     }
+}
+
+/// Reads `buf` at `offset` of `file` as far as the file goes, retrying short reads;
+/// returns how many bytes were read (fewer than `buf.len()` only at the file's end).
+pub(crate) fn read_up_to(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = file.read_at(&mut buf[done..], offset + done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    Ok(done)
 }
 
 fn check_aligned(address: u64, len: usize, align: u64) {

@@ -30,6 +30,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::SECTOR_BYTES;
+use super::blocks::read_up_to;
 use super::file::name_path;
 use super::sim::{Countdown, SimFault, SimOp};
 use crate::sync::Mutex;
@@ -250,17 +251,7 @@ impl LogDevice for DirLog {
 
     fn read_at(&self, id: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         let f = self.file(id)?;
-        let mut done = 0;
-        while done < buf.len() {
-            let n = f
-                .read_at(&mut buf[done..], offset + done as u64)
-                .map_err(|e| named(&self.path(id), e))?;
-            if n == 0 {
-                break;
-            }
-            done += n;
-        }
-        Ok(done)
+        read_up_to(&f, offset, buf).map_err(|e| named(&self.path(id), e))
     }
 
     fn sync(&self, id: u64) -> io::Result<()> {

@@ -53,6 +53,8 @@ mod sim;
 pub mod uring;
 
 #[cfg(feature = "tokio-uring")]
+pub(crate) use aio::read_on_ring;
+#[cfg(feature = "tokio-uring")]
 pub use aio::{AsyncPageReader, ReadPath};
 pub(crate) use backend::{ActiveBackend, IoRequest, IoUringUse, OpenError, open_with_fallback};
 #[cfg(test)]
