@@ -9,7 +9,7 @@
 //! back; [`BlockDevice::truncate_before`] gives up everything below an address.
 //! [`SegmentFiles`] keeps the address space in segment files of a fixed size
 //! (`<prefix>-<segment as 8 hex digits>.<extension>`), so that a truncation deletes
-//! whole files; [`MemBlocks`] keeps it in memory for tests; [`SimBlocks`] (in `sim`)
+//! whole files; `MemBlocks` keeps it in memory for tests; [`SimBlocks`] (in `sim`)
 //! is the crash-testing one; [`Retaining`] holds truncations back at a floor.
 //! [`AlignedBuf`] is the buffer of their IO: heap bytes aligned for `O_DIRECT`.
 //!
@@ -418,7 +418,11 @@ impl MemBlocks {
     pub(crate) fn new() -> MemBlocks {
         MemBlocks::default()
     }
+}
 
+/// The switches and counters of the unit tests (none of them under shuttle).
+#[cfg(all(test, not(feature = "shuttle")))]
+impl MemBlocks {
     /// (bytes written, bytes read) so far.
     pub(crate) fn io_bytes(&self) -> (u64, u64) {
         let s = self.state.lock();

@@ -1,4 +1,9 @@
-//! The page store: every byte of disk IO in bfdb goes through [`PageStore`].
+//! The storage layer: every byte of disk IO in bfdb goes through it, as pages of a
+//! [`PageStore`] (this module), segments of a [`LogDevice`] (`log`), or blocks of a
+//! block device (`blocks`: the hash logs' segment files). It owns alignment, `O_DIRECT`,
+//! io_uring and checksums; it uses nothing of the crate but the `sync` shim.
+//!
+//! # Page stores
 //!
 //! A page store hands out 4 KiB page *slots*, identified by a [`PageNo`], and reads
 //! and writes whole [`Page`]s at them. It never knows what a page contains: the first
