@@ -55,10 +55,11 @@
 //!
 //! Public for those who build on them, not needed to use a [`Tree`]:
 //!
-//! - [`storage`]: the [`storage::PageStore`] trait, through which every byte of disk IO
-//!   goes, with an in-memory, a file (`pread`/`pwrite` or io_uring, optionally
-//!   `O_DIRECT`) and a fault-injecting backend. Every page on disk carries a CRC-32C
-//!   checksum that is checked on every read.
+//! - [`storage`]: the layer every byte of disk IO goes through: the
+//!   [`storage::PageStore`] trait, with an in-memory, a file (`pread`/`pwrite` or
+//!   io_uring, optionally `O_DIRECT`) and a fault-injecting backend; the log devices;
+//!   and the block devices the hash tier's logs live on. Every page on disk carries a
+//!   CRC-32C checksum that is checked on every read.
 //! - [`wal`]: the write-ahead log (checksummed records, group commit, recovery's reading
 //!   up to a torn tail, truncation behind checkpoints) over the [`storage::LogDevice`]
 //!   segments, which the [`Db`] writes through.
@@ -73,8 +74,8 @@
 //! `tree` (and later `hash`) use `journal`, `pool`, `storage` and `config`; `journal`
 //! uses `wal`; `wal` uses `storage`; `pool` and `storage` use nothing else of this crate except the `sync` shim
 //! (std or, under the `shuttle` feature, shuttle's primitives); `config` uses only
-//! `error`. `storage` never knows what a page contains; `pool` never knows what a block
-//! holds.
+//! `error`; `hash` uses `storage` for all its disk IO. `storage` never knows what a page
+//! or block contains; `pool` never knows what a block holds.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]

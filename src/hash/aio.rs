@@ -9,20 +9,17 @@
 //! otherwise hold back every page close and flush of the store).
 //!
 //! The read goes to the segment file the device handed out under the guard
-//! ([`LogPages::read_target`](super::device::LogPages::read_target)), through a
-//! duplicate of its descriptor owned by the ring's `File`: a truncation that deletes the
-//! file meanwhile leaves its bytes readable. A device without files (none in a `Db`)
-//! is read on the spot, blocking the thread.
+//! ([`BlockDevice::read_target`](crate::storage::BlockDevice::read_target)), on the
+//! ring through the storage layer (`storage::read_on_ring`, a duplicate of the file's
+//! descriptor): a truncation that deletes the file meanwhile leaves its bytes readable.
+//! A device without files (none in a `Db`) is read on the spot, blocking the thread.
 
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
 
-use tokio_uring::buf::{IoBuf, IoBufMut};
-
-use super::hlog::AlignedPage;
 use super::pending::{DeviceRead, Rounds};
 use super::store::HashStore;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::storage;
 
 /// Async reads of a [`HashStore`] for tasks of a tokio-uring runtime.
 ///
@@ -108,59 +105,7 @@ async fn read_on_ring(read: &mut DeviceRead) {
         return;
     };
     let len = buf.as_ref().len();
-    let Ok(file) = duplicate(file) else {
-        return;
-    };
-    let (result, bytes) = file
-        .read_exact_at(RingBuf(AlignedPage::new(len)), offset)
-        .await;
-    // Closing a duplicate cannot lose data (nothing was written through it).
-    let _ = file.close().await;
-    if result.is_ok() {
-        read.fill(bytes.0.as_ref());
-    }
-}
-
-/// A tokio-uring `File` on a duplicate of `file`'s descriptor (the ring's `File` closes
-/// the descriptor it owns; the device keeps its own).
-fn duplicate(file: &std::fs::File) -> Result<tokio_uring::fs::File> {
-    // SAFETY: `fcntl` only reads the descriptor number, which `file` keeps open.
-    let dup = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-    if dup < 0 {
-        return Err(Error::Io(std::io::Error::last_os_error()));
-    }
-    // SAFETY: `dup` is a fresh descriptor nothing else owns; the `File` takes it over.
-    let std_file = unsafe { std::fs::File::from_raw_fd(dup) };
-    Ok(tokio_uring::fs::File::from_std(std_file))
-}
-
-/// An aligned buffer (for `O_DIRECT`) as a tokio-uring buffer.
-struct RingBuf(AlignedPage);
-
-// SAFETY: the bytes live in the `AlignedPage`'s heap allocation, which does not move
-// when the `RingBuf` moves and stays allocated while the runtime owns it; every byte is
-// initialised (zeroed when allocated).
-unsafe impl IoBuf for RingBuf {
-    fn stable_ptr(&self) -> *const u8 {
-        self.0.as_ref().as_ptr()
-    }
-
-    fn bytes_init(&self) -> usize {
-        self.0.as_ref().len()
-    }
-
-    fn bytes_total(&self) -> usize {
-        self.0.as_ref().len()
-    }
-}
-
-// SAFETY: as for `IoBuf`; the pointer is to the same stable, writable allocation.
-unsafe impl IoBufMut for RingBuf {
-    fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.0.as_mut().as_mut_ptr()
-    }
-
-    unsafe fn set_init(&mut self, _pos: usize) {
-        // Every byte is initialised from the start.
+    if let Ok(bytes) = storage::read_on_ring(file, offset, len).await {
+        read.fill(bytes.as_ref());
     }
 }

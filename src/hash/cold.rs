@@ -25,12 +25,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::bucket::{INVALID_ADDRESS, KeyHash};
-use super::device::LogPages;
 use super::epoch::{Epoch, EpochGuard};
 use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog, LogExtent};
 use super::hot::{HotLog, Keying, Step, hash_key};
 use super::record::{Header, record_size_bytes};
 use crate::error::{Error, Result};
+use crate::storage::BlockDevice;
 use crate::sync::backoff_wait;
 
 /// Entries per hash chunk.
@@ -53,7 +53,7 @@ impl ColdIndex {
     pub(crate) fn new(
         expected_keys: u64,
         log: HlogOptions,
-        device: Arc<dyn LogPages>,
+        device: Arc<dyn BlockDevice>,
         epoch: Arc<Epoch>,
     ) -> Result<ColdIndex> {
         let chunk_count = Self::chunks_for(expected_keys);
@@ -76,7 +76,7 @@ impl ColdIndex {
     pub(crate) fn recover(
         expected_keys: u64,
         log: HlogOptions,
-        device: Arc<dyn LogPages>,
+        device: Arc<dyn BlockDevice>,
         epoch: Arc<Epoch>,
         extent: LogExtent,
         buckets: usize,
@@ -246,9 +246,9 @@ impl ColdLog {
     pub(crate) fn new(
         expected_keys: u64,
         log: HlogOptions,
-        device: Arc<dyn LogPages>,
+        device: Arc<dyn BlockDevice>,
         index_log: HlogOptions,
-        index_device: Arc<dyn LogPages>,
+        index_device: Arc<dyn BlockDevice>,
         epoch: Arc<Epoch>,
     ) -> Result<ColdLog> {
         Ok(ColdLog {
@@ -263,8 +263,8 @@ impl ColdLog {
     /// `index_extent` with a chunk table of `buckets` buckets.
     pub(crate) fn recover(
         expected_keys: u64,
-        (log, device, extent): (HlogOptions, Arc<dyn LogPages>, LogExtent),
-        (index_log, index_device, index_extent): (HlogOptions, Arc<dyn LogPages>, LogExtent),
+        (log, device, extent): (HlogOptions, Arc<dyn BlockDevice>, LogExtent),
+        (index_log, index_device, index_extent): (HlogOptions, Arc<dyn BlockDevice>, LogExtent),
         buckets: usize,
         epoch: Arc<Epoch>,
     ) -> Result<ColdLog> {
@@ -473,7 +473,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::hash::device::MemPages;
+    use crate::storage::MemBlocks;
 
     fn small_log() -> HlogOptions {
         HlogOptions {
@@ -487,9 +487,9 @@ mod tests {
         ColdLog::new(
             expected_keys,
             small_log(),
-            Arc::new(MemPages::new()),
+            Arc::new(MemBlocks::new()),
             small_log(),
-            Arc::new(MemPages::new()),
+            Arc::new(MemBlocks::new()),
             Arc::new(Epoch::new()),
         )
         .unwrap()
@@ -581,7 +581,7 @@ mod tests {
             let index = ColdIndex::new(
                 keys,
                 small_log(),
-                Arc::new(MemPages::new()),
+                Arc::new(MemBlocks::new()),
                 Arc::new(Epoch::new()),
             )
             .unwrap();

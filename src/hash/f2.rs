@@ -43,13 +43,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::cold::ColdLog;
-use super::device::LogPages;
 use super::epoch::{Epoch, EpochGuard, EpochHandle};
 use super::hlog::{Addresses, HlogOptions, LogExtent};
 use super::hot::{HotLog, HotRead, Update};
 use super::pending::{ReadBatch, Rounds, read_ahead, read_now};
 use super::record::DiskRecord;
 use crate::error::Result;
+use crate::storage::BlockDevice;
 use crate::sync::Mutex;
 
 /// How an [`F2`] store is laid out.
@@ -218,9 +218,9 @@ pub(crate) struct F2 {
 
 /// The devices of an [`F2`] store.
 pub(crate) struct F2Devices {
-    pub(crate) hot: Arc<dyn LogPages>,
-    pub(crate) cold: Arc<dyn LogPages>,
-    pub(crate) chunks: Arc<dyn LogPages>,
+    pub(crate) hot: Arc<dyn BlockDevice>,
+    pub(crate) cold: Arc<dyn BlockDevice>,
+    pub(crate) chunks: Arc<dyn BlockDevice>,
 }
 
 /// What a checkpoint of an [`F2`] store holds: the extent of each of its logs on their
@@ -906,8 +906,8 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::hash::device::{MemPages, Retaining};
     use crate::hash::test_support::{Rng, count, counter, expected_count};
+    use crate::storage::{MemBlocks, Retaining};
 
     fn pages(frames: u64) -> HlogOptions {
         HlogOptions {
@@ -964,9 +964,9 @@ mod tests {
     /// A store laid out as `options` on devices in memory.
     fn on_memory(options: F2Options) -> F2 {
         let devices = F2Devices {
-            hot: Arc::new(MemPages::new()),
-            cold: Arc::new(MemPages::new()),
-            chunks: Arc::new(MemPages::new()),
+            hot: Arc::new(MemBlocks::new()),
+            cold: Arc::new(MemBlocks::new()),
+            chunks: Arc::new(MemBlocks::new()),
         };
         F2::new(options, devices).unwrap()
     }
@@ -1006,17 +1006,17 @@ mod tests {
 
     /// A store whose devices survive it, so that it can be recovered from them.
     struct Durable {
-        devices: [Arc<MemPages>; 3],
+        devices: [Arc<MemBlocks>; 3],
         floors: [Arc<Retaining>; 3],
     }
 
     impl Durable {
         fn new() -> Durable {
-            let devices = [(); 3].map(|()| Arc::new(MemPages::new()));
+            let devices = [(); 3].map(|()| Arc::new(MemBlocks::new()));
             Durable {
                 floors: devices
                     .clone()
-                    .map(|d| Arc::new(Retaining::new(d as Arc<dyn LogPages>, 0))),
+                    .map(|d| Arc::new(Retaining::new(d as Arc<dyn BlockDevice>, 0))),
                 devices,
             }
         }
@@ -1029,7 +1029,7 @@ mod tests {
         }
 
         fn devices(&self) -> F2Devices {
-            let [hot, cold, chunks] = self.floors.clone().map(|f| f as Arc<dyn LogPages>);
+            let [hot, cold, chunks] = self.floors.clone().map(|f| f as Arc<dyn BlockDevice>);
             F2Devices { hot, cold, chunks }
         }
 
@@ -1038,7 +1038,7 @@ mod tests {
             let floors = [extents.hot.begin, extents.cold.begin, extents.chunks.begin];
             self.floors = std::array::from_fn(|i| {
                 Arc::new(Retaining::new(
-                    Arc::clone(&self.devices[i]) as Arc<dyn LogPages>,
+                    Arc::clone(&self.devices[i]) as Arc<dyn BlockDevice>,
                     floors[i],
                 ))
             });
@@ -1309,7 +1309,7 @@ mod tests {
         // that compaction fails. Each write (of a key never written before) must then
         // either fail and leave nothing behind, or succeed: never fail after its record
         // became visible.
-        let devices = [(); 3].map(|()| Arc::new(MemPages::new()));
+        let devices = [(); 3].map(|()| Arc::new(MemBlocks::new()));
         let store = F2::new(
             tiny_options(64 * 4096, 0, false),
             F2Devices {
@@ -1356,7 +1356,7 @@ mod tests {
         // then bits flipped on each device. Every read, single or batched, answers the
         // right value or `Corrupted` naming the address; a compaction that meets the
         // damage fails (and the write it throttles does not).
-        let devices = [(); 3].map(|()| Arc::new(MemPages::new()));
+        let devices = [(); 3].map(|()| Arc::new(MemBlocks::new()));
         let store = F2::new(
             tiny_options(1 << 30, 0, false),
             F2Devices {
@@ -1780,9 +1780,9 @@ mod tests {
 
     #[test]
     fn failed_batched_reads_are_asked_again_and_a_lasting_failure_is_an_error() {
-        let devices = [(); 3].map(|()| Arc::new(MemPages::new()));
+        let devices = [(); 3].map(|()| Arc::new(MemBlocks::new()));
         let store = {
-            let [hot, cold, chunks] = devices.clone().map(|d| d as Arc<dyn LogPages>);
+            let [hot, cold, chunks] = devices.clone().map(|d| d as Arc<dyn BlockDevice>);
             F2::new(tiny().options, F2Devices { hot, cold, chunks }).unwrap()
         };
         let mut handle = store.epoch().register();
@@ -1893,9 +1893,9 @@ mod tests {
             read_cache_admission: false,
         };
         let devices = F2Devices {
-            hot: Arc::new(MemPages::new()),
-            cold: Arc::new(MemPages::new()),
-            chunks: Arc::new(MemPages::new()),
+            hot: Arc::new(MemBlocks::new()),
+            cold: Arc::new(MemBlocks::new()),
+            chunks: Arc::new(MemBlocks::new()),
         };
         let store = F2::new(options, devices).unwrap();
         let mut handle = store.epoch().register();

@@ -1,5 +1,5 @@
 //! The HybridLog (FASTER, SIGMOD 2018, sections 5 and 6): one logical address space
-//! over a circular buffer of in-memory page frames and a disk ([`LogPages`]).
+//! over a circular buffer of in-memory page frames and a disk ([`BlockDevice`]).
 //!
 //! ```text
 //!   BEGIN        HEAD        SAFE_READ_ONLY   READ_ONLY            TAIL
@@ -48,10 +48,10 @@ use std::sync::Arc;
 // Frame words are raw memory: `std` atomics over it (see `crate::sync`).
 use std::sync::atomic::AtomicU64 as AtomicU64Std;
 
-use super::device::{IO_ALIGN_BYTES, LogPages};
 use super::epoch::{Epoch, EpochGuard};
 use super::record::{Decode, DiskRecord, MemRecord, stamp_checksums};
 use crate::error::{Error, Result};
+use crate::storage::{AlignedBuf, BlockDevice, IO_ALIGN_BYTES};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::backoff_wait;
@@ -142,88 +142,12 @@ impl Drop for Frames {
 /// fits, so it takes one read of one or two sectors.
 pub(crate) const FIRST_READ_BYTES: u64 = 512;
 
-/// One page of memory aligned for O_DIRECT.
-///
-/// A buffer of [`OWN_MAPPING_BYTES`] or more is a mapping of its own, given back to the
-/// operating system when dropped. Through the allocator, the large buffers that
-/// compaction and recovery take and drop page after page (up to 4 MiB each) stayed in
-/// the allocator's per-thread arenas once it had raised its threshold for mapping
-/// blocks of their own (glibc raises it to the largest block freed): at 5M records in
-/// 52 MiB and 16 threads the process peaked at 133 MiB, 88 MiB with these mappings.
-pub(crate) struct AlignedPage {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-/// The size from which an [`AlignedPage`] is a mapping of its own.
-const OWN_MAPPING_BYTES: usize = 64 << 10;
-
-impl AlignedPage {
-    pub(crate) fn new(bytes: usize) -> AlignedPage {
-        let layout = Layout::from_size_align(bytes, IO_ALIGN_BYTES as usize)
-            .expect("a page size validated by HlogOptions");
-        let ptr = if bytes >= OWN_MAPPING_BYTES {
-            // SAFETY: an anonymous private mapping with a null hint touches no existing
-            // memory; it is zero-filled and page-aligned (at least IO_ALIGN_BYTES).
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    bytes,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                std::alloc::handle_alloc_error(layout)
-            }
-            p.cast::<u8>()
-        } else {
-            // SAFETY: the layout has a non-zero size.
-            unsafe { alloc_zeroed(layout) }
-        };
-        AlignedPage {
-            ptr: NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
-            layout,
-        }
-    }
-
-    pub(crate) fn as_mut(&mut self) -> &mut [u8] {
-        // SAFETY: an allocation of `layout.size()` bytes owned by `self`, zeroed at birth.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
-    }
-
-    pub(crate) fn as_ref(&self) -> &[u8] {
-        // SAFETY: as for `as_mut`, shared.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
-    }
-}
-
-// SAFETY: an owned heap buffer, like a `Box<[u8]>`: no aliasing, no thread affinity.
-unsafe impl Send for AlignedPage {}
-// SAFETY: as above; `&AlignedPage` gives only shared access to the bytes.
-unsafe impl Sync for AlignedPage {}
-
-impl Drop for AlignedPage {
-    fn drop(&mut self) {
-        if self.layout.size() >= OWN_MAPPING_BYTES {
-            // SAFETY: mapped in `new` with this length, unmapped once; nothing borrows
-            // it past `self`.
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.layout.size()) };
-        } else {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
-        }
-    }
-}
-
 /// The records of part of one page, decoded one at a time ([`HybridLog::records_in`]):
 /// no list of them is built, so a compaction of 4 MiB pages takes no large allocation
 /// but its page buffer.
 pub(crate) struct PageRecords {
     page: u64,
-    bytes: AlignedPage,
+    bytes: AlignedBuf,
     at: usize,
     until: u64,
     /// Read from the device: each record's checksum is checked.
@@ -272,7 +196,7 @@ struct Shared {
     options: HlogOptions,
     page_bytes: u64,
     frames: Frames,
-    device: Arc<dyn LogPages>,
+    device: Arc<dyn BlockDevice>,
     /// `page << 32 | offset` of the next allocation. The offset may run past the page's
     /// end while the next page is being opened.
     tail: AtomicU64,
@@ -339,7 +263,7 @@ impl HybridLog {
     /// An empty log over `device`, coordinated by `epoch`.
     pub(crate) fn new(
         options: HlogOptions,
-        device: Arc<dyn LogPages>,
+        device: Arc<dyn BlockDevice>,
         epoch: Arc<Epoch>,
     ) -> Result<HybridLog> {
         options.validate()?;
@@ -375,7 +299,7 @@ impl HybridLog {
     /// `tail`. Everything below is read-only: the checkpoint's records never change.
     pub(crate) fn recover(
         options: HlogOptions,
-        device: Arc<dyn LogPages>,
+        device: Arc<dyn BlockDevice>,
         epoch: Arc<Epoch>,
         extent: LogExtent,
     ) -> Result<HybridLog> {
@@ -391,7 +315,7 @@ impl HybridLog {
         let page = s.page_start(tail);
         let offset = tail - page;
         if offset > 0 && tail > FIRST_ADDRESS {
-            let mut bytes = AlignedPage::new(s.page_bytes as usize);
+            let mut bytes = AlignedBuf::new(s.page_bytes as usize);
             s.device.read(page, bytes.as_mut()).map_err(Error::Io)?;
             s.check_records(page, bytes.as_ref(), tail)?;
             let frame = s.frames.ptrs[((page >> options.page_bits) % options.frames) as usize];
@@ -674,9 +598,9 @@ impl HybridLog {
 
     /// The bytes of the page at `page` (page-aligned, at or above BEGIN's page), and
     /// whether they were read from the device (rather than copied from its frame).
-    fn page_bytes_at(&self, _guard: &EpochGuard<'_, '_>, page: u64) -> Result<(AlignedPage, bool)> {
+    fn page_bytes_at(&self, _guard: &EpochGuard<'_, '_>, page: u64) -> Result<(AlignedBuf, bool)> {
         let s = &self.shared;
-        let mut page_copy = AlignedPage::new(s.page_bytes as usize);
+        let mut page_copy = AlignedBuf::new(s.page_bytes as usize);
         if page >= s.head.load(Ordering::Acquire) {
             let frame = s.frames.ptrs[((page >> s.options.page_bits) % s.options.frames) as usize];
             for (i, out) in page_copy.as_mut().chunks_exact_mut(8).enumerate() {
@@ -699,7 +623,7 @@ impl HybridLog {
         let (mut start, mut len) = self.device_span(address, FIRST_READ_BYTES);
         loop {
             // Aligned for O_DIRECT.
-            let mut page = AlignedPage::new(len);
+            let mut page = AlignedBuf::new(len);
             s.device.read(start, page.as_mut()).map_err(Error::Io)?;
             s.record_reads.fetch_add(1, Ordering::Relaxed);
             match self.decode_read(address, start, page.as_mut())? {
@@ -741,7 +665,7 @@ impl HybridLog {
     }
 
     /// The device, for a batch's reads.
-    pub(crate) fn device(&self) -> &Arc<dyn LogPages> {
+    pub(crate) fn device(&self) -> &Arc<dyn BlockDevice> {
         &self.shared.device
     }
 
@@ -877,7 +801,7 @@ impl Shared {
         // tail's page while appends past the tail may still fill it, and the header
         // words of records are atomics everywhere. (A flush of a page below
         // SAFE_READ_ONLY races with nothing; the copy costs little beside the write.)
-        let mut copy = AlignedPage::new(self.page_bytes as usize);
+        let mut copy = AlignedBuf::new(self.page_bytes as usize);
         for (i, out) in copy.as_mut().chunks_exact_mut(8).enumerate() {
             // SAFETY: word `i` of a live, 8-aligned frame of `page_bytes`; frame words
             // are only ever accessed atomically while threads run.
@@ -925,35 +849,11 @@ impl std::fmt::Debug for HybridLog {
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests {
     use super::*;
-    use crate::hash::device::{FilePages, MemPages};
     use crate::hash::record::{Header, record_size_bytes};
+    use crate::storage::{MemBlocks, SegmentFiles};
 
     fn key(i: u64) -> Vec<u8> {
         format!("key-{i:06}").into_bytes()
-    }
-
-    #[test]
-    fn aligned_pages_small_and_mapped_are_zeroed_aligned_and_writable() {
-        for bytes in [
-            512,
-            4096,
-            OWN_MAPPING_BYTES - 4096,
-            OWN_MAPPING_BYTES,
-            4 << 20,
-        ] {
-            for round in 0..3u8 {
-                let mut page = AlignedPage::new(bytes);
-                assert_eq!(page.as_ref().len(), bytes);
-                assert!(
-                    page.as_ref().iter().all(|&b| b == 0),
-                    "{bytes} round {round}"
-                );
-                assert_eq!(page.as_ref().as_ptr() as usize % IO_ALIGN_BYTES as usize, 0);
-                // Dirty it: a buffer handed out again must still come back zeroed.
-                page.as_mut().fill(round + 1);
-                assert!(page.as_ref().iter().all(|&b| b == round + 1));
-            }
-        }
     }
 
     fn value(i: u64, len: usize) -> Vec<u8> {
@@ -1000,7 +900,7 @@ mod tests {
         assert!(bad.validate().is_err());
     }
 
-    fn small(device: Arc<dyn LogPages>) -> HybridLog {
+    fn small(device: Arc<dyn BlockDevice>) -> HybridLog {
         let options = HlogOptions {
             page_bits: 12,
             frames: 4,
@@ -1011,7 +911,7 @@ mod tests {
 
     #[test]
     fn records_beyond_memory_are_flushed_closed_and_read_back_from_the_device() {
-        let device = Arc::new(MemPages::new());
+        let device = Arc::new(MemBlocks::new());
         let log = small(device.clone());
         let epoch = Arc::clone(log.epoch());
         let mut handle = epoch.register();
@@ -1063,7 +963,7 @@ mod tests {
 
     #[test]
     fn threads_appending_at_once_get_disjoint_space_and_every_record_reads_back() {
-        let log = small(Arc::new(MemPages::new()));
+        let log = small(Arc::new(MemBlocks::new()));
         let per_thread = 2_000u64;
         let all: Vec<Vec<(u64, u64)>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..4u64)
@@ -1107,7 +1007,7 @@ mod tests {
 
     #[test]
     fn a_full_odd_page_ends_the_tail_and_flush_all_at_its_end() {
-        let device = Arc::new(MemPages::new());
+        let device = Arc::new(MemBlocks::new());
         let log = small(device.clone());
         let mut handle = log.epoch().register();
         let mut guard = handle.protect();
@@ -1129,7 +1029,12 @@ mod tests {
     #[test]
     fn in_place_updates_and_flush_all_reach_the_device() {
         let dir = tempfile::tempdir().unwrap();
-        let device = Arc::new(FilePages::new(dir.path(), "hot", 8 * 4096, false));
+        let device = Arc::new(SegmentFiles::new(
+            dir.path(),
+            ("hot", "hlog"),
+            8 * 4096,
+            false,
+        ));
         let log = small(device.clone());
         let mut handle = log.epoch().register();
         let mut guard = handle.protect();
@@ -1170,7 +1075,7 @@ mod tests {
 
     #[test]
     fn a_failed_device_fails_allocations_instead_of_waiting_forever() {
-        let device = Arc::new(MemPages::new());
+        let device = Arc::new(MemBlocks::new());
         let log = small(device.clone());
         let mut handle = log.epoch().register();
         let mut guard = handle.protect();

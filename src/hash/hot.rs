@@ -37,13 +37,13 @@
 use std::sync::Arc;
 
 use super::bucket::{INVALID_ADDRESS, KeyHash};
-use super::device::LogPages;
 use super::epoch::{Epoch, EpochGuard};
 use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog};
 use super::index::{ChainLink, EntrySlot, HashIndex, IndexOptions, RecordHashes};
 use super::read_cache::{READ_CACHE_BIT, ReadCache, ReadCacheStats, is_cached};
 use super::record::{Header, MemRecord, record_size_bytes};
 use crate::error::{Error, Result};
+use crate::storage::BlockDevice;
 
 /// The 64-bit hash of a key (a multiply-xorshift over 8-byte words and a final mix:
 /// bucket bits from the low end, the tag from the top, both well mixed).
@@ -205,7 +205,7 @@ impl HotLog {
     pub(crate) fn new(
         expected_keys: u64,
         log: HlogOptions,
-        device: Arc<dyn LogPages>,
+        device: Arc<dyn BlockDevice>,
     ) -> Result<HotLog> {
         HotLog::with_epoch(expected_keys, log, device, Arc::new(Epoch::new()))
     }
@@ -214,7 +214,7 @@ impl HotLog {
     pub(crate) fn with_epoch(
         expected_keys: u64,
         log: HlogOptions,
-        device: Arc<dyn LogPages>,
+        device: Arc<dyn BlockDevice>,
         epoch: Arc<Epoch>,
     ) -> Result<HotLog> {
         HotLog::with_read_cache(expected_keys, log, device, epoch, 0)
@@ -225,7 +225,7 @@ impl HotLog {
     pub(crate) fn with_read_cache(
         expected_keys: u64,
         log: HlogOptions,
-        device: Arc<dyn LogPages>,
+        device: Arc<dyn BlockDevice>,
         epoch: Arc<Epoch>,
         read_cache_memory_bytes: u64,
     ) -> Result<HotLog> {
@@ -255,7 +255,7 @@ impl HotLog {
     pub(crate) fn numbered(
         keys: u64,
         log: HlogOptions,
-        device: Arc<dyn LogPages>,
+        device: Arc<dyn BlockDevice>,
         epoch: Arc<Epoch>,
     ) -> Result<HotLog> {
         let mut store = HotLog::with_epoch(keys, log, device, epoch)?;
@@ -294,7 +294,7 @@ impl HotLog {
     pub(crate) fn recover(
         buckets: usize,
         log: HlogOptions,
-        device: Arc<dyn LogPages>,
+        device: Arc<dyn BlockDevice>,
         epoch: Arc<Epoch>,
         extent: super::hlog::LogExtent,
         read_cache_memory_bytes: u64,
@@ -1153,8 +1153,8 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::hash::device::MemPages;
     use crate::hash::test_support::{Rng, count, counter, expected_count};
+    use crate::storage::MemBlocks;
 
     fn tiny() -> HotLog {
         let options = HlogOptions {
@@ -1162,7 +1162,7 @@ mod tests {
             frames: 4,
             mutable_pages: 2,
         };
-        HotLog::new(256, options, Arc::new(MemPages::new())).unwrap()
+        HotLog::new(256, options, Arc::new(MemBlocks::new())).unwrap()
     }
 
     fn key(i: u64) -> Vec<u8> {
@@ -1264,7 +1264,7 @@ mod tests {
             frames: 4,
             mutable_pages: 2,
         };
-        let store = HotLog::new(1 << 16, options, Arc::new(MemPages::new())).unwrap();
+        let store = HotLog::new(1 << 16, options, Arc::new(MemBlocks::new())).unwrap();
         let mut handle = store.epoch().register();
         let mut guard = handle.protect();
         for i in 0..2_000 {

@@ -18,8 +18,10 @@
 //! - [`index`]: the hot index's protocols: find, the latch-free two-phase
 //!   find-or-create, the entry slot an operation compare-and-swaps its record address
 //!   into, and doubling while operations continue.
-//! - [`record`], [`device`], [`hlog`]: the HybridLog's records, its disk, and the log
-//!   itself (tail allocation, the regions, flush and close through trigger actions).
+//! - [`record`], [`hlog`]: the HybridLog's records and the log itself (tail
+//!   allocation, the regions, flush and close through trigger actions); its disk is a
+//!   storage-layer block device (`storage::BlockDevice`: segment files, memory, the
+//!   simulated one).
 //! - [`hot`]: the hot log with its index, FASTER's store (get, upsert, delete,
 //!   read-modify-write).
 //! - [`cold`]: the cold log and its two-level index of hash chunks.
@@ -43,7 +45,6 @@
 pub(crate) mod aio;
 pub(crate) mod bucket;
 pub(crate) mod cold;
-pub(crate) mod device;
 pub(crate) mod epoch;
 pub(crate) mod f2;
 pub(crate) mod hlog;

@@ -25,7 +25,7 @@
 //!   only maker of such guards, turns it back into "not finished".
 //! - A read is set up under the guard whose holder saw its address at or above BEGIN: a
 //!   device without files reads it right then; for a segment file the read takes the
-//!   open file ([`LogPages::read_target`]), whose bytes a truncation cannot take away
+//!   open file ([`BlockDevice::read_target`]), whose bytes a truncation cannot take away
 //!   (unlinking keeps an open file's data), so it may run after the guard is dropped.
 //! - Every batch ends: a read that failed is simply not kept (its operation asks again),
 //!   and after [`MAX_ROUNDS`] rounds the unfinished operations run on the blocking
@@ -36,11 +36,12 @@ use std::fs::File;
 use std::io;
 use std::sync::Arc;
 
-use super::device::LogPages;
 use super::epoch::{EpochGuard, EpochHandle};
-use super::hlog::{AlignedPage, FIRST_READ_BYTES, HybridLog};
+use super::hlog::{FIRST_READ_BYTES, HybridLog};
 use super::record::DiskRecord;
 use crate::error::{Error, Result};
+use crate::storage::AlignedBuf;
+use crate::storage::BlockDevice;
 use crate::sync::Mutex;
 
 /// Rounds a batch runs before its unfinished operations take the blocking path. An
@@ -90,7 +91,7 @@ struct BatchState {
 /// Bytes read from a log's device at `start`.
 struct ReadBytes {
     start: u64,
-    bytes: AlignedPage,
+    bytes: AlignedBuf,
     /// Counted in the log's record reads (the first time an operation used it).
     counted: bool,
 }
@@ -102,7 +103,7 @@ struct Want {
     address: u64,
     start: u64,
     len: usize,
-    device: Arc<dyn LogPages>,
+    device: Arc<dyn BlockDevice>,
 }
 
 /// One read of a round, set up: a [`Want`] (one per record) with its buffer.
@@ -110,7 +111,7 @@ pub(crate) struct DeviceRead {
     log: usize,
     address: u64,
     start: u64,
-    buf: AlignedPage,
+    buf: AlignedBuf,
     /// The open file and offset to read from, for a device of segment files.
     target: Option<(Arc<File>, u64)>,
     /// The bytes are in `buf`.
@@ -120,7 +121,7 @@ pub(crate) struct DeviceRead {
 impl DeviceRead {
     /// The open file and offset this read is for, and its buffer, if it is still to do
     /// and a file takes it.
-    pub(crate) fn file_read(&mut self) -> Option<(&Arc<File>, u64, &mut AlignedPage)> {
+    pub(crate) fn file_read(&mut self) -> Option<(&Arc<File>, u64, &mut AlignedBuf)> {
         match &self.target {
             Some((file, offset)) if !self.done => Some((file, *offset, &mut self.buf)),
             _ => None,
@@ -196,7 +197,7 @@ impl ReadBatch {
         unique
             .into_iter()
             .map(|want| {
-                let mut buf = AlignedPage::new(want.len);
+                let mut buf = AlignedBuf::new(want.len);
                 let target = want.device.read_target(want.start, want.len);
                 // A failed read is not kept: its operation asks again (module docs).
                 let done = target.is_none() && want.device.read(want.start, buf.as_mut()).is_ok();

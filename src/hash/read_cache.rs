@@ -547,10 +547,10 @@ pub(crate) fn unlink(
 mod tests {
     use std::sync::Arc;
 
-    use crate::hash::device::MemPages;
     use crate::hash::epoch::Epoch;
     use crate::hash::hlog::HlogOptions;
     use crate::hash::hot::{HotLog, HotRead};
+    use crate::storage::MemBlocks;
 
     /// A hot log of four 4 KiB frames with a read cache of `pages` 4 KiB pages.
     fn store(pages: u64) -> HotLog {
@@ -562,7 +562,7 @@ mod tests {
         HotLog::with_read_cache(
             256,
             options,
-            Arc::new(MemPages::new()),
+            Arc::new(MemBlocks::new()),
             Arc::new(Epoch::new()),
             pages * 4096,
         )
@@ -643,7 +643,7 @@ mod tests {
         let made = HotLog::with_read_cache(
             16,
             options,
-            Arc::new(MemPages::new()),
+            Arc::new(MemBlocks::new()),
             Arc::new(Epoch::new()),
             2 * 4096,
         );

@@ -12,13 +12,13 @@
 use std::collections::{HashMap, HashSet};
 
 use super::bucket::{Entry, KeyHash};
-use super::device::MemPages;
 use super::epoch::Epoch;
 use super::hlog::HlogOptions;
 use super::hot::{HotLog, HotRead};
 use super::index::{HashIndex, IndexOptions};
 use super::read_cache::{READ_CACHE_BIT, is_cached};
 use super::test_support::{Records, check_entries, find_all, upsert};
+use crate::storage::MemBlocks;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Arc, thread};
 
@@ -310,7 +310,7 @@ fn store_with_read_cache() -> Arc<HotLog> {
     let store = HotLog::with_read_cache(
         16,
         options,
-        std::sync::Arc::new(MemPages::new()),
+        std::sync::Arc::new(MemBlocks::new()),
         std::sync::Arc::new(Epoch::new()),
         3 * 4096,
     )

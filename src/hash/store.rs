@@ -27,13 +27,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::device::{FilePages, LogPages, Retaining};
 use super::f2::{F2, F2Devices, F2Extents, F2Options};
 use super::hlog::HlogOptions;
 use super::hot::Update;
 use super::read_cache::ReadCache;
 use crate::error::{Error, Result};
 use crate::journal::{Durability, Journal};
+use crate::storage::{BlockDevice, Retaining, SegmentFiles};
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::ticker::Ticker;
 use crate::wal::LogOpRef;
@@ -278,6 +278,9 @@ pub(crate) const RECORD_FORMAT: u8 = 2;
 
 /// Bytes of a log segment file.
 const SEGMENT_BYTES: u64 = 64 << 20;
+
+/// The extension of the logs' segment files (`<prefix>-<segment as 8 hex>.hlog`).
+const SEGMENT_EXTENSION: &str = "hlog";
 /// The largest log page: a segment holds a whole number of them.
 const MAX_PAGE_BITS: u32 = 22;
 
@@ -708,11 +711,11 @@ impl HashStore {
     ) -> Result<HashStore> {
         layout.check()?;
         let id = attached.keyspace;
-        let devices: [Arc<dyn LogPages>; 3] = std::array::from_fn(|i| -> Arc<dyn LogPages> {
+        let devices: [Arc<dyn BlockDevice>; 3] = std::array::from_fn(|i| -> Arc<dyn BlockDevice> {
             match &files {
-                HashFiles::Dir { dir, direct } => Arc::new(FilePages::new(
+                HashFiles::Dir { dir, direct } => Arc::new(SegmentFiles::new(
                     dir,
-                    &file_prefix(id, LOGS[i]),
+                    (&file_prefix(id, LOGS[i]), SEGMENT_EXTENSION),
                     SEGMENT_BYTES,
                     *direct,
                 )),
@@ -724,7 +727,7 @@ impl HashStore {
             Arc::new(Retaining::new(Arc::clone(&devices[i]), floors_at[i]))
         });
         let f2_devices = {
-            let [hot, cold, chunks] = floors.clone().map(|f| f as Arc<dyn LogPages>);
+            let [hot, cold, chunks] = floors.clone().map(|f| f as Arc<dyn BlockDevice>);
             F2Devices { hot, cold, chunks }
         };
         let options = layout.f2_options(memory)?;

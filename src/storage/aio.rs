@@ -1,5 +1,6 @@
 //! Async page reads on a tokio-uring runtime (feature `tokio-uring`):
-//! [`AsyncPageReader`].
+//! [`AsyncPageReader`]; and the ring read of a block device's segment file that the hash
+//! tier's async reads await (`read_on_ring`).
 //!
 //! For a caller that runs inside a tokio-uring runtime (one thread, one ring, many
 //! tasks) and wants a page read to yield the thread instead of blocking it. A store that
@@ -8,10 +9,9 @@
 //! and awaited. Any other store is read with the blocking [`PageStore::read_page`].
 //!
 //! tokio-uring 0.5 is the latest release and is no longer actively maintained. Its use
-//! is confined to this module — one `read_exact_at` call on a `File` made from a
-//! duplicate of the store's descriptor, and a buffer type for [`Page`] — and to the
-//! hash tier's `hash/aio.rs`, which does the same for log records; so replacing it
-//! touches nothing else.
+//! is confined to this module — `read_exact_at` on a `File` made from a duplicate of a
+//! descriptor, into a [`Page`] or an [`AlignedBuf`] — so replacing it touches nothing
+//! else.
 //!
 //! # Invariants this module owns
 //!
@@ -24,13 +24,13 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::rc::Rc;
 
 use tokio_uring::buf::{IoBuf, IoBufMut};
 use tokio_uring::fs::File;
 
-use super::{PAGE_SIZE, Page, PageKind, PageNo, PageStore};
+use super::{AlignedBuf, Page, PageKind, PageNo, PageStore};
 
 /// How an [`AsyncPageReader::read_page`] was served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,35 +63,103 @@ impl std::fmt::Debug for AsyncPageReader {
     }
 }
 
-/// A page as a tokio-uring buffer: 4096-aligned, as `O_DIRECT` reads need.
-struct PageBuf(Box<Page>);
+/// Heap bytes that stay where they are while their owner moves: what the ring may
+/// write into while it owns the buffer.
+///
+/// # Safety
+///
+/// `bytes` and `bytes_mut` return the same allocation every time, which neither moves
+/// nor is freed while the implementor lives, and whose every byte is initialised.
+unsafe trait StableBytes: Unpin + 'static {
+    fn bytes(&self) -> &[u8];
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
 
-// SAFETY: the bytes live in the Box's heap allocation, which does not move when the
-// `PageBuf` moves and stays allocated while the runtime owns the `PageBuf`; all
-// `PAGE_SIZE` bytes are initialised (the page is zeroed when allocated).
-unsafe impl IoBuf for PageBuf {
+// SAFETY: a boxed page's bytes are its heap allocation, zeroed when allocated.
+unsafe impl StableBytes for Box<Page> {
+    fn bytes(&self) -> &[u8] {
+        self.as_bytes()
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.as_bytes_mut()
+    }
+}
+
+// SAFETY: an `AlignedBuf` owns its allocation (heap or mapping), zeroed when allocated,
+// and frees it only when dropped.
+unsafe impl StableBytes for AlignedBuf {
+    fn bytes(&self) -> &[u8] {
+        self.as_ref()
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.as_mut()
+    }
+}
+
+/// Aligned bytes (a [`Page`] or an [`AlignedBuf`], as `O_DIRECT` reads need) as a
+/// tokio-uring buffer.
+struct RingBuf<B>(B);
+
+// SAFETY: the bytes are `B`'s stable allocation (see `StableBytes`), which the runtime
+// keeps alive by owning the `RingBuf`; every byte is initialised.
+unsafe impl<B: StableBytes> IoBuf for RingBuf<B> {
     fn stable_ptr(&self) -> *const u8 {
-        self.0.as_bytes().as_ptr()
+        self.0.bytes().as_ptr()
     }
 
     fn bytes_init(&self) -> usize {
-        PAGE_SIZE
+        self.0.bytes().len()
     }
 
     fn bytes_total(&self) -> usize {
-        PAGE_SIZE
+        self.0.bytes().len()
     }
 }
 
 // SAFETY: as for `IoBuf`; the pointer is to the same stable, writable allocation.
-unsafe impl IoBufMut for PageBuf {
+unsafe impl<B: StableBytes> IoBufMut for RingBuf<B> {
     fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.0.as_bytes_mut().as_mut_ptr()
+        self.0.bytes_mut().as_mut_ptr()
     }
 
     unsafe fn set_init(&mut self, _pos: usize) {
         // Every byte is initialised from the start.
     }
+}
+
+/// A duplicate of descriptor `fd`, for a tokio-uring `File` to own and close (the
+/// owner of `fd` keeps its own).
+fn duplicate(fd: RawFd) -> io::Result<std::fs::File> {
+    // SAFETY: `fcntl` only reads the descriptor number; the caller keeps `fd` open for
+    // the duration of the call.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `dup` is a fresh descriptor that nothing else owns; the `File` takes
+    // ownership and closes it when dropped.
+    Ok(unsafe { std::fs::File::from_raw_fd(dup) })
+}
+
+/// Reads `len` bytes at `offset` of `file` (a segment file of a
+/// [`BlockDevice`](super::BlockDevice), with `offset` and `len` aligned as it reads) on
+/// the runtime's ring, through a duplicate of its descriptor: a truncation that deletes
+/// the file meanwhile leaves its bytes readable. Must be awaited inside a tokio-uring
+/// runtime.
+pub(crate) async fn read_on_ring(
+    file: &std::fs::File,
+    offset: u64,
+    len: usize,
+) -> io::Result<AlignedBuf> {
+    let file = File::from_std(duplicate(file.as_raw_fd())?);
+    let (result, buf) = file
+        .read_exact_at(RingBuf(AlignedBuf::new(len)), offset)
+        .await;
+    // Closing a duplicate cannot lose data (nothing was written through it).
+    let _ = file.close().await;
+    result.map(|()| buf.0)
 }
 
 impl AsyncPageReader {
@@ -120,7 +188,7 @@ impl AsyncPageReader {
             return Ok((page, ReadPath::Blocking));
         };
         let file = self.file(fd)?;
-        let (result, buf) = file.read_exact_at(PageBuf(Page::boxed()), offset).await;
+        let (result, buf) = file.read_exact_at(RingBuf(Page::boxed()), offset).await;
         let page = buf.0;
         result?;
         page.verify(no, PageKind::Data)?;
@@ -136,15 +204,9 @@ impl AsyncPageReader {
         {
             return Ok(Rc::clone(file));
         }
-        // SAFETY: `dup` only reads the descriptor number; the store keeps `fd` open as
-        // long as it lives, and `raw_page_location` just returned it from a live store.
-        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-        if dup < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `dup` is a fresh descriptor that nothing else owns; the `File` takes
-        // ownership and closes it when dropped.
-        let file = Rc::new(File::from_std(unsafe { std::fs::File::from_raw_fd(dup) }));
+        // The store keeps `fd` open as long as it lives, and `raw_page_location` just
+        // returned it from a live store.
+        let file = Rc::new(File::from_std(duplicate(fd)?));
         *cached = Some((fd, Rc::clone(&file)));
         Ok(file)
     }

@@ -29,6 +29,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::SECTOR_BYTES;
+use super::blocks::read_up_to;
 use super::file::name_path;
 use super::sim::{Countdown, SimFault, SimOp};
 use crate::sync::Mutex;
@@ -36,8 +38,6 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 
 /// Bytes in one log block: the unit of every log write.
 pub const LOG_BLOCK_BYTES: usize = 4096;
-
-const SECTOR_BYTES: usize = 512;
 
 /// Where the write-ahead log's segments live. Segments are named by a `u64` id that is
 /// never reused; spares (see the module docs) by a `u64` id of the same space, which no
@@ -251,17 +251,7 @@ impl LogDevice for DirLog {
 
     fn read_at(&self, id: u64, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         let f = self.file(id)?;
-        let mut done = 0;
-        while done < buf.len() {
-            let n = f
-                .read_at(&mut buf[done..], offset + done as u64)
-                .map_err(|e| named(&self.path(id), e))?;
-            if n == 0 {
-                break;
-            }
-            done += n;
-        }
-        Ok(done)
+        read_up_to(&f, offset, buf).map_err(|e| named(&self.path(id), e))
     }
 
     fn sync(&self, id: u64) -> io::Result<()> {

@@ -1,4 +1,9 @@
-//! The page store: every byte of disk IO in bfdb goes through [`PageStore`].
+//! The storage layer: every byte of disk IO in bfdb goes through it, as pages of a
+//! [`PageStore`] (this module), segments of a [`LogDevice`] (`log`), or blocks of a
+//! block device (`blocks`: the hash logs' segment files). It owns alignment, `O_DIRECT`,
+//! io_uring and checksums; it uses nothing of the crate but the `sync` shim.
+//!
+//! # Page stores
 //!
 //! A page store hands out 4 KiB page *slots*, identified by a [`PageNo`], and reads
 //! and writes whole [`Page`]s at them. It never knows what a page contains: the first
@@ -44,6 +49,7 @@ use std::io;
 #[cfg(feature = "tokio-uring")]
 mod aio;
 mod backend;
+mod blocks;
 mod file;
 mod log;
 mod memory;
@@ -52,8 +58,13 @@ mod sim;
 pub mod uring;
 
 #[cfg(feature = "tokio-uring")]
+pub(crate) use aio::read_on_ring;
+#[cfg(feature = "tokio-uring")]
 pub use aio::{AsyncPageReader, ReadPath};
 pub(crate) use backend::{ActiveBackend, IoRequest, IoUringUse, OpenError, open_with_fallback};
+#[cfg(test)]
+pub(crate) use blocks::MemBlocks;
+pub(crate) use blocks::{AlignedBuf, BlockDevice, IO_ALIGN_BYTES, Retaining, SegmentFiles};
 pub(crate) use file::name_path;
 pub use file::{
     FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, PathIoError, SyncCrashPoint,
@@ -81,6 +92,10 @@ pub trait SlotStore: PageStore {
 
 /// Size of one page in bytes: the unit of every read and write.
 pub const PAGE_SIZE: usize = 4096;
+
+/// Bytes of a disk sector: the unit a power cut tears writes at, and the smallest read
+/// alignment a block device may allow.
+pub(crate) const SECTOR_BYTES: usize = 512;
 
 /// Size of the store's header at the start of every page.
 pub const PAGE_HEADER_SIZE: usize = 16;

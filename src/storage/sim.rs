@@ -27,10 +27,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io;
 
-use super::{PAGE_SIZE, Page, PageKind, PageNo, PageStore, StoreStats, not_allocated};
+use super::{
+    PAGE_SIZE, Page, PageKind, PageNo, PageStore, SECTOR_BYTES, StoreStats, not_allocated,
+};
 use crate::sync::Mutex;
-
-const SECTOR_BYTES: usize = 512;
 
 /// Allocation state: the next never-used page and the free slots.
 #[derive(Clone, Debug, Default)]

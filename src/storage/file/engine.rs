@@ -51,8 +51,8 @@ thread_local! {
     static SIMULATE_NO_O_DIRECT: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Makes stores opened by the calling thread behave as if the filesystem refused
-/// `O_DIRECT` (for tests of the fallback to buffered IO).
+/// Makes stores (and block devices' segment files) opened by the calling thread behave
+/// as if the filesystem refused `O_DIRECT` (for tests of the fallback to buffered IO).
 #[doc(hidden)]
 pub fn simulate_o_direct_refused_for_test(refused: bool) {
     SIMULATE_NO_O_DIRECT.with(|s| s.set(refused));
@@ -63,10 +63,22 @@ pub fn simulate_o_direct_refused_for_test(refused: bool) {
 pub(super) fn open_file(path: &Path, options: &FileOptions) -> io::Result<(File, bool)> {
     let mut open = OpenOptions::new();
     open.read(true).write(true).create(options.create);
-    if options.direct_io && !SIMULATE_NO_O_DIRECT.with(Cell::get) {
-        let mut direct = open.clone();
-        direct.custom_flags(libc::O_DIRECT);
-        match direct.open(path) {
+    open_maybe_direct(&open, path, options.direct_io)
+}
+
+/// Opens `path` as `open` says, with `O_DIRECT` added if `direct` and the filesystem
+/// accepts it (else buffered). Returns the file and whether `O_DIRECT` is active. The
+/// one place the storage layer opens files for `O_DIRECT`: the file store's and the
+/// segment files of a [`BlockDevice`](super::super::BlockDevice).
+pub(crate) fn open_maybe_direct(
+    open: &OpenOptions,
+    path: &Path,
+    direct: bool,
+) -> io::Result<(File, bool)> {
+    if direct && !SIMULATE_NO_O_DIRECT.with(Cell::get) {
+        let mut with_direct = open.clone();
+        with_direct.custom_flags(libc::O_DIRECT);
+        match with_direct.open(path) {
             Ok(file) => return Ok((file, true)),
             // Filesystems without O_DIRECT support (tmpfs on older kernels, some FUSE
             // mounts) refuse the flag with EINVAL; buffered IO still works there.

@@ -81,8 +81,8 @@ use super::{
 use crate::sync::atomic::AtomicU8;
 use crate::sync::{Mutex, RwLock};
 
-pub(crate) use engine::name_path;
 use engine::{check_engine, has_o_direct, open_file};
+pub(crate) use engine::{name_path, open_maybe_direct};
 use freelist::AllocState;
 use superblock::Superblock;
 
