@@ -1,6 +1,6 @@
-//! Checkpoint files: for each tree keyspace, its leaf pages in key order — each one's
-//! low routing key and the physical page slot holding it — and the log position from
-//! which recovery replays.
+//! The checkpoint file's format: for each tree keyspace, its leaf pages in key order —
+//! each one's low routing key and the physical page slot holding it — and the log
+//! position from which recovery replays.
 //!
 //! # Layout (`ckpt-<generation as 16 hex digits>`, little-endian)
 //!
@@ -21,17 +21,15 @@
 //!   body length (u64), crc32c of the body (u32)
 //! ```
 //!
-//! The file is written to `ckpt-<generation>.tmp`, synced, renamed, and the directory
-//! synced; it counts only once the manifest names it. Decoding accepts any bytes and
-//! reports what is wrong; it never panics.
+//! The file is written durably by `Checkpoint::store` (in `dir.rs`); it counts only once
+//! the manifest names it. Decoding accepts any bytes and reports what is wrong; it never
+//! panics.
 
 #![deny(clippy::indexing_slicing)]
 
-use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::manifest::{named, sync_dir};
 use crate::error::{Error, Result};
 use crate::hash::f2::F2Extents;
 use crate::hash::hlog::LogExtent;
@@ -163,16 +161,6 @@ fn extents_from(f: [u64; 8]) -> F2Extents {
     }
 }
 
-/// The file name of checkpoint `generation`.
-pub(crate) fn file_name(generation: u64) -> String {
-    format!("ckpt-{generation:016x}")
-}
-
-/// The path of checkpoint `generation` in `dir`.
-pub(crate) fn path(dir: &Path, generation: u64) -> PathBuf {
-    dir.join(file_name(generation))
-}
-
 impl Checkpoint {
     /// The file's bytes, as one buffer (tests and the fuzz target; files are written
     /// with [`Checkpoint::store`]).
@@ -184,7 +172,7 @@ impl Checkpoint {
 
     /// Writes the file's bytes to `out`, a piece at a time (no copy of the whole file
     /// is built: a tree of millions of leaves has a checkpoint of tens of MiB).
-    fn write_to(&self, out: &mut impl Write) -> io::Result<()> {
+    pub(super) fn write_to(&self, out: &mut impl Write) -> io::Result<()> {
         let mut w = Summed {
             out,
             len: 0,
@@ -305,41 +293,6 @@ impl Checkpoint {
             keyspaces,
             hash,
         })
-    }
-
-    /// Reads and decodes checkpoint `generation` of `dir`.
-    pub(crate) fn load(dir: &Path, generation: u64) -> Result<Checkpoint> {
-        let path = path(dir, generation);
-        let bytes = fs::read(&path).map_err(|e| Error::Io(named(&path, e)))?;
-        let ckpt = Checkpoint::decode(&path, &bytes)?;
-        if ckpt.generation != generation {
-            return Err(Error::CorruptFile {
-                path,
-                reason: format!("it holds checkpoint {}", ckpt.generation),
-            });
-        }
-        Ok(ckpt)
-    }
-
-    /// Writes the checkpoint's file in `dir` durably (module docs).
-    pub(crate) fn store(&self, dir: &Path) -> Result<()> {
-        let path = path(dir, self.generation);
-        let tmp = dir.join(format!("{}.tmp", file_name(self.generation)));
-        let write = || -> io::Result<()> {
-            let f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            let mut w = io::BufWriter::with_capacity(1 << 20, f);
-            self.write_to(&mut w)?;
-            let f = w.into_inner().map_err(io::IntoInnerError::into_error)?;
-            f.sync_all()
-        };
-        // Each step's error names the file it failed on.
-        write().map_err(|e| Error::Io(named(&tmp, e)))?;
-        fs::rename(&tmp, &path).map_err(|e| Error::Io(named(&path, e)))?;
-        sync_dir(dir).map_err(|e| Error::Io(named(dir, e)))
     }
 }
 
