@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::config::MIN_MEMORY_BUDGET_BYTES;
 use crate::error::{Error, Result};
-use crate::hash::f2::F2Extents;
+use crate::hash::checkpoint::F2Extents;
 use crate::hash::store::{
     self as hash_store, HashAttached, HashFiles, HashLayout, HashStore, HashStoreOptions,
 };

@@ -14,9 +14,10 @@
 //!   per keyspace: id (u32), leaf count (u64),
 //!                 per leaf: page slot (u64), low key length (u16), low key
 //!   hash keyspace count (u32)                                  (version 2 on)
-//!   per hash keyspace: id (u32); the hot log's begin and tail, its index's home
-//!                 buckets; the cold log's begin and tail; the chunk log's begin and
-//!                 tail, the chunk table's home buckets (u64 each)
+//!   per hash keyspace: id (u32); its record, encoded by `hash::checkpoint`: the hot
+//!                 log's begin and tail, its index's home buckets; the cold log's
+//!                 begin and tail; the chunk log's begin and tail, the chunk table's
+//!                 home buckets (u64 each)
 //! trailer:
 //!   body length (u64), crc32c of the body (u32)
 //! ```
@@ -31,8 +32,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::hash::f2::F2Extents;
-use crate::hash::hlog::LogExtent;
+use crate::hash::checkpoint::{self as hash_checkpoint, F2Extents};
 use crate::wal::{Cursor, LogPosition};
 
 const MAGIC: [u8; 8] = *b"BFDBCKPT";
@@ -118,49 +118,6 @@ pub(crate) struct Checkpoint {
     pub(crate) hash: Vec<(u32, F2Extents)>,
 }
 
-/// The numbers of a hash keyspace's record, in file order.
-fn extent_fields(e: &F2Extents) -> [u64; 8] {
-    [
-        e.hot.begin,
-        e.hot.tail,
-        e.hot_buckets,
-        e.cold.begin,
-        e.cold.tail,
-        e.chunks.begin,
-        e.chunks.tail,
-        e.chunk_buckets,
-    ]
-}
-
-fn extents_from(f: [u64; 8]) -> F2Extents {
-    let [
-        hot_begin,
-        hot_tail,
-        hot_buckets,
-        cold_begin,
-        cold_tail,
-        chunks_begin,
-        chunks_tail,
-        chunk_buckets,
-    ] = f;
-    F2Extents {
-        hot: LogExtent {
-            begin: hot_begin,
-            tail: hot_tail,
-        },
-        hot_buckets,
-        cold: LogExtent {
-            begin: cold_begin,
-            tail: cold_tail,
-        },
-        chunks: LogExtent {
-            begin: chunks_begin,
-            tail: chunks_tail,
-        },
-        chunk_buckets,
-    }
-}
-
 impl Checkpoint {
     /// The file's bytes, as one buffer (tests and the fuzz target; files are written
     /// with [`Checkpoint::store`]).
@@ -196,9 +153,7 @@ impl Checkpoint {
         w.put(&(self.hash.len() as u32).to_le_bytes())?;
         for (id, extents) in &self.hash {
             w.put(&id.to_le_bytes())?;
-            for n in extent_fields(extents) {
-                w.put(&n.to_le_bytes())?;
-            }
+            w.put(&extents.encode())?;
         }
         let (len, crc) = (w.len, w.crc);
         out.write_all(&len.to_le_bytes())?;
@@ -274,11 +229,11 @@ impl Checkpoint {
             let count = r.u32().ok_or_else(truncated)?;
             for _ in 0..count {
                 let id = r.u32().ok_or_else(truncated)?;
-                let mut fields = [0u64; 8];
-                for f in &mut fields {
-                    *f = r.u64().ok_or_else(truncated)?;
-                }
-                hash.push((id, extents_from(fields)));
+                let extents = r
+                    .take(hash_checkpoint::ENCODED_BYTES)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(truncated)?;
+                hash.push((id, F2Extents::decode(extents)));
             }
         }
         if !r.bytes.is_empty() {
@@ -335,7 +290,11 @@ mod tests {
                     leaves: [(&b""[..], 3)].into_iter().collect(),
                 },
             ],
-            hash: vec![(5, extents_from([64, 9000, 1024, 64, 4096, 128, 70000, 256]))],
+            hash: vec![(5, {
+                let numbers = [64u64, 9000, 1024, 64, 4096, 128, 70000, 256];
+                let bytes: Vec<u8> = numbers.iter().flat_map(|n| n.to_le_bytes()).collect();
+                F2Extents::decode(&bytes.try_into().unwrap())
+            })],
         }
     }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::hash::f2::F2Extents;
+use crate::hash::checkpoint::{self as hash_checkpoint, F2Extents};
 use crate::storage::{LOG_BLOCK_BYTES, PinSet, ShadowStore};
 use crate::sync::atomic::Ordering;
 use crate::ticker::Ticker;
@@ -423,15 +423,7 @@ pub(super) fn kept_floors(kept: &[Kept], id: u32) -> [u64; 3] {
     // A kept checkpoint from before the keyspace existed needs none of it (recovery
     // from it starts the keyspace empty); one that records it needs what it records.
     let recorded: Vec<&F2Extents> = kept.iter().filter_map(|k| k.hash.get(&id)).collect();
-    if recorded.is_empty() {
-        return [0; 3];
-    }
-    let low = |f: fn(&F2Extents) -> u64| recorded.iter().map(|e| f(e)).min().unwrap_or(0);
-    [
-        low(|e| e.hot.begin),
-        low(|e| e.cold.begin),
-        low(|e| e.chunks.begin),
-    ]
+    hash_checkpoint::floors(&recorded)
 }
 
 /// Hands the memory the allocator keeps of freed blocks back to the operating system
