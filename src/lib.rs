@@ -103,7 +103,7 @@ pub mod wal;
 pub use config::{Backend, Config};
 #[doc(hidden)]
 pub use db::fuzz_decode_files;
-pub use db::{CheckpointCrashPoint, Db, DbOptions, DbStats, RecoveryStats, WriteBatch};
+pub use db::{CheckpointCrashPoint, Db, DbOptions, DbStats, LostLog, RecoveryStats, WriteBatch};
 pub use error::{Error, Result};
 pub use hash::store::{HashStore, HashStoreOptions, HashStoreStats};
 pub use journal::Durability;

@@ -1,6 +1,6 @@
-//! Checkpoint files: for each tree keyspace, its leaf pages in key order — each one's
-//! low routing key and the physical page slot holding it — and the log position from
-//! which recovery replays.
+//! The checkpoint file's format: for each tree keyspace, its leaf pages in key order —
+//! each one's low routing key and the physical page slot holding it — and the log
+//! position from which recovery replays.
 //!
 //! # Layout (`ckpt-<generation as 16 hex digits>`, little-endian)
 //!
@@ -14,27 +14,25 @@
 //!   per keyspace: id (u32), leaf count (u64),
 //!                 per leaf: page slot (u64), low key length (u16), low key
 //!   hash keyspace count (u32)                                  (version 2 on)
-//!   per hash keyspace: id (u32); the hot log's begin and tail, its index's home
-//!                 buckets; the cold log's begin and tail; the chunk log's begin and
-//!                 tail, the chunk table's home buckets (u64 each)
+//!   per hash keyspace: id (u32); its record, encoded by `hash::checkpoint`: the hot
+//!                 log's begin and tail, its index's home buckets; the cold log's
+//!                 begin and tail; the chunk log's begin and tail, the chunk table's
+//!                 home buckets (u64 each)
 //! trailer:
 //!   body length (u64), crc32c of the body (u32)
 //! ```
 //!
-//! The file is written to `ckpt-<generation>.tmp`, synced, renamed, and the directory
-//! synced; it counts only once the manifest names it. Decoding accepts any bytes and
-//! reports what is wrong; it never panics.
+//! The file is written durably by `Checkpoint::store` (in `dir.rs`); it counts only once
+//! the manifest names it. Decoding accepts any bytes and reports what is wrong; it never
+//! panics.
 
 #![deny(clippy::indexing_slicing)]
 
-use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::manifest::{named, sync_dir};
 use crate::error::{Error, Result};
-use crate::hash::f2::F2Extents;
-use crate::hash::hlog::LogExtent;
+use crate::hash::checkpoint::{self as hash_checkpoint, F2Extents};
 use crate::wal::{Cursor, LogPosition};
 
 const MAGIC: [u8; 8] = *b"BFDBCKPT";
@@ -120,59 +118,6 @@ pub(crate) struct Checkpoint {
     pub(crate) hash: Vec<(u32, F2Extents)>,
 }
 
-/// The numbers of a hash keyspace's record, in file order.
-fn extent_fields(e: &F2Extents) -> [u64; 8] {
-    [
-        e.hot.begin,
-        e.hot.tail,
-        e.hot_buckets,
-        e.cold.begin,
-        e.cold.tail,
-        e.chunks.begin,
-        e.chunks.tail,
-        e.chunk_buckets,
-    ]
-}
-
-fn extents_from(f: [u64; 8]) -> F2Extents {
-    let [
-        hot_begin,
-        hot_tail,
-        hot_buckets,
-        cold_begin,
-        cold_tail,
-        chunks_begin,
-        chunks_tail,
-        chunk_buckets,
-    ] = f;
-    F2Extents {
-        hot: LogExtent {
-            begin: hot_begin,
-            tail: hot_tail,
-        },
-        hot_buckets,
-        cold: LogExtent {
-            begin: cold_begin,
-            tail: cold_tail,
-        },
-        chunks: LogExtent {
-            begin: chunks_begin,
-            tail: chunks_tail,
-        },
-        chunk_buckets,
-    }
-}
-
-/// The file name of checkpoint `generation`.
-pub(crate) fn file_name(generation: u64) -> String {
-    format!("ckpt-{generation:016x}")
-}
-
-/// The path of checkpoint `generation` in `dir`.
-pub(crate) fn path(dir: &Path, generation: u64) -> PathBuf {
-    dir.join(file_name(generation))
-}
-
 impl Checkpoint {
     /// The file's bytes, as one buffer (tests and the fuzz target; files are written
     /// with [`Checkpoint::store`]).
@@ -184,7 +129,7 @@ impl Checkpoint {
 
     /// Writes the file's bytes to `out`, a piece at a time (no copy of the whole file
     /// is built: a tree of millions of leaves has a checkpoint of tens of MiB).
-    fn write_to(&self, out: &mut impl Write) -> io::Result<()> {
+    pub(super) fn write_to(&self, out: &mut impl Write) -> io::Result<()> {
         let mut w = Summed {
             out,
             len: 0,
@@ -208,9 +153,7 @@ impl Checkpoint {
         w.put(&(self.hash.len() as u32).to_le_bytes())?;
         for (id, extents) in &self.hash {
             w.put(&id.to_le_bytes())?;
-            for n in extent_fields(extents) {
-                w.put(&n.to_le_bytes())?;
-            }
+            w.put(&extents.encode())?;
         }
         let (len, crc) = (w.len, w.crc);
         out.write_all(&len.to_le_bytes())?;
@@ -286,11 +229,11 @@ impl Checkpoint {
             let count = r.u32().ok_or_else(truncated)?;
             for _ in 0..count {
                 let id = r.u32().ok_or_else(truncated)?;
-                let mut fields = [0u64; 8];
-                for f in &mut fields {
-                    *f = r.u64().ok_or_else(truncated)?;
-                }
-                hash.push((id, extents_from(fields)));
+                let extents = r
+                    .take(hash_checkpoint::ENCODED_BYTES)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(truncated)?;
+                hash.push((id, F2Extents::decode(extents)));
             }
         }
         if !r.bytes.is_empty() {
@@ -305,41 +248,6 @@ impl Checkpoint {
             keyspaces,
             hash,
         })
-    }
-
-    /// Reads and decodes checkpoint `generation` of `dir`.
-    pub(crate) fn load(dir: &Path, generation: u64) -> Result<Checkpoint> {
-        let path = path(dir, generation);
-        let bytes = fs::read(&path).map_err(|e| Error::Io(named(&path, e)))?;
-        let ckpt = Checkpoint::decode(&path, &bytes)?;
-        if ckpt.generation != generation {
-            return Err(Error::CorruptFile {
-                path,
-                reason: format!("it holds checkpoint {}", ckpt.generation),
-            });
-        }
-        Ok(ckpt)
-    }
-
-    /// Writes the checkpoint's file in `dir` durably (module docs).
-    pub(crate) fn store(&self, dir: &Path) -> Result<()> {
-        let path = path(dir, self.generation);
-        let tmp = dir.join(format!("{}.tmp", file_name(self.generation)));
-        let write = || -> io::Result<()> {
-            let f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            let mut w = io::BufWriter::with_capacity(1 << 20, f);
-            self.write_to(&mut w)?;
-            let f = w.into_inner().map_err(io::IntoInnerError::into_error)?;
-            f.sync_all()
-        };
-        // Each step's error names the file it failed on.
-        write().map_err(|e| Error::Io(named(&tmp, e)))?;
-        fs::rename(&tmp, &path).map_err(|e| Error::Io(named(&path, e)))?;
-        sync_dir(dir).map_err(|e| Error::Io(named(dir, e)))
     }
 }
 
@@ -382,7 +290,11 @@ mod tests {
                     leaves: [(&b""[..], 3)].into_iter().collect(),
                 },
             ],
-            hash: vec![(5, extents_from([64, 9000, 1024, 64, 4096, 128, 70000, 256]))],
+            hash: vec![(5, {
+                let numbers = [64u64, 9000, 1024, 64, 4096, 128, 70000, 256];
+                let bytes: Vec<u8> = numbers.iter().flat_map(|n| n.to_le_bytes()).collect();
+                F2Extents::decode(&bytes.try_into().unwrap())
+            })],
         }
     }
 

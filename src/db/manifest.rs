@@ -1,5 +1,5 @@
-//! The manifest: the database directory's catalog of keyspaces, in one small file
-//! replaced atomically.
+//! The manifest's format: the database directory's catalog of keyspaces, in one small
+//! file replaced atomically.
 //!
 //! # Layout (`MANIFEST`, little-endian)
 //!
@@ -38,10 +38,7 @@
 //! names it. Two are kept, so that recovery can fall back to the older one if the newer
 //! one's file is damaged; the log is kept from the older one's position.
 //!
-//! # Replacing it
-//!
-//! A new manifest is written to `MANIFEST.tmp`, synced, renamed over `MANIFEST`, and the
-//! directory is synced: a crash leaves the old manifest or the new one, never a mix. A
+//! A new manifest replaces the old one atomically (`Manifest::store`, in `dir.rs`). A
 //! keyspace id is never reused, so log records of a dropped keyspace can never be
 //! replayed into a new one of the same name.
 //!
@@ -50,18 +47,11 @@
 #![deny(clippy::indexing_slicing)]
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
 use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::hash::store::{HashLayout, HashStoreOptions, RECORD_FORMAT};
 use crate::wal::{Cursor, LogPosition};
-
-/// The manifest's file name in the database directory.
-pub(crate) const MANIFEST: &str = "MANIFEST";
-/// Where a new manifest is written before it replaces the old one.
-pub(crate) const MANIFEST_TMP: &str = "MANIFEST.tmp";
 
 const MAGIC: [u8; 8] = *b"BFDBMANI";
 /// The manifest format this build reads and writes.
@@ -358,46 +348,6 @@ impl Manifest {
             max_value_bytes,
         })
     }
-
-    /// Reads the manifest of `dir`; `None` if there is none.
-    pub(crate) fn load(dir: &Path) -> Result<Option<Manifest>> {
-        let path = dir.join(MANIFEST);
-        match fs::read(&path) {
-            Ok(bytes) => Ok(Some(Manifest::decode(&path, &bytes)?)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::Io(named(&path, e))),
-        }
-    }
-
-    /// Replaces the manifest of `dir` with this one, atomically and durably (module
-    /// docs).
-    pub(crate) fn store(&self, dir: &Path) -> Result<()> {
-        let tmp = dir.join(MANIFEST_TMP);
-        let path = dir.join(MANIFEST);
-        // Each step's error names the file it failed on.
-        let write = || -> io::Result<()> {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            f.write_all(&self.encode())?;
-            f.sync_all()
-        };
-        write().map_err(|e| Error::Io(named(&tmp, e)))?;
-        fs::rename(&tmp, &path).map_err(|e| Error::Io(named(&path, e)))?;
-        sync_dir(dir).map_err(|e| Error::Io(named(dir, e)))
-    }
-}
-
-/// Syncs `dir`, making the creation, removal or renaming of its entries durable.
-pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// `e` naming `path`, as every IO error of a database file does (kind kept).
-pub(crate) fn named(path: &Path, e: io::Error) -> io::Error {
-    crate::storage::name_path(Some(path), e)
 }
 
 #[cfg(test)]

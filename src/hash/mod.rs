@@ -34,6 +34,7 @@
 //!   read again in the older half, and evicted page by page by compare-and-swap.
 //! - [`pending`]: pending reads: a batch's lookups in rounds, each round's disk reads in
 //!   flight together.
+//! - [`checkpoint`]: a store's record in a database checkpoint, and its bytes.
 //! - [`store`]: the public `HashStore`, a keyspace of the `Db` (options and the memory
 //!   split, files, writes through the journal, checkpoints and recovery, the background
 //!   compactor); `aio` (feature `tokio-uring`): its async reads.
@@ -44,6 +45,7 @@
 #[cfg(feature = "tokio-uring")]
 pub(crate) mod aio;
 pub(crate) mod bucket;
+pub(crate) mod checkpoint;
 pub(crate) mod cold;
 pub(crate) mod epoch;
 pub(crate) mod f2;
