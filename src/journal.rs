@@ -101,6 +101,9 @@ pub(crate) struct Journal {
     failed: AtomicBool,
     /// Why it failed, and whether readers must be refused too.
     failure: parking_lot::Mutex<Option<Failure>>,
+    /// A batch was left half applied in memory: readers are refused too, so that none
+    /// sees it (recovery completes or removes it from the log). Read without the mutex.
+    unreadable: AtomicBool,
     /// How old a `Logged` write's unflushed predecessors may be before the next
     /// `Logged` write waits for the disk (see [`Journal::bound_lag`]).
     flush_interval: Duration,
@@ -128,9 +131,6 @@ impl std::fmt::Debug for Journal {
 #[derive(Clone, Debug)]
 struct Failure {
     cause: String,
-    /// A batch was left half applied in memory: readers are refused too, so that none
-    /// sees it (recovery completes or removes it from the log).
-    unreadable: bool,
 }
 
 /// The stripe of `key` in `keyspace`.
@@ -174,6 +174,7 @@ impl Journal {
             epoch: AtomicU64::new(0),
             failed: AtomicBool::new(false),
             failure: parking_lot::Mutex::new(None),
+            unreadable: AtomicBool::new(false),
             flush_interval,
             _flusher: flusher,
             _preparer: preparer,
@@ -449,18 +450,17 @@ impl Journal {
     /// too. The first cause is kept; a later call can only make it unreadable.
     pub(crate) fn fail(&self, cause: &str, unreadable: bool) {
         let mut f = self.failure.lock();
-        match &mut *f {
-            Some(failure) => failure.unreadable |= unreadable,
-            None => {
-                log::error!(
-                    "bfdb: the database can no longer make writes durable and refuses them: \
-                     {cause}"
-                );
-                *f = Some(Failure {
-                    cause: cause.to_string(),
-                    unreadable,
-                });
-            }
+        if f.is_none() {
+            log::error!(
+                "bfdb: the database can no longer make writes durable and refuses them: {cause}"
+            );
+            *f = Some(Failure {
+                cause: cause.to_string(),
+            });
+        }
+        drop(f);
+        if unreadable {
+            self.unreadable.store(true, Ordering::Release);
         }
         self.failed.store(true, Ordering::Release);
     }
@@ -496,15 +496,12 @@ impl Journal {
 
     /// Refuses a read once a half-applied batch made the database unreadable.
     pub(crate) fn check_readable(&self) -> Result<()> {
-        if !self.failed.load(Ordering::Acquire) {
+        if !self.unreadable.load(Ordering::Acquire) {
             return Ok(());
         }
-        if self.failure.lock().as_ref().is_some_and(|f| f.unreadable) {
-            return Err(self.failure().unwrap_or(Error::Poisoned {
-                cause: String::new(),
-            }));
-        }
-        Ok(())
+        Err(self.failure().unwrap_or(Error::Poisoned {
+            cause: String::new(),
+        }))
     }
 
     /// The log, for recovery statistics.
