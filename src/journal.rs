@@ -99,7 +99,7 @@ pub(crate) struct Journal {
     epoch: AtomicU64,
     /// The database's failure state (see [`Journal::fail`]): set once, never cleared.
     failed: AtomicBool,
-    /// Why it failed, and whether readers must be refused too.
+    /// Why it failed (the first cause).
     failure: parking_lot::Mutex<Option<Failure>>,
     /// A batch was left half applied in memory: readers are refused too, so that none
     /// sees it (recovery completes or removes it from the log). Read without the mutex.
