@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use super::SECTOR_BYTES;
 use super::blocks::read_up_to;
 use super::file::name_path;
-use super::sim::{Countdown, SimFault, SimOp};
+use super::sim::{Faults, SimFault, SimOp};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, Ordering};
 
@@ -357,18 +357,10 @@ pub struct SimLog {
     spares: Mutex<BTreeMap<u64, SimSegment>>,
     seed: Mutex<u64>,
     /// The armed faults of reads, writes and syncs.
-    faults: Mutex<SimLogFaults>,
+    faults: Mutex<Faults>,
     /// Operations failed by an armed fault.
     injected: crate::sync::atomic::AtomicU64,
     failed: AtomicBool,
-}
-
-/// The faults armed on a [`SimLog`], one per kind of operation.
-#[derive(Debug, Default)]
-struct SimLogFaults {
-    reads: Countdown,
-    writes: Countdown,
-    syncs: Countdown,
 }
 
 impl SimLog {
@@ -378,7 +370,7 @@ impl SimLog {
             segments: Mutex::new(BTreeMap::new()),
             spares: Mutex::new(BTreeMap::new()),
             seed: Mutex::new(mix(seed) | 1),
-            faults: Mutex::new(SimLogFaults::default()),
+            faults: Mutex::new(Faults::default()),
             injected: crate::sync::atomic::AtomicU64::new(0),
             failed: AtomicBool::new(false),
         }
@@ -404,13 +396,7 @@ impl SimLog {
     /// Creating, renaming and removing files never fail.
     #[doc(hidden)]
     pub fn arm(&self, op: SimOp, n: u64, fault: SimFault) {
-        let mut faults = self.faults.lock();
-        let countdown = Countdown::after(n, fault);
-        match op {
-            SimOp::Read => faults.reads = countdown,
-            SimOp::Write => faults.writes = countdown,
-            SimOp::Sync => faults.syncs = countdown,
-        }
+        self.faults.lock().arm(op, n, fault);
     }
 
     /// Operations failed by an armed fault so far.
@@ -421,19 +407,13 @@ impl SimLog {
     /// Disarms every fault. Does not lift poisoning: a restarted process
     /// ([`SimLog::crash`]) finds a writable device.
     pub fn clear_faults(&self) {
-        *self.faults.lock() = SimLogFaults::default();
+        *self.faults.lock() = Faults::default();
     }
 
     /// The error of an armed fault that fires on this `op`, which poisons the device
     /// unless it is a read.
     fn injected(&self, op: SimOp, what: impl FnOnce() -> String) -> io::Result<()> {
-        let mut faults = self.faults.lock();
-        let countdown = match op {
-            SimOp::Read => &mut faults.reads,
-            SimOp::Write => &mut faults.writes,
-            SimOp::Sync => &mut faults.syncs,
-        };
-        match countdown.tick(op, what) {
+        match self.faults.lock().tick(op, what) {
             None => Ok(()),
             Some(e) => {
                 self.injected.fetch_add(1, Ordering::Relaxed);
@@ -459,7 +439,7 @@ impl SimLog {
             segments: Mutex::new(self.crash_files(segments)),
             spares: Mutex::new(self.crash_files(spares)),
             seed: Mutex::new(self.next_random() | 1),
-            faults: Mutex::new(SimLogFaults::default()),
+            faults: Mutex::new(Faults::default()),
             injected: crate::sync::atomic::AtomicU64::new(0),
             failed: AtomicBool::new(false),
         }

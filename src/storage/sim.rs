@@ -126,6 +126,35 @@ impl Countdown {
     }
 }
 
+/// The faults armed on a simulated device, one per kind of operation.
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    reads: Countdown,
+    writes: Countdown,
+    syncs: Countdown,
+}
+
+impl Faults {
+    /// Arms `fault` on `op` after the next `n` (replacing what was armed on `op`).
+    pub(crate) fn arm(&mut self, op: SimOp, n: u64, fault: SimFault) {
+        *self.of(op) = Countdown::after(n, fault);
+    }
+
+    /// The countdown of `op`.
+    pub(crate) fn of(&mut self, op: SimOp) -> &mut Countdown {
+        match op {
+            SimOp::Read => &mut self.reads,
+            SimOp::Write => &mut self.writes,
+            SimOp::Sync => &mut self.syncs,
+        }
+    }
+
+    /// Counts one `op`; the error it fails with if an armed fault fires.
+    pub(crate) fn tick(&mut self, op: SimOp, what: impl FnOnce() -> String) -> Option<io::Error> {
+        self.of(op).tick(op, what)
+    }
+}
+
 #[derive(Debug)]
 struct State {
     rng: u64,
@@ -135,9 +164,7 @@ struct State {
     durable_alloc: Allocation,
     /// Pages written since the last sync, in order.
     unsynced: Vec<u64>,
-    fail_reads: Countdown,
-    fail_writes: Countdown,
-    fail_syncs: Countdown,
+    faults: Faults,
     poisoned: Option<String>,
     counts: SimCounts,
     /// The file's name in its [`SimPages`], for error messages.
@@ -193,9 +220,7 @@ impl SimStore {
                 live_alloc: Allocation::default(),
                 durable_alloc: Allocation::default(),
                 unsynced: Vec::new(),
-                fail_reads: Countdown::default(),
-                fail_writes: Countdown::default(),
-                fail_syncs: Countdown::default(),
+                faults: Faults::default(),
                 poisoned: None,
                 counts: SimCounts::default(),
                 name: "a simulated page store".into(),
@@ -213,13 +238,7 @@ impl SimStore {
     /// Arms `fault` on the `op` after the next `n` (replacing what was armed on `op`).
     #[doc(hidden)]
     pub fn arm(&self, op: SimOp, n: u64, fault: SimFault) {
-        let mut s = self.state.lock();
-        let countdown = Countdown::after(n, fault);
-        match op {
-            SimOp::Read => s.fail_reads = countdown,
-            SimOp::Write => s.fail_writes = countdown,
-            SimOp::Sync => s.fail_syncs = countdown,
-        }
+        self.state.lock().faults.arm(op, n, fault);
     }
 
     /// The read after the next `n` reads fails with `EIO`, and so does every later one
@@ -240,10 +259,7 @@ impl SimStore {
 
     /// Disarms every fault. Does not lift poisoning: a real store must be reopened.
     pub fn clear_faults(&self) {
-        let mut s = self.state.lock();
-        s.fail_reads = Countdown::default();
-        s.fail_writes = Countdown::default();
-        s.fail_syncs = Countdown::default();
+        self.state.lock().faults = Faults::default();
     }
 
     /// Flips bit `bit` (0..32768) of page `no` in both images. Returns whether the page
@@ -338,9 +354,7 @@ struct BlocksState {
     unsynced: Vec<u64>,
     /// Blocks below this were given up.
     discarded_below: u64,
-    fail_reads: Countdown,
-    fail_writes: Countdown,
-    fail_syncs: Countdown,
+    faults: Faults,
     poisoned: Option<String>,
     /// The file's name in its [`SimPages`], for error messages.
     name: String,
@@ -367,9 +381,7 @@ impl SimBlocks {
                 durable: HashMap::new(),
                 unsynced: Vec::new(),
                 discarded_below: 0,
-                fail_reads: Countdown::default(),
-                fail_writes: Countdown::default(),
-                fail_syncs: Countdown::default(),
+                faults: Faults::default(),
                 poisoned: None,
                 name: "a simulated block file".into(),
                 injected: 0,
@@ -389,13 +401,7 @@ impl SimBlocks {
     /// fails the log.
     #[doc(hidden)]
     pub fn arm(&self, op: SimOp, n: u64, fault: SimFault) {
-        let mut s = self.state.lock();
-        let countdown = Countdown::after(n, fault);
-        match op {
-            SimOp::Read => s.fail_reads = countdown,
-            SimOp::Write => s.fail_writes = countdown,
-            SimOp::Sync => s.fail_syncs = countdown,
-        }
+        self.state.lock().faults.arm(op, n, fault);
     }
 
     /// Operations failed by an armed fault so far.
@@ -405,10 +411,7 @@ impl SimBlocks {
 
     /// Disarms every fault. Does not lift poisoning.
     pub fn clear_faults(&self) {
-        let mut s = self.state.lock();
-        s.fail_reads = Countdown::default();
-        s.fail_writes = Countdown::default();
-        s.fail_syncs = Countdown::default();
+        self.state.lock().faults = Faults::default();
     }
 
     fn check_aligned(offset: u64, len: usize) -> io::Result<()> {
@@ -430,7 +433,7 @@ impl SimBlocks {
             return Err(super::store_poisoned(cause.clone()));
         }
         let st = &mut *s;
-        if let Some(e) = st.fail_writes.tick(SimOp::Write, || {
+        if let Some(e) = st.faults.tick(SimOp::Write, || {
             format!("a write at {offset} of {}", st.name)
         }) {
             s.injected += 1;
@@ -453,7 +456,7 @@ impl SimBlocks {
         let mut s = self.state.lock();
         let st = &mut *s;
         if let Some(e) = st
-            .fail_reads
+            .faults
             .tick(SimOp::Read, || format!("a read at {offset} of {}", st.name))
         {
             s.injected += 1;
@@ -482,7 +485,7 @@ impl SimBlocks {
         }
         let st = &mut *s;
         if let Some(e) = st
-            .fail_syncs
+            .faults
             .tick(SimOp::Sync, || format!("a sync of {}", st.name))
         {
             s.injected += 1;
@@ -710,7 +713,7 @@ impl PageStore for SimStore {
             return Err(not_allocated(no, "read"));
         }
         let st = &mut *s;
-        if let Some(e) = st.fail_reads.tick(SimOp::Read, || {
+        if let Some(e) = st.faults.tick(SimOp::Read, || {
             format!("a read of page {no} of {}", st.name)
         }) {
             s.counts.injected_failures += 1;
@@ -732,7 +735,7 @@ impl PageStore for SimStore {
             return Err(not_allocated(no, "write"));
         }
         let st = &mut *s;
-        if let Some(e) = st.fail_writes.tick(SimOp::Write, || {
+        if let Some(e) = st.faults.tick(SimOp::Write, || {
             format!("a write of page {no} of {}", st.name)
         }) {
             s.counts.injected_failures += 1;
@@ -774,7 +777,7 @@ impl PageStore for SimStore {
         s.check_poison()?;
         let st = &mut *s;
         if let Some(e) = st
-            .fail_syncs
+            .faults
             .tick(SimOp::Sync, || format!("a sync of {}", st.name))
         {
             s.counts.injected_failures += 1;
