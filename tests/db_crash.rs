@@ -27,44 +27,17 @@ use std::time::Duration;
 use std::path::Path;
 
 use bfdb::storage::{LogDevice, SimLog, SimPages};
-use bfdb::{Config, Db, DbOptions, Durability, HashStoreOptions, WriteBatch};
+use bfdb::{Db, DbOptions, Durability, HashStoreOptions, WriteBatch};
 
 mod common;
-use common::{Rng, env_u64, seed};
+use common::{HASH, KEYS, KEYSPACES, Rng, env_u64, seed};
 
-/// Two trees and, last, a hash store.
-const KEYSPACES: [&str; 3] = ["a", "b", "h"];
-/// The index of the hash store in `KEYSPACES` and `State`.
-const HASH: usize = 2;
-/// Keys are `key0000` to `key0399`.
-const KEYS: u64 = 400;
-
-/// A hash store of a few pages: its hot log flushes and compacts into the cold log.
 fn hash_options() -> HashStoreOptions {
-    HashStoreOptions::default()
-        .memory_bytes(64 << 10)
-        .expected_keys(1024)
-        .hot_log_disk_bytes(96 << 10)
-        .cold_log_disk_bytes(512 << 10)
+    common::small_hash_options()
 }
 
 fn options() -> DbOptions {
-    DbOptions::default()
-        .config(Config {
-            // A small pool, so mini-pages merge and leaves split during the workload:
-            // 64 KiB for the trees once the hash store has its 64 KiB.
-            memory_budget_bytes: 128 << 10,
-            huge_pages: false,
-            background_eviction: false,
-            ..Config::default()
-        })
-        // Only the workload's own syncs and checkpoints: the sweep over sync points is
-        // deterministic.
-        .flush_interval(Duration::from_secs(60))
-        .checkpoint_log_bytes(0)
-        .checkpoint_interval(None)
-        .checkpoint_on_close(false)
-        .log_segment_bytes(64 << 10)
+    common::small_sim_options()
 }
 
 /// One write of a step: keyspace index, key, value (`None` deletes).

@@ -27,20 +27,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
-use std::time::Duration;
 
 use bfdb::storage::{LogDevice, SimFault, SimLog, SimOp, SimPages};
-use bfdb::{Config, Db, DbOptions, Durability, Error, HashStoreOptions, WriteBatch};
+use bfdb::{Db, DbOptions, Durability, Error, HashStoreOptions, WriteBatch};
 
 mod common;
-use common::{Rng, env_u64, seed};
+use common::{HASH, KEYS, KEYSPACES, Rng, env_u64, seed};
 
-/// Two trees and, last, a hash store.
-const KEYSPACES: [&str; 3] = ["a", "b", "h"];
-/// The index of the hash store in `KEYSPACES`.
-const HASH: usize = 2;
-/// Keys are `key0000` to `key0399` in each keyspace.
-const KEYS: u64 = 400;
 /// Steps of the workload of one run.
 const OPS: usize = 300;
 
@@ -49,27 +42,11 @@ const OPS: usize = 300;
 const REFUSED: &str = "the database can no longer make writes durable";
 
 fn hash_options() -> HashStoreOptions {
-    HashStoreOptions::default()
-        .memory_bytes(64 << 10)
-        .expected_keys(512)
-        .hot_log_disk_bytes(96 << 10)
-        .cold_log_disk_bytes(512 << 10)
+    common::small_hash_options()
 }
 
 fn options() -> DbOptions {
-    DbOptions::default()
-        .config(Config {
-            // Small, so that mini-pages merge, leaves split and pages are read back.
-            memory_budget_bytes: 128 << 10,
-            huge_pages: false,
-            background_eviction: false,
-            ..Config::default()
-        })
-        .flush_interval(Duration::from_secs(60))
-        .checkpoint_log_bytes(0)
-        .checkpoint_interval(None)
-        .checkpoint_on_close(false)
-        .log_segment_bytes(64 << 10)
+    common::small_sim_options()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bfdb::{Config, Error, Tree};
+use bfdb::{Config, DbOptions, Error, HashStoreOptions, Tree};
 
 // ---------------------------------------------------------------------------------------
 // Seeds and a small PRNG
@@ -208,4 +208,42 @@ pub fn insert_until_refused(
         Err(Error::Poisoned { .. })
     ));
     refused
+}
+
+// ---------------------------------------------------------------------------------------
+// The simulated three-keyspace database of the crash and fault campaigns
+// ---------------------------------------------------------------------------------------
+
+/// Two trees and, last, a hash store.
+pub const KEYSPACES: [&str; 3] = ["a", "b", "h"];
+/// The index of the hash store in `KEYSPACES`.
+pub const HASH: usize = 2;
+/// Keys are `key0000` to `key0399` in each keyspace.
+pub const KEYS: u64 = 400;
+
+/// A hash store of a few pages: its hot log flushes and compacts into the cold log.
+pub fn small_hash_options() -> HashStoreOptions {
+    HashStoreOptions::default()
+        .memory_bytes(64 << 10)
+        .expected_keys(1024)
+        .hot_log_disk_bytes(96 << 10)
+        .cold_log_disk_bytes(512 << 10)
+}
+
+/// A database whose only syncs and checkpoints are the workload's own (so a sweep over
+/// them is deterministic), with a pool small enough that mini-pages merge, leaves split
+/// and pages are read back: 64 KiB for the trees once the hash store has its 64 KiB.
+pub fn small_sim_options() -> DbOptions {
+    DbOptions::default()
+        .config(Config {
+            memory_budget_bytes: 128 << 10,
+            huge_pages: false,
+            background_eviction: false,
+            ..Config::default()
+        })
+        .flush_interval(std::time::Duration::from_secs(60))
+        .checkpoint_log_bytes(0)
+        .checkpoint_interval(None)
+        .checkpoint_on_close(false)
+        .log_segment_bytes(64 << 10)
 }
