@@ -8,7 +8,9 @@
 //!   pinned in memory under optimistic latch coupling, a mapping table whose entries
 //!   point either at a variable-length *mini-page* in a circular-buffer pool or at a
 //!   4 KiB *leaf page* on disk.
-//! - `HashStore` — an F2-style hash tier for skewed point workloads. (Later.)
+//! - [`HashStore`] — an F2-style hash tier for skewed point workloads (Kanellis et al.,
+//!   PVLDB 2025): a hot log and hot index in memory over FASTER's HybridLog, a cold log
+//!   on disk with a two-level cold index, a read cache, and lookup-based compaction.
 //!
 //! ## Example
 //!
@@ -84,9 +86,9 @@
 pub mod config;
 mod db;
 pub mod error;
-// The hash tier's parts are crate-private until the HybridLog and the operations that
-// use them land; outside the unit tests nothing calls them yet (and under shuttle only
-// the shuttle tests run, which use a part of them).
+// Some of the hash tier's items serve only its unit and shuttle tests (test
+// constructors such as `HlogOptions::with_memory`, inspection such as the epoch's
+// `registered_threads`, one-tier compactions): unused in a build without them.
 #[cfg_attr(any(not(test), feature = "shuttle"), allow(dead_code))]
 mod hash;
 mod journal;

@@ -1,7 +1,7 @@
 //! The hash tier: an F2-style store for skewed point workloads (Kanellis et al., PVLDB
 //! 2025), built on FASTER's hybrid log and hash index (Chandramouli et al., SIGMOD 2018).
 //!
-//! When finished, a `HashStore` keeps hot records in a *hot log* (a HybridLog: one
+//! A `HashStore` keeps hot records in a *hot log* (a HybridLog: one
 //! address space over in-memory pages and disk, updated in place near the tail), reached
 //! through the *hot index* below; write-cold records move by lookup-based compaction to a
 //! mostly-on-disk *cold log* with a two-level cold index; a *read cache* holds copies of
