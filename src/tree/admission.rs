@@ -4,7 +4,7 @@
 //! promotion rate). Under a skewed workload a hot record then stays on disk for several
 //! reads (five on average at 20%) before it is cached; caching every read fixes that
 //! but, under a uniform workload, churns the pool for records that are not read again
-//! before they age out (measured in docs/benchmarks.md: +22-38% reads/s under Zipf,
+//! before they age out (measured in docs/benchmarks-history.md: +22-38% reads/s under Zipf,
 //! -8-15% under uniform keys). bfdb keeps the chance and adds a "doorkeeper", as in
 //! TinyLFU's admission: a record whose leaf-page read is the *second* within a window is
 //! cached whatever the coin says. The first read of a key sets two bits of a small bit

@@ -400,7 +400,7 @@ impl FileStore {
     /// whose checkpoint pinned every page writes each page's next version to a new
     /// slot, so after a checkpoint about half its leaf writes went that way: at 10M
     /// records those workers took 0.41-0.48 µs of CPU per update, and the writers lost
-    /// more to the switches (docs/benchmarks.md). A write into reserved blocks is an
+    /// more to the switches (docs/benchmarks-history.md). A write into reserved blocks is an
     /// overwrite as far as the lock and io_uring are concerned. Nothing about the slots
     /// changes: reserved blocks lie past the file's length until `set_len` covers them,
     /// read as zeros, and a reopen does not see them. A failure (a filesystem without `fallocate`, a
