@@ -522,8 +522,10 @@ fn too_large_keys_and_values_are_refused_in_big_nodes() {
     let mut buf = vec![0u8; 32 * 1024];
     let mut node = NodeMut::init(&mut buf, NodeKind::Leaf, Fences::None).unwrap();
     let big = vec![1u8; 16 * 1024];
+    // Stored keys have 13 bits of length, values 14.
+    let long = vec![1u8; 8 * 1024];
     assert_eq!(
-        node.insert(&big, b"", RecordType::Insert),
+        node.insert(&long, b"", RecordType::Insert),
         Err(WriteError::TooLarge)
     );
     assert_eq!(
@@ -533,8 +535,11 @@ fn too_large_keys_and_values_are_refused_in_big_nodes() {
     let max = vec![1u8; 16 * 1024 - 1];
     assert_eq!(node.insert(b"k", &max, RecordType::Insert), Ok(0));
     // 32752 usable bytes - (8 + 1 + 16383) = 16360 left: exactly one more such record.
-    let long_key = vec![b'z'; 16000];
-    assert_eq!(node.insert(&long_key, &[0; 352], RecordType::Insert), Ok(1));
+    let long_key = vec![b'z'; 8191];
+    assert_eq!(
+        node.insert(&long_key, &[0; 8161], RecordType::Insert),
+        Ok(1)
+    );
     assert_eq!(node.as_ref().free_space_bytes(), 0);
     NodeRef::parse(&buf).unwrap();
 }
@@ -1070,4 +1075,70 @@ proptest! {
         }
         exercise(&buf);
     }
+}
+
+/// The out-of-line flag (bit 29 of a KV meta) travels with the record type, survives a
+/// parse, and is refused where no value can be out of line: on a tombstone, on a fence
+/// record and in an inner node.
+#[test]
+fn external_record_types_round_trip_and_are_refused_where_they_mean_nothing() {
+    let set_ext_bit = |buf: &mut [u8], meta: usize| {
+        let at = 16 + 8 * meta;
+        let m = u64::from_le_bytes(buf[at..at + 8].try_into().unwrap()) | (1 << 29);
+        buf[at..at + 8].copy_from_slice(&m.to_le_bytes());
+    };
+    let mut buf = vec![0u8; 256];
+    let fences = Fences::Range {
+        low: Some(b"a"),
+        high: Some(b"z"),
+    };
+    let mut node = NodeMut::init(&mut buf, NodeKind::Leaf, fences).unwrap();
+    node.insert(b"b", &[7; 24], RecordType::InsertExternal)
+        .unwrap();
+    node.insert(b"c", b"inline", RecordType::Insert).unwrap();
+    node.insert(b"d", &[8; 24], RecordType::CacheExternal)
+        .unwrap();
+    let view = NodeRef::parse(&buf).unwrap();
+    let types: Vec<RecordType> = view.iter().map(|r| r.record_type()).collect();
+    assert_eq!(
+        types,
+        [
+            RecordType::InsertExternal,
+            RecordType::Insert,
+            RecordType::CacheExternal
+        ]
+    );
+    assert!(types[0].is_external() && types[0].is_dirty() && types[0].exists());
+    assert_eq!(types[2].dirty(), RecordType::InsertExternal);
+    assert_eq!(types[0].clean(), RecordType::CacheExternal);
+    // An upsert to an inline value clears the flag.
+    let mut node = NodeMut::trusted(&mut buf);
+    node.upsert(b"b", b"now inline", RecordType::Insert)
+        .unwrap();
+    assert_eq!(
+        NodeRef::parse(&buf).unwrap().record_type(0),
+        RecordType::Insert
+    );
+
+    // A tombstone with the flag.
+    let mut tomb = vec![0u8; 128];
+    NodeMut::init(&mut tomb, NodeKind::Mini, Fences::None)
+        .unwrap()
+        .insert(b"k", b"", RecordType::Tombstone)
+        .unwrap();
+    set_ext_bit(&mut tomb, 0);
+    assert!(NodeRef::parse(&tomb).is_err());
+    // A fence record with the flag (meta 0 is the low fence).
+    let mut fenced = vec![0u8; 128];
+    NodeMut::init(&mut fenced, NodeKind::Leaf, fences).unwrap();
+    set_ext_bit(&mut fenced, 0);
+    assert!(NodeRef::parse(&fenced).is_err());
+    // An inner node's record with the flag.
+    let mut inner = vec![0u8; 128];
+    NodeMut::init(&mut inner, NodeKind::Inner, Fences::None)
+        .unwrap()
+        .insert(b"k", &[1; 8], RecordType::Insert)
+        .unwrap();
+    set_ext_bit(&mut inner, 0);
+    assert!(NodeRef::parse(&inner).is_err());
 }

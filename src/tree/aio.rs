@@ -99,20 +99,21 @@ impl AsyncTree {
         for _ in 0..ASYNC_ATTEMPTS {
             out.clear();
             let ticket = match core.probe(key, &mut out)? {
-                Probe::Done(exists) => return Ok(exists.then_some(out)),
+                Probe::Done(found) => return Ok(core.resolve(found, &mut out)?.then_some(out)),
                 Probe::Leaf(ticket) => ticket,
             };
             let promote = *promote.get_or_insert_with(|| core.promote_point_read(key));
             let Some(page) = self.read_leaf(&ticket).await? else {
                 continue;
             };
-            if let Some(exists) = core.finish_read(key, &ticket, &page, &mut out, promote)? {
-                return Ok(exists.then_some(out));
+            if let Some(found) = core.finish_read(key, &ticket, &page, &mut out, promote)? {
+                return Ok(core.resolve(found, &mut out)?.then_some(out));
             }
             bump(&core.counters.stale_leaf_reads);
         }
         out.clear();
-        Ok(core.get(key, &mut out)?.then_some(out))
+        let found = core.get(key, &mut out)?;
+        Ok(core.resolve(found, &mut out)?.then_some(out))
     }
 
     /// An async cursor over the records whose keys lie in `range`, in key order (forward

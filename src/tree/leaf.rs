@@ -570,7 +570,7 @@ pub(crate) fn build_leaf(
         },
         records
             .iter_range(chunk.records.clone())
-            .map(|(k, v, _)| (k, v, RecordType::Insert)),
+            .map(|(k, v, t)| (k, v, t.dirty())),
     )
     .map(|_| ())
 }
@@ -591,6 +591,7 @@ pub(crate) fn build_mirror<'d>(
     dst: &'d mut [u8],
     leaf: &NodeRef<'_>,
     mini: Option<&NodeRef<'_>>,
+    replaced: &mut super::values::Replaced,
 ) -> Result<NodeMut<'d>, WriteError> {
     let mut out = NodeMut::init(dst, NodeKind::Mini, leaf.fences()).map_err(WriteError::Init)?;
     let mut dirty = mini
@@ -607,25 +608,33 @@ pub(crate) fn build_mirror<'d>(
             if d.record_type().exists() {
                 let mut dkey = Vec::new();
                 d.key_into(&mut dkey);
-                out.push(&dkey, d.value(), RecordType::Insert)?;
+                out.push(&dkey, d.value(), d.record_type())?;
             }
         }
-        match dirty.next_if(|d| d.cmp_key(&key).is_eq()) {
+        let newer = dirty.next_if(|d| d.cmp_key(&key).is_eq());
+        if let Some(d) = &newer {
+            replaced.note(
+                &key,
+                (r.record_type(), r.value()),
+                (d.record_type(), d.value()),
+            );
+        }
+        match newer {
             Some(d) if d.record_type().exists() => {
-                out.push(&key, d.value(), RecordType::Insert)?;
+                out.push(&key, d.value(), d.record_type())?;
             }
             Some(_) => {
                 out.push(&key, &[], RecordType::Tombstone)?;
             }
             None => {
-                out.push(&key, r.value(), RecordType::Cache)?;
+                out.push(&key, r.value(), r.record_type().clean())?;
             }
         }
     }
     for d in dirty {
         if d.record_type().exists() {
             d.key_into(&mut key);
-            out.push(&key, d.value(), RecordType::Insert)?;
+            out.push(&key, d.value(), d.record_type())?;
         }
     }
     Ok(out)
@@ -662,7 +671,7 @@ mod tests {
         let mini = mini.as_ref();
 
         let mut dst = vec![0u8; PAGE_PAYLOAD_SIZE];
-        build_mirror(&mut dst, &leaf, Some(&mini)).unwrap();
+        build_mirror(&mut dst, &leaf, Some(&mini), &mut Default::default()).unwrap();
         let mirror = NodeRef::parse(&dst).unwrap();
         assert_eq!(mirror.kind(), NodeKind::Mini);
         assert_eq!(mirror.fences(), leaf.fences());
@@ -683,7 +692,7 @@ mod tests {
         // A mirror that cannot hold the dirty records reports Full.
         let mut small = vec![0u8; 512];
         assert!(matches!(
-            build_mirror(&mut small, &leaf, Some(&mini)),
+            build_mirror(&mut small, &leaf, Some(&mini), &mut Default::default()),
             Err(WriteError::Full)
         ));
     }

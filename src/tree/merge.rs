@@ -186,7 +186,7 @@ impl Core {
         let mut rebuilt = NodeMut::trusted(&mut scratch);
         if mirror && record_type.exists() {
             // The new record is in the leaf page; the mirror must hold it too.
-            if rebuilt.upsert(key, value, RecordType::Cache).is_err() {
+            if rebuilt.upsert(key, value, record_type.clean()).is_err() {
                 // The mirror cannot hold the leaf's records any more: drop it.
                 page.set_location(Location::Leaf(header.leaf.0));
                 self.retire(block);

@@ -226,7 +226,7 @@ pub(super) fn apply(
     t: RecordType,
 ) -> Result<bool, WriteError> {
     if t.exists() {
-        match node.upsert(key, value, RecordType::Insert) {
+        match node.upsert(key, value, t.dirty()) {
             Ok(_) => Ok(true),
             Err(WriteError::Full) => Ok(false),
             Err(e) => Err(e),
@@ -243,11 +243,7 @@ pub(super) fn apply(
 /// `Cache`, `Tombstone` becomes `Phantom`.
 pub(super) fn mark_clean(node: &mut NodeMut<'_>) {
     for i in 0..node.len() {
-        let clean = if node.as_ref().record_type(i).exists() {
-            RecordType::Cache
-        } else {
-            RecordType::Phantom
-        };
+        let clean = node.as_ref().record_type(i).clean();
         node.set_record_type(i, clean);
     }
 }

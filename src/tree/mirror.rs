@@ -144,7 +144,12 @@ impl Core {
             owner: self.owner,
         }
         .write(bytes);
-        if leaf::build_mirror(&mut bytes[MINI_HEADER_BYTES..], leaf, mini).is_err() {
+        // The leaf versions the dirty records shadow leave the page's records here: a
+        // mirror is merged without reading the leaf page again.
+        let mut replaced = super::values::Replaced::default();
+        let built = leaf::build_mirror(&mut bytes[MINI_HEADER_BYTES..], leaf, mini, &mut replaced);
+        self.release_replaced(replaced);
+        if built.is_err() {
             self.discard(block);
             return Err(MirrorRefused::TooFull);
         }

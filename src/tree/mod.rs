@@ -48,6 +48,7 @@ mod setup;
 mod signal;
 mod split;
 mod stats;
+mod values;
 mod write;
 
 use std::ops::{Bound, RangeBounds};
@@ -206,6 +207,9 @@ struct Core {
     open_ends: Mutex<std::collections::VecDeque<PageId>>,
     /// This tree among every tree of the process, for `LOCATE_HINT`; never reused.
     id: u64,
+    /// Where the tree's out-of-line values live: the database's value store, set when
+    /// the tree is attached to a `Db`. A tree without one keeps every value inline.
+    values: std::sync::OnceLock<Arc<dyn values::ValueHost>>,
 }
 
 /// What a tree calls when it fails (`Core::on_failure`).
@@ -385,6 +389,7 @@ impl Tree {
             background: signal::Signal::default(),
             open_ends: Mutex::new(std::collections::VecDeque::new()),
             id: NEXT_TREE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            values: std::sync::OnceLock::new(),
         });
         memory.pool.fill_slot(owner, Arc::downgrade(&core));
         Ok(Tree {
@@ -504,7 +509,9 @@ impl Tree {
             a.journal.check_readable()?;
         }
         out.clear();
-        self.core.get(key, out)
+        let _guard = self.core.value_guard();
+        let found = self.core.get(key, out)?;
+        self.core.resolve(found, out)
     }
 
     /// The values stored under `keys`, in the order of `keys` (duplicates and absent

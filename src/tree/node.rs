@@ -113,7 +113,9 @@ const FLAGS_KNOWN: u8 = FLAG_FULL | FLAG_HAS_FENCES | FLAG_HAS_PREFIX_RECORD;
 const OFFSET_SHIFT: u32 = 0;
 const OFFSET_BITS: u32 = 16;
 const KEY_LEN_SHIFT: u32 = 16;
-const KEY_LEN_BITS: u32 = 14;
+const KEY_LEN_BITS: u32 = 13;
+/// Set on a record whose value bytes are a reference to a value kept out of line.
+const EXTERNAL_SHIFT: u32 = 29;
 const VALUE_LEN_SHIFT: u32 = 30;
 const VALUE_LEN_BITS: u32 = 14;
 const TYPE_SHIFT: u32 = 44;
@@ -124,7 +126,8 @@ const LOOK_AHEAD_SHIFT: u32 = 48;
 const LOOK_AHEAD_BITS: u32 = 16;
 
 const _: () = assert!(OFFSET_SHIFT + OFFSET_BITS == KEY_LEN_SHIFT);
-const _: () = assert!(KEY_LEN_SHIFT + KEY_LEN_BITS == VALUE_LEN_SHIFT);
+const _: () = assert!(KEY_LEN_SHIFT + KEY_LEN_BITS == EXTERNAL_SHIFT);
+const _: () = assert!(EXTERNAL_SHIFT + 1 == VALUE_LEN_SHIFT);
 const _: () = assert!(VALUE_LEN_SHIFT + VALUE_LEN_BITS == TYPE_SHIFT);
 const _: () = assert!(TYPE_SHIFT + TYPE_BITS == FENCE_SHIFT);
 const _: () = assert!(FENCE_SHIFT + 1 == REF_SHIFT);
@@ -173,7 +176,9 @@ impl NodeKind {
     }
 }
 
-/// The four record types of the paper's Table 1.
+/// The four record types of the paper's Table 1, and for the two that hold a value,
+/// whether the value is stored inline or out of line (`*External`: the record's value
+/// bytes are a reference to a value in the database's value store).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RecordType {
     /// A write not yet on the leaf page: dirty, the key exists.
@@ -184,33 +189,75 @@ pub enum RecordType {
     Tombstone,
     /// A cached negative lookup: clean, the key does not exist.
     Phantom,
+    /// An `Insert` whose value is kept out of line.
+    InsertExternal,
+    /// A `Cache` record whose value is kept out of line.
+    CacheExternal,
 }
 
 impl RecordType {
     /// Whether the record must be written back to the leaf page on merge.
     pub fn is_dirty(self) -> bool {
-        matches!(self, RecordType::Insert | RecordType::Tombstone)
+        matches!(
+            self,
+            RecordType::Insert | RecordType::InsertExternal | RecordType::Tombstone
+        )
     }
 
     /// Whether the record says the key exists.
     pub fn exists(self) -> bool {
-        matches!(self, RecordType::Insert | RecordType::Cache)
+        matches!(
+            self,
+            RecordType::Insert
+                | RecordType::Cache
+                | RecordType::InsertExternal
+                | RecordType::CacheExternal
+        )
     }
 
+    /// Whether the record's value bytes are a reference to a value kept out of line.
+    pub fn is_external(self) -> bool {
+        matches!(self, RecordType::InsertExternal | RecordType::CacheExternal)
+    }
+
+    /// The dirty type of the same form: `Insert` or `InsertExternal` for a record whose
+    /// key exists, `Tombstone` otherwise. A leaf page's records, which are all dirty
+    /// with respect to a mini-page, are written with it.
+    pub fn dirty(self) -> RecordType {
+        match self {
+            RecordType::Insert | RecordType::Cache => RecordType::Insert,
+            RecordType::InsertExternal | RecordType::CacheExternal => RecordType::InsertExternal,
+            RecordType::Tombstone | RecordType::Phantom => RecordType::Tombstone,
+        }
+    }
+
+    /// The clean type of the same form: `Cache` or `CacheExternal` for a record whose
+    /// key exists, `Phantom` otherwise.
+    pub fn clean(self) -> RecordType {
+        match self {
+            RecordType::Insert | RecordType::Cache => RecordType::Cache,
+            RecordType::InsertExternal | RecordType::CacheExternal => RecordType::CacheExternal,
+            RecordType::Tombstone | RecordType::Phantom => RecordType::Phantom,
+        }
+    }
+
+    /// The two type bits of the KV meta.
     fn to_bits(self) -> u8 {
         match self {
-            RecordType::Insert => 0,
-            RecordType::Cache => 1,
+            RecordType::Insert | RecordType::InsertExternal => 0,
+            RecordType::Cache | RecordType::CacheExternal => 1,
             RecordType::Tombstone => 2,
             RecordType::Phantom => 3,
         }
     }
 
-    fn from_bits(b: u8) -> RecordType {
-        match b & 0b11 {
-            0 => RecordType::Insert,
-            1 => RecordType::Cache,
-            2 => RecordType::Tombstone,
+    fn from_bits(b: u8, external: bool) -> RecordType {
+        match (b & 0b11, external) {
+            (0, false) => RecordType::Insert,
+            (1, false) => RecordType::Cache,
+            (0, true) => RecordType::InsertExternal,
+            (1, true) => RecordType::CacheExternal,
+            (2, _) => RecordType::Tombstone,
             _ => RecordType::Phantom,
         }
     }
@@ -500,7 +547,7 @@ impl KvMeta {
             .with_field(OFFSET_SHIFT, OFFSET_BITS, offset as u64)
             .with_field(KEY_LEN_SHIFT, KEY_LEN_BITS, key.len() as u64)
             .with_field(VALUE_LEN_SHIFT, VALUE_LEN_BITS, value_len as u64)
-            .with_field(TYPE_SHIFT, TYPE_BITS, u64::from(t.to_bits()))
+            .with_type(t)
             .with_field(
                 LOOK_AHEAD_SHIFT,
                 LOOK_AHEAD_BITS,
@@ -519,6 +566,12 @@ impl KvMeta {
             .with_field(LOOK_AHEAD_SHIFT, LOOK_AHEAD_BITS, u64::from(look_ahead(k)))
     }
 
+    /// The meta with record type `t` (its type bits and external flag).
+    fn with_type(self, t: RecordType) -> KvMeta {
+        self.with_field(TYPE_SHIFT, TYPE_BITS, u64::from(t.to_bits()))
+            .with_field(EXTERNAL_SHIFT, 1, u64::from(t.is_external()))
+    }
+
     fn offset(self) -> usize {
         self.field(OFFSET_SHIFT, OFFSET_BITS) as usize
     }
@@ -534,8 +587,11 @@ impl KvMeta {
     fn type_bits(self) -> u8 {
         self.field(TYPE_SHIFT, TYPE_BITS) as u8
     }
+    fn is_external(self) -> bool {
+        self.field(EXTERNAL_SHIFT, 1) != 0
+    }
     fn record_type(self) -> RecordType {
-        RecordType::from_bits(self.type_bits())
+        RecordType::from_bits(self.type_bits(), self.is_external())
     }
     fn is_fence(self) -> bool {
         self.field(FENCE_SHIFT, 1) != 0

@@ -11,6 +11,7 @@ use crate::storage::{PAGE_PAYLOAD_SIZE, Page};
 use super::leaf::{self, MiniHeader, RecordList};
 use super::mini::apply;
 use super::node::{self, NodeMut, NodeRef, RecordType};
+use super::values::Replaced;
 use super::{Core, Op};
 
 /// What a merge brings to a leaf page, as far as the shape of its split goes.
@@ -153,29 +154,37 @@ pub(super) enum MergePlan {
 }
 
 /// The leaf's records with the dirty records applied, as one sorted list.
-pub(super) fn merge_records(leaf: &NodeRef<'_>, dirty: &RecordList) -> RecordList {
+///
+/// Notes in `replaced` the leaf versions the dirty records shadow.
+pub(super) fn merge_records(
+    leaf: &NodeRef<'_>,
+    dirty: &RecordList,
+    replaced: &mut Replaced,
+) -> RecordList {
     let mut out = RecordList::with_capacity(leaf.len() + dirty.len(), leaf.node_size_bytes());
     let mut d = 0;
     for r in leaf.iter() {
         // Dirty records below this leaf record: new keys (tombstones of absent keys drop).
         while d < dirty.len() && r.cmp_key(dirty.key(d)).is_gt() {
             if dirty.record_type(d).exists() {
-                out.push(dirty.key(d), dirty.value(d), RecordType::Insert);
+                out.push(dirty.key(d), dirty.value(d), dirty.record_type(d).dirty());
             }
             d += 1;
         }
         if d < dirty.len() && r.cmp_key(dirty.key(d)).is_eq() {
+            let newer = (dirty.record_type(d), dirty.value(d));
+            replaced.note(dirty.key(d), (r.record_type(), r.value()), newer);
             if dirty.record_type(d).exists() {
-                out.push(dirty.key(d), dirty.value(d), RecordType::Insert);
+                out.push(dirty.key(d), dirty.value(d), dirty.record_type(d).dirty());
             }
             d += 1;
         } else {
-            out.push_view(&r, RecordType::Insert);
+            out.push_view(&r, r.record_type().dirty());
         }
     }
     for (k, v, t) in dirty.iter_range(d..dirty.len()) {
         if t.exists() {
-            out.push(k, v, RecordType::Insert);
+            out.push(k, v, t.dirty());
         }
     }
     out
@@ -199,6 +208,24 @@ impl Core {
         extra: Option<(&[u8], &[u8], RecordType)>,
         leaf: Option<Box<Page>>,
     ) -> Result<MergePlan, Op> {
+        // The leaf versions the dirty records shadow go to the value store whatever the
+        // plan: they are unreachable since the writes that shadowed them.
+        let mut replaced = Replaced::default();
+        let plan = self.plan_merge_noting(header, mini, extra, leaf, &mut replaced);
+        self.release_replaced(replaced);
+        plan
+    }
+
+    /// [`Core::plan_merge`], noting in `replaced` the leaf versions the dirty records
+    /// shadow.
+    fn plan_merge_noting(
+        &self,
+        header: MiniHeader,
+        mini: Option<NodeRef<'_>>,
+        extra: Option<(&[u8], &[u8], RecordType)>,
+        leaf: Option<Box<Page>>,
+        replaced: &mut Replaced,
+    ) -> Result<MergePlan, Op> {
         let mut page = leaf.unwrap_or_else(Page::boxed);
         let mut merged: RecordList;
         let (low, high): (Option<Vec<u8>>, Option<Vec<u8>>);
@@ -212,11 +239,11 @@ impl Core {
             high = fence(m.high_fence());
             merged = RecordList::with_capacity(m.len() + 1, m.node_size_bytes());
             for r in m.iter().filter(|r| r.record_type().exists()) {
-                merged.push_view(&r, RecordType::Insert);
+                merged.push_view(&r, r.record_type().dirty());
             }
             if let Some((k, v, t)) = extra {
                 if t.exists() {
-                    merged.upsert(k, v, RecordType::Insert);
+                    merged.upsert(k, v, t.dirty());
                 } else if let Ok(i) = merged.search(k) {
                     merged.remove(i);
                 }
@@ -269,6 +296,10 @@ impl Core {
             let mut node = NodeMut::trusted(&mut work);
             let mut fits = true;
             for (k, v, t) in dirty.iter() {
+                if let Ok(i) = node.as_ref().search(k) {
+                    let r = node.as_ref().record(i);
+                    replaced.note(k, (r.record_type(), r.value()), (t, v));
+                }
                 match apply(&mut node, k, v, t) {
                     Ok(true) => {}
                     Ok(false) => {
@@ -290,7 +321,8 @@ impl Core {
             let leaf = NodeRef::trusted(page.payload());
             shape =
                 Arrivals::into_leaf(&leaf, &dirty, extra.map(|(k, _, _)| k)).map(Arrivals::shape);
-            merged = merge_records(&leaf, &dirty);
+            // The fast path may have noted the same versions: noting twice is harmless.
+            merged = merge_records(&leaf, &dirty, replaced);
         }
         let (fill, open_key) = shape.unwrap_or((leaf::Fill::Balanced, None));
         // Balanced first: it finds cheaply whether one page holds everything. A sorted

@@ -20,19 +20,37 @@ use super::node::{NodeRef, RecordType};
 use super::stats::bump;
 use super::{Core, Op};
 
-/// What the leaf level found for a key under a page lock.
-#[derive(Clone, Copy)]
-pub(super) enum Found {
-    /// The key's record, from the mini-page or the leaf page.
+/// What the leaf level found for a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// The key's record, from the mini-page or the leaf page; its value is in `out`.
     Value,
+    /// The key's record, whose value is kept out of line: `out` holds its reference.
+    External,
     /// The key is absent (tombstone, phantom, mirror miss or leaf miss).
     Absent,
 }
 
+impl Found {
+    /// What record type `t` says about its key.
+    pub(super) fn of(t: RecordType) -> Found {
+        match t {
+            t if t.is_external() => Found::External,
+            t if t.exists() => Found::Value,
+            _ => Found::Absent,
+        }
+    }
+
+    /// Whether the key exists.
+    pub(crate) fn exists(self) -> bool {
+        self != Found::Absent
+    }
+}
+
 /// What a probe of the mini-pages found.
 pub(crate) enum Probe {
-    /// Answered without the leaf page: whether the key exists (its value is in `out`).
-    Done(bool),
+    /// Answered without the leaf page.
+    Done(Found),
     /// The leaf page must be read.
     Leaf(LeafTicket),
 }
@@ -42,7 +60,7 @@ pub(super) fn search_leaf(leaf: &NodeRef<'_>, key: &[u8], out: &mut Vec<u8>) -> 
     match leaf.search(key) {
         Ok(i) => {
             out.extend_from_slice(leaf.value(i));
-            Found::Value
+            Found::of(leaf.record_type(i))
         }
         Err(_) => Found::Absent,
     }
@@ -85,13 +103,13 @@ thread_local! {
 pub(super) const GET_MANY_BATCH_PAGES: usize = 128;
 
 impl Core {
-    pub(super) fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+    pub(super) fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<Found> {
         // No lock is held across the leaf page's IO: the mini-page is probed under the
         // page's read lock, the leaf page read without it, and the answer (and the
         // record cached from it) validated by the page's leaf-write counter under the
         // lock again. Other reads and writes of a hot page go on during the IO.
         let ticket = match self.probe(key, out)? {
-            Probe::Done(exists) => return Ok(exists),
+            Probe::Done(found) => return Ok(found),
             Probe::Leaf(ticket) => ticket,
         };
         let promote = self.promote_point_read(key);
@@ -100,8 +118,8 @@ impl Core {
         // checksum): the locked read below reports real errors.
         if self.store.read_page(ticket.leaf, &mut page).is_ok() {
             bump(&self.counters.leaf_reads);
-            if let Some(exists) = self.finish_read(key, &ticket, &page, out, promote)? {
-                return Ok(exists);
+            if let Some(found) = self.finish_read(key, &ticket, &page, out, promote)? {
+                return Ok(found);
             }
             bump(&self.counters.stale_leaf_reads);
         }
@@ -118,7 +136,7 @@ impl Core {
         key: &[u8],
         out: &mut Vec<u8>,
         promote: bool,
-    ) -> Result<bool> {
+    ) -> Result<Found> {
         loop {
             // The read lock is released before the write lock is taken.
             let (path, shared) = {
@@ -140,7 +158,7 @@ impl Core {
             if let Some(block) = touched {
                 self.touch(path.pid, block, key);
             }
-            return Ok(matches!(found, Found::Value));
+            return Ok(found);
         }
     }
 
@@ -162,12 +180,10 @@ impl Core {
                 match mini.search(key) {
                     Ok(i) => {
                         let r = mini.record(i);
-                        let found = if r.record_type().exists() {
+                        let found = Found::of(r.record_type());
+                        if found.exists() {
                             out.extend_from_slice(r.value());
-                            Found::Value
-                        } else {
-                            Found::Absent
-                        };
+                        }
                         let maintain = !r.ref_bit() || self.pool.in_copy_on_access_region(&block);
                         return Ok(Some((found, maintain.then_some(block))));
                     }
@@ -290,10 +306,11 @@ impl Core {
         }
         let (value, record_type) = match found {
             Found::Value => (out, RecordType::Cache),
+            Found::External => (out, RecordType::CacheExternal),
             Found::Absent => (&[][..], RecordType::Phantom),
         };
         match self.put_in_mini(page, prefix_len, key, value, record_type) {
-            Ok(()) => bump(if matches!(found, Found::Value) {
+            Ok(()) => bump(if found.exists() {
                 &self.counters.records_promoted
             } else {
                 &self.counters.phantoms_promoted
@@ -325,7 +342,7 @@ impl Core {
         leaf_page: &Page,
         out: &mut Vec<u8>,
         promote: bool,
-    ) -> Result<Option<bool>> {
+    ) -> Result<Option<Found>> {
         out.clear();
         if promote && self.check_writable().is_ok() {
             let mut page = self.mapping.write(ticket.pid);
@@ -342,7 +359,7 @@ impl Core {
             if !self.mirror_read(&page, ticket.leaf, &leaf) {
                 self.cache_read(&mut page, ticket.prefix_len, key, found, out)?;
             }
-            return Ok(Some(matches!(found, Found::Value)));
+            return Ok(Some(found));
         }
         let page = self.mapping.read(ticket.pid);
         if !self.ticket_valid(ticket, &page) {
@@ -353,13 +370,13 @@ impl Core {
         }
         let leaf = self.parse_leaf(ticket.leaf, leaf_page)?;
         self.check_route(ticket.pid, ticket.leaf, &leaf)?;
-        let found = search_leaf(&leaf, key, out);
-        Ok(Some(matches!(found, Found::Value)))
+        Ok(Some(search_leaf(&leaf, key, out)))
     }
 
     /// Point reads of many keys: mini-pages first, then every leaf page still needed in
     /// one batched read per `GET_MANY_BATCH_PAGES` distinct pages.
     pub(super) fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        let _guard = self.value_guard();
         let mut results: Vec<Option<Vec<u8>>> = Vec::with_capacity(keys.len());
         // Keys waiting for a leaf page: index, ticket, promotion coin.
         let mut pending: Vec<(usize, LeafTicket, bool)> = Vec::new();
@@ -367,7 +384,10 @@ impl Core {
         for (i, key) in keys.iter().enumerate() {
             let mut out = Vec::new();
             match self.probe(key.as_ref(), &mut out)? {
-                Probe::Done(exists) => results.push(exists.then_some(out)),
+                Probe::Done(found) => {
+                    let exists = self.resolve(found, &mut out)?;
+                    results.push(exists.then_some(out));
+                }
                 Probe::Leaf(ticket) => {
                     let promote = self.promote_point_read(key.as_ref());
                     results.push(None);
@@ -416,14 +436,14 @@ impl Core {
                     bump(&self.counters.stale_leaf_reads);
                 }
             }
-            let exists = match found {
-                Some(exists) => exists,
+            let found = match found {
+                Some(found) => found,
                 None => {
                     out.clear();
                     self.get_under_lock(key, &mut out, promote)?
                 }
             };
-            results[i] = exists.then_some(out);
+            results[i] = self.resolve(found, &mut out)?.then_some(out);
         }
         leaves.clear();
         Ok(())
@@ -438,12 +458,12 @@ impl Core {
         page: G,
         (found, touched): (Found, Option<Block>),
         key: &[u8],
-    ) -> bool {
+    ) -> Found {
         drop(page);
         if let Some(block) = touched {
             self.touch(pid, block, key);
         }
-        matches!(found, Found::Value)
+        found
     }
 
     /// After a mini-page hit: set the record's reference bit, and copy the mini-page to

@@ -177,18 +177,18 @@ impl Core {
             RecordList::with_capacity(records.len() + theirs.len(), 2 * PAGE_PAYLOAD_SIZE);
         let push_theirs = |all: &mut RecordList| {
             for r in theirs.iter() {
-                all.push_view(&r, RecordType::Insert);
+                all.push_view(&r, r.record_type().dirty());
             }
         };
         let (low, high) = if neighbour.left {
             push_theirs(&mut all);
-            for (k, v, _) in records.iter() {
-                all.push(k, v, RecordType::Insert);
+            for (k, v, t) in records.iter() {
+                all.push(k, v, t.dirty());
             }
             (owned_fence(theirs.low_fence()), chunks[1].high.clone())
         } else {
-            for (k, v, _) in records.iter() {
-                all.push(k, v, RecordType::Insert);
+            for (k, v, t) in records.iter() {
+                all.push(k, v, t.dirty());
             }
             push_theirs(&mut all);
             (chunks[0].low.clone(), owned_fence(theirs.high_fence()))

@@ -1088,7 +1088,25 @@ impl Core {
         &self,
         page: &impl PageLock,
         leaf: Option<&Page>,
+        emit: impl FnMut(&RecordView<'_>) -> bool,
+    ) -> Result<OwnedFences> {
+        // A scan may turn the page into a mirror from what it merged (`make_mirror`),
+        // which is merged without reading the leaf page again: the leaf versions the
+        // mini-page shadows go to the value store here (`values.rs`).
+        let mut replaced = super::values::Replaced::default();
+        let fences = self.merge_page_noting(page, leaf, emit, &mut replaced);
+        self.release_replaced(replaced);
+        fences
+    }
+
+    /// [`Core::merge_page`], noting in `replaced` the leaf versions the mini-page's
+    /// dirty records shadow.
+    fn merge_page_noting(
+        &self,
+        page: &impl PageLock,
+        leaf: Option<&Page>,
         mut emit: impl FnMut(&RecordView<'_>) -> bool,
+        replaced: &mut super::values::Replaced,
     ) -> Result<OwnedFences> {
         let fence = super::owned_fence;
         let (mini, leaf_no) = match page.location() {
@@ -1130,7 +1148,13 @@ impl Core {
                 }
             }
             let go_on = match m.next_if(|mr| mr.cmp_key(&k).is_eq()) {
-                Some(newer) => !newer.record_type().exists() || emit(&newer),
+                Some(newer) => {
+                    if newer.record_type().is_dirty() {
+                        let new = (newer.record_type(), newer.value());
+                        replaced.note(&k, (r.record_type(), r.value()), new);
+                    }
+                    !newer.record_type().exists() || emit(&newer)
+                }
                 None => emit(&r),
             };
             if !go_on {

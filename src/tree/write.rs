@@ -17,6 +17,7 @@ use super::mapping::{self, DirtyStamp, Location, MappingTable};
 use super::mini::{drop_cold_clean, place};
 use super::node::{self, RecordType};
 use super::stats::bump;
+use super::values::Replaced;
 use super::{Core, Op};
 
 /// A full mini-page grows to the size class holding this percentage of its size (one
@@ -48,21 +49,47 @@ impl Core {
         value: Option<&[u8]>,
         log: &mut dyn FnMut() -> Result<Option<u64>>,
     ) -> Result<()> {
-        let (value, record_type) = match value {
-            Some(v) => (v, RecordType::Insert),
-            None => (&[][..], RecordType::Tombstone),
-        };
+        let record = value.map(|v| (v, RecordType::Insert));
+        self.write_record(key, record, log)
+    }
+
+    /// [`Core::write_logging`] of a value in the form `record` gives: `(bytes, Insert)`
+    /// for a value inline, `(reference, InsertExternal)` for one in the value store,
+    /// `None` for a delete. The value store hears of the new reference once the record
+    /// is placed, and of the reference of the version it shadows in the mini-page
+    /// (`values.rs`; the leaf page's version is found by the next merge).
+    pub(super) fn write_record(
+        &self,
+        key: &[u8],
+        record: Option<(&[u8], RecordType)>,
+        log: &mut dyn FnMut() -> Result<Option<u64>>,
+    ) -> Result<()> {
+        let (value, record_type) = record.unwrap_or((&[][..], RecordType::Tombstone));
+        debug_assert!(record_type.is_dirty());
         let evict_failures = self.evict_failures.load(Ordering::Acquire);
         loop {
             self.check_writable()?;
             let (path, mut page) = self.lock_leaf_of(key, MappingTable::write);
             let stamp = log()?.map_or(DirtyStamp::UNLOGGED, DirtyStamp::logged);
+            let shadowed = self.external_in_mini(&page, key);
             match self.put_in_mini(&mut page, path.prefix_len, key, value, record_type) {
                 Ok(()) => {
                     // Under the page's lock still: the page the record is in now (a
                     // merge may have split it off to another page, whose records are
                     // then on disk) is stamped before a checkpoint can look at it.
                     page.note_dirty(stamp);
+                    if record_type.is_external() {
+                        self.host()?.applied(value, key);
+                    }
+                    if let Some(old) = shadowed {
+                        let mut replaced = Replaced::default();
+                        replaced.note(
+                            key,
+                            (RecordType::InsertExternal, &old),
+                            (record_type, value),
+                        );
+                        self.release_replaced(replaced);
+                    }
                     return Ok(());
                 }
                 Err(Op::Fail(e)) => return Err(e),
@@ -85,6 +112,15 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// The reference held by the page's mini-page version of `key`, if that version
+    /// keeps its value out of line. The caller holds the page's lock.
+    fn external_in_mini(&self, page: &mapping::WriteGuard<'_>, key: &[u8]) -> Option<Vec<u8>> {
+        let mini = self.mini_page(page)?.node();
+        let i = mini.search(key).ok()?;
+        let r = mini.record(i);
+        r.record_type().is_external().then(|| r.value().to_vec())
     }
 
     /// Evicts from the pool's head while holding no page lock: the block that blocked an

@@ -181,6 +181,11 @@ pub(super) fn validate(buf: &[u8]) -> Result<(), NodeError> {
         }
         if m < first {
             check_fence_meta(m, meta, has_fences)?;
+        } else if meta.is_external() && (kind == NodeKind::Inner.to_byte() || meta.type_bits() > 1)
+        {
+            return err(format!(
+                "KV meta {m}: an out-of-line value on a record that holds none"
+            ));
         }
     }
     if !descending && !ascending {
@@ -282,7 +287,7 @@ fn check_disjoint(buf: &[u8], count: usize) -> Result<(), NodeError> {
 }
 
 fn check_fence_meta(m: usize, meta: KvMeta, has_fences: bool) -> Result<(), NodeError> {
-    if meta.value_len() != 0 {
+    if meta.value_len() != 0 || meta.is_external() {
         return err(format!("fence record {m} has a value"));
     }
     let expected_role = match (has_fences, m) {

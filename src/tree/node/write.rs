@@ -285,7 +285,7 @@ impl<'a> NodeMut<'a> {
             self.buf,
             m,
             cur.with_field(VALUE_LEN_SHIFT, VALUE_LEN_BITS, value.len() as u64)
-                .with_field(TYPE_SHIFT, TYPE_BITS, u64::from(t.to_bits())),
+                .with_type(t),
         );
         Ok(Upserted::Updated(i))
     }
@@ -300,11 +300,7 @@ impl<'a> NodeMut<'a> {
     /// Sets the type of record `i`.
     pub fn set_record_type(&mut self, i: usize, t: RecordType) {
         let (m, meta) = self.record_meta(i);
-        put_meta(
-            self.buf,
-            m,
-            meta.with_field(TYPE_SHIFT, TYPE_BITS, u64::from(t.to_bits())),
-        );
+        put_meta(self.buf, m, meta.with_type(t));
     }
 
     /// Sets or clears the reference bit of record `i`.

@@ -1,0 +1,292 @@
+//! Values kept out of line: a record of type `InsertExternal` or `CacheExternal` holds a
+//! reference to its value in the database's value store instead of the value's bytes.
+//! The tree stores and moves such references as it moves any value; this module is
+//! where it meets the store: resolving a reference a read found, telling the store when
+//! a write makes a referenced value unreachable, and guarding reads against the reuse
+//! of a freed extent.
+//!
+//! **When a value is unreachable.** A write of key `k` makes the value its previous
+//! version referenced unreachable the moment it is placed: every later read of `k` sees
+//! the new version. The tree tells the store ([`ValueHost::replaced`]) wherever it sees
+//! a version shadowed by a newer one of the same key with another value: the write
+//! itself, for the version in the page's mini-page, and a merge (or the building of a
+//! mirror), for the version in the leaf page. The same value may be reported more than
+//! once (a clean copy in the mini-page and the leaf record it copies); the store
+//! ignores a report for a value it no longer holds as allocated. A report may come
+//! after a later checkpoint than the write (the leaf's version is found at the next
+//! merge): the store then keeps the extent a little longer than it had to, never
+//! shorter. The store's own rule decides when the extent may be reused (after the
+//! checkpoints that might still recover the old version are gone); see
+//! `storage/values.rs`.
+//!
+//! Uses: `node` (record types), `read::Found`.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+use super::Core;
+use super::read::Found;
+
+/// The value store as one keyspace sees it.
+pub(crate) trait ValueHost: Send + Sync {
+    /// Appends the value `reference` names to `out`.
+    fn read(&self, reference: &[u8], out: &mut Vec<u8>) -> Result<()>;
+    /// The value `reference` names is now referenced by the record of `key` that was
+    /// just placed (the caller holds the record's page lock).
+    fn applied(&self, reference: &[u8], key: &[u8]);
+    /// The value `reference` names is no longer reachable through `key`: a newer version
+    /// of the key shadows the record that referenced it.
+    fn replaced(&self, reference: &[u8], key: &[u8]);
+    /// A guard under which a reference found in the tree stays readable: taken before
+    /// the lookup, dropped after the value is read. `None` while the store has never
+    /// held a value (no reference can be found then).
+    fn guard(&self) -> Option<Box<dyn Send>>;
+}
+
+/// References to values that were made unreachable, collected while a page is being
+/// rewritten and handed to the store afterwards ([`Core::release_replaced`]).
+#[derive(Default)]
+pub(super) struct Replaced {
+    refs: Vec<Unreachable>,
+}
+
+/// A reference to a value made unreachable, and the key whose record held it.
+struct Unreachable {
+    reference: Box<[u8]>,
+    key: Box<[u8]>,
+}
+
+impl Replaced {
+    /// Notes that the record of `key` holding `old` (of type `old_type`) is shadowed by
+    /// a newer version holding `new` (of type `new_type`): if the old one referenced a
+    /// value and the new one references another (or none), that value is unreachable.
+    pub(super) fn note(
+        &mut self,
+        key: &[u8],
+        (old_type, old): (super::node::RecordType, &[u8]),
+        (new_type, new): (super::node::RecordType, &[u8]),
+    ) {
+        if old_type.is_external() && !(new_type.is_external() && new == old) {
+            self.refs.push(Unreachable {
+                reference: old.into(),
+                key: key.into(),
+            });
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.refs.is_empty()
+    }
+}
+
+impl Core {
+    /// The value store's read guard, if the tree has a store that holds values.
+    pub(super) fn value_guard(&self) -> Option<Box<dyn Send>> {
+        self.values.get().and_then(|v| v.guard())
+    }
+
+    /// Turns what a read found into the value in `out`: reads an out-of-line value in
+    /// place of its reference. Whether the key exists.
+    pub(super) fn resolve(&self, found: Found, out: &mut Vec<u8>) -> Result<bool> {
+        match found {
+            Found::Value => Ok(true),
+            Found::Absent => Ok(false),
+            Found::External => {
+                let reference = std::mem::take(out);
+                self.host()?.read(&reference, out)?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// The value store, which a tree holding an out-of-line value must have.
+    pub(super) fn host(&self) -> Result<&Arc<dyn ValueHost>> {
+        self.values.get().ok_or_else(|| {
+            Error::Unsupported(
+                "the tree holds an out-of-line value but has no value store".to_string(),
+            )
+        })
+    }
+
+    /// Tells the store of every value `replaced` collected.
+    pub(super) fn release_replaced(&self, replaced: Replaced) {
+        if replaced.is_empty() {
+            return;
+        }
+        if let Some(host) = self.values.get() {
+            for r in replaced.refs {
+                host.replaced(&r.reference, &r.key);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    //! The tree's side of out-of-line values against a model store: every read resolves
+    //! to the value last written, no value is reported unreachable while its key still
+    //! holds it, and once the tree is flushed every value written and not current has
+    //! been reported (none leaks).
+
+    use std::collections::{BTreeMap, HashMap, HashSet};
+    use std::sync::{Arc, Mutex};
+
+    use super::ValueHost;
+    use crate::config::Config;
+    use crate::error::Result;
+    use crate::tree::Tree;
+    use crate::tree::node::RecordType;
+
+    /// The model store: values by reference (an 8-byte id), and what the tree said.
+    #[derive(Default)]
+    struct Model {
+        values: HashMap<u64, Vec<u8>>,
+        applied: HashSet<u64>,
+        replaced: HashSet<u64>,
+        /// Each key's current reference, as the test's writes left it.
+        current: HashMap<Vec<u8>, u64>,
+        /// The write in progress: its key and new reference (its old value may be
+        /// reported while it runs).
+        writing: Option<(Vec<u8>, Option<u64>)>,
+        premature: Vec<String>,
+    }
+
+    struct MockHost(Mutex<Model>);
+
+    fn id(reference: &[u8]) -> u64 {
+        u64::from_le_bytes(reference.try_into().expect("8-byte references"))
+    }
+
+    impl ValueHost for MockHost {
+        fn read(&self, reference: &[u8], out: &mut Vec<u8>) -> Result<()> {
+            let m = self.0.lock().unwrap();
+            out.extend_from_slice(&m.values[&id(reference)]);
+            Ok(())
+        }
+        fn applied(&self, reference: &[u8], _key: &[u8]) {
+            self.0.lock().unwrap().applied.insert(id(reference));
+        }
+        fn replaced(&self, reference: &[u8], key: &[u8]) {
+            let mut m = self.0.lock().unwrap();
+            let r = id(reference);
+            let still_current = match &m.writing {
+                Some((k, new)) if k.as_slice() == key => *new == Some(r),
+                _ => m.current.get(key) == Some(&r),
+            };
+            if still_current {
+                let what = format!("{r} of key {key:?} reported while current");
+                m.premature.push(what);
+            }
+            m.replaced.insert(r);
+        }
+        fn guard(&self) -> Option<Box<dyn Send>> {
+            None
+        }
+    }
+
+    fn xorshift(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    /// Random puts (inline and out of line), deletes and reads over few keys in a small
+    /// pool, so that mini-pages grow, merge, split, mirror and are evicted.
+    #[test]
+    fn out_of_line_values_resolve_and_every_replaced_one_is_reported_once_unreachable() {
+        for seed in 1..=4u64 {
+            let tree = Tree::in_memory(Config {
+                memory_budget_bytes: 256 * 1024,
+                background_eviction: false,
+                ..Config::default()
+            })
+            .unwrap();
+            let host = Arc::new(MockHost(Mutex::new(Model::default())));
+            let _ = tree.core.values.set(host.clone());
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut next_ref = 1u64;
+            for step in 0..20_000 {
+                let k = format!("key{:05}", xorshift(&mut rng) % 3000).into_bytes();
+                match xorshift(&mut rng) % 10 {
+                    0..=3 => {
+                        let value =
+                            vec![(step % 251) as u8; 20 + (xorshift(&mut rng) % 60) as usize];
+                        let external = xorshift(&mut rng).is_multiple_of(2);
+                        let new_ref = external.then(|| {
+                            next_ref += 1;
+                            next_ref
+                        });
+                        {
+                            let mut m = host.0.lock().unwrap();
+                            m.writing = Some((k.clone(), new_ref));
+                            if let Some(r) = new_ref {
+                                m.values.insert(r, value.clone());
+                            }
+                        }
+                        let stored = new_ref.map(u64::to_le_bytes);
+                        let record = match &stored {
+                            Some(r) => (&r[..], RecordType::InsertExternal),
+                            None => (&value[..], RecordType::Insert),
+                        };
+                        tree.core
+                            .write_record(&k, Some(record), &mut || Ok(None))
+                            .unwrap();
+                        let mut m = host.0.lock().unwrap();
+                        m.writing = None;
+                        match new_ref {
+                            Some(r) => m.current.insert(k.clone(), r),
+                            None => m.current.remove(&k),
+                        };
+                        model.insert(k, value);
+                    }
+                    4..=5 => {
+                        host.0.lock().unwrap().writing = Some((k.clone(), None));
+                        tree.delete(&k).unwrap();
+                        let mut m = host.0.lock().unwrap();
+                        m.writing = None;
+                        m.current.remove(&k);
+                        model.remove(&k);
+                    }
+                    6 if step % 1000 == 0 => tree.flush().unwrap(),
+                    _ => assert_eq!(
+                        tree.get(&k).unwrap(),
+                        model.get(&k).cloned(),
+                        "seed {seed} step {step}"
+                    ),
+                }
+            }
+            let many: Vec<&Vec<u8>> = model.keys().take(500).collect();
+            let got = tree.get_many(&many).unwrap();
+            for (k, v) in many.iter().zip(got) {
+                assert_eq!(v.as_ref(), model.get(*k), "get_many of {k:?}");
+            }
+            tree.flush().unwrap();
+            let m = host.0.lock().unwrap();
+            assert!(
+                m.premature.is_empty(),
+                "seed {seed}: {:?}",
+                &m.premature[..m.premature.len().min(5)]
+            );
+            let current: HashSet<u64> = m.current.values().copied().collect();
+            let leaked: Vec<u64> = m
+                .applied
+                .iter()
+                .filter(|r| !current.contains(r) && !m.replaced.contains(r))
+                .copied()
+                .collect();
+            assert!(
+                leaked.is_empty(),
+                "seed {seed}: {} values never reported",
+                leaked.len()
+            );
+            assert!(current.iter().all(|r| m.applied.contains(r)));
+            assert!(
+                m.applied.len() > 1000,
+                "seed {seed}: the test wrote too few values out of line"
+            );
+        }
+    }
+}
