@@ -22,13 +22,12 @@
 //!
 //! [`PageStore::read_page`]: crate::storage::PageStore::read_page
 
-use std::collections::VecDeque;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 use super::leaf_io::LeafTicket;
 use super::read::Probe;
-use super::scan::{Bounds, Direction, FetchStep, is_empty};
+use super::scan::{Bounds, Buffered, Direction, FetchStep, Sink, is_empty};
 use super::stats::bump;
 use super::{Core, Tree};
 use crate::error::Result;
@@ -130,7 +129,7 @@ impl AsyncTree {
         AsyncRange {
             tree: self,
             unfetched: (!is_empty(&lower, &upper)).then_some((lower, upper)),
-            front: VecDeque::new(),
+            front: Buffered::default(),
             failed: false,
         }
     }
@@ -158,7 +157,21 @@ impl AsyncTree {
         &self,
         lower: &Bound<Vec<u8>>,
         upper: &Bound<Vec<u8>>,
-        out: &mut VecDeque<(Vec<u8>, Vec<u8>)>,
+        out: &mut Buffered,
+    ) -> Result<Option<Bound<Vec<u8>>>> {
+        // Held from the fetch's lookups until its out-of-line values are read.
+        let _guard = self.core().value_guard();
+        let next = self.fetch_records(lower, upper, out).await?;
+        out.resolve(self.core())?;
+        Ok(next)
+    }
+
+    /// [`AsyncTree::fetch`] without reading the out-of-line values.
+    async fn fetch_records(
+        &self,
+        lower: &Bound<Vec<u8>>,
+        upper: &Bound<Vec<u8>>,
+        out: &mut Buffered,
     ) -> Result<Option<Bound<Vec<u8>>>> {
         let core = self.core();
         let promote = core.promote_scan();
@@ -216,7 +229,7 @@ pub struct AsyncRange<'a> {
     /// The keys not fetched yet; `None` once everything was fetched.
     unfetched: Option<Bounds>,
     /// Fetched records, ascending; all below the unfetched range.
-    front: VecDeque<(Vec<u8>, Vec<u8>)>,
+    front: Buffered,
     failed: bool,
 }
 
@@ -224,7 +237,7 @@ impl std::fmt::Debug for AsyncRange<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncRange")
             .field("unfetched", &self.unfetched)
-            .field("buffered", &self.front.len())
+            .field("buffered", &self.front.records.len())
             .finish_non_exhaustive()
     }
 }
@@ -233,7 +246,7 @@ impl AsyncRange<'_> {
     /// The next record of the range, `None` at its end.
     pub async fn next(&mut self) -> Option<Result<(Vec<u8>, Vec<u8>)>> {
         loop {
-            if let Some(record) = self.front.pop_front() {
+            if let Some(record) = self.front.records.pop_front() {
                 return Some(Ok(record));
             }
             if self.failed {
@@ -247,7 +260,7 @@ impl AsyncRange<'_> {
                 Ok(_) => {}
                 Err(e) => {
                     self.failed = true;
-                    self.front.clear();
+                    self.front.records.clear();
                     return Some(Err(e));
                 }
             }

@@ -131,13 +131,19 @@ impl<'t> FetchState<'t> {
         self.fetch_records = (limit * 2).min(MAX_FETCH_RECORDS);
         out.reserve(limit);
         let ahead = self.ahead_pages();
-        match self.core.fetch(
-            &lower,
-            &upper,
-            (direction, limit),
-            out,
-            (&mut self.prefetched, ahead),
-        ) {
+        // Held from the fetch's lookups until its out-of-line values are read.
+        let _guard = self.core.value_guard();
+        let fetched = self
+            .core
+            .fetch(
+                &lower,
+                &upper,
+                (direction, limit),
+                out,
+                (&mut self.prefetched, ahead),
+            )
+            .and_then(|next| out.resolve(self.core).map(|()| next));
+        match fetched {
             Ok(Some(next)) => {
                 // Each fetch moves its end of the unfetched range strictly inwards
                 // (a page's fence lies past every key the page routes); one that does
@@ -179,17 +185,17 @@ impl<'t> FetchState<'t> {
 pub struct Range<'t> {
     state: FetchState<'t>,
     /// Fetched by `next`, ascending; all below the unfetched range.
-    front: VecDeque<Record>,
+    front: Buffered,
     /// Fetched by `next_back`, descending; all above the unfetched range.
-    back: VecDeque<Record>,
+    back: Buffered,
 }
 
 impl std::fmt::Debug for Range<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Range")
             .field("unfetched", &self.state.unfetched)
-            .field("front_buffered", &self.front.len())
-            .field("back_buffered", &self.back.len())
+            .field("front_buffered", &self.front.records.len())
+            .field("back_buffered", &self.back.records.len())
             .field("prefetched_pages", &self.state.prefetched.len())
             .finish_non_exhaustive()
     }
@@ -199,8 +205,8 @@ impl<'t> Range<'t> {
     pub(super) fn new(core: &'t Core, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Self {
         Range {
             state: FetchState::new(core, lower, upper),
-            front: VecDeque::new(),
-            back: VecDeque::new(),
+            front: Buffered::default(),
+            back: Buffered::default(),
         }
     }
 
@@ -224,18 +230,18 @@ impl<'t> Range<'t> {
             Direction::Backward => (&mut self.back, &mut self.front),
         };
         loop {
-            if let Some(r) = near.pop_front() {
+            if let Some(r) = near.records.pop_front() {
                 return Some(Ok(r));
             }
             match self.state.fetch(direction, near) {
                 Some(Ok(())) => {}
                 Some(Err(e)) => {
                     // The scan ends at its first error, at both ends.
-                    near.clear();
-                    far.clear();
+                    near.records.clear();
+                    far.records.clear();
                     return Some(Err(e));
                 }
-                None => return far.pop_back().map(Ok),
+                None => return far.records.pop_back().map(Ok),
             }
         }
     }
@@ -288,11 +294,23 @@ pub struct Cursor<'t> {
 }
 
 /// Records stored back to back in one buffer (two allocations for any number of
-/// records): `spans[i]` is (start, key length, value length) of record `i`.
+/// records): `spans[i]` says where record `i`'s key and value lie.
 #[derive(Default)]
 struct Flat {
     bytes: Vec<u8>,
-    spans: Vec<(usize, usize, usize)>,
+    spans: Vec<Span>,
+}
+
+/// Where one record of a [`Flat`] lies. The value follows the key, except for a value
+/// read from the value store in place of its reference (`Flat::resolve`).
+#[derive(Clone, Copy)]
+struct Span {
+    key_at: usize,
+    key_len: usize,
+    value_at: usize,
+    value_len: usize,
+    /// The value bytes are a reference to a value kept out of line, not resolved yet.
+    external: bool,
 }
 
 impl Flat {
@@ -321,28 +339,64 @@ impl Flat {
 
     /// Record `i` as (key, value).
     fn get(&self, i: usize) -> (&[u8], &[u8]) {
-        let (start, key_len, value_len) = self.spans[i];
-        let (key, rest) = self.bytes[start..start + key_len + value_len].split_at(key_len);
-        (key, rest)
+        let s = self.spans[i];
+        (
+            &self.bytes[s.key_at..s.key_at + s.key_len],
+            &self.bytes[s.value_at..s.value_at + s.value_len],
+        )
     }
 
-    /// The records in order, as (key, value).
-    fn iter(&self) -> impl DoubleEndedIterator<Item = (&[u8], &[u8])> + '_ {
-        (0..self.len()).map(|i| self.get(i))
+    /// The records in order, as (key, value, whether the value is a reference to a
+    /// value kept out of line).
+    fn iter(&self) -> impl DoubleEndedIterator<Item = (&[u8], &[u8], bool)> + '_ {
+        (0..self.len()).map(|i| {
+            let (key, value) = self.get(i);
+            (key, value, self.spans[i].external)
+        })
     }
 
     /// Appends a record whose key is `prefix ‖ suffix`.
-    fn push(&mut self, (prefix, suffix): (&[u8], &[u8]), value: &[u8]) {
-        let start = self.bytes.len();
+    fn push(&mut self, (prefix, suffix): (&[u8], &[u8]), value: &[u8], external: bool) {
+        let key_at = self.bytes.len();
         self.bytes.extend_from_slice(prefix);
         self.bytes.extend_from_slice(suffix);
+        let value_at = self.bytes.len();
         self.bytes.extend_from_slice(value);
-        self.spans
-            .push((start, prefix.len() + suffix.len(), value.len()));
+        self.spans.push(Span {
+            key_at,
+            key_len: value_at - key_at,
+            value_at,
+            value_len: value.len(),
+            external,
+        });
     }
 
     fn push_view(&mut self, r: &RecordView<'_>) {
-        self.push((r.prefix(), r.suffix()), r.value());
+        let external = r.record_type().is_external();
+        self.push((r.prefix(), r.suffix()), r.value(), external);
+    }
+
+    /// Reads the out-of-line values of records `from..` in place of their references
+    /// (appended to the buffer; the references stay behind, unused).
+    fn resolve(&mut self, core: &Core, from: usize) -> Result<()> {
+        let mut value = Vec::new();
+        for i in from..self.len() {
+            let s = self.spans[i];
+            if !s.external {
+                continue;
+            }
+            value.clear();
+            let reference = self.bytes[s.value_at..s.value_at + s.value_len].to_vec();
+            core.host()?.read(&reference, &mut value)?;
+            self.spans[i] = Span {
+                value_at: self.bytes.len(),
+                value_len: value.len(),
+                external: false,
+                ..s
+            };
+            self.bytes.extend_from_slice(&value);
+        }
+        Ok(())
     }
 }
 
@@ -364,8 +418,12 @@ impl Sink for Lent {
     fn push_view(&mut self, r: &RecordView<'_>) {
         self.records.push_view(r);
     }
-    fn push_parts(&mut self, key: &[u8], value: &[u8]) {
-        self.records.push((key, &[]), value);
+    fn push_parts(&mut self, key: &[u8], value: &[u8], external: bool) {
+        self.records.push((key, &[]), value, external);
+    }
+    fn resolve(&mut self, core: &Core) -> Result<()> {
+        // A fetch fills the buffer after it was emptied: every record is this fetch's.
+        self.records.resolve(core, 0)
     }
     fn reserve(&mut self, records: usize) {
         // A guess at the records' size (keys and values of 16 to 32 bytes); a fetch
@@ -486,19 +544,43 @@ fn below(upper: &Bound<Vec<u8>>, key: &[u8]) -> bool {
 pub(super) trait Sink {
     /// Appends a record viewed in a node the caller holds locked.
     fn push_view(&mut self, r: &RecordView<'_>);
-    /// Appends a record copied from a page view.
-    fn push_parts(&mut self, key: &[u8], value: &[u8]);
+    /// Appends a record copied from a page view; `external`: `value` is a reference to
+    /// a value kept out of line.
+    fn push_parts(&mut self, key: &[u8], value: &[u8], external: bool);
     /// Makes room for about `records` more records before a fetch; only a hint, which
     /// a sink that grows cheaply ignores.
     fn reserve(&mut self, _records: usize) {}
+    /// After a fetch, with no page lock held: reads the out-of-line values of the
+    /// records it appended in place of their references.
+    fn resolve(&mut self, core: &Core) -> Result<()>;
 }
 
-impl Sink for VecDeque<Record> {
+/// The owned records a [`Range`] (or an async range) buffers at one end, with the
+/// positions of those whose values are still references to out-of-line values.
+#[derive(Default)]
+pub(crate) struct Buffered {
+    pub(crate) records: VecDeque<Record>,
+    /// Indices into `records` of values to read (`Sink::resolve`); records are only
+    /// appended between a fetch and its resolution, so the indices hold.
+    external: Vec<usize>,
+}
+
+impl Sink for Buffered {
     fn push_view(&mut self, r: &RecordView<'_>) {
-        self.push_back((r.key(), r.value().to_vec()));
+        self.push_parts(&r.key(), r.value(), r.record_type().is_external());
     }
-    fn push_parts(&mut self, key: &[u8], value: &[u8]) {
-        self.push_back((key.to_vec(), value.to_vec()));
+    fn push_parts(&mut self, key: &[u8], value: &[u8], external: bool) {
+        if external {
+            self.external.push(self.records.len());
+        }
+        self.records.push_back((key.to_vec(), value.to_vec()));
+    }
+    fn resolve(&mut self, core: &Core) -> Result<()> {
+        for i in std::mem::take(&mut self.external) {
+            let reference = std::mem::take(&mut self.records[i].1);
+            core.host()?.read(&reference, &mut self.records[i].1)?;
+        }
+        Ok(())
     }
 }
 
@@ -525,9 +607,9 @@ fn take_forward(
     upper: &Bound<Vec<u8>>,
     out: &mut impl Sink,
 ) -> Option<Bound<Vec<u8>>> {
-    for (key, value) in view.records.iter() {
+    for (key, value, external) in view.records.iter() {
         if above(lower, key) && below(upper, key) {
-            out.push_parts(key, value);
+            out.push_parts(key, value, external);
         }
     }
     view.high.map(Bound::Included)
@@ -744,9 +826,9 @@ impl Core {
             return Ok(match direction {
                 Direction::Forward => take_forward(view, lower, upper, out),
                 Direction::Backward => {
-                    for (key, value) in view.records.iter().rev() {
+                    for (key, value, external) in view.records.iter().rev() {
                         if in_range(key) {
-                            out.push_parts(key, value);
+                            out.push_parts(key, value, external);
                         }
                     }
                     view.low.map(Bound::Excluded)
@@ -806,14 +888,15 @@ impl Core {
             let in_range = |k: &[u8]| above(lower, k) && below(upper, k) && routed(k);
             return Ok(match direction {
                 Direction::Forward => {
-                    for (key, value) in view.records.iter().filter(|(k, _)| in_range(k)) {
-                        out.push_parts(key, value);
+                    for (key, value, external) in view.records.iter().filter(|r| in_range(r.0)) {
+                        out.push_parts(key, value, external);
                     }
                     high.map(Bound::Included)
                 }
                 Direction::Backward => {
-                    for (key, value) in view.records.iter().rev().filter(|(k, _)| in_range(k)) {
-                        out.push_parts(key, value);
+                    let records = view.records.iter().rev();
+                    for (key, value, external) in records.filter(|r| in_range(r.0)) {
+                        out.push_parts(key, value, external);
                     }
                     (!low.is_empty()).then_some(Bound::Excluded(low))
                 }
@@ -904,7 +987,7 @@ impl Core {
         &self,
         lower: &Bound<Vec<u8>>,
         upper: &Bound<Vec<u8>>,
-        out: &mut VecDeque<Record>,
+        out: &mut Buffered,
     ) -> Result<FetchStep> {
         let key = match lower {
             Bound::Included(k) | Bound::Excluded(k) => k.as_slice(),
@@ -927,7 +1010,7 @@ impl Core {
         ticket: &LeafTicket,
         leaf_page: &Page,
         (lower, upper): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
-        out: &mut VecDeque<Record>,
+        out: &mut Buffered,
         promote: bool,
     ) -> Result<Option<Option<Bound<Vec<u8>>>>> {
         let view = if promote && self.check_writable().is_ok() {
@@ -1213,10 +1296,15 @@ impl Core {
             high: view.high.as_deref(),
         };
         let node_bytes = &mut bytes[MINI_HEADER_BYTES..];
-        let records = view.records.iter().map(|(k, v)| {
+        let records = view.records.iter().map(|(k, v, external)| {
+            let clean = if external {
+                RecordType::CacheExternal
+            } else {
+                RecordType::Cache
+            };
             let t = dirty
                 .binary_search_by(|(dk, _)| dk.as_slice().cmp(k))
-                .map_or(RecordType::Cache, |i| dirty[i].1);
+                .map_or(clean, |i| dirty[i].1);
             (k, v, t)
         });
         // Tombstones of keys the leaf still holds must survive too.

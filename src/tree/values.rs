@@ -251,6 +251,33 @@ mod tests {
                         model.remove(&k);
                     }
                     6 if step % 1000 == 0 => tree.flush().unwrap(),
+                    7 if step % 10 == 0 => {
+                        let end = format!("key{:05}", xorshift(&mut rng) % 3000).into_bytes();
+                        let (lo, hi) = if k <= end { (k, end) } else { (end, k) };
+                        let want: Vec<(Vec<u8>, Vec<u8>)> = model
+                            .range(lo.clone()..hi.clone())
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect();
+                        let got: Vec<_> = tree
+                            .range(lo.clone()..hi.clone())
+                            .map(|r| r.unwrap())
+                            .collect();
+                        assert_eq!(got, want, "seed {seed} step {step}: range");
+                        let mut back: Vec<_> = tree
+                            .range(lo.clone()..hi.clone())
+                            .rev()
+                            .map(|r| r.unwrap())
+                            .collect();
+                        back.reverse();
+                        assert_eq!(back, want, "seed {seed} step {step}: reversed range");
+                        let mut cursor = tree.cursor(lo..hi);
+                        let mut lent = Vec::new();
+                        while let Some(r) = cursor.next() {
+                            let (k, v) = r.unwrap();
+                            lent.push((k.to_vec(), v.to_vec()));
+                        }
+                        assert_eq!(lent, want, "seed {seed} step {step}: cursor");
+                    }
                     _ => assert_eq!(
                         tree.get(&k).unwrap(),
                         model.get(&k).cloned(),
