@@ -17,6 +17,8 @@
 //! - No write or read straddles two segment files (asserted): a client writes units
 //!   (a hash log's pages) at multiples of their size, and a segment holds a whole
 //!   number of them.
+//! - A segment file's bytes are durable only with its name: a sync after a file was
+//!   created syncs the directory too.
 //! - Writes are [`IO_ALIGN_BYTES`]-aligned in offset and length. Reads are aligned to
 //!   the device's [`BlockDevice::read_align`]: 512-byte sectors for segment files, so a
 //!   small read costs a sector or two, not a 4 KiB block. Where O_DIRECT refuses
@@ -97,6 +99,9 @@ struct FileState {
     truncated_segments: u64,
     /// Segments written since the last sync.
     dirty: Vec<u64>,
+    /// A segment file may have been created since the last sync: the directory's entry
+    /// for it is durable only once the directory is synced too.
+    dir_dirty: bool,
 }
 
 impl SegmentFiles {
@@ -156,6 +161,9 @@ impl SegmentFiles {
             let (file, _direct) = open_maybe_direct(&options, &path, self.direct)
                 .map_err(|e| name_path(Some(&path), e))?;
             slot.insert(Arc::new(file));
+            if create {
+                state.dir_dirty = true;
+            }
         }
         if create && !state.dirty.contains(&segment) {
             state.dirty.push(segment);
@@ -267,13 +275,14 @@ impl BlockDevice for SegmentFiles {
     }
 
     fn sync(&self) -> io::Result<()> {
-        let files: Vec<(u64, Arc<File>)> = {
+        let (files, dir_dirty): (Vec<(u64, Arc<File>)>, bool) = {
             let mut state = self.state.lock();
             let dirty = std::mem::take(&mut state.dirty);
-            dirty
+            let files = dirty
                 .into_iter()
                 .filter_map(|s| state.open.get(&s).map(|f| (s, Arc::clone(f))))
-                .collect()
+                .collect();
+            (files, std::mem::take(&mut state.dir_dirty))
         };
         // Synced outside the lock (reads go on); a segment that fails stays dirty.
         for (i, (_, f)) in files.iter().enumerate() {
@@ -284,8 +293,14 @@ impl BlockDevice for SegmentFiles {
                         state.dirty.push(*s);
                     }
                 }
+                state.dir_dirty |= dir_dirty;
                 return Err(e);
             }
+        }
+        // A new segment file's bytes are durable only with its directory entry.
+        if dir_dirty && let Err(e) = File::open(&self.dir).and_then(|d| d.sync_all()) {
+            self.state.lock().dir_dirty = true;
+            return Err(name_path(Some(&self.dir), e));
         }
         Ok(())
     }
