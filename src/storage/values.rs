@@ -75,6 +75,8 @@ use crate::error::{Error, Result};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests;
 mod snapshot;
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests;
