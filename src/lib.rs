@@ -75,7 +75,8 @@
 //! Dependencies point one way: `db` uses `tree`, `journal`, `wal` and `storage`;
 //! `tree` (and later `hash`) use `journal`, `pool`, `storage` and `config`; `journal`
 //! uses `wal`; `wal` uses `storage`; `pool` and `storage` use nothing else of this crate except the `sync` shim
-//! (std or, under the `shuttle` feature, shuttle's primitives); `config` uses only
+//! (std or, under the `shuttle` feature, shuttle's primitives) — but the value store
+//! (`storage/values.rs`), which also returns the crate's `error`; `config` uses only
 //! `error`; `hash` uses `storage` for all its disk IO. `storage` never knows what a page
 //! or block contains; `pool` never knows what a block holds.
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -3,7 +3,9 @@
 //! everything below an address when its client no longer needs it. The hash tier keeps
 //! each hybrid log on one (FASTER, section 5.1: one address space over memory and
 //! disk, the log's logical address being the device's); the storage layer moves the
-//! bytes and never interprets them.
+//! bytes and never interprets them. The value store (`values`) keeps the database's
+//! large values on one too, giving space back in the middle ([`BlockDevice::discard`])
+//! and at the top ([`BlockDevice::truncate_from`]).
 //!
 //! A [`BlockDevice`] writes whole blocks at their address and reads any aligned range
 //! back; [`BlockDevice::truncate_before`] gives up everything below an address.
@@ -16,7 +18,10 @@
 //! Invariants this module owns:
 //! - No write or read straddles two segment files (asserted): a client writes units
 //!   (a hash log's pages) at multiples of their size, and a segment holds a whole
-//!   number of them.
+//!   number of them, or splits its accesses at [`BlockDevice::segment_bytes`] (the
+//!   value store).
+//! - A segment file's bytes are durable only with its name: a sync after a file was
+//!   created syncs the directory too.
 //! - Writes are [`IO_ALIGN_BYTES`]-aligned in offset and length. Reads are aligned to
 //!   the device's [`BlockDevice::read_align`]: 512-byte sectors for segment files, so a
 //!   small read costs a sector or two, not a 4 KiB block. Where O_DIRECT refuses
@@ -44,8 +49,9 @@ pub(crate) const IO_ALIGN_BYTES: u64 = PAGE_SIZE as u64;
 /// The smallest read alignment a device may allow (a disk sector).
 const SECTOR: u64 = SECTOR_BYTES as u64;
 
-/// A device of blocks addressed by byte address, in one address space that only grows
-/// at the top and is given up from the bottom.
+/// A device of blocks addressed by byte address, in one address space that grows at the
+/// top and is given up from the bottom (a hash log), or whose client gives back ranges
+/// anywhere and lowers the top (the value store).
 pub(crate) trait BlockDevice: Send + Sync {
     /// Writes `bytes` (whole blocks) at `address`. Both are aligned to
     /// [`IO_ALIGN_BYTES`], and `bytes` in memory too where the device uses `O_DIRECT`.
@@ -75,6 +81,28 @@ pub(crate) trait BlockDevice: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Gives up every address below `address` (the device may keep part of it).
     fn truncate_before(&self, address: u64) -> io::Result<()>;
+    /// The size of the device's segments, if it keeps the address space in pieces that
+    /// no single read or write may straddle (segment files); `None` if any access may
+    /// span any range.
+    fn segment_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// Tells the device that the `len` bytes at `address` (both aligned to
+    /// [`IO_ALIGN_BYTES`]) are no longer needed, so that it may give their space back
+    /// (segment files punch a hole). It is advice: until they are written again, the
+    /// bytes read as what they were, as zeros, or (for a segment file that is gone) as
+    /// an error. The caller must not write the range while the call runs.
+    fn discard(&self, _address: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+    /// Gives up every address from `end` (aligned to [`IO_ALIGN_BYTES`]) up: the address
+    /// space now ends there, and the device may shrink to it (segment files remove the
+    /// files wholly above it and cut the one holding it short). Reads above `end` see
+    /// zeros or an error until written again. The caller must not write above `end`
+    /// while the call runs.
+    fn truncate_from(&self, _end: u64) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Segment files in a directory, each holding `segment_bytes` of the address space.
@@ -97,6 +125,12 @@ struct FileState {
     truncated_segments: u64,
     /// Segments written since the last sync.
     dirty: Vec<u64>,
+    /// A segment file may have been created since the last sync: the directory's entry
+    /// for it is durable only once the directory is synced too.
+    dir_dirty: bool,
+    /// No segment file numbered this or higher exists, once known (`truncate_from`
+    /// lists the directory the first time).
+    segments_below: Option<u64>,
 }
 
 impl SegmentFiles {
@@ -156,11 +190,52 @@ impl SegmentFiles {
             let (file, _direct) = open_maybe_direct(&options, &path, self.direct)
                 .map_err(|e| name_path(Some(&path), e))?;
             slot.insert(Arc::new(file));
+            if create {
+                state.dir_dirty = true;
+                if let Some(below) = &mut state.segments_below {
+                    *below = (*below).max(segment + 1);
+                }
+            }
         }
         if create && !state.dirty.contains(&segment) {
             state.dirty.push(segment);
         }
         Ok(Arc::clone(&state.open[&segment]))
+    }
+
+    /// Segment `segment`'s file if it exists (and was not truncated).
+    fn existing_file(&self, segment: u64) -> io::Result<Option<Arc<File>>> {
+        if segment < self.state.lock().truncated_segments {
+            return Ok(None);
+        }
+        match self.file(segment, false) {
+            Ok(file) => Ok(Some(file)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One more than the highest segment number of this device's files in the
+    /// directory (0 if there are none).
+    fn segments_on_disk(&self) -> io::Result<u64> {
+        let mut below = 0;
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| name_path(Some(&self.dir), e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| name_path(Some(&self.dir), e))?;
+            let name = entry.file_name();
+            let number = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(self.prefix.as_str()))
+                .and_then(|n| n.strip_prefix('-'))
+                .and_then(|n| n.strip_suffix(self.extension.as_str()))
+                .and_then(|n| n.strip_suffix('.'))
+                .filter(|n| n.len() == 8)
+                .and_then(|n| u64::from_str_radix(n, 16).ok());
+            if let Some(segment) = number {
+                below = below.max(segment + 1);
+            }
+        }
+        Ok(below)
     }
 
     /// Reads `buf` at `address` from its segment; past the end of what was written
@@ -267,13 +342,14 @@ impl BlockDevice for SegmentFiles {
     }
 
     fn sync(&self) -> io::Result<()> {
-        let files: Vec<(u64, Arc<File>)> = {
+        let (files, dir_dirty): (Vec<(u64, Arc<File>)>, bool) = {
             let mut state = self.state.lock();
             let dirty = std::mem::take(&mut state.dirty);
-            dirty
+            let files = dirty
                 .into_iter()
                 .filter_map(|s| state.open.get(&s).map(|f| (s, Arc::clone(f))))
-                .collect()
+                .collect();
+            (files, std::mem::take(&mut state.dir_dirty))
         };
         // Synced outside the lock (reads go on); a segment that fails stays dirty.
         for (i, (_, f)) in files.iter().enumerate() {
@@ -284,8 +360,14 @@ impl BlockDevice for SegmentFiles {
                         state.dirty.push(*s);
                     }
                 }
+                state.dir_dirty |= dir_dirty;
                 return Err(e);
             }
+        }
+        // A new segment file's bytes are durable only with its directory entry.
+        if dir_dirty && let Err(e) = File::open(&self.dir).and_then(|d| d.sync_all()) {
+            self.state.lock().dir_dirty = true;
+            return Err(name_path(Some(&self.dir), e));
         }
         Ok(())
     }
@@ -305,6 +387,95 @@ impl BlockDevice for SegmentFiles {
         state.truncated_segments = state.truncated_segments.max(below);
         Ok(())
     }
+
+    fn segment_bytes(&self) -> Option<u64> {
+        Some(self.segment_bytes)
+    }
+
+    /// Punches a hole (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`) in each segment
+    /// file the range touches; segments whose file does not exist hold nothing to give
+    /// back. A filesystem that cannot punch holes keeps the bytes.
+    fn discard(&self, address: u64, len: u64) -> io::Result<()> {
+        check_aligned(address, 0, IO_ALIGN_BYTES);
+        assert!(
+            len.is_multiple_of(IO_ALIGN_BYTES),
+            "unaligned discard of {len} bytes"
+        );
+        let end = address + len;
+        let mut at = address;
+        while at < end {
+            let (segment, offset) = (at / self.segment_bytes, at % self.segment_bytes);
+            let n = (self.segment_bytes - offset).min(end - at);
+            if let Some(file) = self.existing_file(segment)? {
+                punch_hole(&file, offset, n)
+                    .map_err(|e| name_path(Some(&self.path(segment)), e))?;
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Removes the segment files wholly at or above `end` and cuts the one holding
+    /// `end` to its part below it. The first call lists the directory, to find files a
+    /// previous process left above the end; later ones know the highest file.
+    fn truncate_from(&self, end: u64) -> io::Result<()> {
+        check_aligned(end, 0, IO_ALIGN_BYTES);
+        let first_whole = end.div_ceil(self.segment_bytes);
+        let known = self.state.lock().segments_below;
+        let below = match known {
+            Some(below) => below,
+            None => self.segments_on_disk()?,
+        };
+        let mut state = self.state.lock();
+        // Removed under the lock: a file of a segment being removed is not reopened
+        // meanwhile (the caller writes nothing above `end` anyway).
+        for segment in first_whole..below.max(state.segments_below.unwrap_or(0)) {
+            state.open.remove(&segment);
+            state.dirty.retain(|&s| s != segment);
+            match std::fs::remove_file(self.path(segment)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(name_path(Some(&self.path(segment)), e)),
+            }
+        }
+        state.segments_below = Some(first_whole);
+        drop(state);
+        let (segment, offset) = (end / self.segment_bytes, end % self.segment_bytes);
+        if offset > 0
+            && let Some(file) = self.existing_file(segment)?
+        {
+            file.set_len(offset)
+                .map_err(|e| name_path(Some(&self.path(segment)), e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Gives the `len` bytes at `offset` of `file` back to the filesystem, keeping the
+/// file's size; they read as zeros. Without hole punching (`EOPNOTSUPP`) the bytes stay.
+fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let too_far = || io::Error::new(io::ErrorKind::InvalidInput, "a hole beyond i64::MAX");
+    let offset = libc::off_t::try_from(offset).map_err(|_| too_far())?;
+    let len = libc::off_t::try_from(len).map_err(|_| too_far())?;
+    // SAFETY: fallocate on a descriptor `file` owns and keeps open for the call; no
+    // memory is passed.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return Ok(());
+    }
+    Err(e)
 }
 
 impl BlockDevice for SimBlocks {
@@ -322,6 +493,16 @@ impl BlockDevice for SimBlocks {
 
     fn truncate_before(&self, address: u64) -> io::Result<()> {
         self.discard_below(address);
+        Ok(())
+    }
+
+    fn discard(&self, address: u64, len: u64) -> io::Result<()> {
+        SimBlocks::discard(self, address, len);
+        Ok(())
+    }
+
+    fn truncate_from(&self, end: u64) -> io::Result<()> {
+        self.discard_from(end);
         Ok(())
     }
 }
@@ -390,6 +571,18 @@ impl BlockDevice for Retaining {
         state.0 = state.0.max(address);
         self.inner.truncate_before(state.0.min(state.1))
     }
+
+    fn segment_bytes(&self) -> Option<u64> {
+        self.inner.segment_bytes()
+    }
+
+    fn discard(&self, address: u64, len: u64) -> io::Result<()> {
+        self.inner.discard(address, len)
+    }
+
+    fn truncate_from(&self, end: u64) -> io::Result<()> {
+        self.inner.truncate_from(end)
+    }
 }
 
 /// A device in memory, block by block, for tests; counts its IO.
@@ -397,6 +590,9 @@ impl BlockDevice for Retaining {
 #[derive(Default)]
 pub(crate) struct MemBlocks {
     state: Mutex<MemState>,
+    /// Segments no access may straddle (asserted) and that name files, as segment
+    /// files do; `None`: one address space.
+    segment_bytes: Option<u64>,
 }
 
 #[cfg(test)]
@@ -418,11 +614,31 @@ impl MemBlocks {
     pub(crate) fn new() -> MemBlocks {
         MemBlocks::default()
     }
+
+    fn check_segment(&self, address: u64, len: usize) {
+        if let Some(segment) = self.segment_bytes {
+            assert!(
+                address % segment + len as u64 <= segment,
+                "an access straddles two segments"
+            );
+        }
+    }
 }
 
 /// The switches and counters of the unit tests (none of them under shuttle).
 #[cfg(all(test, not(feature = "shuttle")))]
 impl MemBlocks {
+    /// A device of segments of `segment_bytes` (a multiple of [`IO_ALIGN_BYTES`]): an
+    /// access straddling two is a bug (asserted), and `file_of` names a segment as
+    /// `mem-<segment as 8 hex digits>`.
+    pub(crate) fn with_segments(segment_bytes: u64) -> MemBlocks {
+        assert!(segment_bytes > 0 && segment_bytes.is_multiple_of(IO_ALIGN_BYTES));
+        MemBlocks {
+            segment_bytes: Some(segment_bytes),
+            ..MemBlocks::default()
+        }
+    }
+
     /// (bytes written, bytes read) so far.
     pub(crate) fn io_bytes(&self) -> (u64, u64) {
         let s = self.state.lock();
@@ -437,6 +653,11 @@ impl MemBlocks {
     /// Makes the next `reads` reads fail.
     pub(crate) fn fail_reads(&self, reads: u64) {
         self.state.lock().fail_reads = reads;
+    }
+
+    /// Blocks holding bytes (written and not discarded or truncated).
+    pub(crate) fn block_count(&self) -> usize {
+        self.state.lock().blocks.len()
     }
 
     /// Flips bit `bit` of the byte at `address`, as damage on a disk would; false if
@@ -458,6 +679,7 @@ impl MemBlocks {
 impl BlockDevice for MemBlocks {
     fn write(&self, address: u64, bytes: &[u8]) -> io::Result<()> {
         check_aligned(address, bytes.len(), IO_ALIGN_BYTES);
+        self.check_segment(address, bytes.len());
         let mut s = self.state.lock();
         if s.fail_writes {
             return Err(io::Error::other("simulated EIO on a block write"));
@@ -472,6 +694,7 @@ impl BlockDevice for MemBlocks {
 
     fn read(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
         check_aligned(address, buf.len(), SECTOR);
+        self.check_segment(address, buf.len());
         let mut s = self.state.lock();
         if address < s.truncated_before {
             return Err(io::Error::new(
@@ -514,6 +737,34 @@ impl BlockDevice for MemBlocks {
         let mut s = self.state.lock();
         s.blocks.retain(|&a, _| a >= address);
         s.truncated_before = s.truncated_before.max(address);
+        Ok(())
+    }
+
+    fn file_of(&self, address: u64) -> Option<PathBuf> {
+        self.segment_bytes
+            .map(|segment| PathBuf::from(format!("mem-{:08x}", address / segment)))
+    }
+
+    fn segment_bytes(&self) -> Option<u64> {
+        self.segment_bytes
+    }
+
+    fn discard(&self, address: u64, len: u64) -> io::Result<()> {
+        check_aligned(address, 0, IO_ALIGN_BYTES);
+        assert!(
+            len.is_multiple_of(IO_ALIGN_BYTES),
+            "unaligned discard of {len} bytes"
+        );
+        self.state
+            .lock()
+            .blocks
+            .retain(|&a, _| a < address || a >= address + len);
+        Ok(())
+    }
+
+    fn truncate_from(&self, end: u64) -> io::Result<()> {
+        check_aligned(end, 0, IO_ALIGN_BYTES);
+        self.state.lock().blocks.retain(|&a, _| a < end);
         Ok(())
     }
 }
@@ -629,6 +880,64 @@ mod tests {
             pages.read(64 * 4096 + 512, read.as_mut()).unwrap();
             assert!(read.as_mut().iter().all(|&b| b == 0));
         }
+    }
+
+    #[test]
+    fn segment_files_discard_punches_holes_and_truncate_from_removes_and_cuts_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let segment = 64 << 10;
+        let files = SegmentFiles::new(dir.path(), ("v", "blk"), segment, false);
+        let mut block = AlignedBuf::new(4096);
+        // Four segments, each block stamped with its address.
+        for at in (0..4 * segment).step_by(4096) {
+            block.as_mut().fill((at / 4096) as u8 | 1);
+            files.write(at, block.as_ref()).unwrap();
+        }
+        files.sync().unwrap();
+        let read = |at: u64| {
+            let mut buf = AlignedBuf::new(4096);
+            files.read(at, buf.as_mut()).map(|()| buf.as_ref()[0])
+        };
+        // A hole across a segment boundary reads as zeros; its neighbours stay.
+        files.discard(segment - 8192, 16384).unwrap();
+        for (at, zero) in [(segment - 12288, false), (segment - 8192, true)]
+            .into_iter()
+            .chain([(segment + 4096, true), (segment + 8192, false)])
+        {
+            let expected = if zero { 0 } else { (at / 4096) as u8 | 1 };
+            assert_eq!(read(at).unwrap(), expected, "{at}");
+        }
+        // A discard where no file is: nothing to give back.
+        files.discard(9 * segment, 4096).unwrap();
+        // The end inside segment 1: segments 2 and 3 go, segment 1 is cut short.
+        files.truncate_from(segment + 3 * 4096).unwrap();
+        let names = |dir: &Path| {
+            let mut n: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(dir.path()), ["v-00000000.blk", "v-00000001.blk"]);
+        let len = |n: &str| std::fs::metadata(dir.path().join(n)).unwrap().len();
+        assert_eq!(len("v-00000001.blk"), 3 * 4096);
+        assert_eq!(read(segment + 4096).unwrap(), 0); // punched earlier
+        assert_eq!(
+            read(segment + 2 * 4096).unwrap(),
+            (segment / 4096 + 2) as u8 | 1
+        );
+        assert_eq!(
+            read(segment - 12288).unwrap(),
+            ((segment - 12288) / 4096) as u8 | 1
+        );
+        // Written again above the old end: files come back, and a later open of the
+        // same files (which lists the directory) removes them at a segment boundary.
+        files.write(3 * segment, block.as_ref()).unwrap();
+        files.sync().unwrap();
+        let again = SegmentFiles::new(dir.path(), ("v", "blk"), segment, false);
+        again.truncate_from(segment).unwrap();
+        assert_eq!(names(dir.path()), ["v-00000000.blk"]);
     }
 
     #[test]

@@ -510,6 +510,29 @@ impl SimBlocks {
         s.discarded_below = s.discarded_below.max(below * BLOCK_BYTES as u64);
     }
 
+    /// Gives up the blocks of the `len` bytes at `offset` (a hole punched in a file), in
+    /// both images at once: their bytes are no longer needed, so whether a crash finds
+    /// them gone or back does not matter to the client, and gone is the simpler image.
+    /// A block written again later is a new write, with the usual crash semantics.
+    pub fn discard(&self, offset: u64, len: u64) {
+        let (from, to) = (
+            offset / BLOCK_BYTES as u64,
+            (offset + len).div_ceil(BLOCK_BYTES as u64),
+        );
+        let mut s = self.state.lock();
+        s.live.retain(|&at, _| at < from || at >= to);
+        s.durable.retain(|&at, _| at < from || at >= to);
+    }
+
+    /// Gives up every block from `offset` up (the file cut short), in both images at
+    /// once, as [`SimBlocks::discard`].
+    pub fn discard_from(&self, offset: u64) {
+        let from = offset.div_ceil(BLOCK_BYTES as u64);
+        let mut s = self.state.lock();
+        s.live.retain(|&at, _| at < from);
+        s.durable.retain(|&at, _| at < from);
+    }
+
     /// The sync after the next `n` syncs fails with `EIO` (and poisons the file).
     pub fn fail_syncs_after(&self, n: u64) {
         self.arm(SimOp::Sync, n, SimFault::Permanent);

@@ -1,0 +1,1184 @@
+//! The value store: the home of large values (issue #34). A value above the index's
+//! threshold (about 2 KiB) is written once into an *extent* of its own in the database's
+//! value file, a [`BlockDevice`] (`values-<segment as 8 hex>.vlog` segment files of
+//! [`SEGMENT_BYTES`]), and the index (a tree leaf, a hash log record) keeps its 16-byte
+//! [`ValueRef`] instead of the bytes.
+//!
+//! # Extents
+//!
+//! An extent starts at a multiple of [`IO_ALIGN_BYTES`] and holds, little-endian:
+//!
+//! ```text
+//! offset                      offset + len
+//! | the value's bytes          | chunk table (len > CHUNK_BYTES only) | zeros to 4 KiB |
+//!                               crc32c (u32) of each CHUNK_BYTES chunk of the value,
+//!                               the last one possibly short
+//! ```
+//!
+//! Its size is `round_up(len + table bytes, 4096)`, one block for an empty value. The
+//! reference's `crc` is the crc32c of the whole value when it is one chunk or less, else
+//! the crc32c of the chunk table: a whole read checks every byte, and a read of part of
+//! a big value reads the table (checked against `crc`) and only the chunks it needs
+//! (each checked against the table). Damaged bytes are an [`Error::CorruptFile`] naming
+//! the file and the address; no wrong byte is ever returned.
+//!
+//! # What it owns
+//!
+//! The allocation of the value file's address space, in one [`Mutex`]: each extent is
+//! *pending* (written by [`ValueStore::write`], not yet referenced by a record), *live*
+//! (referenced), *deferred* (freed by a record, not reusable before the checkpoints that
+//! may still reference it are gone: its `free_gen`), or in *grace* (reusable by that
+//! rule, waiting for readers that may have found it in the index before it was freed).
+//! Every other byte below the end of the address space is *free*: ranges coalesced and
+//! allocated best fit, the end growing when none fits and shrinking (the device giving
+//! the space back) when the top range is freed.
+//!
+//! Invariants:
+//! - Extents never overlap, and every byte below the end is in exactly one extent or
+//!   one free range. Free ranges never touch each other nor the end.
+//! - An extent is reused only after a [`ValueStore::release`] saw its `free_gen` at or
+//!   below the oldest checkpoint kept (no checkpoint, hence no recovery, can reference
+//!   it) and no reader that started before its free is still reading ([`ReadGuard`]).
+//! - A record referencing a value is made durable only after the value's bytes: the
+//!   log's group write asks [`ValueStore::needs_sync`] and calls [`ValueStore::sync`]
+//!   first. A failed sync fails the store (later writes and syncs are refused, as the
+//!   other stores do): Linux may have dropped the failed pages, and a retry's success
+//!   would prove nothing.
+//! - No device access straddles a segment ([`BlockDevice::segment_bytes`]), and IO goes
+//!   in pieces of at most [`IO_PIECE_BYTES`] through one [`AlignedBuf`], so a value of
+//!   1 GiB costs its own bytes and a 1 MiB buffer, not a second copy.
+//!
+//! # Checkpoints
+//!
+//! A checkpoint of generation `G` calls [`ValueStore::open_window`] before it quiesces
+//! and [`ValueStore::snapshot`] after it captured the indexes, and stores the snapshot
+//! (format in [`snapshot`]) in its file; [`ValueStore::restore`] rebuilds the store from
+//! it. Records applied or freed inside that window may or may not be in the captured
+//! indexes, so the snapshot marks those extents *uncertain* with their (keyspace, key)
+//! — the only time the store keeps keys — and recovery settles each by looking the key
+//! up: [`ValueStore::mark_live`] if the index references it, [`ValueStore::free`] if
+//! not. Frees get `free_gen` = the generation of the next checkpoint that surely misses
+//! the reference: `G + 1` from the window of `G` on (the one in the window is
+//! uncertain), the generation `open`/`restore` was given before any window.
+//!
+//! Errors are the crate's ([`crate::error::Error`]), so this module is the one part of
+//! the storage layer that uses `error`: its callers (the trees, the hash tier, the
+//! database) all speak it, and its corruption is of a file, not of a page.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{AlignedBuf, BlockDevice, IO_ALIGN_BYTES, SegmentFiles, name_path};
+use crate::error::{Error, Result};
+use crate::sync::Mutex;
+use crate::sync::atomic::{AtomicU64, Ordering};
+
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests;
+mod snapshot;
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests;
+
+pub(crate) use snapshot::Uncertain;
+
+/// Bytes of an encoded [`ValueRef`].
+pub(crate) const REF_BYTES: usize = 16;
+/// Bytes of a chunk: a value longer than this has a table of one crc32c per chunk.
+pub(crate) const CHUNK_BYTES: u64 = 64 * 1024;
+/// The most bytes one device read or write of the store moves (and the size of its
+/// buffer).
+pub(crate) const IO_PIECE_BYTES: u64 = 1 << 20;
+/// Bytes of a value file's segment: large enough that a database holds few files,
+/// small enough that a shrinking end gives whole files back.
+pub(crate) const SEGMENT_BYTES: u64 = 256 << 20;
+/// The value file's name: `values-<segment as 8 hex digits>.vlog`.
+pub(crate) const FILE_NAME: (&str, &str) = ("values", "vlog");
+/// What errors name as the file when the device has none (memory, simulation).
+const NO_FILE: &str = "<value store device>";
+
+const _: () = assert!(CHUNK_BYTES.is_multiple_of(IO_ALIGN_BYTES));
+const _: () = assert!(IO_PIECE_BYTES.is_multiple_of(CHUNK_BYTES));
+const _: () = assert!(SEGMENT_BYTES.is_multiple_of(IO_PIECE_BYTES));
+
+/// Where a value lives: what an index keeps instead of the value's bytes.
+///
+/// Encoded in [`REF_BYTES`], little-endian: offset (u64), len (u32), crc (u32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ValueRef {
+    /// The extent's address in the value file (a multiple of [`IO_ALIGN_BYTES`]).
+    pub(crate) offset: u64,
+    /// The value's length in bytes.
+    pub(crate) len: u32,
+    /// crc32c of the value if it is at most [`CHUNK_BYTES`], else of its chunk table.
+    pub(crate) crc: u32,
+}
+
+const _: () = assert!(8 + 4 + 4 == REF_BYTES);
+
+impl ValueRef {
+    /// The reference's bytes.
+    pub(crate) fn encode(&self) -> [u8; REF_BYTES] {
+        let mut bytes = [0; REF_BYTES];
+        bytes[..8].copy_from_slice(&self.offset.to_le_bytes());
+        bytes[8..12].copy_from_slice(&self.len.to_le_bytes());
+        bytes[12..].copy_from_slice(&self.crc.to_le_bytes());
+        bytes
+    }
+
+    /// The reference `bytes` encode: `None` unless they are exactly [`REF_BYTES`] and
+    /// the offset is aligned.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<ValueRef> {
+        let bytes: &[u8; REF_BYTES] = bytes.try_into().ok()?;
+        let (offset, rest) = bytes.split_first_chunk::<8>()?;
+        let (len, crc) = rest.split_first_chunk::<4>()?;
+        let r = ValueRef {
+            offset: u64::from_le_bytes(*offset),
+            len: u32::from_le_bytes(*len),
+            crc: u32::from_le_bytes(crc.try_into().ok()?),
+        };
+        r.offset.is_multiple_of(IO_ALIGN_BYTES).then_some(r)
+    }
+
+    /// Bytes of its extent.
+    pub(crate) fn extent_bytes(&self) -> u64 {
+        extent_bytes(self.len)
+    }
+
+    /// The end of its extent, if the address space reaches it.
+    fn extent_end(&self) -> Option<u64> {
+        self.offset.checked_add(self.extent_bytes())
+    }
+}
+
+/// Chunks of a value of `len` bytes that has a chunk table (0 if it has none).
+fn table_chunks(len: u32) -> u64 {
+    if u64::from(len) > CHUNK_BYTES {
+        u64::from(len).div_ceil(CHUNK_BYTES)
+    } else {
+        0
+    }
+}
+
+/// Bytes of the extent of a value of `len` bytes (module docs).
+pub(crate) fn extent_bytes(len: u32) -> u64 {
+    let used = u64::from(len) + 4 * table_chunks(len);
+    used.max(1).next_multiple_of(IO_ALIGN_BYTES)
+}
+
+/// The value file of a database directory: segment files [`FILE_NAME`] of
+/// [`SEGMENT_BYTES`] in `dir`, with `O_DIRECT` if `direct` and the filesystem allows it.
+pub(crate) fn value_files(dir: &Path, direct: bool) -> SegmentFiles {
+    SegmentFiles::new(dir, FILE_NAME, SEGMENT_BYTES, direct)
+}
+
+/// What an extent is doing (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Extent {
+    /// Written (or being written), not referenced yet.
+    Pending,
+    /// Referenced by a record.
+    Live,
+    /// Freed; reusable once no kept checkpoint is older than `free_gen`.
+    Deferred { free_gen: u64 },
+    /// Reusable by the checkpoint rule; waiting for readers.
+    Grace { free_gen: u64 },
+}
+
+/// An extent's entry: its reference, its state, and — while a checkpoint's window is
+/// open, for the extents applied or freed in it — the key of the record.
+#[derive(Debug)]
+struct Entry {
+    r: ValueRef,
+    state: Extent,
+    uncertain: Option<Box<Key>>,
+}
+
+/// The record's key of an uncertain extent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Key {
+    keyspace: u32,
+    key: Box<[u8]>,
+}
+
+/// The free ranges: each by its start, and an index by (length, start) for best fit.
+#[derive(Debug, Default)]
+struct FreeRanges {
+    by_start: BTreeMap<u64, u64>,
+    by_len: BTreeSet<(u64, u64)>,
+    bytes: u64,
+}
+
+impl FreeRanges {
+    /// Adds `[start, start + len)`, merging it with the ranges it touches; returns the
+    /// merged range.
+    fn insert(&mut self, mut start: u64, mut len: u64) -> (u64, u64) {
+        debug_assert!(len > 0);
+        if let Some((&s, &l)) = self.by_start.range(..start).next_back()
+            && s + l == start
+        {
+            self.remove(s);
+            (start, len) = (s, l + len);
+        }
+        if let Some(&l) = self.by_start.get(&(start + len)) {
+            self.remove(start + len);
+            len += l;
+        }
+        self.by_start.insert(start, len);
+        self.by_len.insert((len, start));
+        self.bytes += len;
+        (start, len)
+    }
+
+    /// Removes the range starting at `start`; its length.
+    fn remove(&mut self, start: u64) -> Option<u64> {
+        let len = self.by_start.remove(&start)?;
+        self.by_len.remove(&(len, start));
+        self.bytes -= len;
+        Some(len)
+    }
+
+    /// The smallest range of at least `len` bytes (the lowest of equals).
+    fn best_fit(&self, len: u64) -> Option<(u64, u64)> {
+        self.by_len.range((len, 0)..).next().map(|&(l, s)| (s, l))
+    }
+
+    /// The range holding `at`, if `at` is free.
+    fn holding(&self, at: u64) -> Option<(u64, u64)> {
+        let (&s, &l) = self.by_start.range(..=at).next_back()?;
+        (at < s + l).then_some((s, l))
+    }
+}
+
+/// Extent bytes per state (deferred counts grace too), and value bytes of live extents.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Totals {
+    pending: u64,
+    live: u64,
+    deferred: u64,
+    live_value: u64,
+    live_extents: u64,
+}
+
+impl Totals {
+    fn count(&mut self, r: &ValueRef, state: Extent, add: bool) {
+        let (bytes, value) = (r.extent_bytes(), u64::from(r.len));
+        let apply = |n: &mut u64, by: u64| *n = if add { *n + by } else { *n - by };
+        match state {
+            Extent::Pending => apply(&mut self.pending, bytes),
+            Extent::Live => {
+                apply(&mut self.live, bytes);
+                apply(&mut self.live_value, value);
+                apply(&mut self.live_extents, 1);
+            }
+            Extent::Deferred { .. } | Extent::Grace { .. } => apply(&mut self.deferred, bytes),
+        }
+    }
+}
+
+/// What a [`ValueStore`] holds, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ValueStoreStats {
+    /// Bytes of the live values (their lengths, not their extents).
+    pub(crate) live_bytes: u64,
+    /// Live values.
+    pub(crate) live_values: u64,
+    /// Bytes of every extent, whatever its state: the address space less the free
+    /// ranges.
+    pub(crate) allocated_bytes: u64,
+    /// Bytes of extents written and not yet referenced.
+    pub(crate) pending_bytes: u64,
+    /// Bytes of extents freed and not yet reusable (deferred or in grace).
+    pub(crate) deferred_bytes: u64,
+    /// Bytes of the free ranges below the end.
+    pub(crate) free_bytes: u64,
+    /// The end of the address space: what the device holds at most.
+    pub(crate) end_bytes: u64,
+}
+
+/// The allocation state (module docs).
+#[derive(Debug)]
+struct State {
+    /// Every extent, by offset.
+    extents: BTreeMap<u64, Entry>,
+    /// Deferred extents by (free_gen, offset), for `release`.
+    deferred: BTreeSet<(u64, u64)>,
+    free: FreeRanges,
+    /// The end of the address space.
+    end: u64,
+    /// Above this the device holds no bytes of ours (`u64::MAX`: not known, as after an
+    /// open); a release cuts the device to the end when the end is lower.
+    device_end: u64,
+    /// The `free_gen` of a free now.
+    next_gen: u64,
+    /// The generation of the checkpoint whose window is open.
+    window: Option<u64>,
+    totals: Totals,
+    /// Why the store refuses writes and syncs: a sync failed.
+    failed: Option<String>,
+}
+
+impl State {
+    fn new(next_gen: u64) -> State {
+        State {
+            extents: BTreeMap::new(),
+            deferred: BTreeSet::new(),
+            free: FreeRanges::default(),
+            end: 0,
+            device_end: u64::MAX,
+            next_gen,
+            window: None,
+            totals: Totals::default(),
+            failed: None,
+        }
+    }
+
+    /// An address for an extent of `bytes`: the best-fitting free range's start, else
+    /// the top free range extended past the end, else the end.
+    fn allocate(&mut self, bytes: u64) -> u64 {
+        if let Some((start, len)) = self.free.best_fit(bytes) {
+            self.free.remove(start);
+            if len > bytes {
+                self.free.insert(start + bytes, len - bytes);
+            }
+            return start;
+        }
+        // The top range never touches the end (it would have been given back), so
+        // there is none to extend: grow at the end.
+        let start = self.end;
+        self.end += bytes;
+        if self.device_end != u64::MAX {
+            self.device_end = self.device_end.max(self.end);
+        }
+        start
+    }
+
+    /// Makes `[start, start + len)` free, lowering the end if it reaches it.
+    fn give_back(&mut self, start: u64, len: u64) {
+        let (start, len) = self.free.insert(start, len);
+        if start + len == self.end {
+            self.free.remove(start);
+            self.end = start;
+        }
+    }
+
+    /// Takes `[start, start + len)` out of the free ranges and the space above the end
+    /// (growing the end over it); false, changing nothing, if a byte of it is in an
+    /// extent.
+    fn claim(&mut self, start: u64, len: u64) -> bool {
+        let stop = start + len;
+        let below = stop.min(self.end);
+        if start < below {
+            let Some((s, l)) = self.free.holding(start) else {
+                return false;
+            };
+            if s + l < below {
+                return false;
+            }
+            self.free.remove(s);
+            if s < start {
+                self.free.insert(s, start - s);
+            }
+            if below < s + l {
+                self.free.insert(below, s + l - below);
+            }
+        }
+        if stop > self.end {
+            if start > self.end {
+                self.free.insert(self.end, start - self.end);
+            }
+            self.end = stop;
+            if self.device_end != u64::MAX {
+                self.device_end = self.device_end.max(stop);
+            }
+        }
+        true
+    }
+
+    fn insert(&mut self, entry: Entry) {
+        self.totals.count(&entry.r, entry.state, true);
+        if let Extent::Deferred { free_gen } = entry.state {
+            self.deferred.insert((free_gen, entry.r.offset));
+        }
+        let old = self.extents.insert(entry.r.offset, entry);
+        debug_assert!(old.is_none(), "two extents at one offset");
+    }
+
+    fn remove(&mut self, offset: u64) -> Option<Entry> {
+        let entry = self.extents.remove(&offset)?;
+        self.totals.count(&entry.r, entry.state, false);
+        if let Extent::Deferred { free_gen } = entry.state {
+            self.deferred.remove(&(free_gen, offset));
+        }
+        Some(entry)
+    }
+
+    /// Moves the extent at `offset` to `state`.
+    fn set_state(&mut self, offset: u64, state: Extent) {
+        let mut entry = self.remove(offset).expect("an extent at the offset");
+        entry.state = state;
+        self.insert(entry);
+    }
+
+    /// The extent at `r.offset` if it is exactly `r`.
+    fn entry_of(&self, r: &ValueRef) -> Option<&Entry> {
+        self.extents.get(&r.offset).filter(|e| e.r == *r)
+    }
+
+    /// Records `key` on the extent at `offset` if a window is open.
+    fn note_key(&mut self, offset: u64, keyspace: u32, key: &[u8]) {
+        if self.window.is_some()
+            && let Some(entry) = self.extents.get_mut(&offset)
+        {
+            entry.uncertain = Some(Box::new(Key {
+                keyspace,
+                key: key.into(),
+            }));
+        }
+    }
+
+    /// Makes `r` a live extent whatever the store thought of its bytes: extents it
+    /// overlaps that are freed (deferred or in grace) are dropped — their space was
+    /// released and reused before a crash — and its range is taken from the free
+    /// ranges and the space above the end. An overlapped pending or live extent of
+    /// another reference is an error, and nothing changes.
+    fn adopt(&mut self, r: &ValueRef) -> std::result::Result<(), String> {
+        let stop = r
+            .extent_end()
+            .ok_or_else(|| format!("{r:?} ends past 2^64"))?;
+        if let Some(entry) = self.entry_of(r) {
+            if entry.state != Extent::Live {
+                self.set_state(r.offset, Extent::Live);
+            }
+            return Ok(());
+        }
+        let first = match self.extents.range(..=r.offset).next_back() {
+            Some((&at, e)) if at + e.r.extent_bytes() > r.offset => at,
+            _ => r.offset,
+        };
+        let overlapped: Vec<(u64, Extent)> = self
+            .extents
+            .range(first..stop)
+            .map(|(&at, e)| (at, e.state))
+            .collect();
+        if let Some((at, state)) = overlapped
+            .iter()
+            .find(|(_, s)| matches!(s, Extent::Pending | Extent::Live))
+        {
+            let other = self.extents[at].r;
+            return Err(format!("{r:?} overlaps the {state:?} extent of {other:?}"));
+        }
+        for (at, _) in overlapped {
+            let entry = self.remove(at).expect("listed above");
+            self.give_back(at, entry.r.extent_bytes());
+        }
+        let claimed = self.claim(r.offset, r.extent_bytes());
+        assert!(
+            claimed,
+            "{r:?} overlaps no extent, yet its range is not free"
+        );
+        self.insert(Entry {
+            r: *r,
+            state: Extent::Live,
+            uncertain: None,
+        });
+        Ok(())
+    }
+
+    fn stats(&self) -> ValueStoreStats {
+        let t = &self.totals;
+        ValueStoreStats {
+            live_bytes: t.live_value,
+            live_values: t.live_extents,
+            allocated_bytes: t.pending + t.live + t.deferred,
+            pending_bytes: t.pending,
+            deferred_bytes: t.deferred,
+            free_bytes: self.free.bytes,
+            end_bytes: self.end,
+        }
+    }
+}
+
+/// The readers' side of reuse: who might still read an extent that was freed.
+///
+/// Two counters of readers and an era. A reader adds itself to the counter of the
+/// current era (and checks the era did not move meanwhile, else it retries); a release
+/// moves extents to grace, then advances the era and waits for the previous era's
+/// counter to drain. Why that is enough: a reader that could read an extent found it in
+/// the index, so it entered before the extent's free, before the move to grace, and so
+/// before the era advanced: it is counted in the previous era (or in an older one,
+/// which the previous release already drained: releases run one at a time and each
+/// waits for its drain). A reader counted in the new era entered after the free and
+/// cannot find the extent. The era only goes up, so a reader that loaded an old era
+/// and checks it again after its increment sees the move.
+#[derive(Debug, Default)]
+struct Readers {
+    era: AtomicU64,
+    active: [AtomicU64; 2],
+}
+
+impl Readers {
+    fn enter(self: &Arc<Self>) -> ReadGuard {
+        loop {
+            let era = self.era.load(Ordering::SeqCst);
+            let slot = (era & 1) as usize;
+            self.active[slot].fetch_add(1, Ordering::SeqCst);
+            if self.era.load(Ordering::SeqCst) == era {
+                return ReadGuard {
+                    readers: Arc::clone(self),
+                    slot,
+                };
+            }
+            self.active[slot].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Waits until every reader that entered before this call has left.
+    fn wait_for_earlier(&self) {
+        let old = self.era.fetch_add(1, Ordering::SeqCst);
+        let slot = (old & 1) as usize;
+        let mut i = 0;
+        while self.active[slot].load(Ordering::SeqCst) > 0 {
+            crate::sync::backoff_wait(i);
+            i = i.saturating_add(1);
+        }
+    }
+}
+
+/// A reader's claim on the extents it may find in an index: while it lives, no extent
+/// freed after it was taken is reused. Take it before looking the reference up and
+/// drop it after the read. It belongs to no thread: async code may hold it across
+/// awaits, and it keeps nothing borrowed.
+#[derive(Debug)]
+#[must_use = "a guard protects the reads made while it lives"]
+pub(crate) struct ReadGuard {
+    readers: Arc<Readers>,
+    slot: usize,
+}
+
+impl Drop for ReadGuard {
+    fn drop(&mut self) {
+        self.readers.active[self.slot].fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The value store (module docs).
+pub(crate) struct ValueStore {
+    device: Arc<dyn BlockDevice>,
+    segment_bytes: Option<u64>,
+    state: Mutex<State>,
+    readers: Arc<Readers>,
+    /// Writes completed, and of them those a sync covered.
+    written: AtomicU64,
+    synced: AtomicU64,
+    /// One sync at a time: a sync that found nothing to do must not return while
+    /// another is still making earlier writes durable.
+    syncing: Mutex<()>,
+    /// One release at a time (module docs of [`Readers`]).
+    releasing: Mutex<()>,
+}
+
+impl std::fmt::Debug for ValueStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValueStore")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ValueStore {
+    /// An empty store on `device`; frees before any checkpoint window get `free_gen`
+    /// `next_gen` (the generation of the database's next checkpoint).
+    pub(crate) fn open(device: Arc<dyn BlockDevice>, next_gen: u64) -> ValueStore {
+        ValueStore::with_state(device, State::new(next_gen))
+    }
+
+    fn with_state(device: Arc<dyn BlockDevice>, state: State) -> ValueStore {
+        let segment_bytes = device.segment_bytes();
+        if let Some(segment) = segment_bytes {
+            assert!(segment.is_multiple_of(IO_ALIGN_BYTES));
+        }
+        ValueStore {
+            device,
+            segment_bytes,
+            state: Mutex::new(state),
+            readers: Arc::new(Readers::default()),
+            written: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
+            syncing: Mutex::new(()),
+            releasing: Mutex::new(()),
+        }
+    }
+
+    /// The store a checkpoint's [`ValueStore::snapshot`] describes, on `device`, and the
+    /// snapshot's uncertain extents, which recovery settles with
+    /// [`ValueStore::mark_live`] or [`ValueStore::free`] (module docs). `source` is the
+    /// file the snapshot came from, for errors: damaged bytes are
+    /// [`Error::CorruptFile`], an unknown format version [`Error::Incompatible`].
+    ///
+    /// Every byte below the snapshot's end outside its extents is free; none is given
+    /// back to the device until [`ValueStore::discard_free`], since a free range may
+    /// hold a value written after the snapshot whose record recovery replays.
+    pub(crate) fn restore(
+        device: Arc<dyn BlockDevice>,
+        source: &Path,
+        snapshot: &[u8],
+    ) -> Result<(ValueStore, Vec<Uncertain>)> {
+        let decoded = snapshot::decode(source, snapshot)?;
+        let mut state = State::new(decoded.next_gen);
+        let mut at = 0;
+        for (r, extent) in decoded.extents {
+            if r.offset > at {
+                state.free.insert(at, r.offset - at);
+            }
+            at = r
+                .extent_end()
+                .expect("decode checks the extent ends below the end");
+            state.insert(Entry {
+                r,
+                state: extent,
+                uncertain: None,
+            });
+        }
+        state.end = at;
+        Ok((ValueStore::with_state(device, state), decoded.uncertain))
+    }
+
+    /// Writes `value` into a new extent and returns its reference; the extent is
+    /// pending until [`ValueStore::applied`] or [`ValueStore::abort`]. The bytes are
+    /// durable after the next [`ValueStore::sync`]. On an IO error the extent is free
+    /// again and the error names the file. Once a sync failed, refused
+    /// ([`Error::Poisoned`]); a value longer than `u32::MAX` is [`Error::ValueTooLarge`].
+    pub(crate) fn write(&self, value: &[u8]) -> Result<ValueRef> {
+        let len = u32::try_from(value.len()).map_err(|_| Error::ValueTooLarge {
+            len: value.len(),
+            max: u32::MAX as usize,
+        })?;
+        let table = chunk_table(value);
+        let crc = if table.is_empty() {
+            crc32c::crc32c(value)
+        } else {
+            crc32c::crc32c(&table)
+        };
+        let r = {
+            let mut state = self.state.lock();
+            if let Some(cause) = &state.failed {
+                return Err(Error::Poisoned {
+                    cause: cause.clone(),
+                });
+            }
+            let offset = state.allocate(extent_bytes(len));
+            let r = ValueRef { offset, len, crc };
+            state.insert(Entry {
+                r,
+                state: Extent::Pending,
+                uncertain: None,
+            });
+            r
+        };
+        if let Err(e) = self.write_extent(&r, value, &table) {
+            let mut state = self.state.lock();
+            state.remove(r.offset);
+            state.give_back(r.offset, r.extent_bytes());
+            return Err(e);
+        }
+        self.written.fetch_add(1, Ordering::Release);
+        Ok(r)
+    }
+
+    /// The record referencing `r` was placed in its index: the extent is live. An
+    /// extent the store does not know is made live (as by [`ValueStore::mark_live`]);
+    /// one already freed stays freed. Inside a checkpoint's window the extent becomes
+    /// uncertain, with the record's key.
+    pub(crate) fn applied(&self, r: ValueRef, keyspace: u32, key: &[u8]) {
+        let mut state = self.state.lock();
+        match state.entry_of(&r).map(|e| e.state) {
+            Some(Extent::Pending) => state.set_state(r.offset, Extent::Live),
+            Some(Extent::Live) => {}
+            Some(Extent::Deferred { .. } | Extent::Grace { .. }) => return,
+            None => {
+                if let Err(why) = state.adopt(&r) {
+                    log::warn!("value store: a record applied with an unknown value: {why}");
+                    return;
+                }
+            }
+        }
+        state.note_key(r.offset, keyspace, key);
+    }
+
+    /// The record referencing `r` was never logged nor placed: its extent is free at
+    /// once (no one can have read it). Ignored unless `r` is exactly a pending extent.
+    pub(crate) fn abort(&self, r: ValueRef) {
+        let mut state = self.state.lock();
+        if state.entry_of(&r).map(|e| e.state) == Some(Extent::Pending) {
+            state.remove(r.offset);
+            state.give_back(r.offset, r.extent_bytes());
+        }
+    }
+
+    /// A record that no longer references `r` (a delete, an overwrite) was applied:
+    /// the extent is deferred until a [`ValueStore::release`] frees it. Ignored unless
+    /// the store's extent at `r.offset` is exactly `r` and live or pending, so a
+    /// repeated free, or a free of a reference whose extent was since reused, changes
+    /// nothing. Inside a checkpoint's window the extent becomes uncertain, with `key`.
+    pub(crate) fn free(&self, r: ValueRef, keyspace: u32, key: &[u8]) {
+        let mut state = self.state.lock();
+        if matches!(
+            state.entry_of(&r).map(|e| e.state),
+            Some(Extent::Live | Extent::Pending)
+        ) {
+            let free_gen = state.next_gen;
+            state.set_state(r.offset, Extent::Deferred { free_gen });
+            state.note_key(r.offset, keyspace, key);
+        }
+    }
+
+    /// Recovery replayed a record referencing `r`: whatever the store thought, the
+    /// extent is live (taken out of the free ranges, or the address space grown to
+    /// it). Freed extents it overlaps are dropped (the space was reused before the
+    /// crash). Not to run beside a [`ValueStore::release`].
+    ///
+    /// A pending or live extent of another reference in its way means the log and the
+    /// snapshot disagree: an [`Error::CorruptFile`] naming the value file, and nothing
+    /// changes.
+    pub(crate) fn mark_live(&self, r: ValueRef) -> Result<()> {
+        let result = self.state.lock().adopt(&r);
+        result.map_err(|why| Error::CorruptFile {
+            path: self.file_of(r.offset),
+            reason: format!("a recovered value reference does not fit the value file: {why}"),
+        })
+    }
+
+    /// A checkpoint of `generation` is about to quiesce: from now on frees are for the
+    /// next one (`free_gen` = `generation + 1`), and until [`ValueStore::snapshot`]
+    /// the extents applied or freed are uncertain.
+    pub(crate) fn open_window(&self, generation: u64) {
+        let mut state = self.state.lock();
+        state.window = Some(generation);
+        state.next_gen = generation + 1;
+    }
+
+    /// Closes the window and encodes the store for the checkpoint ([`snapshot`]):
+    /// every live, deferred and grace extent (not the pending ones: their records are
+    /// either in the log after the checkpoint's position or never acknowledged), the
+    /// uncertain ones with their keys. About 17 bytes an extent (a million large
+    /// values: 17-25 MB), built under the store's lock.
+    pub(crate) fn snapshot(&self) -> Vec<u8> {
+        let mut state = self.state.lock();
+        state.window = None;
+        snapshot::encode(&mut state)
+    }
+
+    /// A checkpoint committed, and `oldest_kept_generation` is the oldest one kept:
+    /// deferred extents freed for it or an older one can no longer be referenced by a
+    /// recovery. They wait in grace until every reader that began before now has
+    /// finished, then their space is given back to the device and is free (the end
+    /// lowered, the device cut short, if they were on top).
+    ///
+    /// Writers and readers go on meanwhile: the lock is not held while readers drain
+    /// nor while the device punches holes. The extents are free even if the device
+    /// fails to give their space back; that error is returned.
+    pub(crate) fn release(&self, oldest_kept_generation: u64) -> Result<()> {
+        let _one = self.releasing.lock();
+        let mut graced: Vec<(u64, u64)> = {
+            let mut state = self.state.lock();
+            let due: Vec<(u64, u64)> = state
+                .deferred
+                .range(..=(oldest_kept_generation, u64::MAX))
+                .copied()
+                .collect();
+            due.into_iter()
+                .map(|(free_gen, offset)| {
+                    state.set_state(offset, Extent::Grace { free_gen });
+                    (offset, state.extents[&offset].r.extent_bytes())
+                })
+                .collect()
+        };
+        let mut failure = None;
+        if !graced.is_empty() {
+            self.readers.wait_for_earlier();
+            // In grace the extents cannot be allocated: their holes are punched
+            // outside the lock, neighbours merged into one call.
+            graced.sort_unstable();
+            let mut at = 0;
+            while at < graced.len() {
+                let (start, mut len) = graced[at];
+                at += 1;
+                while at < graced.len() && graced[at].0 == start + len {
+                    len += graced[at].1;
+                    at += 1;
+                }
+                if let Err(e) = self.device.discard(start, len) {
+                    failure.get_or_insert_with(|| self.io_error(start, e));
+                }
+            }
+        }
+        let mut state = self.state.lock();
+        for (offset, len) in graced {
+            if matches!(
+                state.extents.get(&offset).map(|e| e.state),
+                Some(Extent::Grace { .. })
+            ) {
+                state.remove(offset);
+                state.give_back(offset, len);
+            }
+        }
+        // Cut under the lock: nothing is allocated above the end meanwhile.
+        if state.end < state.device_end {
+            match self.device.truncate_from(state.end) {
+                Ok(()) => state.device_end = state.end,
+                Err(e) => {
+                    failure.get_or_insert_with(|| self.io_error(state.end, e));
+                }
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Gives the space of every free range, and everything above the end, back to the
+    /// device: recovery calls it once it has marked every replayed reference live, as
+    /// a free range may still hold a value written after the snapshot whose record was
+    /// lost. It holds the lock throughout (nothing else runs during recovery).
+    pub(crate) fn discard_free(&self) -> Result<()> {
+        let mut state = self.state.lock();
+        for (&start, &len) in &state.free.by_start {
+            self.device
+                .discard(start, len)
+                .map_err(|e| self.io_error(start, e))?;
+        }
+        self.device
+            .truncate_from(state.end)
+            .map_err(|e| self.io_error(state.end, e))?;
+        state.device_end = state.end;
+        Ok(())
+    }
+
+    /// A reader's guard ([`ReadGuard`]): take it before looking a reference up in an
+    /// index, drop it after reading the value.
+    pub(crate) fn read_guard(&self) -> ReadGuard {
+        self.readers.enter()
+    }
+
+    /// Reads the whole value `r` into `out` (replacing its contents), checking every
+    /// checksum. Call it under a [`ReadGuard`] taken before `r` was looked up.
+    pub(crate) fn read(&self, r: &ValueRef, out: &mut Vec<u8>) -> Result<()> {
+        self.read_range(r, 0, r.len as usize, out)
+    }
+
+    /// Reads `len` bytes of value `r` from byte `offset` of it into `out` (replacing
+    /// its contents). A value of more than one chunk costs its chunk table and the
+    /// chunks the range touches; a smaller one is read and checked whole. A range past
+    /// the value's end is an [`io::ErrorKind::InvalidInput`] error. On any error `out`
+    /// is empty.
+    pub(crate) fn read_range(
+        &self,
+        r: &ValueRef,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        out.clear();
+        let stop = offset
+            .checked_add(len as u64)
+            .filter(|&stop| stop <= u64::from(r.len))
+            .ok_or_else(|| {
+                Error::Io(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "bytes {offset}..+{len} of a value of {} bytes are out of bounds",
+                        r.len
+                    ),
+                ))
+            })?;
+        if len == 0 {
+            return Ok(());
+        }
+        let read = if table_chunks(r.len) == 0 {
+            self.read_small(r, offset, stop, out)
+        } else {
+            self.read_chunks(r, offset, stop, out)
+        };
+        if read.is_err() {
+            out.clear();
+        }
+        read
+    }
+
+    /// Makes every value written so far durable; nothing to do if nothing was written
+    /// since the last sync. A failure fails the store (module docs).
+    pub(crate) fn sync(&self) -> Result<()> {
+        let _one = self.syncing.lock();
+        let written = self.written.load(Ordering::Acquire);
+        if written == self.synced.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if let Some(cause) = &self.state.lock().failed {
+            return Err(Error::Poisoned {
+                cause: cause.clone(),
+            });
+        }
+        match self.device.sync() {
+            Ok(()) => {
+                self.synced.store(written, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                let mut state = self.state.lock();
+                state
+                    .failed
+                    .get_or_insert_with(|| format!("a sync of the value file failed: {e}"));
+                Err(Error::from(e))
+            }
+        }
+    }
+
+    /// Whether a value was written since the last successful sync.
+    pub(crate) fn needs_sync(&self) -> bool {
+        self.written.load(Ordering::Acquire) != self.synced.load(Ordering::Acquire)
+    }
+
+    /// What the store holds.
+    pub(crate) fn stats(&self) -> ValueStoreStats {
+        self.state.lock().stats()
+    }
+
+    /// Writes the extent of `r`: `value`, `table`, zeros to the end, a piece at a time.
+    fn write_extent(&self, r: &ValueRef, value: &[u8], table: &[u8]) -> Result<()> {
+        let size = r.extent_bytes();
+        let mut buf = AlignedBuf::new(size.min(IO_PIECE_BYTES) as usize);
+        let mut at = 0;
+        while at < size {
+            let n = self.piece_bytes(r.offset + at, size - at);
+            let piece = &mut buf.as_mut()[..n as usize];
+            fill_piece(piece, at, value, table);
+            self.device
+                .write(r.offset + at, piece)
+                .map_err(|e| self.io_error(r.offset + at, e))?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Reads `[offset, stop)` of the one-chunk value `r`: all of it, checked.
+    fn read_small(&self, r: &ValueRef, offset: u64, stop: u64, out: &mut Vec<u8>) -> Result<()> {
+        out.reserve(r.len as usize);
+        self.read_span(r.offset, u64::from(r.len), |bytes| {
+            out.extend_from_slice(bytes);
+            Ok(())
+        })?;
+        if crc32c::crc32c(out) != r.crc {
+            return Err(self.corrupt(r, r.offset, "the value fails its checksum"));
+        }
+        out.copy_within(offset as usize..stop as usize, 0);
+        out.truncate((stop - offset) as usize);
+        Ok(())
+    }
+
+    /// Reads `[offset, stop)` of the chunked value `r`: its table, then each chunk the
+    /// range touches, each checked before any of its bytes go to `out`.
+    fn read_chunks(&self, r: &ValueRef, offset: u64, stop: u64, out: &mut Vec<u8>) -> Result<()> {
+        let table = self.read_table(r)?;
+        let len = u64::from(r.len);
+        let first = offset / CHUNK_BYTES;
+        let span = (
+            first * CHUNK_BYTES,
+            stop.next_multiple_of(CHUNK_BYTES).min(len),
+        );
+        let chunk_stop = |i: u64| ((i + 1) * CHUNK_BYTES).min(len);
+        out.reserve((stop - offset) as usize);
+        // A chunk split between two pieces (at a segment boundary) is gathered here.
+        let mut partial = Vec::new();
+        let mut chunk = first;
+        let take = |bytes: &[u8], chunk: u64, out: &mut Vec<u8>| -> Result<()> {
+            let start = chunk * CHUNK_BYTES;
+            if crc32c::crc32c(bytes) != table[chunk as usize] {
+                let why = format!("chunk {chunk} fails its checksum");
+                return Err(self.corrupt(r, r.offset + start, &why));
+            }
+            let (from, to) = (offset.max(start), stop.min(chunk_stop(chunk)));
+            out.extend_from_slice(&bytes[(from - start) as usize..(to - start) as usize]);
+            Ok(())
+        };
+        self.read_span(r.offset + span.0, span.1 - span.0, |mut bytes| {
+            while !bytes.is_empty() {
+                let need = (chunk_stop(chunk) - chunk * CHUNK_BYTES) as usize;
+                if partial.is_empty() && bytes.len() >= need {
+                    take(&bytes[..need], chunk, out)?;
+                    bytes = &bytes[need..];
+                } else {
+                    let n = (need - partial.len()).min(bytes.len());
+                    partial.extend_from_slice(&bytes[..n]);
+                    bytes = &bytes[n..];
+                    if partial.len() < need {
+                        continue;
+                    }
+                    take(&partial, chunk, out)?;
+                    partial.clear();
+                }
+                chunk += 1;
+            }
+            Ok(())
+        })
+    }
+
+    /// The chunk table of `r`, checked against `r.crc`.
+    fn read_table(&self, r: &ValueRef) -> Result<Vec<u32>> {
+        let bytes_len = 4 * table_chunks(r.len);
+        let at = r.offset + u64::from(r.len);
+        let mut bytes = Vec::with_capacity(bytes_len as usize);
+        self.read_span(at, bytes_len, |b| {
+            bytes.extend_from_slice(b);
+            Ok(())
+        })?;
+        if crc32c::crc32c(&bytes) != r.crc {
+            return Err(self.corrupt(r, at, "the chunk table fails its checksum"));
+        }
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("chunks of 4 bytes")))
+            .collect())
+    }
+
+    /// Reads the `len` bytes at `address` through aligned pieces, handing `sink` the
+    /// asked bytes of each piece in order.
+    fn read_span(
+        &self,
+        address: u64,
+        len: u64,
+        mut sink: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let align = self.device.read_align();
+        let stop = address + len;
+        let (first, last) = (address - address % align, stop.next_multiple_of(align));
+        let mut buf = AlignedBuf::new((last - first).min(IO_PIECE_BYTES) as usize);
+        let mut at = first;
+        while at < last {
+            let n = self.piece_bytes(at, last - at);
+            let piece = &mut buf.as_mut()[..n as usize];
+            self.device
+                .read(at, piece)
+                .map_err(|e| self.io_error(at, e))?;
+            let (from, to) = (address.max(at), stop.min(at + n));
+            sink(&piece[(from - at) as usize..(to - at) as usize])?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// The bytes of the next device access at `address`, of at most `remaining`: no
+    /// more than [`IO_PIECE_BYTES`], and not past the segment's end.
+    fn piece_bytes(&self, address: u64, remaining: u64) -> u64 {
+        let n = remaining.min(IO_PIECE_BYTES);
+        match self.segment_bytes {
+            Some(segment) => n.min(segment - address % segment),
+            None => n,
+        }
+    }
+
+    /// The file holding `address`, for errors.
+    fn file_of(&self, address: u64) -> PathBuf {
+        self.device
+            .file_of(address)
+            .unwrap_or_else(|| PathBuf::from(NO_FILE))
+    }
+
+    /// An IO error at `address`, naming its file.
+    fn io_error(&self, address: u64, e: io::Error) -> Error {
+        Error::from(name_path(self.device.file_of(address).as_deref(), e))
+    }
+
+    /// Damaged bytes of the extent of `r` at `address`.
+    fn corrupt(&self, r: &ValueRef, address: u64, what: &str) -> Error {
+        let file_offset = self.segment_bytes.map_or(address, |s| address % s);
+        Error::CorruptFile {
+            path: self.file_of(address),
+            reason: format!(
+                "value extent at address {} ({} bytes): {what} (bytes at address {address}, \
+                 file offset {file_offset})",
+                r.offset, r.len
+            ),
+        }
+    }
+
+    /// Checks every invariant of the allocation state (module docs), for tests.
+    #[cfg(test)]
+    fn check(&self) {
+        self.state.lock().check();
+    }
+}
+
+/// The chunk table of `value`: one crc32c per chunk, little-endian; empty for a value
+/// of one chunk or less.
+fn chunk_table(value: &[u8]) -> Vec<u8> {
+    if table_chunks(value.len() as u32) == 0 {
+        return Vec::new();
+    }
+    value
+        .chunks(CHUNK_BYTES as usize)
+        .flat_map(|chunk| crc32c::crc32c(chunk).to_le_bytes())
+        .collect()
+}
+
+/// Fills `piece`, the extent's bytes from `at`, with the value, then its table, then
+/// zeros.
+fn fill_piece(piece: &mut [u8], at: u64, value: &[u8], table: &[u8]) {
+    let stop = at + piece.len() as u64;
+    let table_at = value.len() as u64;
+    for (bytes, base) in [(value, 0), (table, table_at)] {
+        let (from, to) = (at.max(base), stop.min(base + bytes.len() as u64));
+        if from < to {
+            piece[(from - at) as usize..(to - at) as usize]
+                .copy_from_slice(&bytes[(from - base) as usize..(to - base) as usize]);
+        }
+    }
+    let used = table_at + table.len() as u64;
+    if stop > used {
+        piece[(used.max(at) - at) as usize..].fill(0);
+    }
+}
+
+#[cfg(test)]
+impl State {
+    /// Asserts the invariants of the module docs.
+    fn check(&self) {
+        let mut totals = Totals::default();
+        let mut deferred = BTreeSet::new();
+        let mut pieces: Vec<(u64, u64, bool)> = Vec::new();
+        for (&at, e) in &self.extents {
+            assert_eq!(at, e.r.offset);
+            assert!(at.is_multiple_of(IO_ALIGN_BYTES));
+            totals.count(&e.r, e.state, true);
+            if let Extent::Deferred { free_gen } = e.state {
+                deferred.insert((free_gen, at));
+            }
+            pieces.push((at, e.r.extent_bytes(), true));
+        }
+        assert_eq!(totals, self.totals, "totals");
+        assert_eq!(deferred, self.deferred, "deferred index");
+        let mut free_bytes = 0;
+        for (&start, &len) in &self.free.by_start {
+            assert!(len > 0 && start.is_multiple_of(IO_ALIGN_BYTES));
+            assert!(len.is_multiple_of(IO_ALIGN_BYTES));
+            assert!(self.free.by_len.contains(&(len, start)));
+            free_bytes += len;
+            pieces.push((start, len, false));
+        }
+        assert_eq!(self.free.by_len.len(), self.free.by_start.len());
+        assert_eq!(free_bytes, self.free.bytes);
+        pieces.sort_unstable();
+        let mut at = 0;
+        let mut previous_free = false;
+        for (start, len, extent) in pieces {
+            assert_eq!(start, at, "a gap or an overlap at {at}");
+            assert!(extent || !previous_free, "two free ranges touch at {start}");
+            previous_free = !extent;
+            at = start + len;
+        }
+        assert_eq!(at, self.end, "the pieces end at the end");
+        assert!(!previous_free, "a free range touches the end");
+    }
+}
