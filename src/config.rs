@@ -25,6 +25,14 @@ pub const MEMORY_BUDGET_LIMIT_BYTES: u64 = 1 << 47;
 /// keys.
 pub const MAX_FENCES_AND_RECORD_BYTES: usize = 4040;
 
+/// The most bytes a leaf record spends on a value kept out of line: its reference into
+/// the database's value store.
+pub const EXTERNAL_VALUE_RECORD_BYTES: usize = 32;
+
+/// The largest [`Config::max_value_bytes`]: a value's length is a `u32` in its
+/// reference.
+pub const MAX_VALUE_LIMIT_BYTES: usize = u32::MAX as usize;
+
 /// Where a file-backed tree's pages go and how they are read and written.
 ///
 /// Every choice that asks for `O_DIRECT` falls back to buffered IO where the filesystem
@@ -98,19 +106,27 @@ pub struct Config {
     pub merge_threshold_bytes: usize,
     /// Longest key accepted, at least 1. Default 512.
     ///
-    /// Keys and values share one limit with 4 KiB leaf pages: a leaf page must hold two
-    /// fence keys and one record of the largest size, so `3 * max_key_bytes +
-    /// max_value_bytes` may be at most [`MAX_FENCES_AND_RECORD_BYTES`] (4040). The
-    /// defaults use 3584 of it, so they are not the ceilings: with values of 2048 bytes
-    /// keys may reach 664 bytes, with keys of 512 bytes values may reach 2504, and the
-    /// longest key is 1346 bytes (with values of at most 2). Larger records need larger
-    /// leaf pages, which this release does not support.
+    /// Keys share one limit with inline values in 4 KiB leaf pages: a leaf page must hold
+    /// two fence keys and one record of the largest size, so `3 * max_key_bytes +
+    /// max_inline_value_bytes` may be at most [`MAX_FENCES_AND_RECORD_BYTES`] (4040). The
+    /// defaults use 3584 of it, so they are not the ceilings: with inline values of 2048
+    /// bytes keys may reach 664 bytes, with keys of 512 bytes inline values may reach
+    /// 2504, and the longest key is 1336 bytes. Longer keys need larger leaf pages,
+    /// which this release does not support.
     pub max_key_bytes: usize,
-    /// Longest value accepted. Default 2048. Shares its limit with
-    /// [`max_key_bytes`](Config::max_key_bytes): `3 * max_key_bytes + max_value_bytes`
-    /// may be at most [`MAX_FENCES_AND_RECORD_BYTES`] (4040), so with keys of at most 1
-    /// byte values may reach 4037 bytes.
+    /// Longest value accepted. Default 1 GiB, at most [`MAX_VALUE_LIMIT_BYTES`]
+    /// (4 GiB - 1). A value longer than
+    /// [`max_inline_value_bytes`](Config::max_inline_value_bytes) is kept out of line,
+    /// in the [`Db`](crate::Db)'s value store, with a reference in the leaf; a tree
+    /// outside a `Db` has no value store and refuses such values with
+    /// [`Error::ValueTooLarge`].
     pub max_value_bytes: usize,
+    /// Longest value kept in the leaf page itself. Default 2048. Shares its limit with
+    /// [`max_key_bytes`](Config::max_key_bytes): `3 * max_key_bytes +
+    /// max_inline_value_bytes` may be at most [`MAX_FENCES_AND_RECORD_BYTES`] (4040)
+    /// (counting at least [`EXTERNAL_VALUE_RECORD_BYTES`] for the value when
+    /// `max_value_bytes` is larger, for a reference).
+    pub max_inline_value_bytes: usize,
     /// Storage backend of file-backed trees ([`Tree::open`](crate::Tree::open)).
     /// Default [`Backend::Auto`].
     pub backend: Backend,
@@ -147,7 +163,8 @@ impl Default for Config {
             copy_on_access_percent: 10,
             merge_threshold_bytes: 2048,
             max_key_bytes: 512,
-            max_value_bytes: 2048,
+            max_value_bytes: 1 << 30,
+            max_inline_value_bytes: 2048,
             backend: Backend::default(),
             io_uring_sqpoll: false,
             huge_pages: true,
@@ -158,6 +175,23 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The longest value kept inline: `max_inline_value_bytes`, or `max_value_bytes`
+    /// if that is less.
+    pub fn inline_value_limit(&self) -> usize {
+        self.max_inline_value_bytes.min(self.max_value_bytes)
+    }
+
+    /// The most bytes a leaf record spends on its value: the inline limit, and at least
+    /// a reference's when longer values are kept out of line.
+    fn leaf_value_bytes(&self) -> usize {
+        let inline = self.inline_value_limit();
+        if self.max_value_bytes > inline {
+            inline.max(EXTERNAL_VALUE_RECORD_BYTES)
+        } else {
+            inline
+        }
+    }
+
     /// Checks that the values can work together. Every constructor of
     /// [`Tree`](crate::Tree) calls it, and accepts every configuration it accepts.
     pub fn validate(&self) -> Result<()> {
@@ -177,17 +211,27 @@ impl Config {
         if self.max_key_bytes == 0 {
             return bad("max_key_bytes must be at least 1".into());
         }
+        if self.max_value_bytes > MAX_VALUE_LIMIT_BYTES {
+            return bad(format!(
+                "max_value_bytes is {}, but must be at most {MAX_VALUE_LIMIT_BYTES}",
+                self.max_value_bytes
+            ));
+        }
         // A leaf page must hold its two fence keys and one record of the largest size.
         let need = self
             .max_key_bytes
             .checked_mul(3)
-            .and_then(|keys| keys.checked_add(self.max_value_bytes));
+            .and_then(|keys| keys.checked_add(self.leaf_value_bytes()));
         if need.is_none_or(|need| need > MAX_FENCES_AND_RECORD_BYTES) {
             return bad(format!(
-                "3 * max_key_bytes + max_value_bytes must be at most \
+                "3 * max_key_bytes + max_inline_value_bytes must be at most \
                  {MAX_FENCES_AND_RECORD_BYTES} (a 4 KiB leaf page holds two fence keys and one \
-                 record), but max_key_bytes is {} and max_value_bytes {}",
-                self.max_key_bytes, self.max_value_bytes
+                 record), but max_key_bytes is {} and max_inline_value_bytes {} (counted as \
+                 {}: the least of it and max_value_bytes, and at least \
+                 {EXTERNAL_VALUE_RECORD_BYTES} for a reference if values may be longer)",
+                self.max_key_bytes,
+                self.max_inline_value_bytes,
+                self.leaf_value_bytes()
             ));
         }
         let budget = self.memory_budget_bytes;
@@ -263,17 +307,42 @@ mod tests {
     }
 
     #[test]
-    fn key_and_value_limits_share_the_leaf_page() {
-        let limits = |max_key_bytes, max_value_bytes| Config {
+    fn key_and_inline_value_limits_share_the_leaf_page() {
+        // Values no longer than the inline limit: all of them in the leaf.
+        let inline_only = |max_key_bytes, max_value_bytes| Config {
             max_key_bytes,
             max_value_bytes,
             ..Config::default()
         };
-        for (key, value) in [(512, 2048), (664, 2048), (512, 2504), (1346, 2), (1, 4037)] {
-            assert!(limits(key, value).validate().is_ok(), "{key} {value}");
+        for (key, value) in [(512, 2048), (664, 2048), (1346, 2), (1, 2048)] {
+            assert!(inline_only(key, value).validate().is_ok(), "{key} {value}");
         }
-        for (key, value) in [(665, 2048), (512, 2505), (1347, 0), (1, 4038)] {
-            assert!(limits(key, value).validate().is_err(), "{key} {value}");
+        for (key, value) in [(665, 2048), (1347, 0)] {
+            assert!(inline_only(key, value).validate().is_err(), "{key} {value}");
         }
+        // Longer values allowed: the inline limit counts, and at least a reference.
+        let inline = |max_key_bytes, max_inline_value_bytes| Config {
+            max_key_bytes,
+            max_inline_value_bytes,
+            ..Config::default()
+        };
+        for (key, inline_max) in [(512, 2504), (1, 4037), (1336, 0), (1336, 32)] {
+            assert!(
+                inline(key, inline_max).validate().is_ok(),
+                "{key} {inline_max}"
+            );
+        }
+        for (key, inline_max) in [(512, 2505), (1, 4038), (1337, 0)] {
+            assert!(
+                inline(key, inline_max).validate().is_err(),
+                "{key} {inline_max}"
+            );
+        }
+        // A value limit past a reference's length is refused.
+        let huge = Config {
+            max_value_bytes: MAX_VALUE_LIMIT_BYTES + 1,
+            ..Config::default()
+        };
+        assert!(huge.validate().is_err());
     }
 }

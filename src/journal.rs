@@ -151,9 +151,7 @@ fn stripes_of<'a>(keys: impl Iterator<Item = (u32, &'a [u8])>) -> Vec<usize> {
 
 /// The keyspace and key an op changes.
 fn target<'a>(op: &LogOpRef<'a>) -> (u32, &'a [u8]) {
-    match *op {
-        LogOpRef::Put { keyspace, key, .. } | LogOpRef::Delete { keyspace, key } => (keyspace, key),
-    }
+    op.target()
 }
 
 impl Journal {

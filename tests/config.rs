@@ -152,8 +152,8 @@ fn an_odd_budget_runs_a_tree_within_it() {
     assert!(stats.pool.bytes_in_use <= budget, "{stats:?}");
 }
 
-/// The key and value limits are what `Config` documents: at the defaults and at each
-/// corner of `3 * max_key_bytes + max_value_bytes <= 4040` a tree on a small pool (so records
+/// The key and inline value limits are what `Config` documents: at the defaults and at
+/// each corner of `3 * max_key_bytes + max_inline_value_bytes <= 4040` a tree on a small pool (so records
 /// are merged into leaf pages, which split) stores and reads back records of exactly
 /// the largest sizes and refuses one byte more, and at a corner no limit can grow.
 #[test]
@@ -163,6 +163,7 @@ fn records_of_the_largest_sizes_fit_at_every_corner_of_the_limit() {
         let config = Config {
             max_key_bytes: max_key,
             max_value_bytes: max_value,
+            max_inline_value_bytes: max_value,
             ..with_budget(64 << 10)
         };
         config.validate().unwrap();
@@ -174,6 +175,7 @@ fn records_of_the_largest_sizes_fit_at_every_corner_of_the_limit() {
             };
             let one_more_value = Config {
                 max_value_bytes: max_value + 1,
+                max_inline_value_bytes: max_value + 1,
                 ..config.clone()
             };
             assert!(one_more_key.validate().is_err(), "{max_key} {max_value}");

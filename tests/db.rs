@@ -277,16 +277,24 @@ fn a_tree_outside_a_database_refuses_durability_it_cannot_give() {
 #[test]
 fn a_batch_is_checked_whole_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), small()).unwrap();
+    let limited = || {
+        small().config(Config {
+            memory_budget_bytes: 256 << 10,
+            huge_pages: false,
+            max_value_bytes: 100_000,
+            ..Config::default()
+        })
+    };
+    let db = Db::open(dir.path(), limited()).unwrap();
     let t = db.tree("t").unwrap();
     let mut batch = WriteBatch::new();
     batch.insert(&t, b"a", b"1");
-    batch.insert(&t, b"b", &vec![0; 1 << 20]);
+    batch.insert(&t, b"b", &vec![0; 100_001]);
     assert!(matches!(db.write(batch), Err(Error::ValueTooLarge { .. })));
     assert_eq!(t.get(b"a").unwrap(), None);
 
     let other_dir = tempfile::tempdir().unwrap();
-    let other = Db::open(other_dir.path(), small()).unwrap();
+    let other = Db::open(other_dir.path(), limited()).unwrap();
     let foreign = other.tree("t").unwrap();
     let mut batch = WriteBatch::new();
     batch.insert(&t, b"a", b"1");

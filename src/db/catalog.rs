@@ -15,12 +15,13 @@ use crate::hash::store::{
 };
 use crate::storage::{ActiveBackend, PageNo, PinSet, ShadowStore, SlotStore};
 use crate::sync::atomic::{AtomicBool, Ordering};
-use crate::tree::{Attached, Tree};
+use crate::tree::{Attached, Stored, Tree};
 
 use super::Shared;
 use super::checkpoint::KeyspaceLeaves;
 use super::dir::{Pages, named, open_page_file, page_file};
 use super::manifest::{KeyspaceEntry, KeyspaceKind, MAX_NAME_BYTES, Manifest};
+use super::values::KeyspaceValues;
 
 /// One open keyspace.
 #[derive(Clone)]
@@ -44,10 +45,23 @@ impl Keyspace {
     }
 
     /// Writes with no log record (recovery's replay, and batches, logged as a whole).
-    pub(super) fn write_unlogged(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+    pub(super) fn write_unlogged(&self, key: &[u8], value: Option<Stored<'_>>) -> Result<()> {
+        match (self, value) {
+            (Keyspace::Tree { tree, .. }, value) => tree.write_unlogged(key, value),
+            (Keyspace::Hash(store), None) => store.write_unlogged(key, None),
+            (Keyspace::Hash(store), Some(Stored::Inline(v))) => store.write_unlogged(key, Some(v)),
+            (Keyspace::Hash(_), Some(Stored::External(_))) => Err(Error::Unsupported(
+                "a hash store keeps no value out of line yet".into(),
+            )),
+        }
+    }
+
+    /// Writes `value` to the value store if the keyspace keeps it out of line; its
+    /// reference if so.
+    pub(super) fn store_value(&self, value: &[u8]) -> Result<Option<Vec<u8>>> {
         match self {
-            Keyspace::Tree { tree, .. } => tree.write_unlogged(key, value),
-            Keyspace::Hash(store) => store.write_unlogged(key, value),
+            Keyspace::Tree { tree, .. } => tree.store_value(value),
+            Keyspace::Hash(_) => Ok(None),
         }
     }
 
@@ -140,8 +154,9 @@ impl Shared {
             Some(options) => {
                 let memory = self.hash_memory_for(name, &options, budget, hash_memory)?;
                 let c = &self.options.config;
-                // The largest record: a header, the longest key and the longest value.
-                let record = 16 + c.max_key_bytes as u64 + c.max_value_bytes as u64;
+                // The largest record: a header, the longest key and the longest value a
+                // hash store keeps (inline: it has no out-of-line values yet).
+                let record = 16 + c.max_key_bytes as u64 + c.inline_value_limit() as u64;
                 let layout = HashLayout::new(options.memory_bytes(memory), record)?;
                 (KeyspaceKind::Hash(layout), memory)
             }
@@ -332,6 +347,10 @@ impl Shared {
             pages: self.dir.join(page_file(entry.id)),
             durability: self.options.durability,
             dropped: AtomicBool::new(false),
+            values: Arc::new(KeyspaceValues {
+                store: Arc::clone(&self.values),
+                keyspace: entry.id,
+            }),
         });
         Ok(Keyspace::Tree {
             tree: Arc::new(tree),
@@ -396,7 +415,7 @@ impl Shared {
             durability: self.options.durability,
             dropped: AtomicBool::new(false),
             max_key_bytes: self.options.config.max_key_bytes,
-            max_value_bytes: self.options.config.max_value_bytes,
+            max_value_bytes: self.options.config.inline_value_limit(),
         };
         let store =
             HashStore::open(layout, memory, files, extents, attached).map_err(|e| match e {

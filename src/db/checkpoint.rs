@@ -18,6 +18,9 @@
 //!                 log's begin and tail, its index's home buckets; the cold log's
 //!                 begin and tail; the chunk log's begin and tail, the chunk table's
 //!                 home buckets (u64 each)
+//!   value store snapshot length (u64), snapshot                (version 3 on)
+//!                 (encoded by `storage::values`: the value file's extents, live and
+//!                 freed, and those whose fate recovery settles by key)
 //! trailer:
 //!   body length (u64), crc32c of the body (u32)
 //! ```
@@ -36,9 +39,10 @@ use crate::hash::checkpoint::{self as hash_checkpoint, F2Extents};
 use crate::wal::{Cursor, LogPosition};
 
 const MAGIC: [u8; 8] = *b"BFDBCKPT";
-/// The checkpoint format this build writes. It reads this one and version 1 (before
-/// hash keyspaces, which has no hash section).
-pub(crate) const CHECKPOINT_VERSION: u32 = 2;
+/// The checkpoint format this build writes. It reads this one, version 2 (before the
+/// value store, which has no value section) and version 1 (before hash keyspaces,
+/// which has no hash section either).
+pub(crate) const CHECKPOINT_VERSION: u32 = 3;
 const TRAILER_BYTES: usize = 12;
 
 /// One keyspace's leaves in a checkpoint.
@@ -116,6 +120,9 @@ pub(crate) struct Checkpoint {
     pub(crate) keyspaces: Vec<KeyspaceLeaves>,
     /// Each hash keyspace's logs, by keyspace id.
     pub(crate) hash: Vec<(u32, F2Extents)>,
+    /// The value store's snapshot (`ValueStore::snapshot`); empty in a checkpoint of a
+    /// version before 3, whose database held no value out of line.
+    pub(crate) values: Vec<u8>,
 }
 
 impl Checkpoint {
@@ -155,6 +162,8 @@ impl Checkpoint {
             w.put(&id.to_le_bytes())?;
             w.put(&extents.encode())?;
         }
+        w.put(&(self.values.len() as u64).to_le_bytes())?;
+        w.put(&self.values)?;
         let (len, crc) = (w.len, w.crc);
         out.write_all(&len.to_le_bytes())?;
         out.write_all(&crc.to_le_bytes())
@@ -196,11 +205,11 @@ impl Checkpoint {
         }
         let truncated = || corrupt("truncated body".into());
         let version = r.u32().ok_or_else(truncated)?;
-        if version != CHECKPOINT_VERSION && version != 1 {
+        if !(1..=CHECKPOINT_VERSION).contains(&version) {
             return Err(Error::Incompatible {
                 reason: format!(
-                    "{} is checkpoint format version {version}; this build reads version \
-                     {CHECKPOINT_VERSION} and 1",
+                    "{} is checkpoint format version {version}; this build reads versions \
+                     1 to {CHECKPOINT_VERSION}",
                     path.display()
                 ),
             });
@@ -236,6 +245,12 @@ impl Checkpoint {
                 hash.push((id, F2Extents::decode(extents)));
             }
         }
+        let mut values = Vec::new();
+        if version >= 3 {
+            let len = r.u64().ok_or_else(truncated)?;
+            let len = usize::try_from(len).map_err(|_| truncated())?;
+            values = r.take(len).ok_or_else(truncated)?.to_vec();
+        }
         if !r.bytes.is_empty() {
             return Err(corrupt(format!(
                 "{} bytes after the last keyspace",
@@ -247,6 +262,7 @@ impl Checkpoint {
             position,
             keyspaces,
             hash,
+            values,
         })
     }
 }
@@ -295,6 +311,7 @@ mod tests {
                 let bytes: Vec<u8> = numbers.iter().flat_map(|n| n.to_le_bytes()).collect();
                 F2Extents::decode(&bytes.try_into().unwrap())
             })],
+            values: b"a value store's snapshot".to_vec(),
         }
     }
 

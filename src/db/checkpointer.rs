@@ -168,6 +168,10 @@ impl Shared {
             generation += 1;
         }
         c.next_generation = generation + 1;
+        // The value store's window opens before the quiesce: what records it hears of
+        // being placed or replaced from now until its snapshot may or may not be in
+        // what this checkpoint captures, and recovery settles those by key.
+        self.values.open_window(generation);
         // 1. The log position: every record below it is in its tree. The quiesce begins
         //    a new epoch: logged writes from now on stamp their pages with it.
         let (position, unlogged) = self.journal.quiesce(|| self.journal.log().position());
@@ -222,6 +226,7 @@ impl Shared {
             position: replay_from,
             keyspaces: Vec::new(),
             hash,
+            values: Vec::new(),
         };
         let captured = keyspaces.iter().try_for_each(|(id, tree, shadow)| {
             let mut leaves = Leaves::default();
@@ -244,6 +249,9 @@ impl Shared {
             ckpt.keyspaces.push(KeyspaceLeaves { id: *id, leaves });
             result
         });
+        // The value store as the captured indexes reference it (every extent placed or
+        // freed before the window opened, and the uncertain ones since).
+        ckpt.values = self.values.snapshot();
         let committed = captured
             .and_then(|()| self.crash_point(CheckpointCrashPoint::AfterCapture))
             .map_err(Uncommitted::Before)
@@ -303,6 +311,11 @@ impl Shared {
         for (id, store) in &hashes {
             store.retain_from(kept_floors(&c.kept, *id))?;
         }
+        // Values freed before the oldest kept checkpoint began are in no state a
+        // recovery can reach: their extents may be reused once their readers are gone.
+        if let Some(oldest) = c.kept.last() {
+            self.values.release(oldest.generation)?;
+        }
         if let Some(oldest) = c.kept.last() {
             self.journal
                 .log()
@@ -334,6 +347,9 @@ impl Shared {
                 use crate::storage::PageStore;
                 shadow.sync().map_err(Error::from)?;
             }
+            // The values the captured pages reference, durable before the checkpoint
+            // that names them (values of logged writes are, by the log's group write).
+            self.values.sync()?;
             self.crash_point(CheckpointCrashPoint::AfterPageSync)?;
             self.journal.persist()?;
             // Every record below this was durable at the commit: recovery from this

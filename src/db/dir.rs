@@ -54,6 +54,10 @@ pub(super) enum Pages {
     Sim(Arc<SimPages>),
 }
 
+/// The name of the value store's simulated file (`Db::open_simulated`); its real files
+/// are `values-<segment as 8 hex>.vlog` (`storage::values::value_files`).
+pub(super) const VALUE_FILE: &str = "values";
+
 /// The page file of keyspace `id`.
 pub(super) fn page_file(id: u32) -> String {
     format!("ks-{id:08x}.pages")

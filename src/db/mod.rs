@@ -52,6 +52,7 @@ mod manifest;
 mod options;
 mod recovery;
 mod stats;
+mod values;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,10 +63,10 @@ use parking_lot::{Mutex, RwLock};
 use crate::error::{Error, Result};
 use crate::hash::store::{HashStore, HashStoreOptions};
 use crate::journal::{Durability, Journal};
-use crate::storage::{DirLog, LogDevice, SimPages};
+use crate::storage::{DirLog, LogDevice, SimPages, ValueStore};
 use crate::sync::atomic::{AtomicU8, Ordering};
 use crate::ticker::Ticker;
-use crate::tree::{Tree, TreeMemory};
+use crate::tree::{Stored, Tree, TreeMemory};
 use crate::wal::LogOpRef;
 
 pub use batch::WriteBatch;
@@ -91,6 +92,8 @@ struct Shared {
     checkpoints: Mutex<Checkpoints>,
     recovery: RecoveryStats,
     crash_point: AtomicU8,
+    /// The value store: values too long for their keyspace's records.
+    values: Arc<ValueStore>,
 }
 
 /// An embedded database: a directory of named keyspaces that survives crashes.
@@ -309,6 +312,12 @@ impl Db {
         stats.hash_memory_bytes = hash_memory;
         stats.memory_in_use_bytes = self.shared.memory.bytes_in_use();
         stats.tree_memory_released_bytes = self.shared.memory.released_bytes();
+        let values = self.shared.values.stats();
+        stats.value_store_live_bytes = values.live_bytes;
+        stats.value_store_live_values = values.live_values;
+        stats.value_store_allocated_bytes = values.allocated_bytes;
+        stats.value_store_deferred_bytes = values.deferred_bytes;
+        stats.value_store_file_bytes = values.end_bytes;
         stats
     }
 
@@ -438,10 +447,37 @@ impl Shared {
                 })
                 .collect::<Result<Vec<_>>>()?
         };
+        // Long values go to the value store before the batch's record is appended.
+        let references = batch
+            .ops
+            .iter()
+            .zip(&targets)
+            .map(|(op, ks)| match op.value.as_deref() {
+                Some(v) => ks.store_value(v),
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let stored: Vec<Option<Stored<'_>>> = batch
+            .ops
+            .iter()
+            .zip(&references)
+            .map(|(op, r)| match r {
+                Some(r) => Some(Stored::External(r)),
+                None => op.value.as_deref().map(Stored::Inline),
+            })
+            .collect();
         let ops: Vec<LogOpRef<'_>> = batch
             .ops
             .iter()
-            .map(|op| LogOpRef::write(op.keyspace, &op.key, op.value.as_deref()))
+            .zip(&stored)
+            .map(|(op, s)| match s {
+                Some(Stored::External(reference)) => LogOpRef::PutExternal {
+                    keyspace: op.keyspace,
+                    key: &op.key,
+                    reference,
+                },
+                _ => LogOpRef::write(op.keyspace, &op.key, op.value.as_deref()),
+            })
             .collect();
         // A batch is logged whatever the level, a batch of one write too (the journal
         // logs no single write at `Unlogged`).
@@ -450,8 +486,8 @@ impl Shared {
             level => level,
         };
         self.journal.commit(&ops, durability, || {
-            for (i, (op, ks)) in batch.ops.iter().zip(&targets).enumerate() {
-                if let Err(e) = write_retrying(ks, &op.key, op.value.as_deref()) {
+            for (i, ((op, ks), value)) in batch.ops.iter().zip(&targets).zip(&stored).enumerate() {
+                if let Err(e) = write_retrying(ks, &op.key, *value) {
                     // Earlier writes applied; and a write that poisoned its keyspace
                     // may have applied before it failed (a tree's merge that wrote
                     // part of a split, say): either way the index may hold part of
@@ -490,7 +526,7 @@ const BATCH_WRITE_TRIES: usize = 3;
 /// Writes one of a batch's keys, trying again after an error that poisoned nothing: a
 /// write that fails changes nothing, and giving up on a batch halfway costs the
 /// database (`Shared::half_applied`).
-fn write_retrying(ks: &Keyspace, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+fn write_retrying(ks: &Keyspace, key: &[u8], value: Option<Stored<'_>>) -> Result<()> {
     let mut tries = 1;
     loop {
         match ks.write_unlogged(key, value) {

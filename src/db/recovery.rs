@@ -17,15 +17,20 @@ use parking_lot::{Mutex, RwLock};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::journal::Journal;
-use crate::storage::{LOG_BLOCK_BYTES, LogDevice, PinSet};
+use crate::storage::values::Uncertain;
+use crate::storage::{
+    BlockDevice, LOG_BLOCK_BYTES, LogDevice, PinSet, ValueRef, ValueStore, value_files,
+};
 use crate::sync::atomic::AtomicU8;
-use crate::tree::TreeMemory;
+use crate::tree::{Stored, TreeMemory};
 use crate::wal::{self, LogOp, LogOptions, LogPosition};
 
 use super::catalog::{Catalog, Keyspace, hash_grants};
 use super::checkpoint::Checkpoint;
 use super::checkpointer::{self, CheckpointCrashPoint, Checkpoints, Kept, Merge, kept_floors};
-use super::dir::{LOCK, Pages, checkpoint_path, create_manifest, lock_dir, no_database};
+use super::dir::{
+    LOCK, Pages, VALUE_FILE, checkpoint_path, create_manifest, lock_dir, no_database,
+};
 use super::manifest::{CheckpointRef, KeyspaceKind, Manifest};
 use super::{Db, DbOptions, DbStats, LostLog, RecoveryStats, Shared};
 
@@ -112,6 +117,17 @@ impl Db {
         // Past every generation the manifest named at the open, a damaged one skipped
         // too: its file is left in place, never overwritten by a new checkpoint.
         let next_generation = newest_named + 1;
+        let (values, uncertain) =
+            open_values(dir, &pages, &options, loaded.first(), next_generation)?;
+        // The WAL rule for values: no group of log records is written before the values
+        // its records may reference are durable.
+        let synced = Arc::clone(&values);
+        journal.log().set_before_group(Box::new(move || {
+            synced.sync().map_err(|e| match e {
+                Error::Io(e) => e,
+                e => io::Error::other(e.to_string()),
+            })
+        }));
         let memory = TreeMemory::new(&options.config)?;
         let mut shared = Shared {
             dir: dir.to_path_buf(),
@@ -137,9 +153,11 @@ impl Db {
             }),
             recovery: RecoveryStats::default(),
             crash_point: AtomicU8::new(CheckpointCrashPoint::None as u8),
+            values,
         };
         shared.restore(&manifest, &loaded, &mut recovery)?;
         shared.replay(&recovered.records, &mut recovery)?;
+        shared.settle_values(uncertain)?;
         // Epoch 0's writes come after the replay: every record they append is at or
         // past the log's position now. (Replayed writes are stamped unlogged, so the
         // first checkpoint merges them.)
@@ -447,14 +465,23 @@ impl Shared {
                     keyspace,
                     key,
                     value,
-                } => (*keyspace, &key[..], Some(&value[..])),
+                } => (*keyspace, &key[..], Some(Stored::Inline(&value[..]))),
                 LogOp::Delete { keyspace, key } => (*keyspace, &key[..], None),
+                LogOp::PutExternal {
+                    keyspace,
+                    key,
+                    reference,
+                } => (*keyspace, &key[..], Some(Stored::External(&reference[..]))),
             };
             let Some(ks) = catalog.keyspaces.get(&keyspace) else {
                 skipped += 1;
                 continue;
             };
-            ks.check_record(key, value).map_err(|e| {
+            let inline = match value {
+                Some(Stored::Inline(v)) => Some(v),
+                _ => None,
+            };
+            ks.check_record(key, inline).map_err(|e| {
                 Error::InvalidConfig(format!(
                     "the log holds a write that these options refuse ({e}); open the \
                      database with limits at least those it was written with"
@@ -479,6 +506,19 @@ impl Shared {
                 .get(i + 1)
                 .is_none_or(|next| (next.keyspace, next.key) != (w.keyspace, w.key));
             if last {
+                if let Some(Stored::External(reference)) = w.value {
+                    // The value's bytes were durable before its record: the extent is
+                    // live again, whatever the checkpoint's snapshot said of it.
+                    let r = ValueRef::decode(reference).ok_or_else(|| Error::CorruptFile {
+                        path: self.dir.clone(),
+                        reason: format!(
+                            "a log record of keyspace #{} holds a value reference that \
+                                 does not decode",
+                            w.keyspace
+                        ),
+                    })?;
+                    self.values.mark_live(r)?;
+                }
                 w.target.write_unlogged(w.key, w.value)?;
                 applied += 1;
             }
@@ -491,6 +531,59 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Settles the extents the loaded checkpoint left uncertain (placed or freed while
+    /// it captured the indexes): live if the key's record references the extent now,
+    /// after the replay, freed otherwise. Then the store gives back the space no
+    /// extent holds, which it kept until the replay had claimed what it needed.
+    fn settle_values(&self, uncertain: Vec<Uncertain>) -> Result<()> {
+        let catalog = self.catalog.read();
+        for u in uncertain {
+            let referenced = match catalog.keyspaces.get(&u.keyspace) {
+                Some(Keyspace::Tree { tree, .. }) => {
+                    tree.stored_reference(&u.key)?.as_deref() == Some(&u.r.encode()[..])
+                }
+                _ => false,
+            };
+            if referenced {
+                self.values.mark_live(u.r)?;
+            } else {
+                self.values.free(u.r, u.keyspace, &u.key);
+            }
+        }
+        self.values.discard_free()
+    }
+}
+
+/// The database's value store: restored from the loaded checkpoint's snapshot (with the
+/// extents it leaves for recovery to settle), or empty for a database without one.
+fn open_values(
+    dir: &Path,
+    pages: &Pages,
+    options: &DbOptions,
+    loaded: Option<&Checkpoint>,
+    next_generation: u64,
+) -> Result<(Arc<ValueStore>, Vec<Uncertain>)> {
+    let device: Arc<dyn BlockDevice> = match pages {
+        Pages::Files => {
+            let direct = !matches!(options.config.backend, crate::config::Backend::Std);
+            Arc::new(value_files(dir, direct))
+        }
+        Pages::Sim(sim) => sim.blocks(VALUE_FILE),
+    };
+    match loaded {
+        Some(c) if !c.values.is_empty() => {
+            let source = checkpoint_path(dir, c.generation);
+            let (store, uncertain) = ValueStore::restore(device, &source, &c.values)?;
+            Ok((Arc::new(store), uncertain))
+        }
+        _ => Ok((
+            Arc::new(ValueStore::open(device, next_generation)),
+            Vec::new(),
+        )),
+    }
+}
+
 /// One write of the log as recovery replays it (`Shared::replay`).
 struct ReplayWrite<'a> {
     keyspace: u32,
@@ -500,5 +593,5 @@ struct ReplayWrite<'a> {
     /// Its place among the replayed writes, in log order.
     order: usize,
     /// `None` for a delete.
-    value: Option<&'a [u8]>,
+    value: Option<Stored<'a>>,
 }

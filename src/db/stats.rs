@@ -107,4 +107,16 @@ pub struct DbStats {
     /// database opened, because hash stores took part of the budget (the pool gives
     /// back what it no longer spans as it turns over).
     pub tree_memory_released_bytes: u64,
+    /// Bytes of the values kept out of line that records reference (their lengths).
+    pub value_store_live_bytes: u64,
+    /// Values kept out of line that records reference.
+    pub value_store_live_values: u64,
+    /// Bytes of the value file's extents in use, whatever their state (each value
+    /// rounded up to 4 KiB, with a checksum table past 64 KiB).
+    pub value_store_allocated_bytes: u64,
+    /// Bytes of values overwritten or deleted whose extents are not reusable yet: a
+    /// kept checkpoint may still reference them (reusable two checkpoints later).
+    pub value_store_deferred_bytes: u64,
+    /// Bytes of the value file's address space: the most it takes on disk.
+    pub value_store_file_bytes: u64,
 }

@@ -577,6 +577,9 @@ pub(crate) struct ValueStore {
     syncing: Mutex<()>,
     /// One release at a time (module docs of [`Readers`]).
     releasing: Mutex<()>,
+    /// Set once the store held a value (written, restored or recovered): until then no
+    /// index holds a reference, and readers need no guard ([`ValueStore::holds_values`]).
+    held: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ValueStore {
@@ -599,7 +602,9 @@ impl ValueStore {
         if let Some(segment) = segment_bytes {
             assert!(segment.is_multiple_of(IO_ALIGN_BYTES));
         }
+        let held = std::sync::atomic::AtomicBool::new(state.end > 0);
         ValueStore {
+            held,
             device,
             segment_bytes,
             state: Mutex::new(state),
@@ -661,6 +666,7 @@ impl ValueStore {
         } else {
             crc32c::crc32c(&table)
         };
+        self.held.store(true, Ordering::SeqCst);
         let r = {
             let mut state = self.state.lock();
             if let Some(cause) = &state.failed {
@@ -743,6 +749,7 @@ impl ValueStore {
     /// snapshot disagree: an [`Error::CorruptFile`] naming the value file, and nothing
     /// changes.
     pub(crate) fn mark_live(&self, r: ValueRef) -> Result<()> {
+        self.held.store(true, Ordering::SeqCst);
         let result = self.state.lock().adopt(&r);
         result.map_err(|why| Error::CorruptFile {
             path: self.file_of(r.offset),
@@ -852,6 +859,14 @@ impl ValueStore {
             .map_err(|e| self.io_error(state.end, e))?;
         state.device_end = state.end;
         Ok(())
+    }
+
+    /// Whether the store ever held a value in this process (or its restored state
+    /// holds one): until it does, no index can hold a reference into it, and a reader
+    /// may skip [`ValueStore::read_guard`]. Set before a written value's reference is
+    /// handed out, so a reader that finds one finds it set.
+    pub(crate) fn holds_values(&self) -> bool {
+        self.held.load(Ordering::Acquire)
     }
 
     /// A reader's guard ([`ReadGuard`]): take it before looking a reference up in an

@@ -49,6 +49,7 @@ mod signal;
 mod split;
 mod stats;
 mod values;
+pub(crate) use values::{Stored, ValueHost};
 mod write;
 
 use std::ops::{Bound, RangeBounds};
@@ -149,6 +150,8 @@ pub(crate) struct Attached {
     pub(crate) durability: Durability,
     /// Set when the keyspace is dropped from its database.
     pub(crate) dropped: AtomicBool,
+    /// The database's value store, where values longer than the inline limit go.
+    pub(crate) values: Arc<dyn ValueHost>,
 }
 
 impl Attached {
@@ -463,6 +466,7 @@ impl Tree {
             .core
             .place
             .set((attached.pages.clone(), attached.name.clone()));
+        let _ = self.core.values.set(Arc::clone(&attached.values));
         self.journal = Some(attached);
         self
     }
@@ -479,20 +483,44 @@ impl Tree {
 
     /// Writes `key` without logging it: recovery's replay of a logged write, and the
     /// writes of a batch whose record the journal appended.
-    pub(crate) fn write_unlogged(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
-        self.core.write(key, value)
+    pub(crate) fn write_unlogged(&self, key: &[u8], value: Option<Stored<'_>>) -> Result<()> {
+        self.core
+            .write_record(key, value.map(Stored::record), &mut || Ok(None))
+    }
+
+    /// Writes `value` to the database's value store, for a write that keeps it out of
+    /// line: whether it must (it is longer than the inline limit), and its reference
+    /// if so. A tree outside a database has no store, and its `check_record` refused
+    /// such values.
+    pub(crate) fn store_value(&self, value: &[u8]) -> Result<Option<Vec<u8>>> {
+        if value.len() <= self.core.config.inline_value_limit() {
+            return Ok(None);
+        }
+        self.core.host()?.write(value).map(Some)
+    }
+
+    /// Looks `key` up as its leaf record stores it, for recovery: the reference of its
+    /// value if it keeps one out of line, `None` otherwise (absent or inline).
+    pub(crate) fn stored_reference(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut out = Vec::new();
+        Ok((self.core.get(key, &mut out)? == read::Found::External).then_some(out))
     }
 
     /// Checks `key` and `value` against the tree's limits.
     pub(crate) fn check_record(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
         self.core.check_key(key)?;
-        match value {
-            Some(v) if v.len() > self.core.config.max_value_bytes => Err(Error::ValueTooLarge {
-                len: v.len(),
-                max: self.core.config.max_value_bytes,
-            }),
-            _ => Ok(()),
+        let Some(v) = value else {
+            return Ok(());
+        };
+        // Without a value store only inline values fit.
+        let max = match self.core.values.get() {
+            Some(_) => self.core.config.max_value_bytes,
+            None => self.core.config.inline_value_limit(),
+        };
+        if v.len() > max {
+            return Err(Error::ValueTooLarge { len: v.len(), max });
         }
+        Ok(())
     }
 
     /// The value stored under `key`, if any.
@@ -512,6 +540,48 @@ impl Tree {
         let _guard = self.core.value_guard();
         let found = self.core.get(key, out)?;
         self.core.resolve(found, out)
+    }
+
+    /// Bytes `offset..offset + len` of the value stored under `key`, as far as the value
+    /// reaches (fewer bytes, or none, past its end); `None` if the key is absent. A
+    /// value kept out of line is read only in the part asked for (and its checksums),
+    /// so a part of a value of many MiB costs about its own bytes.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = bfdb::Db::open(dir.path(), bfdb::DbOptions::default())?;
+    /// let blobs = db.tree("blobs")?;
+    /// let big: Vec<u8> = (0..4_000_000u32).map(|i| i as u8).collect();
+    /// blobs.insert(b"video", &big)?;
+    /// let part = blobs.get_part(b"video", 1_000_000, 16)?.unwrap();
+    /// assert_eq!(part, &big[1_000_000..1_000_016]);
+    /// assert_eq!(blobs.get_part(b"video", 3_999_990, 100)?.unwrap().len(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn get_part(&self, key: &[u8], offset: u64, len: usize) -> Result<Option<Vec<u8>>> {
+        self.core.check_key(key)?;
+        if let Some(a) = &self.journal {
+            a.journal.check_readable()?;
+        }
+        let _guard = self.core.value_guard();
+        let mut stored = Vec::new();
+        match self.core.get(key, &mut stored)? {
+            read::Found::Absent => Ok(None),
+            read::Found::Value => {
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(stored.len());
+                let end = start.saturating_add(len).min(stored.len());
+                Ok(Some(stored[start..end].to_vec()))
+            }
+            read::Found::External => {
+                let mut part = Vec::new();
+                self.core
+                    .host()?
+                    .read_part(&stored, offset, len, &mut part)?;
+                Ok(Some(part))
+            }
+        }
     }
 
     /// The values stored under `keys`, in the order of `keys` (duplicates and absent
@@ -596,6 +666,16 @@ impl Tree {
 
     /// A checked write, through the journal if the tree has one.
     fn logged_write(&self, key: &[u8], value: Option<&[u8]>, durability: Durability) -> Result<()> {
+        // A long value goes to the value store first: its bytes are written before any
+        // record names them (the log syncs the store before a group that could).
+        let reference = match value {
+            Some(v) => self.store_value(v)?,
+            None => None,
+        };
+        let stored = match (&reference, value) {
+            (Some(r), _) => Some(Stored::External(r)),
+            (None, v) => v.map(Stored::Inline),
+        };
         let Some(a) = &self.journal else {
             if durability != Durability::Unlogged {
                 return Err(Error::Unsupported(format!(
@@ -605,14 +685,24 @@ impl Tree {
             }
             return self.core.write(key, value);
         };
+        // (A write that fails from here on leaves its value pending in the store: its
+        // record may be in the log, and only the next open knows. It is not reused
+        // before then.)
         if a.dropped.load(Ordering::Acquire) {
             return Err(Error::KeyspaceDropped {
                 name: a.name.clone(),
             });
         }
-        let op = LogOpRef::write(a.keyspace, key, value);
+        let op = match stored {
+            Some(Stored::External(reference)) => LogOpRef::PutExternal {
+                keyspace: a.keyspace,
+                key,
+                reference,
+            },
+            _ => LogOpRef::write(a.keyspace, key, value),
+        };
         a.journal.commit_ordered_by_index(op, durability, |log| {
-            self.core.write_logging(key, value, log)
+            self.core.write_record(key, stored.map(Stored::record), log)
         })
     }
 

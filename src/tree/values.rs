@@ -28,10 +28,37 @@ use crate::error::{Error, Result};
 use super::Core;
 use super::read::Found;
 
+/// A write's value as its keyspace stores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stored<'a> {
+    /// The value's bytes.
+    Inline(&'a [u8]),
+    /// The reference of a value already written to the value store.
+    External(&'a [u8]),
+}
+
+impl<'a> Stored<'a> {
+    /// The bytes the record keeps, and its (dirty) record type.
+    pub(super) fn record(self) -> (&'a [u8], super::node::RecordType) {
+        match self {
+            Stored::Inline(v) => (v, super::node::RecordType::Insert),
+            Stored::External(r) => (r, super::node::RecordType::InsertExternal),
+        }
+    }
+}
+
 /// The value store as one keyspace sees it.
 pub(crate) trait ValueHost: Send + Sync {
+    /// Writes `value` to the store and returns its reference, pending until a record
+    /// that references it is placed ([`ValueHost::applied`]).
+    fn write(&self, value: &[u8]) -> Result<Vec<u8>>;
     /// Appends the value `reference` names to `out`.
     fn read(&self, reference: &[u8], out: &mut Vec<u8>) -> Result<()>;
+    /// Sets `out` to the bytes `offset..offset + len` of the value `reference` names, as
+    /// far as the value reaches (empty past its end), reading only those (and what
+    /// checks them).
+    fn read_part(&self, reference: &[u8], offset: u64, len: usize, out: &mut Vec<u8>)
+    -> Result<()>;
     /// The value `reference` names is now referenced by the record of `key` that was
     /// just placed (the caller holds the record's page lock).
     fn applied(&self, reference: &[u8], key: &[u8]);
@@ -159,9 +186,20 @@ mod tests {
     }
 
     impl ValueHost for MockHost {
+        fn write(&self, _value: &[u8]) -> Result<Vec<u8>> {
+            unreachable!("the test writes its references itself")
+        }
         fn read(&self, reference: &[u8], out: &mut Vec<u8>) -> Result<()> {
             let m = self.0.lock().unwrap();
             out.extend_from_slice(&m.values[&id(reference)]);
+            Ok(())
+        }
+        fn read_part(&self, r: &[u8], offset: u64, len: usize, out: &mut Vec<u8>) -> Result<()> {
+            let m = self.0.lock().unwrap();
+            let v = &m.values[&id(r)];
+            let start = (offset as usize).min(v.len());
+            out.clear();
+            out.extend_from_slice(&v[start..(start + len).min(v.len())]);
             Ok(())
         }
         fn applied(&self, reference: &[u8], _key: &[u8]) {

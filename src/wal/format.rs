@@ -40,8 +40,9 @@
 
 use crate::storage::LOG_BLOCK_BYTES;
 
-/// The log format this code writes.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The log format this code writes: format 2 and one more op, a put whose value is kept
+/// out of line (the op holds its reference).
+pub(crate) const FORMAT_VERSION: u32 = 3;
 /// The oldest log format this code still reads.
 pub(crate) const OLDEST_READABLE_VERSION: u32 = 1;
 const MAGIC: &[u8; 8] = b"bfdbWAL\0";
@@ -55,6 +56,8 @@ const MAX_VARINT_BYTES: usize = 10;
 
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
+/// A put whose value is in the value store: the op's value is its reference (format 3).
+const OP_PUT_EXTERNAL: u8 = 3;
 const KIND_BATCH: u8 = 1;
 
 /// Little-endian reads that answer `None` past the end of the bytes: how every decoder
@@ -277,6 +280,16 @@ pub enum LogOp {
         /// The key.
         key: Vec<u8>,
     },
+    /// Insert or replace `key` in `keyspace` with the value kept out of line that
+    /// `reference` names (its bytes were written to the value store before the record).
+    PutExternal {
+        /// The keyspace's id.
+        keyspace: u32,
+        /// The key.
+        key: Vec<u8>,
+        /// The value's reference in the value store.
+        reference: Vec<u8>,
+    },
 }
 
 /// A log record: a batch of changes applied atomically, with its sequence number.
@@ -308,6 +321,15 @@ pub enum LogOpRef<'a> {
         /// The key.
         key: &'a [u8],
     },
+    /// Insert or replace `key` with the out-of-line value `reference` names.
+    PutExternal {
+        /// The keyspace's id.
+        keyspace: u32,
+        /// The key.
+        key: &'a [u8],
+        /// The value's reference in the value store.
+        reference: &'a [u8],
+    },
 }
 
 impl<'a> LogOpRef<'a> {
@@ -320,7 +342,18 @@ impl<'a> LogOpRef<'a> {
                 value,
             } => (keyspace, OP_PUT, key, Some(value)),
             LogOpRef::Delete { keyspace, key } => (keyspace, OP_DELETE, key, None),
+            LogOpRef::PutExternal {
+                keyspace,
+                key,
+                reference,
+            } => (keyspace, OP_PUT_EXTERNAL, key, Some(reference)),
         }
+    }
+
+    /// The op's keyspace and key.
+    pub(crate) fn target(self) -> (u32, &'a [u8]) {
+        let (keyspace, _, key, _) = self.parts();
+        (keyspace, key)
     }
 
     /// The write of `key` in `keyspace`: a put of `value`, or a delete for `None`.
@@ -352,6 +385,15 @@ impl LogOp {
             LogOp::Delete { keyspace, key } => LogOpRef::Delete {
                 keyspace: *keyspace,
                 key,
+            },
+            LogOp::PutExternal {
+                keyspace,
+                key,
+                reference,
+            } => LogOpRef::PutExternal {
+                keyspace: *keyspace,
+                key,
+                reference,
             },
         }
     }
@@ -463,6 +505,9 @@ pub(crate) fn decode_body(format: u32, body: &[u8]) -> Option<LogRecord> {
     let mut ops = Vec::with_capacity(count.min(body.len()));
     for _ in 0..count {
         let kind = c.u8()?;
+        if kind == OP_PUT_EXTERNAL && format < 3 {
+            return None;
+        }
         let keyspace = c.varint_u32()?;
         ops.push(decode_op(&mut c, kind, keyspace, |c| c.length())?);
     }
@@ -509,6 +554,14 @@ fn decode_op<'a>(
             }
         }
         OP_DELETE => LogOp::Delete { keyspace, key },
+        OP_PUT_EXTERNAL => {
+            let reference_len = length(c)?;
+            LogOp::PutExternal {
+                keyspace,
+                key,
+                reference: c.take(reference_len)?.to_vec(),
+            }
+        }
         _ => return None,
     })
 }

@@ -205,7 +205,13 @@ pub struct Log {
     oldest_unflushed_nanos: std::sync::atomic::AtomicU64,
     /// Set once the log failed (the reason is `State::failure`).
     failed: std::sync::atomic::AtomicBool,
+    /// Run before each group's blocks are written ([`Log::set_before_group`]).
+    before_group: std::sync::OnceLock<BeforeGroup>,
 }
+
+/// What must be durable before a group of records is written: the database's value
+/// store, whose values the records reference.
+type BeforeGroup = Box<dyn Fn() -> io::Result<()> + Send + Sync>;
 
 impl std::fmt::Debug for Log {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -286,6 +292,7 @@ impl Log {
             origin: std::time::Instant::now(),
             oldest_unflushed_nanos: std::sync::atomic::AtomicU64::new(u64::MAX),
             failed: std::sync::atomic::AtomicBool::new(false),
+            before_group: std::sync::OnceLock::new(),
         }
     }
 
@@ -564,6 +571,14 @@ impl Log {
         }
     }
 
+    /// Sets what runs before every group's blocks are written (once; later calls are
+    /// ignored): a database syncs its value store there, so that no log record that
+    /// references a value is durable before the value. An error fails the group, and
+    /// so the log, as a failed write of its own blocks does.
+    pub(crate) fn set_before_group(&self, before: BeforeGroup) {
+        let _ = self.before_group.set(before);
+    }
+
     /// Makes everything appended so far durable.
     pub fn flush(&self) -> io::Result<()> {
         let last = self.state.lock().next_seq.saturating_sub(1);
@@ -651,6 +666,11 @@ impl Log {
     /// needed: the file created or the spare renamed, then its header written and
     /// synced, so that no block of the segment is written before its header is durable.
     fn write_group(&self, group: &Group) -> io::Result<()> {
+        // The WAL rule for what the records reference: a value's bytes are durable
+        // before any record naming it can be.
+        if let Some(before) = self.before_group.get() {
+            before()?;
+        }
         let id = group.segment.header.id;
         if let Some(start) = group.start {
             let header = match start {
