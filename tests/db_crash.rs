@@ -81,10 +81,22 @@ fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Ste
     let mut next_value = |rng: &mut Rng, ks: usize| {
         counter += 1;
         // Values of assorted sizes, each unique: a recovered value names its write. The
-        // hash store's are larger, so that its few pages fill, flush and compact.
+        // hash store's are larger, so that its few pages fill, flush and compact. One
+        // tree value in eight is longer than the inline limit and goes to the value
+        // store; its write number runs through all of it, so a value torn or mixed from
+        // two writes matches no write.
         let mut v = format!("{seed}-{counter}-").into_bytes();
-        let pad = if ks == HASH { 1_200 } else { 0 };
-        v.resize(v.len() + pad + rng.below(300) as usize, b'.');
+        let pad = match ks {
+            HASH => 1_200,
+            _ if rng.below(8) == 0 => 2_049 + rng.below(20_000) as usize,
+            _ => 0,
+        };
+        let stamp = v.clone();
+        let len = v.len() + pad + rng.below(300) as usize;
+        while v.len() < len {
+            let room = len - v.len();
+            v.extend_from_slice(&stamp[..room.min(stamp.len())]);
+        }
         v
     };
     for op in 0..ops {

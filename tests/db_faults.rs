@@ -127,9 +127,12 @@ impl Devices {
                     self.pages.store(&name).arm(op, n, fault);
                 }
             }
-            Target::Hash => {
+            Target::Hash | Target::Values => {
+                let values = matches!(target, Target::Values);
                 for name in self.pages.block_names() {
-                    self.pages.blocks(&name).arm(op, n, fault);
+                    if (name == VALUE_FILE) == values {
+                        self.pages.blocks(&name).arm(op, n, fault);
+                    }
                 }
             }
         }
@@ -167,13 +170,19 @@ enum Target {
     Pages,
     /// The hash store's log files.
     Hash,
+    /// The value store's file, which holds the tree values longer than the inline
+    /// limit.
+    Values,
 }
+
+/// The name of the value store's simulated file.
+const VALUE_FILE: &str = "values";
 
 /// Every (target, operation, fault) the campaign sweeps: a full device only on writes
 /// and syncs (a full device reads).
 fn fault_kinds() -> Vec<(Target, SimOp, SimFault)> {
     let mut out = Vec::new();
-    for target in [Target::Log, Target::Pages, Target::Hash] {
+    for target in [Target::Log, Target::Pages, Target::Hash, Target::Values] {
         for op in [SimOp::Read, SimOp::Write, SimOp::Sync] {
             for fault in [SimFault::Transient, SimFault::Permanent, SimFault::Full] {
                 if op == SimOp::Read && fault == SimFault::Full {
@@ -462,8 +471,19 @@ fn run_workload(db: &Db, seed: u64, ops: usize, what: &str) -> (Vec<Step>, Count
         let mut value = |rng: &mut Rng, ks: usize| {
             counter += 1;
             let mut v = format!("{}-{counter}-", run.seed).into_bytes();
-            let pad = if ks == HASH { 1_200 } else { 0 };
-            v.resize(v.len() + pad + rng.below(300) as usize, b'.');
+            // One tree value in six goes to the value store; its write number runs
+            // through it, so a torn or mixed value matches no write.
+            let pad = match ks {
+                HASH => 1_200,
+                _ if rng.below(6) == 0 => 2_049 + rng.below(12_000) as usize,
+                _ => 0,
+            };
+            let stamp = v.clone();
+            let len = v.len() + pad + rng.below(300) as usize;
+            while v.len() < len {
+                let room = len - v.len();
+                v.extend_from_slice(&stamp[..room.min(stamp.len())]);
+            }
             v
         };
         let roll = if op % 40 == 39 { 5 } else { rng.percent() };
