@@ -517,10 +517,16 @@ fn child_writer(
             counter,
         };
         counter += 1;
-        // Values of 40 bytes to 2 KB in the trees, so that their leaf pages are evicted;
-        // up to 600 bytes in the hash keyspace, so that the data it holds stays well
+        // Values of 40 bytes to 2 KB in the trees, so that their leaf pages are evicted,
+        // and one in ten of 2 KB to 300 KB, which the value store keeps (a value is its
+        // write's header and letters drawn from it, so a torn one names no write); up
+        // to 600 bytes in the hash keyspace, so that the data it holds stays well
         // within its cold log's budget and compaction frees space.
-        let (long, short) = (40 + rng.below(1960) as usize, 40 + rng.below(560) as usize);
+        let long = match rng.below(10) {
+            0 => 2_049 + rng.below(300_000) as usize,
+            _ => 40 + rng.below(1960) as usize,
+        };
+        let short = 40 + rng.below(560) as usize;
         let write = match rng.percent() {
             0..55 => {
                 let ks = rng.below(KEYSPACES.len() as u64) as usize;
