@@ -410,6 +410,18 @@ impl Shared {
                 Keyspace::Hash(store) => store.holds_past_budget(),
                 Keyspace::Tree { .. } => false,
             })
+            || self.values_due()
+    }
+
+    /// Whether the value store holds enough freed values to take a checkpoint for:
+    /// their extents become reusable only as checkpoints pass, and large values grow
+    /// the log by a reference each, so the log-size trigger alone would let the value
+    /// file grow far past the live values. A sixteenth of the live bytes (at least
+    /// [`MIN_VALUE_TRIGGER_BYTES`]) waiting keeps the file near the live data: a free
+    /// waits for two or three checkpoints.
+    fn values_due(&self) -> bool {
+        let values = self.values.stats();
+        values.deferred_bytes >= (values.live_bytes / 16).max(MIN_VALUE_TRIGGER_BYTES)
     }
 
     /// Log bytes from log block `from` to the log's end.
@@ -417,6 +429,10 @@ impl Shared {
         self.journal.log().position().block.saturating_sub(from) * LOG_BLOCK_BYTES as u64
     }
 }
+
+/// The least freed value bytes that make a background checkpoint due
+/// (`Shared::values_due`).
+const MIN_VALUE_TRIGGER_BYTES: u64 = 8 << 20;
 
 /// Why a checkpoint did not commit.
 enum Uncommitted {
