@@ -9,6 +9,7 @@
 //! <dir>/ckpt-<16 hex>         a checkpoint: each tree's leaves in key order (checkpoint.rs)
 //! <dir>/wal-<16 hex>.log      write-ahead log segments (crate::wal)
 //! <dir>/ks-<8 hex>.pages      one page file per tree keyspace, shadow-paged
+//! <dir>/values-<8 hex>.vlog   the value store: values too long for their records
 //! ```
 //!
 //! # Checkpoints and recovery
@@ -40,6 +41,7 @@
 //! - `manifest.rs`, `checkpoint.rs`: the formats of the `MANIFEST` and of a checkpoint
 //!   file.
 //! - `batch.rs`: [`WriteBatch`].
+//! - `values.rs`: the value store as a tree keyspace sees it (the tree's `ValueHost`).
 //!
 //! Uses: `tree`, `hash`, `journal`, `wal`, `storage`, `config`, `error`.
 
