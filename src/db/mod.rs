@@ -343,6 +343,17 @@ impl Db {
         f()
     }
 
+    /// Makes every read of a value kept out of line (in every database of the process)
+    /// wait `delay` between finding the value's reference and reading it: for the test
+    /// that races reads against overwrites and checkpoints.
+    #[doc(hidden)]
+    pub fn delay_value_reads_for_test(delay: Duration) {
+        values::READ_DELAY_MICROS.store(
+            u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
     /// Makes the next checkpoints fail at `point`, as a crash there would stop them.
     #[doc(hidden)]
     pub fn fail_checkpoints_at(&self, point: CheckpointCrashPoint) {
