@@ -316,7 +316,7 @@ fn reads_racing_overwrites_and_checkpoints_see_whole_values_while_extents_are_re
             .collect();
         s.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
-                if checkpoints.load(Ordering::Relaxed) % 2 == 0 {
+                if checkpoints.load(Ordering::Relaxed).is_multiple_of(2) {
                     db.checkpoint().unwrap();
                 } else {
                     db.checkpoint_incremental().unwrap();
