@@ -95,6 +95,13 @@ pub(crate) trait BlockDevice: Send + Sync {
     fn discard(&self, _address: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Allocates the space of the `len` bytes at `address` (both aligned to
+    /// [`IO_ALIGN_BYTES`]) ahead of their writes, so that writing them later overwrites
+    /// instead of growing the device (segment files `fallocate`; a filesystem that
+    /// cannot is left to allocate as it writes). Out of space is an error.
+    fn reserve(&self, _address: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
     /// Gives up every address from `end` (aligned to [`IO_ALIGN_BYTES`]) up: the address
     /// space now ends there, and the device may shrink to it (segment files remove the
     /// files wholly above it and cut the one holding it short). Reads above `end` see
@@ -415,6 +422,22 @@ impl BlockDevice for SegmentFiles {
         Ok(())
     }
 
+    /// Allocates the range in each segment file it touches (`fallocate` mode 0, which
+    /// also grows the file over it), creating the files.
+    fn reserve(&self, address: u64, len: u64) -> io::Result<()> {
+        check_aligned(address, 0, IO_ALIGN_BYTES);
+        let end = address + len;
+        let mut at = address;
+        while at < end {
+            let (segment, offset) = (at / self.segment_bytes, at % self.segment_bytes);
+            let n = (self.segment_bytes - offset).min(end - at);
+            let file = self.file(segment, true)?;
+            allocate(&file, offset, n).map_err(|e| name_path(Some(&self.path(segment)), e))?;
+            at += n;
+        }
+        Ok(())
+    }
+
     /// Removes the segment files wholly at or above `end` and cuts the one holding
     /// `end` to its part below it. The first call lists the directory, to find files a
     /// previous process left above the end; later ones know the highest file.
@@ -454,20 +477,30 @@ impl BlockDevice for SegmentFiles {
 /// Gives the `len` bytes at `offset` of `file` back to the filesystem, keeping the
 /// file's size; they read as zeros. Without hole punching (`EOPNOTSUPP`) the bytes stay.
 fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    fallocate(
+        file,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        offset,
+        len,
+    )
+}
+
+/// Allocates `[offset, offset + len)` of `file`, growing it over the range (a
+/// filesystem that cannot allocate ahead is left to do it as it writes).
+fn allocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    fallocate(file, 0, offset, len)
+}
+
+/// `fallocate(2)` in `mode` on `[offset, offset + len)` of `file`; a filesystem that
+/// does not support the mode answers `Ok` (the call is advice).
+fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    let too_far = || io::Error::new(io::ErrorKind::InvalidInput, "a hole beyond i64::MAX");
+    let too_far = || io::Error::new(io::ErrorKind::InvalidInput, "a range beyond i64::MAX");
     let offset = libc::off_t::try_from(offset).map_err(|_| too_far())?;
     let len = libc::off_t::try_from(len).map_err(|_| too_far())?;
     // SAFETY: fallocate on a descriptor `file` owns and keeps open for the call; no
     // memory is passed.
-    let rc = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset,
-            len,
-        )
-    };
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len) };
     if rc == 0 {
         return Ok(());
     }

@@ -83,6 +83,10 @@ mod tests;
 
 pub(crate) use snapshot::Uncertain;
 
+/// The least space reserved ahead of the writes at a time, and the least free space a
+/// release keeps written for reuse (`ValueStore::slack`).
+const RESERVE_STEP_BYTES: u64 = 16 << 20;
+
 /// Bytes of an encoded [`ValueRef`].
 pub(crate) const REF_BYTES: usize = 16;
 /// Bytes of a chunk: a value longer than this has a table of one crc32c per chunk.
@@ -308,8 +312,14 @@ struct State {
     /// The end of the address space.
     end: u64,
     /// Above this the device holds no bytes of ours (`u64::MAX`: not known, as after an
-    /// open); a release cuts the device to the end when the end is lower.
+    /// open); a release cuts the device to the end when the end is lower by more than
+    /// the reserve slack (`ValueStore::slack`).
     device_end: u64,
+    /// Below this the device has its space allocated ahead of the writes
+    /// ([`BlockDevice::reserve`]): a write there overwrites allocated blocks instead of
+    /// extending a file (which ext4 does under the inode's exclusive lock, with block
+    /// allocation journaled per write).
+    reserved: u64,
     /// The `free_gen` of a free now.
     next_gen: u64,
     /// The generation of the checkpoint whose window is open.
@@ -327,6 +337,7 @@ impl State {
             free: FreeRanges::default(),
             end: 0,
             device_end: u64::MAX,
+            reserved: 0,
             next_gen,
             window: None,
             totals: Totals::default(),
@@ -580,6 +591,9 @@ pub(crate) struct ValueStore {
     /// Set once the store held a value (written, restored or recovered): until then no
     /// index holds a reference, and readers need no guard ([`ValueStore::holds_values`]).
     held: std::sync::atomic::AtomicBool,
+    /// The least slack (`ValueStore::slack`): [`RESERVE_STEP_BYTES`], or less in tests
+    /// that watch space come back block by block.
+    slack_floor: u64,
 }
 
 impl std::fmt::Debug for ValueStore {
@@ -605,6 +619,7 @@ impl ValueStore {
         let held = std::sync::atomic::AtomicBool::new(state.end > 0);
         ValueStore {
             held,
+            slack_floor: RESERVE_STEP_BYTES,
             device,
             segment_bytes,
             state: Mutex::new(state),
@@ -676,6 +691,24 @@ impl ValueStore {
             }
             let offset = state.allocate(extent_bytes(len));
             let r = ValueRef { offset, len, crc };
+            let stop = offset + extent_bytes(len);
+            if stop > state.reserved {
+                // Space ahead of the writes, in steps of an eighth of the file (at
+                // least RESERVE_STEP_BYTES): reserved under the lock, which allocations
+                // above it wait for.
+                let to = stop
+                    .max(state.reserved + self.slack(state.end))
+                    .next_multiple_of(IO_ALIGN_BYTES);
+                let from = state.reserved;
+                if let Err(e) = self.device.reserve(from, to - from) {
+                    state.give_back(offset, extent_bytes(len));
+                    return Err(self.io_error(from, e));
+                }
+                state.reserved = to;
+                if state.device_end != u64::MAX {
+                    state.device_end = state.device_end.max(to);
+                }
+            }
             state.insert(Entry {
                 r,
                 state: Extent::Pending,
@@ -802,6 +835,16 @@ impl ValueStore {
                 })
                 .collect()
         };
+        // Released space is given back to the device (holes punched) only past a slack
+        // of free space kept written for reuse: a write into a hole allocates blocks
+        // again (ext4 journals that, under the file's exclusive lock), while a write
+        // over freed bytes is a plain overwrite. So the file stays within the live
+        // bytes plus what waits for checkpoints plus the slack.
+        let punch = {
+            let state = self.state.lock();
+            let graced_bytes: u64 = graced.iter().map(|&(_, len)| len).sum();
+            state.free.bytes + graced_bytes > self.slack(state.totals.live_value)
+        };
         let mut failure = None;
         if !graced.is_empty() {
             self.readers.wait_for_earlier();
@@ -816,7 +859,7 @@ impl ValueStore {
                     len += graced[at].1;
                     at += 1;
                 }
-                if let Err(e) = self.device.discard(start, len) {
+                if punch && let Err(e) = self.device.discard(start, len) {
                     failure.get_or_insert_with(|| self.io_error(start, e));
                 }
             }
@@ -831,10 +874,14 @@ impl ValueStore {
                 state.give_back(offset, len);
             }
         }
-        // Cut under the lock: nothing is allocated above the end meanwhile.
-        if state.end < state.device_end {
+        // Cut under the lock: nothing is allocated above the end meanwhile. Space
+        // reserved ahead stays while it is within the slack.
+        if state.end.saturating_add(self.slack(state.end)) < state.device_end {
             match self.device.truncate_from(state.end) {
-                Ok(()) => state.device_end = state.end,
+                Ok(()) => {
+                    state.device_end = state.end;
+                    state.reserved = state.end;
+                }
                 Err(e) => {
                     failure.get_or_insert_with(|| self.io_error(state.end, e));
                 }
@@ -858,7 +905,24 @@ impl ValueStore {
             .truncate_from(state.end)
             .map_err(|e| self.io_error(state.end, e))?;
         state.device_end = state.end;
+        state.reserved = state.end;
         Ok(())
+    }
+
+    /// Space kept allocated beyond need for a store of `bytes`: an eighth of it, at
+    /// least the floor (16 MiB). Reserved ahead of the end, and kept written among the
+    /// free ranges, it saves writes from allocating blocks (ext4 allocates under the
+    /// file's exclusive lock and journals it); it bounds what the value file holds past
+    /// its live values and those not reusable yet.
+    fn slack(&self, bytes: u64) -> u64 {
+        (bytes / 8).max(self.slack_floor)
+    }
+
+    /// This store with a slack floor of `floor` bytes instead of 16 MiB.
+    #[cfg(test)]
+    pub(crate) fn with_slack_floor(mut self, floor: u64) -> ValueStore {
+        self.slack_floor = floor;
+        self
     }
 
     /// Whether the store ever held a value in this process (or its restored state

@@ -24,9 +24,10 @@ fn value(len: usize, tag: u64) -> Vec<u8> {
         .collect()
 }
 
+/// A store on memory blocks that gives freed space back at once (no slack kept).
 fn mem() -> (Arc<MemBlocks>, ValueStore) {
     let device = Arc::new(MemBlocks::new());
-    let store = ValueStore::open(device.clone(), 1);
+    let store = ValueStore::open(device.clone(), 1).with_slack_floor(0);
     (device, store)
 }
 
@@ -1020,4 +1021,25 @@ proptest! {
     fn the_allocator_agrees_with_a_model(ops in prop::collection::vec(op(), 1..80)) {
         run_model(ops);
     }
+}
+
+/// Freed space within the slack stays written: a release gives it back to the free
+/// ranges but punches no hole, so the next write there overwrites allocated blocks.
+#[test]
+fn freed_space_within_the_slack_stays_written_for_reuse() {
+    let device = Arc::new(MemBlocks::new());
+    let store = ValueStore::open(device.clone(), 1);
+    let a = live(&store, 8000, 1);
+    let _b = live(&store, 8000, 2);
+    let blocks = device.block_count();
+    store.free(a, 0, b"a");
+    store.release(1).unwrap();
+    assert_eq!(free_ranges(&store), [(a.offset, 2 * BLOCK)]);
+    assert_eq!(
+        device.block_count(),
+        blocks,
+        "no hole punched within the slack"
+    );
+    assert_eq!(live(&store, 7000, 3).offset, a.offset);
+    store.check();
 }
