@@ -571,17 +571,17 @@ fn open_values(
         }
         Pages::Sim(sim) => sim.blocks(VALUE_FILE),
     };
-    match loaded {
+    let (store, uncertain) = match loaded {
         Some(c) if !c.values.is_empty() => {
             let source = checkpoint_path(dir, c.generation);
-            let (store, uncertain) = ValueStore::restore(device, &source, &c.values)?;
-            Ok((Arc::new(store), uncertain))
+            ValueStore::restore(device, &source, &c.values)?
         }
-        _ => Ok((
-            Arc::new(ValueStore::open(device, next_generation)),
-            Vec::new(),
-        )),
-    }
+        _ => (ValueStore::open(device, next_generation), Vec::new()),
+    };
+    // Short values are written behind their writers, a sixteenth of the memory budget
+    // of them at most (256 KiB to 16 MiB) in memory at once.
+    let limit = (options.config.memory_budget_bytes / 16).clamp(256 << 10, 16 << 20);
+    Ok((Arc::new(store.write_behind(limit)?), uncertain))
 }
 
 /// One write of the log as recovery replays it (`Shared::replay`).

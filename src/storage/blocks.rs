@@ -72,6 +72,18 @@ pub(crate) trait BlockDevice: Send + Sync {
     fn read_target(&self, _address: u64, _len: usize) -> Option<(Arc<File>, u64)> {
         None
     }
+    /// Where a write of `len` bytes at `address` (aligned as for [`BlockDevice::write`])
+    /// can be submitted by the caller, as an offset into an open file, so that many
+    /// writes go to the device at once (io_uring); `None` if the caller must use
+    /// [`BlockDevice::write`]. The write counts for the next [`BlockDevice::sync`] as
+    /// one through `write` would.
+    #[cfg_attr(
+        feature = "shuttle",
+        allow(dead_code, reason = "shuttle builds write synchronously")
+    )]
+    fn write_target(&self, _address: u64, _len: usize) -> Option<(Arc<File>, u64)> {
+        None
+    }
     /// The file that holds `address`, for errors about its bytes; `None` for devices
     /// without files.
     fn file_of(&self, _address: u64) -> Option<PathBuf> {
@@ -342,6 +354,19 @@ impl BlockDevice for SegmentFiles {
             return None;
         }
         self.file(segment, false).ok().map(|file| (file, offset))
+    }
+
+    /// The segment file (created, and marked for the next sync) and offset, unless the
+    /// write straddles segments.
+    fn write_target(&self, address: u64, len: usize) -> Option<(Arc<File>, u64)> {
+        let (segment, offset) = (address / self.segment_bytes, address % self.segment_bytes);
+        if offset + len as u64 > self.segment_bytes
+            || !address.is_multiple_of(IO_ALIGN_BYTES)
+            || !(len as u64).is_multiple_of(IO_ALIGN_BYTES)
+        {
+            return None;
+        }
+        self.file(segment, true).ok().map(|file| (file, offset))
     }
 
     fn file_of(&self, address: u64) -> Option<PathBuf> {

@@ -296,6 +296,44 @@ pub(crate) fn submit_reads(
     run_batch(Direction::Read, sqpoll, &requests)
 }
 
+/// One write of [`submit_writes`]: `buf` to file `fd` at byte `offset`.
+#[cfg_attr(
+    feature = "shuttle",
+    allow(dead_code, reason = "shuttle builds write synchronously")
+)]
+pub(crate) struct WriteAt<'a> {
+    /// The file.
+    pub(crate) fd: RawFd,
+    /// Where in the file.
+    pub(crate) offset: u64,
+    /// The bytes; for an `O_DIRECT` file, aligned as the file needs.
+    pub(crate) buf: &'a [u8],
+}
+
+/// Writes every request of `writes` — of any files, offsets and lengths — on this
+/// thread's ring, as [`submit_reads`] reads: every request has completed or failed when
+/// this returns, and the error is that of the lowest-indexed failed request.
+#[cfg_attr(
+    feature = "shuttle",
+    allow(dead_code, reason = "shuttle builds write synchronously")
+)]
+pub(crate) fn submit_writes(
+    sqpoll: bool,
+    writes: &[WriteAt<'_>],
+) -> Result<(), (usize, io::Error)> {
+    let requests: Vec<Request> = writes
+        .iter()
+        .map(|w| Request {
+            fd: w.fd,
+            offset: w.offset,
+            // A write only reads the buffer: the pointer is never written through.
+            base: w.buf.as_ptr().cast_mut(),
+            len: w.buf.len(),
+        })
+        .collect();
+    run_batch(Direction::Write, sqpoll, &requests)
+}
+
 /// Runs `requests` on this thread's ring (built if needed).
 fn run_batch(dir: Direction, sqpoll: bool, requests: &[Request]) -> Result<(), (usize, io::Error)> {
     if requests.is_empty() {

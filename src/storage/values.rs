@@ -78,6 +78,8 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 #[cfg(all(test, feature = "shuttle"))]
 mod shuttle_tests;
 mod snapshot;
+#[cfg(not(feature = "shuttle"))]
+mod stage;
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests;
 
@@ -594,6 +596,10 @@ pub(crate) struct ValueStore {
     /// The least slack (`ValueStore::slack`): [`RESERVE_STEP_BYTES`], or less in tests
     /// that watch space come back block by block.
     slack_floor: u64,
+    /// Write-behind of short extents (`stage.rs`), once started
+    /// ([`ValueStore::write_behind`]); without it every write waits for its device write.
+    #[cfg(not(feature = "shuttle"))]
+    stager: Option<stage::Stager>,
 }
 
 impl std::fmt::Debug for ValueStore {
@@ -620,6 +626,8 @@ impl ValueStore {
         ValueStore {
             held,
             slack_floor: RESERVE_STEP_BYTES,
+            #[cfg(not(feature = "shuttle"))]
+            stager: None,
             device,
             segment_bytes,
             state: Mutex::new(state),
@@ -716,7 +724,7 @@ impl ValueStore {
             });
             r
         };
-        if let Err(e) = self.write_extent(&r, value, &table) {
+        if let Err(e) = self.stage_or_write(&r, value, &table) {
             let mut state = self.state.lock();
             state.remove(r.offset);
             state.give_back(r.offset, r.extent_bytes());
@@ -918,6 +926,25 @@ impl ValueStore {
         (bytes / 8).max(self.slack_floor)
     }
 
+    /// Starts writing short values behind their writers (`stage.rs`), with at most
+    /// `limit` bytes of them in memory at once: a write then returns once its bytes are
+    /// queued, reads of them are served from memory until they are on the device, and
+    /// [`ValueStore::sync`] waits for them first. Under shuttle there is no such thread
+    /// and writes stay synchronous.
+    pub(crate) fn write_behind(self, limit: u64) -> Result<ValueStore> {
+        #[cfg(not(feature = "shuttle"))]
+        {
+            let mut store = self;
+            store.stager = Some(stage::Stager::start(Arc::clone(&store.device), limit)?);
+            Ok(store)
+        }
+        #[cfg(feature = "shuttle")]
+        {
+            let _ = limit;
+            Ok(self)
+        }
+    }
+
     /// This store with a slack floor of `floor` bytes instead of 16 MiB.
     #[cfg(test)]
     pub(crate) fn with_slack_floor(mut self, floor: u64) -> ValueStore {
@@ -997,6 +1024,18 @@ impl ValueStore {
                 cause: cause.clone(),
             });
         }
+        // The writes behind first: every write counted in `written` is staged by now,
+        // and the wait covers everything staged before it.
+        #[cfg(not(feature = "shuttle"))]
+        if let Some(stager) = &self.stager
+            && let Err(cause) = stager.wait_written()
+        {
+            self.state
+                .lock()
+                .failed
+                .get_or_insert_with(|| cause.clone());
+            return Err(Error::Poisoned { cause });
+        }
         match self.device.sync() {
             Ok(()) => {
                 self.synced.store(written, Ordering::Release);
@@ -1023,6 +1062,22 @@ impl ValueStore {
     }
 
     /// Writes the extent of `r`: `value`, `table`, zeros to the end, a piece at a time.
+    /// Queues the extent of `r` for write-behind if it is short enough and a stager
+    /// runs, else writes it now.
+    fn stage_or_write(&self, r: &ValueRef, value: &[u8], table: &[u8]) -> Result<()> {
+        #[cfg(not(feature = "shuttle"))]
+        if let Some(stager) = &self.stager
+            && stager.takes(r.extent_bytes())
+        {
+            let mut image = AlignedBuf::new(r.extent_bytes() as usize);
+            fill_piece(image.as_mut(), 0, value, table);
+            return stager
+                .stage(r.offset, image)
+                .map_err(|cause| Error::Poisoned { cause });
+        }
+        self.write_extent(r, value, table)
+    }
+
     fn write_extent(&self, r: &ValueRef, value: &[u8], table: &[u8]) -> Result<()> {
         let size = r.extent_bytes();
         let mut buf = AlignedBuf::new(size.min(IO_PIECE_BYTES) as usize);
@@ -1129,6 +1184,14 @@ impl ValueStore {
     ) -> Result<()> {
         if len == 0 {
             return Ok(());
+        }
+        // A value still on its way to the device is read from its staged image.
+        #[cfg(not(feature = "shuttle"))]
+        if let Some(stager) = &self.stager
+            && let Some((at, image)) = stager.find(address, len)
+        {
+            let from = (address - at) as usize;
+            return sink(&AlignedBuf::as_ref(&image)[from..from + len as usize]);
         }
         let align = self.device.read_align();
         let stop = address + len;
