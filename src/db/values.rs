@@ -76,6 +76,10 @@ impl ValueHost for KeyspaceValues {
         }
     }
 
+    fn holds_values(&self) -> bool {
+        self.store.holds_values()
+    }
+
     fn guard(&self) -> Option<Box<dyn Send>> {
         self.store
             .holds_values()

@@ -295,8 +295,9 @@ impl Core {
             work.copy_from_slice(page.payload());
             let mut node = NodeMut::trusted(&mut work);
             let mut fits = true;
+            let external = self.may_hold_external();
             for (k, v, t) in dirty.iter() {
-                if let Ok(i) = node.as_ref().search(k) {
+                if external && let Ok(i) = node.as_ref().search(k) {
                     let r = node.as_ref().record(i);
                     replaced.note(k, (r.record_type(), r.value()), (t, v));
                 }

@@ -69,6 +69,9 @@ pub(crate) trait ValueHost: Send + Sync {
     /// the lookup, dropped after the value is read. `None` while the store has never
     /// held a value (no reference can be found then).
     fn guard(&self) -> Option<Box<dyn Send>>;
+    /// Whether the store ever held a value: until it does, no record references one,
+    /// and writes and merges need not look for references to report.
+    fn holds_values(&self) -> bool;
 }
 
 /// References to values that were made unreachable, collected while a page is being
@@ -108,6 +111,13 @@ impl Replaced {
 }
 
 impl Core {
+    /// Whether a record of the tree may reference a value kept out of line: it has a
+    /// store, and the store ever held a value. Writes and merges look for shadowed
+    /// references only then, so trees of short values pay nothing for them.
+    pub(super) fn may_hold_external(&self) -> bool {
+        self.values.get().is_some_and(|v| v.holds_values())
+    }
+
     /// The value store's read guard, if the tree has a store that holds values.
     pub(super) fn value_guard(&self) -> Option<Box<dyn Send>> {
         self.values.get().and_then(|v| v.guard())
@@ -220,6 +230,9 @@ mod tests {
         }
         fn guard(&self) -> Option<Box<dyn Send>> {
             None
+        }
+        fn holds_values(&self) -> bool {
+            true
         }
     }
 

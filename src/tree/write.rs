@@ -71,7 +71,11 @@ impl Core {
             self.check_writable()?;
             let (path, mut page) = self.lock_leaf_of(key, MappingTable::write);
             let stamp = log()?.map_or(DirtyStamp::UNLOGGED, DirtyStamp::logged);
-            let shadowed = self.external_in_mini(&page, key);
+            let shadowed = if self.may_hold_external() {
+                self.external_in_mini(&page, key)
+            } else {
+                None
+            };
             match self.put_in_mini(&mut page, path.prefix_len, key, value, record_type) {
                 Ok(()) => {
                     // Under the page's lock still: the page the record is in now (a
