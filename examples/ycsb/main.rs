@@ -57,7 +57,9 @@ pub struct Options {
     /// point operations only, so workloads with scans are skipped for it), bfdb-tree (a
     /// plain `Tree` on a scratch file, no log), bftree, btreemap, and with the cargo
     /// features of the same names rocksdb, sled, fjall, redb, oxifaster (FASTER's store,
-    /// point workloads only). An engine may name its own durability:
+    /// point workloads only); rocksdb-blob (feature rocksdb: blob files for values of
+    /// 2048 B and more, blob GC on) and fjall-blob (feature fjall: key-value separation at
+    /// the same threshold). An engine may name its own durability:
     /// `bfdb:logged,bfdb:none`.
     #[arg(long, value_delimiter = ',', default_value = "bfdb,bftree,btreemap")]
     pub engines: Vec<String>,
@@ -121,8 +123,9 @@ pub struct Options {
     #[arg(long, default_value_t = 0.0)]
     pub warmup_secs: f64,
     /// Memory budget in MiB: bfdb's and bf-tree's circular buffer, bfdb-hash's HashStore
-    /// (its indexes, read cache and log pages), RocksDB's memtable and caches, sled's,
-    /// fjall's and redb's caches. RwLock<BTreeMap> has none.
+    /// (its indexes, read cache and log pages), RocksDB's memtables and caches (block,
+    /// row or blob), fjall's cache and memtables, sled's and redb's caches.
+    /// RwLock<BTreeMap> has none.
     #[arg(long, default_value_t = 8)]
     pub memory_mib: u64,
     /// bfdb-hash: the disk budget of the HashStore's hot log in MiB (its
@@ -878,12 +881,20 @@ mod tests {
             let o = Options::try_parse_from([
                 "ycsb",
                 "--engines",
-                "bfdb,bfdb-hash,rocksdb,fjall,redb,bfdb-tree:none",
+                "bfdb,bfdb-hash,rocksdb,rocksdb-blob,fjall,fjall-blob,bfdb-tree:none",
                 "--durability",
                 level,
             ])
             .unwrap();
             validate(&o).unwrap();
         }
+        // redb 4 has no commit without an fsync: none and synced only.
+        for level in ["none", "synced"] {
+            let o = Options::try_parse_from(["ycsb", "--engines", "redb", "--durability", level])
+                .unwrap();
+            validate(&o).unwrap();
+        }
+        let e = refusal(&["ycsb", "--engines", "redb", "--durability", "logged"]);
+        assert!(e.contains("redb") && e.contains("Eventual"), "{e}");
     }
 }
