@@ -294,19 +294,42 @@ pub fn open(name: &str, options: &OpenOptions) -> EngineResult<Box<dyn Engine>> 
     }
 }
 
+/// How much room the files under a directory take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirSize {
+    /// The files' lengths summed (`ls -l`, `du --apparent-size`).
+    pub apparent_bytes: u64,
+    /// The blocks the filesystem allocated to them (`st_blocks` × 512, as `du` counts):
+    /// below the apparent size where a file has holes (bfdb's value store punches one for
+    /// each value it frees), above it by the tail of each file's last block.
+    pub allocated_bytes: u64,
+}
+
+/// The sizes of the files under `dir`, zeros if it does not exist.
+pub fn dir_size(dir: &Path) -> DirSize {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return DirSize::default();
+    };
+    let mut size = DirSize::default();
+    for entry in entries.flatten() {
+        let Ok(m) = entry.metadata() else { continue };
+        if m.is_dir() {
+            let inner = dir_size(&entry.path());
+            size.apparent_bytes += inner.apparent_bytes;
+            size.allocated_bytes += inner.allocated_bytes;
+        } else {
+            size.apparent_bytes += m.len();
+            // `st_blocks` counts 512-byte units whatever the filesystem's block size.
+            size.allocated_bytes += m.blocks() * 512;
+        }
+    }
+    size
+}
+
 /// Bytes of the files under `dir` (apparent sizes), 0 if it does not exist.
 pub fn dir_size_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_size_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
+    dir_size(dir).apparent_bytes
 }
 
 // ---------------------------------------------------------------------------------------
