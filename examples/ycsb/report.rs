@@ -518,6 +518,114 @@ pub fn run_table(runs: &[RunRow]) -> String {
     )
 }
 
+/// Bytes of keys and values in `records` records: the user data the driver knows of.
+pub fn user_bytes(records: u64, key_bytes: u64, value_bytes: u64) -> u64 {
+    records * (key_bytes + value_bytes)
+}
+
+/// `x / y` to two places, `-` when `y` is 0 or `x` unknown.
+fn ratio_cell(x: Option<u64>, y: u64) -> String {
+    match x {
+        Some(x) if y > 0 => format!("{:.2}", x as f64 / y as f64),
+        _ => "-".into(),
+    }
+}
+
+/// Bytes per operation, `-` when unknown.
+fn per_op_cell(x: Option<u64>, ops: u64) -> String {
+    match x {
+        Some(x) => format!("{:.0}", x as f64 / ops.max(1) as f64),
+        None => "-".into(),
+    }
+}
+
+/// Throughput, the device's bytes and the space on disk, by value size, engine and phase
+/// (the load, then each run):
+///
+/// - `dev rd B/op`, `dev wr B/op`: what the device under the data directory read and
+///   wrote per operation (per record for the load), `/proc/diskstats`, with a sync of the
+///   filesystem after the phase counted in it;
+/// - `dev wr ÷ user`: the device's bytes written divided by the bytes of keys and values
+///   the phase wrote (the load: every record; a run: its updates and inserts), `-` for a
+///   phase that wrote none (YCSB C);
+/// - `dir MiB`: the engine's directory as allocated blocks (`du`), after the phase;
+/// - `dir ÷ live`, `apparent ÷ live`: the directory's allocated and apparent size
+///   divided by the live data, records × (key + value bytes).
+pub fn amplification_table(runs: &[RunRow], loads: &[LoadRow]) -> String {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let sizes = dedup(
+        loads
+            .iter()
+            .map(|l| l.value_bytes.to_string())
+            .chain(runs.iter().map(|r| r.value_bytes.to_string())),
+    );
+    for size in &sizes {
+        let engines = dedup(
+            loads
+                .iter()
+                .filter(|l| &l.value_bytes.to_string() == size)
+                .map(|l| l.engine.clone())
+                .chain(
+                    runs.iter()
+                        .filter(|r| &r.value_bytes.to_string() == size)
+                        .map(|r| r.engine.clone()),
+                ),
+        );
+        for engine in &engines {
+            let ours = |e: &str, v: u64| e == engine && &v.to_string() == size;
+            for l in loads.iter().filter(|l| ours(&l.engine, l.value_bytes)) {
+                let live = user_bytes(l.records, l.key_bytes, l.value_bytes);
+                rows.push(vec![
+                    size.clone(),
+                    l.engine.clone(),
+                    "load".into(),
+                    String::new(),
+                    si(l.ops_per_sec),
+                    per_op_cell(l.device_read_bytes, l.records),
+                    per_op_cell(l.device_write_bytes, l.records),
+                    ratio_cell(l.device_write_bytes, live),
+                    mib(l.data_allocated_bytes),
+                    ratio_cell(Some(l.data_allocated_bytes), live),
+                    ratio_cell(Some(l.data_bytes), live),
+                ]);
+            }
+            for r in runs.iter().filter(|r| ours(&r.engine, r.value_bytes)) {
+                let live = user_bytes(r.records_after_run, r.key_bytes, r.value_bytes);
+                let written = user_bytes(r.writes, r.key_bytes, r.value_bytes);
+                rows.push(vec![
+                    size.clone(),
+                    r.engine.clone(),
+                    r.workload.clone(),
+                    r.threads.to_string(),
+                    si(r.ops_per_sec),
+                    per_op_cell(r.device_read_bytes, r.ops),
+                    per_op_cell(r.device_write_bytes, r.ops),
+                    ratio_cell(r.device_write_bytes, written),
+                    mib(r.data_allocated_bytes_after_run),
+                    ratio_cell(Some(r.data_allocated_bytes_after_run), live),
+                    ratio_cell(Some(r.data_bytes_after_run), live),
+                ]);
+            }
+        }
+    }
+    render(
+        &[
+            "value B",
+            "engine",
+            "phase",
+            "thr",
+            "ops/s",
+            "dev rd B/op",
+            "dev wr B/op",
+            "dev wr ÷ user",
+            "dir MiB",
+            "dir ÷ live",
+            "apparent ÷ live",
+        ],
+        &rows,
+    )
+}
+
 /// The engine the ratios divide by: `bfdb` if it ran, else the first engine whose name
 /// starts with `bfdb` (`bfdb:synced`, `bfdb-tree`).
 pub fn reference_engine(runs: &[RunRow]) -> Option<String> {
@@ -1335,6 +1443,64 @@ mod tests {
         assert_eq!(charts[1].groups[0].label, "scan");
         assert_eq!(charts[1].groups[0].bars, [("bfdb".to_string(), 0.5)]);
         assert!(relative_charts(&runs[..1], &[], "t").is_empty());
+    }
+
+    #[test]
+    fn amplification_divides_device_writes_by_user_writes_and_space_by_live_data() {
+        let load = LoadRow {
+            engine: "bfdb".into(),
+            records: 1000,
+            key_bytes: 16,
+            value_bytes: 8192,
+            ops_per_sec: 5000.0,
+            // 1000 records of 8,208 bytes: 8,208,000 bytes of user data.
+            device_read_bytes: Some(0),
+            device_write_bytes: Some(16_416_000),
+            data_bytes: 12_312_000,
+            data_allocated_bytes: 8_208_000,
+            ..LoadRow::default()
+        };
+        let a = RunRow {
+            engine: "bfdb".into(),
+            workload: "a".into(),
+            threads: 2,
+            ops: 200,
+            writes: 100,
+            key_bytes: 16,
+            value_bytes: 8192,
+            records_after_run: 1000,
+            device_read_bytes: Some(820_800),
+            device_write_bytes: Some(2_462_400),
+            data_bytes_after_run: 8_208_000,
+            data_allocated_bytes_after_run: 16_416_000,
+            ..RunRow::default()
+        };
+        let c = RunRow {
+            workload: "c".into(),
+            writes: 0,
+            device_write_bytes: None,
+            ..a.clone()
+        };
+        let table = amplification_table(&[a, c], &[load]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 5, "{table}");
+        let cells = |i: usize| lines[i].split_whitespace().collect::<Vec<_>>();
+        // value, engine, phase, (threads), ops/s, dev rd/op, dev wr/op, wr ÷ user, dir MiB,
+        // dir ÷ live, apparent ÷ live.
+        assert_eq!(
+            cells(2),
+            [
+                "8192", "bfdb", "load", "5.0K", "0", "16416", "2.00", "7.8", "1.00", "1.50"
+            ]
+        );
+        assert_eq!(
+            cells(3),
+            [
+                "8192", "bfdb", "a", "2", "0", "4104", "12312", "3.00", "15.7", "2.00", "1.00"
+            ]
+        );
+        // No writes: no ratio; no device counters: dashes.
+        assert_eq!(cells(4)[6..8], ["-", "-"]);
     }
 
     #[test]
