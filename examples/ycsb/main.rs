@@ -10,7 +10,8 @@
 //!     --workloads read,mix,update,scan --threads 2,16 --distribution zipf --cgroup
 //! cargo run --release --example ycsb --features rocksdb,fjall,redb -- \
 //!     --engines bfdb,rocksdb-blob,fjall-blob,redb --value-sizes 1024,8192,65536,1048576 \
-//!     --raw-mib 2048 --memory-mib 128 --workloads a,c --theta 0.99 --cgroup
+//!     --raw-mib 2048 --memory-mib 128 --workloads a,c --theta 0.99 --cgroup \
+//!     --cgroup-allowance-mib 128
 //! ```
 //!
 //! `--value-sizes` runs the whole comparison at each value size in turn (`--raw-mib` scales
