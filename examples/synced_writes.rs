@@ -65,8 +65,10 @@ fn parse() -> Args {
     a
 }
 
-/// Cache flushes completed by the disk holding `dir` (field 15 of its
-/// `/proc/diskstats` line, kernels from 5.5 on), if it can be read.
+/// Cache flushes completed by the disk holding `dir` (statistic 16 of its
+/// `/proc/diskstats` line as the kernel's `iostats.rst` numbers them after `major minor
+/// name`, kernels from 5.5 on; statistic 15 is the milliseconds spent discarding), if it
+/// can be read.
 fn disk_flushes(dir: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(dir).ok()?.dev();
@@ -77,7 +79,7 @@ fn disk_flushes(dir: &Path) -> Option<u64> {
         let ours =
             f.first()?.parse::<u32>().ok()? == major && f.get(1)?.parse::<u32>().ok()? == minor;
         if ours {
-            f.get(3 + 14)?.parse().ok()
+            f.get(2 + 16)?.parse().ok()
         } else {
             None
         }

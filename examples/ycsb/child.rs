@@ -42,14 +42,38 @@ fn process_cpu_secs() -> f64 {
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
-/// Cache flushes completed by the disk that holds `dir` (`/proc/diskstats`, field 16
-/// after the device name: kernels from 5.5 on); `None` where that cannot be read. The
-/// count is the whole disk's, every process's flushes included.
-pub fn disk_flushes(dir: &std::path::Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(dir).ok()?.dev();
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let text = std::fs::read_to_string("/proc/diskstats").ok()?;
+/// What the block device under a directory has done since boot (`/proc/diskstats`): the
+/// whole device's counts, every process's IO included, not only the child's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskCounters {
+    /// Bytes read from the device (sectors read × 512).
+    pub read_bytes: u64,
+    /// Bytes written to the device (sectors written × 512): what reached the disk, whether
+    /// the engine wrote it with O_DIRECT, through the page cache, or as the filesystem's
+    /// journal and metadata on its behalf.
+    pub write_bytes: u64,
+    /// Cache flushes completed (kernels from 5.5 on; 0 before): what fsync and fdatasync
+    /// cost on a disk with a write cache.
+    pub flushes: u64,
+}
+
+impl DiskCounters {
+    /// The counts between `self` (earlier) and `later`.
+    pub fn until(self, later: DiskCounters) -> DiskCounters {
+        DiskCounters {
+            read_bytes: later.read_bytes.saturating_sub(self.read_bytes),
+            write_bytes: later.write_bytes.saturating_sub(self.write_bytes),
+            flushes: later.flushes.saturating_sub(self.flushes),
+        }
+    }
+}
+
+/// The counters of the device `major:minor` in the text of `/proc/diskstats`.
+///
+/// Each line is `major minor name` and then the statistics (the kernel's
+/// `Documentation/admin-guide/iostats.rst` numbers them from 1): 3 sectors read, 7 sectors
+/// written, 16 flush requests completed. Sectors are 512 bytes whatever the device's.
+pub fn parse_diskstats(text: &str, major: u32, minor: u32) -> Option<DiskCounters> {
     text.lines().find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let ours = fields.first()?.parse::<u32>().ok()? == major
@@ -57,9 +81,36 @@ pub fn disk_flushes(dir: &std::path::Path) -> Option<u64> {
         if !ours {
             return None;
         }
-        // major, minor, name, then the statistics; flushes completed is the 15th.
-        fields.get(3 + 14)?.parse().ok()
+        // Statistic n (from 1) is field 2 + n (from 0).
+        let stat = |n: usize| fields.get(2 + n).and_then(|v| v.parse::<u64>().ok());
+        Some(DiskCounters {
+            read_bytes: stat(3)? * 512,
+            write_bytes: stat(7)? * 512,
+            flushes: stat(16).unwrap_or(0),
+        })
     })
+}
+
+/// The counters of the device that holds `dir`; `None` where they cannot be read (a
+/// filesystem with no block device of its own, no `/proc/diskstats`).
+pub fn disk_counters(dir: &std::path::Path) -> Option<DiskCounters> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir).ok()?.dev();
+    let text = std::fs::read_to_string("/proc/diskstats").ok()?;
+    parse_diskstats(&text, libc::major(dev), libc::minor(dev))
+}
+
+/// Writes what the filesystem holding `dir` has buffered to its device (`syncfs`), so
+/// that writes an engine left in the page cache count in the phase that made them, not
+/// in a later one (or in none). Untimed. Best effort: it also writes back other
+/// processes' dirty pages on that filesystem.
+pub fn sync_filesystem(dir: &std::path::Path) {
+    let Ok(file) = std::fs::File::open(dir) else {
+        return;
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: `syncfs` only reads the descriptor, which `file` keeps open for the call.
+    unsafe { libc::syncfs(file.as_raw_fd()) };
 }
 
 /// Peak resident set size (`VmHWM`) in bytes.
@@ -80,8 +131,18 @@ fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
-/// Records that go to the engine in one `load_batch` call.
+/// Records that go to the engine in one `load_batch` call, at most.
 const LOAD_BATCH: u64 = 1000;
+
+/// Bytes of keys and values in one `load_batch` call, at most (but one record at least):
+/// each load thread holds its batch, and an engine may copy it whole (RocksDB's
+/// `WriteBatch`), outside the budget; a thousand 1 MiB values would be 1 GiB.
+const LOAD_BATCH_BYTES: u64 = 4 << 20;
+
+/// Records per `load_batch` call for records of `record_bytes`.
+fn load_batch_records(record_bytes: usize) -> u64 {
+    (LOAD_BATCH_BYTES / record_bytes.max(1) as u64).clamp(1, LOAD_BATCH)
+}
 
 /// Runs the child: waits for the parent's go-ahead on stdin (the parent moves it into a
 /// cgroup first), then loads and runs.
@@ -129,7 +190,12 @@ pub fn main(options: &Options, spec: &EngineSpec) -> Result<(), String> {
             row.durability = spec.durability.name().to_string();
             row.budget_bytes = engine.budget_bytes();
             row.data_bytes_after_load = load.data_bytes;
-            row.data_bytes_after_run = engines::dir_size_bytes(&open.dir);
+            let size = engines::dir_size(&open.dir);
+            row.data_bytes_after_run = size.apparent_bytes;
+            row.data_allocated_bytes_after_run = size.allocated_bytes;
+            row.records_after_run = existing.load(Ordering::Relaxed);
+            row.key_bytes = options.key_bytes as u64;
+            row.value_bytes = options.value_bytes as u64;
             row.load_ops_per_sec = load.ops_per_sec;
             emit(&row.to_line());
             print_stats(&format!("{} at {threads} threads", workload.name()));
@@ -243,8 +309,10 @@ fn load(
     );
     bar.set_prefix(name.to_string());
     let next = AtomicU64::new(0);
+    let batch_records = load_batch_records(options.key_bytes + options.value_bytes);
     let failed: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     let (read0, write0) = proc_io();
+    let disk0 = disk_counters(&open.dir);
     let cpu0 = process_cpu_secs();
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -252,11 +320,11 @@ fn load(
             s.spawn(|| {
                 let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
                 loop {
-                    let first = next.fetch_add(LOAD_BATCH, Ordering::Relaxed);
+                    let first = next.fetch_add(batch_records, Ordering::Relaxed);
                     if first >= options.records {
                         return;
                     }
-                    let end = (first + LOAD_BATCH).min(options.records);
+                    let end = (first + batch_records).min(options.records);
                     batch.resize_with((end - first) as usize, || {
                         (vec![0; options.key_bytes], vec![0; options.value_bytes])
                     });
@@ -283,6 +351,9 @@ fn load(
     let cpu_secs = process_cpu_secs() - cpu0;
     bar.finish_and_clear();
     let (read1, write1) = proc_io();
+    sync_filesystem(&open.dir);
+    let disk = disk0.zip(disk_counters(&open.dir)).map(|(a, b)| a.until(b));
+    let size = engines::dir_size(&open.dir);
     Ok(LoadRow {
         engine: name.to_string(),
         mode: engine.mode(),
@@ -290,9 +361,14 @@ fn load(
         records: options.records,
         secs,
         ops_per_sec: options.records as f64 / secs,
-        data_bytes: engines::dir_size_bytes(&open.dir),
+        data_bytes: size.apparent_bytes,
+        data_allocated_bytes: size.allocated_bytes,
+        key_bytes: options.key_bytes as u64,
+        value_bytes: options.value_bytes as u64,
         read_bytes: read1 - read0,
         write_bytes: write1 - write0,
+        device_read_bytes: disk.map(|d| d.read_bytes),
+        device_write_bytes: disk.map(|d| d.write_bytes),
         cpu_us_per_record: cpu_secs * 1e6 / options.records.max(1) as f64,
         peak_rss_bytes: peak_rss_bytes(),
         budget_bytes: engine.budget_bytes(),
@@ -302,6 +378,8 @@ fn load(
 /// What one worker thread measured.
 struct ThreadResult {
     ops: u64,
+    /// Operations that wrote a record (updates, inserts, read-modify-writes).
+    writes: u64,
     histogram: Histogram<u64>,
     not_found: u64,
     errors: u64,
@@ -352,6 +430,7 @@ fn worker(
     let mut tally = Tally {
         result: ThreadResult {
             ops: 0,
+            writes: 0,
             histogram,
             not_found: 0,
             errors: 0,
@@ -393,6 +472,8 @@ fn worker(
             }
             continue;
         }
+        tally.result.writes +=
+            u64::from(matches!(op, Op::Update | Op::Insert | Op::ReadModifyWrite));
         let t0 = Instant::now();
         let result = match op {
             Op::Read => {
@@ -501,7 +582,7 @@ fn run(ctx: &RunContext<'_>, span: Span, seed: u64) -> RunRow {
     reset_peak_rss();
     // The child's --dir is the engine's directory.
     let dir = options.dir.as_deref().unwrap_or(std::path::Path::new("."));
-    let flushes0 = disk_flushes(dir);
+    let disk0 = disk_counters(dir);
     let (read0, write0) = proc_io();
     let cpu0 = process_cpu_secs();
     let start = Instant::now();
@@ -524,16 +605,15 @@ fn run(ctx: &RunContext<'_>, span: Span, seed: u64) -> RunRow {
     });
     let secs = start.elapsed().as_secs_f64();
     let (read1, write1) = proc_io();
-    let flushes = match (flushes0, disk_flushes(dir)) {
-        (Some(a), Some(b)) => b.saturating_sub(a),
-        _ => 0,
-    };
     let cpu_secs = process_cpu_secs() - cpu0;
+    sync_filesystem(dir);
+    let disk = disk0.zip(disk_counters(dir)).map(|(a, b)| a.until(b));
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 100_000_000_000, 3).expect("bounds");
-    let (mut ops, mut not_found, mut errors) = (0, 0, 0);
+    let (mut ops, mut writes, mut not_found, mut errors) = (0, 0, 0, 0);
     for r in &results {
         histogram.add(&r.histogram).expect("same bounds");
         ops += r.ops;
+        writes += r.writes;
         not_found += r.not_found;
         errors += r.errors;
         if let Some(e) = &r.first_error {
@@ -554,11 +634,68 @@ fn run(ctx: &RunContext<'_>, span: Span, seed: u64) -> RunRow {
         p999_us: us(0.999),
         read_bytes_per_op: per_op(read1 - read0),
         write_bytes_per_op: per_op(write1 - write0),
-        disk_flushes_per_op: per_op(flushes),
+        disk_flushes_per_op: per_op(disk.map_or(0, |d| d.flushes)),
+        writes,
+        device_read_bytes: disk.map(|d| d.read_bytes),
+        device_write_bytes: disk.map(|d| d.write_bytes),
         cpu_us_per_op: cpu_secs * 1e6 / ops.max(1) as f64,
         peak_rss_bytes: peak_rss_bytes(),
         not_found,
         errors,
         ..RunRow::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_batches_hold_a_thousand_records_or_four_mebibytes() {
+        assert_eq!(load_batch_records(32), 1000);
+        assert_eq!(load_batch_records(16 + 1024), 1000);
+        assert_eq!(load_batch_records(16 + 8192), 511);
+        assert_eq!(load_batch_records(16 + 65536), 63);
+        assert_eq!(load_batch_records(16 + (1 << 20)), 3);
+        assert_eq!(load_batch_records(64 << 20), 1);
+    }
+
+    #[test]
+    fn diskstats_fields_are_read_by_their_kernel_numbers() {
+        // A line of this machine's /proc/diskstats (kernel 5.5+: 17 statistics), and a
+        // line of an older kernel without the flush statistics.
+        let text = "   7       0 loop0 5 0 10 0 0 0 0 0 0 4 0 0 0 0 0 0 0\n \
+                    254       0 vda 29268035 1582492 331871532 8691876 17667871 3034330 \
+                    491223232 4419510 0 1242900 13344365 1352746 207 315112400 135156 \
+                    1983913 97820\n 8 16 sdb 1 2 3 4 5 6 7 8 9 10 11\n";
+        let vda = parse_diskstats(text, 254, 0).unwrap();
+        assert_eq!(vda.read_bytes, 331_871_532 * 512);
+        assert_eq!(vda.write_bytes, 491_223_232 * 512);
+        // Statistic 16, not 15 (the milliseconds spent discarding: 135156).
+        assert_eq!(vda.flushes, 1_983_913);
+        let sdb = parse_diskstats(text, 8, 16).unwrap();
+        assert_eq!(
+            (sdb.read_bytes, sdb.write_bytes, sdb.flushes),
+            (3 * 512, 7 * 512, 0)
+        );
+        assert!(parse_diskstats(text, 254, 1).is_none());
+        let later = DiskCounters {
+            read_bytes: 10,
+            write_bytes: 5,
+            flushes: 2,
+        };
+        let earlier = DiskCounters {
+            read_bytes: 4,
+            write_bytes: 5,
+            flushes: 3,
+        };
+        assert_eq!(
+            earlier.until(later),
+            DiskCounters {
+                read_bytes: 6,
+                write_bytes: 0,
+                flushes: 0
+            }
+        );
     }
 }

@@ -8,7 +8,16 @@
 //! cargo run --release --example ycsb -- --help        # every option
 //! cargo run --release --example ycsb -- --records 10000000 --memory-mib 32 \
 //!     --workloads read,mix,update,scan --threads 2,16 --distribution zipf --cgroup
+//! cargo run --release --example ycsb --features rocksdb,fjall,redb -- \
+//!     --engines bfdb,rocksdb-blob,fjall-blob,redb --value-sizes 1024,8192,65536,1048576 \
+//!     --raw-mib 2048 --memory-mib 128 --workloads a,c --theta 0.99 --cgroup \
+//!     --cgroup-allowance-mib 128
 //! ```
+//!
+//! `--value-sizes` runs the whole comparison at each value size in turn (`--raw-mib` scales
+//! the records so every size loads the same bytes), and the summary ends with a table of
+//! throughput, the data directory's device bytes per operation, device bytes written per
+//! byte of user data, and the directory's allocated size per byte of live data.
 //!
 //! `--durability none|logged|synced` sets how durable each write is (bfdb as a `Db` with one
 //! keyspace; `bfdb-tree` is the plain `Tree` with no log; `bfdb-hash` a `Db` with one hash
@@ -57,7 +66,9 @@ pub struct Options {
     /// point operations only, so workloads with scans are skipped for it), bfdb-tree (a
     /// plain `Tree` on a scratch file, no log), bftree, btreemap, and with the cargo
     /// features of the same names rocksdb, sled, fjall, redb, oxifaster (FASTER's store,
-    /// point workloads only). An engine may name its own durability:
+    /// point workloads only); rocksdb-blob (feature rocksdb: blob files for values of
+    /// 2048 B and more, blob GC on) and fjall-blob (feature fjall: key-value separation at
+    /// the same threshold). An engine may name its own durability:
     /// `bfdb:logged,bfdb:none`.
     #[arg(long, value_delimiter = ',', default_value = "bfdb,bftree,btreemap")]
     pub engines: Vec<String>,
@@ -84,6 +95,17 @@ pub struct Options {
     /// Value width in bytes.
     #[arg(long, default_value_t = 16)]
     pub value_bytes: usize,
+    /// Value widths to run the whole comparison at, one after another, each with every
+    /// engine (the load and every workload; instead of --value-bytes), e.g.
+    /// `1024,8192,65536,1048576`. The summary gives each size's tables and then one table
+    /// of throughput, device bytes and space for every size.
+    #[arg(long, value_delimiter = ',')]
+    pub value_sizes: Vec<usize>,
+    /// Load this many MiB of keys and values at each value size, instead of --records:
+    /// records = raw ÷ (key + value bytes), so larger values get fewer records and every
+    /// size has the same raw size.
+    #[arg(long)]
+    pub raw_mib: Option<u64>,
     /// Key order of the records: `hashed` (scrambled: the load inserts in random key
     /// order) or `ordered` (the load inserts in ascending key order), as YCSB's
     /// `insertorder`.
@@ -121,8 +143,9 @@ pub struct Options {
     #[arg(long, default_value_t = 0.0)]
     pub warmup_secs: f64,
     /// Memory budget in MiB: bfdb's and bf-tree's circular buffer, bfdb-hash's HashStore
-    /// (its indexes, read cache and log pages), RocksDB's memtable and caches, sled's,
-    /// fjall's and redb's caches. RwLock<BTreeMap> has none.
+    /// (its indexes, read cache and log pages), RocksDB's memtables and caches (block,
+    /// row or blob), fjall's cache and memtables, sled's and redb's caches.
+    /// RwLock<BTreeMap> has none.
     #[arg(long, default_value_t = 8)]
     pub memory_mib: u64,
     /// bfdb-hash: the disk budget of the HashStore's hot log in MiB (its
@@ -210,7 +233,11 @@ pub struct Options {
 fn main() {
     let mut options = Options::parse();
     if options.small {
-        options.records = 20_000;
+        // A child gets its record count from the parent (`--records`, appended last).
+        if options.child.is_none() {
+            options.records = 20_000;
+            options.raw_mib = None;
+        }
         options.memory_mib = 1;
         options.ops = Some(4_000);
     }
@@ -234,16 +261,21 @@ fn validate(options: &Options) -> Result<(), String> {
     if options.key_bytes < 8 {
         return Err("--key-bytes must be at least 8 (keys carry a 64-bit scrambled index)".into());
     }
-    if options.value_bytes == 0 {
-        return Err("--value-bytes must be at least 1".into());
+    if options.value_bytes == 0 || options.value_sizes.contains(&0) {
+        return Err("--value-bytes and --value-sizes must be at least 1".into());
     }
     if options.records == 0 {
         return Err("--records must be at least 1".into());
     }
+    if options.raw_mib == Some(0) {
+        return Err("--raw-mib must be at least 1".into());
+    }
     if options.threads.is_empty() || options.threads.contains(&0) {
         return Err("--threads needs counts of at least 1".into());
     }
-    keygen::Zipf::new(options.records, options.theta)?;
+    for size in sizes(options) {
+        keygen::Zipf::new(size.records, options.theta)?;
+    }
     let specs = engine_specs(options)?;
     for (i, spec) in specs.iter().enumerate() {
         spec.check(options.in_memory)?;
@@ -259,6 +291,33 @@ fn validate(options: &Options) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// One value size of a run and the records loaded at it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Size {
+    value_bytes: usize,
+    records: u64,
+}
+
+/// The value sizes to run (`--value-sizes`, else `--value-bytes`), each with its record
+/// count (from `--raw-mib` if given, else `--records`).
+fn sizes(options: &Options) -> Vec<Size> {
+    let values = if options.value_sizes.is_empty() {
+        vec![options.value_bytes]
+    } else {
+        options.value_sizes.clone()
+    };
+    values
+        .into_iter()
+        .map(|value_bytes| Size {
+            value_bytes,
+            records: match options.raw_mib {
+                Some(mib) => ((mib << 20) / (options.key_bytes + value_bytes) as u64).max(1),
+                None => options.records,
+            },
+        })
+        .collect()
 }
 
 /// The engines of `--engines`, each with its durability.
@@ -390,17 +449,23 @@ struct ChildOutcome {
 fn run_child(
     engine: &str,
     dir: &Path,
+    size: Size,
     cgroup: Option<&Cgroup>,
     recover_only: bool,
 ) -> Result<ChildOutcome, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the driver binary: {e}"))?;
     let mut command = Command::new(exe);
+    // Options given last win (`args_override_self`): the child's directory and its size.
     command
         .args(std::env::args_os().skip(1))
         .arg("--child")
         .arg(engine)
         .arg("--dir")
-        .arg(dir);
+        .arg(dir)
+        .arg("--value-bytes")
+        .arg(size.value_bytes.to_string())
+        .arg("--records")
+        .arg(size.records.to_string());
     if recover_only {
         command.arg("--recover-only");
     }
@@ -492,8 +557,6 @@ fn run_child(
 
 fn parent(options: &Options) -> Result<(), String> {
     validate(options)?;
-    let budget_bytes = options.memory_mib << 20;
-    let raw_bytes = options.records * (options.key_bytes + options.value_bytes) as u64;
     let temp;
     let base = match &options.dir {
         Some(d) => {
@@ -516,16 +579,6 @@ fn parent(options: &Options) -> Result<(), String> {
     });
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
 
-    let regime = if options.in_memory {
-        "in memory: leaf pages kept in memory, the budget bounds the caches".to_string()
-    } else if raw_bytes > budget_bytes {
-        format!(
-            "larger than memory: raw data is {:.1}× the budget",
-            raw_bytes as f64 / budget_bytes as f64
-        )
-    } else {
-        "in memory: the data fits in the budget".to_string()
-    };
     let mut amount = match options.ops {
         Some(n) => format!("{n} operations"),
         None => format!("{} s", options.duration_secs),
@@ -535,20 +588,6 @@ fn parent(options: &Options) -> Result<(), String> {
     }
     let mut header = String::new();
     let _ = writeln!(header, "machine: {}", machine());
-    let _ = writeln!(
-        header,
-        "records: {} × ({} B key + {} B value) = {} MiB raw, loaded in {} key order; \
-         budget {} MiB; {regime}",
-        options.records,
-        options.key_bytes,
-        options.value_bytes,
-        report::mib(raw_bytes),
-        match options.insert_order {
-            InsertOrder::Hashed => "random (hashed)",
-            InsertOrder::Ordered => "ascending (ordered)",
-        },
-        options.memory_mib
-    );
     let _ = writeln!(
         header,
         "workloads: {} with {:?} keys{}; threads {:?}; {amount} each; scan length {}; \
@@ -589,6 +628,90 @@ fn parent(options: &Options) -> Result<(), String> {
     );
     let _ = writeln!(header, "data directory: {}", base.display());
     print!("{header}");
+
+    let sizes = sizes(options);
+    let with_text = report::register_font();
+    let mut summary = header.clone();
+    let (mut loads, mut runs, mut recoveries) = (Vec::new(), Vec::new(), Vec::new());
+    for &size in &sizes {
+        // With several sizes, each size's charts go to a directory of its own.
+        let size_out = if sizes.len() > 1 {
+            out.join(format!("value-{}B", size.value_bytes))
+        } else {
+            out.clone()
+        };
+        std::fs::create_dir_all(&size_out)
+            .map_err(|e| format!("cannot create {}: {e}", size_out.display()))?;
+        let result = run_size(options, size, &base, &size_out, with_text)?;
+        summary.push('\n');
+        summary.push_str(&result.text);
+        loads.extend(result.loads);
+        runs.extend(result.runs);
+        recoveries.extend(result.recoveries);
+    }
+    let amplification = format!(
+        "\nthroughput, device bytes and space, by value size (dev: the data directory's \
+         device, /proc/diskstats, every process's IO on it; dev wr ÷ user: device bytes \
+         written ÷ key and value bytes the phase wrote; dir: the directory's allocated \
+         blocks after the phase; live: records × (key + value bytes))\n{}",
+        report::amplification_table(&runs, &loads)
+    );
+    print!("{amplification}");
+    summary.push_str(&amplification);
+
+    report::write_csv(&out, &runs, &loads, &recoveries).map_err(|e| format!("writing CSV: {e}"))?;
+    std::fs::write(out.join("summary.txt"), &summary).map_err(|e| format!("summary: {e}"))?;
+    println!("results: {}", out.display());
+    Ok(())
+}
+
+/// What the engines did at one value size.
+struct SizeResult {
+    /// The size's part of the summary: its records and regime, its tables, modes, notes.
+    text: String,
+    loads: Vec<LoadRow>,
+    runs: Vec<RunRow>,
+    recoveries: Vec<RecoveryRow>,
+}
+
+/// Runs every engine at `size`, one child after another; prints the size's tables and
+/// draws its charts under `out`.
+fn run_size(
+    options: &Options,
+    size: Size,
+    base: &Path,
+    out: &Path,
+    with_text: bool,
+) -> Result<SizeResult, String> {
+    let budget_bytes = options.memory_mib << 20;
+    let raw_bytes = size.records * (options.key_bytes + size.value_bytes) as u64;
+    let regime = if options.in_memory {
+        "in memory: leaf pages kept in memory, the budget bounds the caches".to_string()
+    } else if raw_bytes > budget_bytes {
+        format!(
+            "larger than memory: raw data is {:.1}× the budget",
+            raw_bytes as f64 / budget_bytes as f64
+        )
+    } else {
+        "in memory: the data fits in the budget".to_string()
+    };
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "records: {} × ({} B key + {} B value) = {} MiB raw, loaded in {} key order; \
+         budget {} MiB; {regime}",
+        size.records,
+        options.key_bytes,
+        size.value_bytes,
+        report::mib(raw_bytes),
+        match options.insert_order {
+            InsertOrder::Hashed => "random (hashed)",
+            InsertOrder::Ordered => "ascending (ordered)",
+        },
+        options.memory_mib
+    );
+    print!("\n{text}");
+    let header_len = text.len();
 
     let mut loads = Vec::new();
     let mut runs = Vec::new();
@@ -633,7 +756,7 @@ fn parent(options: &Options) -> Result<(), String> {
             println!("  {note}");
             notes.push(note);
         }
-        let finished = match run_child(engine, &dir, cgroup.as_ref(), false) {
+        let finished = match run_child(engine, &dir, size, cgroup.as_ref(), false) {
             Ok(outcome) => {
                 loads.extend(outcome.load);
                 runs.extend(outcome.runs);
@@ -655,7 +778,7 @@ fn parent(options: &Options) -> Result<(), String> {
             } else {
                 // A cold page cache, as after a crash of the machine.
                 drop_page_cache();
-                match run_child(engine, &dir, cgroup.as_ref(), true) {
+                match run_child(engine, &dir, size, cgroup.as_ref(), true) {
                     Ok(outcome) => {
                         recoveries.extend(outcome.recovery);
                         notes.extend(outcome.failure);
@@ -672,22 +795,21 @@ fn parent(options: &Options) -> Result<(), String> {
     }
     notes.dedup();
 
-    let mut summary = header.clone();
-    summary.push('\n');
-    summary.push_str(&report::load_table(&loads));
-    summary.push('\n');
-    summary.push_str(&report::run_table(&runs));
+    text.push('\n');
+    text.push_str(&report::load_table(&loads));
+    text.push('\n');
+    text.push_str(&report::run_table(&runs));
     if let Some((reference, ratios)) = report::ratio_table(&runs, &loads) {
-        summary.push_str(&format!(
+        text.push_str(&format!(
             "\n{reference}'s throughput divided by each engine's (above 1: {reference} is faster)\n"
         ));
-        summary.push_str(&ratios);
+        text.push_str(&ratios);
     }
     if !recoveries.is_empty() {
-        summary.push_str(
+        text.push_str(
             "\nrecovery after the run (the child ended without a clean close; page cache dropped)\n",
         );
-        summary.push_str(&report::recovery_table(&recoveries));
+        text.push_str(&report::recovery_table(&recoveries));
     }
     let modes: Vec<String> = loads
         .iter()
@@ -704,24 +826,21 @@ fn parent(options: &Options) -> Result<(), String> {
             )
         })
         .collect();
-    summary.push_str("\nmodes:\n");
+    text.push_str("\nmodes:\n");
     for m in &modes {
-        summary.push_str(&format!("  {m}\n"));
+        text.push_str(&format!("  {m}\n"));
     }
     for n in &notes {
-        summary.push_str(&format!("note: {n}\n"));
+        text.push_str(&format!("note: {n}\n"));
     }
     println!();
-    print!("{}", &summary[header.len()..]);
+    print!("{}", &text[header_len..]);
 
-    report::write_csv(&out, &runs, &loads, &recoveries).map_err(|e| format!("writing CSV: {e}"))?;
-    std::fs::write(out.join("summary.txt"), &summary).map_err(|e| format!("summary: {e}"))?;
-    let with_text = report::register_font();
     let title = format!(
-        "{} records, {} MiB budget, {:?}",
-        options.records, options.memory_mib, options.distribution
+        "{} records of {} B, {} MiB budget, {:?}",
+        size.records, size.value_bytes, options.memory_mib, options.distribution
     );
-    match report::draw_charts(&out, &runs, &loads, &title, with_text) {
+    match report::draw_charts(out, &runs, &loads, &title, with_text) {
         Ok(files) if !files.is_empty() => println!(
             "charts: {}{}",
             files
@@ -738,8 +857,12 @@ fn parent(options: &Options) -> Result<(), String> {
         Ok(_) => {}
         Err(e) => eprintln!("ycsb: drawing charts failed: {e}"),
     }
-    println!("results: {}", out.display());
-    Ok(())
+    Ok(SizeResult {
+        text,
+        loads,
+        runs,
+        recoveries,
+    })
 }
 
 #[cfg(test)]
@@ -828,6 +951,57 @@ mod tests {
     }
 
     #[test]
+    fn value_sizes_scale_the_records_to_the_raw_size() {
+        let o = Options::try_parse_from(["ycsb", "--records", "500"]).unwrap();
+        assert_eq!(
+            sizes(&o),
+            [Size {
+                value_bytes: 16,
+                records: 500
+            }]
+        );
+        let o = Options::try_parse_from([
+            "ycsb",
+            "--value-sizes",
+            "1024,8192,65536,1048576",
+            "--raw-mib",
+            "1024",
+        ])
+        .unwrap();
+        validate(&o).unwrap();
+        let got: Vec<(usize, u64)> = sizes(&o)
+            .iter()
+            .map(|s| (s.value_bytes, s.records))
+            .collect();
+        // 1 GiB ÷ (16-byte key + value), rounded down.
+        assert_eq!(
+            got,
+            [
+                (1024, 1_032_444),
+                (8192, 130_816),
+                (65536, 16_380),
+                (1_048_576, 1023)
+            ]
+        );
+        let o = Options::try_parse_from(["ycsb", "--value-sizes", "0"]).unwrap();
+        assert!(validate(&o).is_err());
+        // The child's --value-bytes and --records, appended last, win.
+        let o = Options::try_parse_from([
+            "ycsb",
+            "--value-sizes",
+            "1024,8192",
+            "--raw-mib",
+            "64",
+            "--value-bytes",
+            "8192",
+            "--records",
+            "8175",
+        ])
+        .unwrap();
+        assert_eq!((o.value_bytes, o.records), (8192, 8175));
+    }
+
+    #[test]
     fn hash_engines_skip_the_workloads_with_scans() {
         for engine in ["bfdb-hash", "oxifaster"] {
             for w in [Workload::E, Workload::Scan] {
@@ -878,12 +1052,20 @@ mod tests {
             let o = Options::try_parse_from([
                 "ycsb",
                 "--engines",
-                "bfdb,bfdb-hash,rocksdb,fjall,redb,bfdb-tree:none",
+                "bfdb,bfdb-hash,rocksdb,rocksdb-blob,fjall,fjall-blob,bfdb-tree:none",
                 "--durability",
                 level,
             ])
             .unwrap();
             validate(&o).unwrap();
         }
+        // redb 4 has no commit without an fsync: none and synced only.
+        for level in ["none", "synced"] {
+            let o = Options::try_parse_from(["ycsb", "--engines", "redb", "--durability", level])
+                .unwrap();
+            validate(&o).unwrap();
+        }
+        let e = refusal(&["ycsb", "--engines", "redb", "--durability", "logged"]);
+        assert!(e.contains("redb") && e.contains("Eventual"), "{e}");
     }
 }

@@ -16,11 +16,20 @@ pub struct LoadRow {
     /// `none`, `logged` or `synced`.
     pub durability: String,
     pub records: u64,
+    pub key_bytes: u64,
+    pub value_bytes: u64,
     pub secs: f64,
     pub ops_per_sec: f64,
+    /// The engine's directory after the load: apparent size and allocated blocks.
     pub data_bytes: u64,
+    pub data_allocated_bytes: u64,
+    /// What the process read and wrote (`/proc/self/io`).
     pub read_bytes: u64,
     pub write_bytes: u64,
+    /// What the data directory's device read and wrote during the load, a sync of the
+    /// filesystem after it included (`/proc/diskstats`); `None` where unavailable.
+    pub device_read_bytes: Option<u64>,
+    pub device_write_bytes: Option<u64>,
     /// CPU time (user + system, all of the child's threads) per record loaded, in µs,
     /// the final flush included.
     pub cpu_us_per_record: f64,
@@ -44,8 +53,16 @@ pub struct RunRow {
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
+    /// What the process read and wrote per operation (`/proc/self/io`).
     pub read_bytes_per_op: f64,
     pub write_bytes_per_op: f64,
+    /// Operations that wrote a record (updates, inserts, read-modify-writes).
+    pub writes: u64,
+    /// What the data directory's device read and wrote during the run, a sync of the
+    /// filesystem after it included (`/proc/diskstats`, every process's IO on that
+    /// device); `None` where unavailable.
+    pub device_read_bytes: Option<u64>,
+    pub device_write_bytes: Option<u64>,
     /// Cache flushes the disk under the data directory completed per operation
     /// (`/proc/diskstats`: what fsync and fdatasync cost on a disk with a write cache).
     /// Counts every process's flushes on that disk, not only the child's.
@@ -57,7 +74,13 @@ pub struct RunRow {
     pub peak_rss_bytes: u64,
     pub budget_bytes: u64,
     pub data_bytes_after_load: u64,
+    /// The engine's directory after the run: apparent size and allocated blocks.
     pub data_bytes_after_run: u64,
+    pub data_allocated_bytes_after_run: u64,
+    /// Records in the engine after the run (the loaded ones and the inserted ones).
+    pub records_after_run: u64,
+    pub key_bytes: u64,
+    pub value_bytes: u64,
     pub load_ops_per_sec: f64,
     pub not_found: u64,
     pub errors: u64,
@@ -170,6 +193,16 @@ fn get<T: std::str::FromStr + Default>(m: &HashMap<String, String>, k: &str) -> 
     m.get(k).and_then(|v| v.parse().ok()).unwrap_or_default()
 }
 
+/// A field that may be missing: `None` when absent or empty.
+fn get_opt<T: std::str::FromStr>(m: &HashMap<String, String>, k: &str) -> Option<T> {
+    m.get(k).and_then(|v| v.parse().ok())
+}
+
+/// An optional count as a line's field: empty when unknown.
+fn opt_field(v: Option<u64>) -> String {
+    v.map_or(String::new(), |v| v.to_string())
+}
+
 impl LoadRow {
     pub fn to_line(&self) -> String {
         fields_to_line(
@@ -179,11 +212,19 @@ impl LoadRow {
                 ("mode", self.mode.clone()),
                 ("durability", self.durability.clone()),
                 ("records", self.records.to_string()),
+                ("key_bytes", self.key_bytes.to_string()),
+                ("value_bytes", self.value_bytes.to_string()),
                 ("secs", self.secs.to_string()),
                 ("ops_per_sec", self.ops_per_sec.to_string()),
                 ("data_bytes", self.data_bytes.to_string()),
+                (
+                    "data_allocated_bytes",
+                    self.data_allocated_bytes.to_string(),
+                ),
                 ("read_bytes", self.read_bytes.to_string()),
                 ("write_bytes", self.write_bytes.to_string()),
+                ("device_read_bytes", opt_field(self.device_read_bytes)),
+                ("device_write_bytes", opt_field(self.device_write_bytes)),
                 ("cpu_us_per_record", self.cpu_us_per_record.to_string()),
                 ("peak_rss_bytes", self.peak_rss_bytes.to_string()),
                 ("budget_bytes", self.budget_bytes.to_string()),
@@ -211,6 +252,9 @@ impl RunRow {
                 ("p999_us", self.p999_us.to_string()),
                 ("read_bytes_per_op", self.read_bytes_per_op.to_string()),
                 ("write_bytes_per_op", self.write_bytes_per_op.to_string()),
+                ("writes", self.writes.to_string()),
+                ("device_read_bytes", opt_field(self.device_read_bytes)),
+                ("device_write_bytes", opt_field(self.device_write_bytes)),
                 ("disk_flushes_per_op", self.disk_flushes_per_op.to_string()),
                 ("cpu_us_per_op", self.cpu_us_per_op.to_string()),
                 ("peak_rss_bytes", self.peak_rss_bytes.to_string()),
@@ -223,6 +267,13 @@ impl RunRow {
                     "data_bytes_after_run",
                     self.data_bytes_after_run.to_string(),
                 ),
+                (
+                    "data_allocated_bytes_after_run",
+                    self.data_allocated_bytes_after_run.to_string(),
+                ),
+                ("records_after_run", self.records_after_run.to_string()),
+                ("key_bytes", self.key_bytes.to_string()),
+                ("value_bytes", self.value_bytes.to_string()),
                 ("load_ops_per_sec", self.load_ops_per_sec.to_string()),
                 ("not_found", self.not_found.to_string()),
                 ("errors", self.errors.to_string()),
@@ -241,11 +292,16 @@ pub fn parse_line(line: &str) -> Option<Line> {
             mode: s("mode"),
             durability: s("durability"),
             records: get(&m, "records"),
+            key_bytes: get(&m, "key_bytes"),
+            value_bytes: get(&m, "value_bytes"),
             secs: get(&m, "secs"),
             ops_per_sec: get(&m, "ops_per_sec"),
             data_bytes: get(&m, "data_bytes"),
+            data_allocated_bytes: get(&m, "data_allocated_bytes"),
             read_bytes: get(&m, "read_bytes"),
             write_bytes: get(&m, "write_bytes"),
+            device_read_bytes: get_opt(&m, "device_read_bytes"),
+            device_write_bytes: get_opt(&m, "device_write_bytes"),
             cpu_us_per_record: get(&m, "cpu_us_per_record"),
             peak_rss_bytes: get(&m, "peak_rss_bytes"),
             budget_bytes: get(&m, "budget_bytes"),
@@ -265,12 +321,19 @@ pub fn parse_line(line: &str) -> Option<Line> {
             p999_us: get(&m, "p999_us"),
             read_bytes_per_op: get(&m, "read_bytes_per_op"),
             write_bytes_per_op: get(&m, "write_bytes_per_op"),
+            writes: get(&m, "writes"),
+            device_read_bytes: get_opt(&m, "device_read_bytes"),
+            device_write_bytes: get_opt(&m, "device_write_bytes"),
             disk_flushes_per_op: get(&m, "disk_flushes_per_op"),
             cpu_us_per_op: get(&m, "cpu_us_per_op"),
             peak_rss_bytes: get(&m, "peak_rss_bytes"),
             budget_bytes: get(&m, "budget_bytes"),
             data_bytes_after_load: get(&m, "data_bytes_after_load"),
             data_bytes_after_run: get(&m, "data_bytes_after_run"),
+            data_allocated_bytes_after_run: get(&m, "data_allocated_bytes_after_run"),
+            records_after_run: get(&m, "records_after_run"),
+            key_bytes: get(&m, "key_bytes"),
+            value_bytes: get(&m, "value_bytes"),
             load_ops_per_sec: get(&m, "load_ops_per_sec"),
             not_found: get(&m, "not_found"),
             errors: get(&m, "errors"),
@@ -455,6 +518,114 @@ pub fn run_table(runs: &[RunRow]) -> String {
     )
 }
 
+/// Bytes of keys and values in `records` records: the user data the driver knows of.
+pub fn user_bytes(records: u64, key_bytes: u64, value_bytes: u64) -> u64 {
+    records * (key_bytes + value_bytes)
+}
+
+/// `x / y` to two places, `-` when `y` is 0 or `x` unknown.
+fn ratio_cell(x: Option<u64>, y: u64) -> String {
+    match x {
+        Some(x) if y > 0 => format!("{:.2}", x as f64 / y as f64),
+        _ => "-".into(),
+    }
+}
+
+/// Bytes per operation, `-` when unknown.
+fn per_op_cell(x: Option<u64>, ops: u64) -> String {
+    match x {
+        Some(x) => format!("{:.0}", x as f64 / ops.max(1) as f64),
+        None => "-".into(),
+    }
+}
+
+/// Throughput, the device's bytes and the space on disk, by value size, engine and phase
+/// (the load, then each run):
+///
+/// - `dev rd B/op`, `dev wr B/op`: what the device under the data directory read and
+///   wrote per operation (per record for the load), `/proc/diskstats`, with a sync of the
+///   filesystem after the phase counted in it;
+/// - `dev wr ÷ user`: the device's bytes written divided by the bytes of keys and values
+///   the phase wrote (the load: every record; a run: its updates and inserts), `-` for a
+///   phase that wrote none (YCSB C);
+/// - `dir MiB`: the engine's directory as allocated blocks (`du`), after the phase;
+/// - `dir ÷ live`, `apparent ÷ live`: the directory's allocated and apparent size
+///   divided by the live data, records × (key + value bytes).
+pub fn amplification_table(runs: &[RunRow], loads: &[LoadRow]) -> String {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let sizes = dedup(
+        loads
+            .iter()
+            .map(|l| l.value_bytes.to_string())
+            .chain(runs.iter().map(|r| r.value_bytes.to_string())),
+    );
+    for size in &sizes {
+        let engines = dedup(
+            loads
+                .iter()
+                .filter(|l| &l.value_bytes.to_string() == size)
+                .map(|l| l.engine.clone())
+                .chain(
+                    runs.iter()
+                        .filter(|r| &r.value_bytes.to_string() == size)
+                        .map(|r| r.engine.clone()),
+                ),
+        );
+        for engine in &engines {
+            let ours = |e: &str, v: u64| e == engine && &v.to_string() == size;
+            for l in loads.iter().filter(|l| ours(&l.engine, l.value_bytes)) {
+                let live = user_bytes(l.records, l.key_bytes, l.value_bytes);
+                rows.push(vec![
+                    size.clone(),
+                    l.engine.clone(),
+                    "load".into(),
+                    String::new(),
+                    si(l.ops_per_sec),
+                    per_op_cell(l.device_read_bytes, l.records),
+                    per_op_cell(l.device_write_bytes, l.records),
+                    ratio_cell(l.device_write_bytes, live),
+                    mib(l.data_allocated_bytes),
+                    ratio_cell(Some(l.data_allocated_bytes), live),
+                    ratio_cell(Some(l.data_bytes), live),
+                ]);
+            }
+            for r in runs.iter().filter(|r| ours(&r.engine, r.value_bytes)) {
+                let live = user_bytes(r.records_after_run, r.key_bytes, r.value_bytes);
+                let written = user_bytes(r.writes, r.key_bytes, r.value_bytes);
+                rows.push(vec![
+                    size.clone(),
+                    r.engine.clone(),
+                    r.workload.clone(),
+                    r.threads.to_string(),
+                    si(r.ops_per_sec),
+                    per_op_cell(r.device_read_bytes, r.ops),
+                    per_op_cell(r.device_write_bytes, r.ops),
+                    ratio_cell(r.device_write_bytes, written),
+                    mib(r.data_allocated_bytes_after_run),
+                    ratio_cell(Some(r.data_allocated_bytes_after_run), live),
+                    ratio_cell(Some(r.data_bytes_after_run), live),
+                ]);
+            }
+        }
+    }
+    render(
+        &[
+            "value B",
+            "engine",
+            "phase",
+            "thr",
+            "ops/s",
+            "dev rd B/op",
+            "dev wr B/op",
+            "dev wr ÷ user",
+            "dir MiB",
+            "dir ÷ live",
+            "apparent ÷ live",
+        ],
+        &rows,
+    )
+}
+
 /// The engine the ratios divide by: `bfdb` if it ran, else the first engine whose name
 /// starts with `bfdb` (`bfdb:synced`, `bfdb-tree`).
 pub fn reference_engine(runs: &[RunRow]) -> Option<String> {
@@ -578,12 +749,13 @@ pub fn write_csv(
         "engine,mode,durability,cgroup,workload,distribution,threads,ops,secs,ops_per_sec,\
          p50_us,p99_us,p999_us,read_bytes_per_op,write_bytes_per_op,disk_flushes_per_op,\
          cpu_us_per_op,peak_rss_bytes,budget_bytes,data_bytes_after_load,data_bytes_after_run,\
-         load_ops_per_sec,not_found,errors\n",
+         load_ops_per_sec,not_found,errors,key_bytes,value_bytes,writes,device_read_bytes,\
+         device_write_bytes,data_allocated_bytes_after_run,records_after_run\n",
     );
     for r in runs {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.1},{:.1},{:.4},{:.2},{},{},{},{},{:.1},{},{}",
+            "{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.1},{:.1},{:.4},{:.2},{},{},{},{},{:.1},{},{},{},{},{},{},{},{},{}",
             csv_cell(&r.engine),
             csv_cell(&r.mode),
             r.durability,
@@ -607,17 +779,26 @@ pub fn write_csv(
             r.data_bytes_after_run,
             r.load_ops_per_sec,
             r.not_found,
-            r.errors
+            r.errors,
+            r.key_bytes,
+            r.value_bytes,
+            r.writes,
+            opt_field(r.device_read_bytes),
+            opt_field(r.device_write_bytes),
+            r.data_allocated_bytes_after_run,
+            r.records_after_run
         );
     }
     std::fs::write(dir.join("results.csv"), out)?;
     let mut out = String::from(
-        "engine,mode,durability,records,secs,ops_per_sec,data_bytes,read_bytes,write_bytes,cpu_us_per_record,peak_rss_bytes,budget_bytes\n",
+        "engine,mode,durability,records,secs,ops_per_sec,data_bytes,read_bytes,write_bytes,\
+         cpu_us_per_record,peak_rss_bytes,budget_bytes,key_bytes,value_bytes,\
+         data_allocated_bytes,device_read_bytes,device_write_bytes\n",
     );
     for l in loads {
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.3},{:.1},{},{},{},{:.3},{},{}",
+            "{},{},{},{},{:.3},{:.1},{},{},{},{:.3},{},{},{},{},{},{},{}",
             csv_cell(&l.engine),
             csv_cell(&l.mode),
             l.durability,
@@ -629,7 +810,12 @@ pub fn write_csv(
             l.write_bytes,
             l.cpu_us_per_record,
             l.peak_rss_bytes,
-            l.budget_bytes
+            l.budget_bytes,
+            l.key_bytes,
+            l.value_bytes,
+            l.data_allocated_bytes,
+            opt_field(l.device_read_bytes),
+            opt_field(l.device_write_bytes)
         );
     }
     std::fs::write(dir.join("load.csv"), out)?;
@@ -1104,6 +1290,10 @@ mod tests {
             p999_us: 17.25,
             cpu_us_per_op: 9.75,
             errors: 3,
+            writes: 40,
+            device_write_bytes: Some(1 << 33),
+            data_allocated_bytes_after_run: 12_288,
+            value_bytes: 65_536,
             ..RunRow::default()
         };
         let Some(Line::Run(back)) = parse_line(&run.to_line()) else {
@@ -1115,6 +1305,12 @@ mod tests {
         assert_eq!(back.p999_us, 17.25);
         assert_eq!(back.cpu_us_per_op, 9.75);
         assert_eq!(back.errors, 3);
+        assert_eq!(back.writes, 40);
+        assert_eq!(back.device_write_bytes, Some(1 << 33));
+        // Unknown device counts stay unknown, not zero.
+        assert_eq!(back.device_read_bytes, None);
+        assert_eq!(back.data_allocated_bytes_after_run, 12_288);
+        assert_eq!(back.value_bytes, 65_536);
         let load = LoadRow {
             engine: "bftree".into(),
             records: 99,
@@ -1247,6 +1443,64 @@ mod tests {
         assert_eq!(charts[1].groups[0].label, "scan");
         assert_eq!(charts[1].groups[0].bars, [("bfdb".to_string(), 0.5)]);
         assert!(relative_charts(&runs[..1], &[], "t").is_empty());
+    }
+
+    #[test]
+    fn amplification_divides_device_writes_by_user_writes_and_space_by_live_data() {
+        let load = LoadRow {
+            engine: "bfdb".into(),
+            records: 1000,
+            key_bytes: 16,
+            value_bytes: 8192,
+            ops_per_sec: 5000.0,
+            // 1000 records of 8,208 bytes: 8,208,000 bytes of user data.
+            device_read_bytes: Some(0),
+            device_write_bytes: Some(16_416_000),
+            data_bytes: 12_312_000,
+            data_allocated_bytes: 8_208_000,
+            ..LoadRow::default()
+        };
+        let a = RunRow {
+            engine: "bfdb".into(),
+            workload: "a".into(),
+            threads: 2,
+            ops: 200,
+            writes: 100,
+            key_bytes: 16,
+            value_bytes: 8192,
+            records_after_run: 1000,
+            device_read_bytes: Some(820_800),
+            device_write_bytes: Some(2_462_400),
+            data_bytes_after_run: 8_208_000,
+            data_allocated_bytes_after_run: 16_416_000,
+            ..RunRow::default()
+        };
+        let c = RunRow {
+            workload: "c".into(),
+            writes: 0,
+            device_write_bytes: None,
+            ..a.clone()
+        };
+        let table = amplification_table(&[a, c], &[load]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 5, "{table}");
+        let cells = |i: usize| lines[i].split_whitespace().collect::<Vec<_>>();
+        // value, engine, phase, (threads), ops/s, dev rd/op, dev wr/op, wr ÷ user, dir MiB,
+        // dir ÷ live, apparent ÷ live.
+        assert_eq!(
+            cells(2),
+            [
+                "8192", "bfdb", "load", "5.0K", "0", "16416", "2.00", "7.8", "1.00", "1.50"
+            ]
+        );
+        assert_eq!(
+            cells(3),
+            [
+                "8192", "bfdb", "a", "2", "0", "4104", "12312", "3.00", "15.7", "2.00", "1.00"
+            ]
+        );
+        // No writes: no ratio; no device counters: dashes.
+        assert_eq!(cells(4)[6..8], ["-", "-"]);
     }
 
     #[test]
