@@ -1080,7 +1080,7 @@ impl ValueStore {
 
     fn write_extent(&self, r: &ValueRef, value: &[u8], table: &[u8]) -> Result<()> {
         let size = r.extent_bytes();
-        let mut buf = AlignedBuf::new(size.min(IO_PIECE_BYTES) as usize);
+        let mut buf = io_buffer(size.min(IO_PIECE_BYTES) as usize);
         let mut at = 0;
         while at < size {
             let n = self.piece_bytes(r.offset + at, size - at);
@@ -1196,7 +1196,7 @@ impl ValueStore {
         let align = self.device.read_align();
         let stop = address + len;
         let (first, last) = (address - address % align, stop.next_multiple_of(align));
-        let mut buf = AlignedBuf::new((last - first).min(IO_PIECE_BYTES) as usize);
+        let mut buf = io_buffer((last - first).min(IO_PIECE_BYTES) as usize);
         let mut at = first;
         while at < last {
             let n = self.piece_bytes(at, last - at);
@@ -1250,6 +1250,45 @@ impl ValueStore {
     #[cfg(test)]
     fn check(&self) {
         self.state.lock().check();
+    }
+}
+
+thread_local! {
+    /// The thread's buffer for IO pieces of a mebibyte (`io_buffer`): a buffer that
+    /// large is a mapping of its own, which a fresh allocation per read faults in and
+    /// zeroes (17% of the CPU of 1 MiB reads, profiled).
+    static IO_BUFFER: std::cell::Cell<Option<AlignedBuf>> = const { std::cell::Cell::new(None) };
+}
+
+/// An aligned buffer of at least `len` bytes for one read or write: the thread's
+/// mebibyte buffer when the piece needs one (given back when dropped), else a fresh
+/// small one.
+fn io_buffer(len: usize) -> PieceBuf {
+    if len < IO_PIECE_BYTES as usize {
+        return PieceBuf(Some(AlignedBuf::new(len)), false);
+    }
+    let cached = IO_BUFFER.with(std::cell::Cell::take);
+    PieceBuf(
+        Some(cached.unwrap_or_else(|| AlignedBuf::new(IO_PIECE_BYTES as usize))),
+        true,
+    )
+}
+
+/// A buffer from [`io_buffer`]; the thread's mebibyte buffer goes back when dropped.
+struct PieceBuf(Option<AlignedBuf>, bool);
+
+impl PieceBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.0.as_mut().expect("held until dropped").as_mut()
+    }
+}
+
+impl Drop for PieceBuf {
+    fn drop(&mut self) {
+        if self.1 {
+            let buf = self.0.take();
+            IO_BUFFER.with(|cell| cell.set(buf));
+        }
     }
 }
 
