@@ -224,6 +224,7 @@ pub const ENGINE_NAMES: &[&str] = &[
 /// every engine separates the same values. RocksDB's `min_blob_size` and fjall's
 /// `separation_threshold` separate values of at least this many bytes, bfdb those longer
 /// than it: the same values for every size the driver's tables use.
+#[cfg(any(feature = "rocksdb", feature = "fjall"))]
 pub fn blob_threshold_bytes() -> u64 {
     bfdb::Config::default().max_inline_value_bytes as u64
 }
