@@ -36,8 +36,9 @@ use bfdb::{
 use libfuzzer_sys::fuzz_target;
 
 /// `(max_key_bytes, max_value_bytes)` pairs the config accepts: small limits make
-/// refused writes common, the default ones put few records in a hot log page.
-const LIMITS: [(usize, usize); 3] = [(16, 64), (64, 256), (512, 2048)];
+/// refused writes common, the default ones put few records in a hot log page, and the
+/// last lets values past the inline limit (2048), which the value store keeps.
+const LIMITS: [(usize, usize); 4] = [(16, 64), (64, 256), (512, 2048), (64, 8192)];
 
 /// At most this many operations per input, so one input stays fast.
 const MAX_OPS: usize = 512;
