@@ -842,11 +842,12 @@ impl F2 {
         }
         // One walk of each key's chains, whatever the number of its dropped records;
         // every walk before any report, so that a pass that fails here reports nothing
-        // (its records stay, and a later pass decides again).
-        let mut by_key: std::collections::HashMap<Vec<u8>, Vec<Vec<u8>>> =
+        // (its records stay, and a later pass decides again). A reference that several
+        // dropped records hold is reported once.
+        let mut by_key: std::collections::HashMap<Vec<u8>, std::collections::HashSet<Vec<u8>>> =
             std::collections::HashMap::new();
         for (key, reference) in dropped {
-            by_key.entry(key).or_default().push(reference);
+            by_key.entry(key).or_default().insert(reference);
         }
         let mut unreachable = Vec::new();
         for (key, references) in by_key {
@@ -1515,6 +1516,163 @@ mod tests {
                 Some(newest.to_le_bytes().to_vec())
             );
         }
+    }
+
+    /// Runs random writes of values out of line (unique 16-byte references standing for
+    /// the value store's), inline values, deletes and read-modify-writes through both
+    /// compactions, some of them failed by device reads that fail, and (if
+    /// `duplicates`) writes of a key's reference again, as recovery's replay makes them;
+    /// checks every reference compaction reports: never one that a record of its key
+    /// still holds, never one twice, and once everything is compacted, every reference
+    /// no record holds.
+    fn references_are_reported_once_when_their_last_record_goes(duplicates: bool) {
+        let devices = [(); 3].map(|()| Arc::new(MemBlocks::new()));
+        let store = F2::new(
+            tiny_options(64 * 4096, 4 * 4096, false),
+            F2Devices {
+                hot: devices[0].clone(),
+                cold: devices[1].clone(),
+                chunks: devices[2].clone(),
+            },
+        )
+        .unwrap();
+        if duplicates {
+            // As for a store recovered from a checkpoint.
+            store.shared_references.store(true, Ordering::SeqCst);
+        }
+        // (key, reference) as the store heard them.
+        type Reports = Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>>;
+        let reported: Reports = Arc::default();
+        let sink = Arc::clone(&reported);
+        store.set_on_unreachable(Box::new(move |key, reference| {
+            sink.lock().push((key.to_vec(), reference.to_vec()));
+        }));
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let mut rng = Rng(if duplicates { 29 } else { 23 });
+        // The model: each key's value (`true`: out of line) and every reference written.
+        let mut model: HashMap<Vec<u8>, (Vec<u8>, bool)> = HashMap::new();
+        let mut written: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut seen: std::collections::HashSet<Vec<u8>> = Default::default();
+        let mut next_ref = 0u64;
+        let mut failed_passes = 0;
+        let check_reports =
+            |guard: &EpochGuard<'_, '_>,
+             model: &HashMap<Vec<u8>, (Vec<u8>, bool)>,
+             seen: &mut std::collections::HashSet<Vec<u8>>| {
+                for (key, reference) in reported.lock().drain(..) {
+                    assert!(
+                        seen.insert(reference.clone()),
+                        "{reference:?} reported twice"
+                    );
+                    assert!(
+                        model.get(&key) != Some(&(reference.clone(), true)),
+                        "{key:?}'s current value reported"
+                    );
+                    let held = store.references_held(guard, &key, None).unwrap();
+                    assert!(
+                        !held.contains(&reference),
+                        "a record of {key:?} holds {reference:?}"
+                    );
+                }
+            };
+        for step in 0..12_000u64 {
+            let k = key(rng.skewed(300));
+            match rng.below(20) {
+                0..=9 => {
+                    next_ref += 1;
+                    let r = [next_ref.to_le_bytes(), (!next_ref).to_le_bytes()].concat();
+                    store
+                        .upsert_value(&mut guard, &k, Some(&r), true, &mut || {})
+                        .unwrap();
+                    written.insert(r.clone(), k.clone());
+                    model.insert(k, (r, true));
+                }
+                10..=12 => {
+                    let v = vec![rng.below(256) as u8; 16];
+                    store.upsert(&mut guard, &k, Some(&v)).unwrap();
+                    model.insert(k, (v, false));
+                }
+                13..=14 => {
+                    store.upsert(&mut guard, &k, None).unwrap();
+                    model.remove(&k);
+                }
+                15..=16 => {
+                    // An update never sees a reference: it writes nothing over one.
+                    let bump = |old: Option<&[u8]>| {
+                        let mut v = old.map(<[u8]>::to_vec).unwrap_or_default();
+                        v.truncate(15);
+                        v.push(7);
+                        v
+                    };
+                    let got = store.rmw(&mut guard, &k, &bump).unwrap();
+                    match model.get(&k) {
+                        Some((_, true)) => assert!(got.is_empty(), "step {step}"),
+                        old => {
+                            let new = bump(old.map(|(v, _)| &v[..]));
+                            assert_eq!(got, new, "step {step}");
+                            model.insert(k, (new, false));
+                        }
+                    }
+                }
+                17 if duplicates => {
+                    if let Some((r, true)) = model.get(&k).cloned() {
+                        store
+                            .upsert_value(&mut guard, &k, Some(&r), true, &mut || {})
+                            .unwrap();
+                    }
+                }
+                _ => {
+                    // A compaction pass whose reads fail after a while: it may have
+                    // copied records it does not truncate.
+                    devices[1 + (step % 2) as usize].fail_reads(u64::MAX);
+                    let a = store.hot().log().addresses();
+                    failed_passes +=
+                        u64::from(store.compact_hot(&mut guard, a.begin + 4 * 4096).is_err());
+                    devices.iter().for_each(|d| d.fail_reads(0));
+                }
+            }
+            if let Err(e) = store.maybe_compact(&mut guard) {
+                panic!("step {step}: {e}");
+            }
+            guard.refresh();
+            check_reports(&guard, &model, &mut seen);
+        }
+        // Filler of its own keys moves the tails on; then everything else is compacted.
+        for round in 0..2 {
+            for i in 0..2_000u64 {
+                let filler = format!("filler{round}-{i}").into_bytes();
+                store.upsert(&mut guard, &filler, Some(&[1; 24])).unwrap();
+            }
+            store.compact_all(&mut guard).unwrap();
+            guard.refresh();
+            check_reports(&guard, &model, &mut seen);
+        }
+        for (r, k) in &written {
+            let current = model.get(k) == Some(&(r.clone(), true));
+            assert_eq!(
+                seen.contains(r),
+                !current,
+                "{r:?} of {k:?}, current: {current}"
+            );
+        }
+        assert!(
+            store.stats().cold_cold_compactions > 3,
+            "{:?}",
+            store.stats()
+        );
+        assert!(failed_passes > 0 || !duplicates, "no pass failed");
+        assert!(store.shared_references.load(Ordering::SeqCst) || failed_passes == 0);
+    }
+
+    #[test]
+    fn references_are_reported_once_when_their_last_record_goes_in_a_fresh_store() {
+        references_are_reported_once_when_their_last_record_goes(false);
+    }
+
+    #[test]
+    fn references_are_reported_once_when_their_last_record_goes_with_records_sharing_them() {
+        references_are_reported_once_when_their_last_record_goes(true);
     }
 
     #[test]
