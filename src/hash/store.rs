@@ -682,7 +682,10 @@ struct Inner {
 /// write-cold keys move by compaction to a *cold log* on disk whose index costs under a
 /// byte of memory per key. Writes go through the database's write-ahead log at its
 /// [`Durability`] levels and may be part of a [`WriteBatch`](crate::WriteBatch); the
-/// store is part of the database's checkpoints and is recovered on open.
+/// store is part of the database's checkpoints and is recovered on open. Values may be
+/// as long as [`Config::max_value_bytes`](crate::Config::max_value_bytes): one longer
+/// than the inline limit is written once to the database's value store and its record
+/// holds a reference, as a tree's leaf record does.
 ///
 /// ```
 /// use bfdb::{Db, DbOptions};
