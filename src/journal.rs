@@ -335,24 +335,35 @@ impl Journal {
     /// new value (`None` deletes), which is logged and then written by `apply`; then
     /// waits as `durability` says. Every other write of the key holds its stripe too
     /// (exclusively, or shared for an unlogged one), so none comes between the read and
-    /// the write, and the log orders the key's writes as they reached the index.
+    /// the write, and the log orders the key's writes as they reached the index. A
+    /// value computed with `true` is the reference of a value already in the value
+    /// store (logged as `PutExternal`).
+    #[allow(clippy::type_complexity)]
     pub(crate) fn commit_computed<T>(
         &self,
         keyspace: u32,
         key: &[u8],
         durability: Durability,
-        compute: impl FnOnce() -> Result<(Option<Vec<u8>>, T)>,
-        apply: impl FnOnce(Option<&[u8]>) -> Result<()>,
+        compute: impl FnOnce() -> Result<(Option<(Vec<u8>, bool)>, T)>,
+        apply: impl FnOnce(Option<(&[u8], bool)>) -> Result<()>,
     ) -> Result<T> {
         self.check_writable()?;
         let stripe = self.stripes[stripe_of(keyspace, key)].0.write();
         let (value, out) = compute()?;
-        let op = LogOpRef::write(keyspace, key, value.as_deref());
+        let value = value.as_ref().map(|(v, external)| (&v[..], *external));
+        let op = match value {
+            Some((reference, true)) => LogOpRef::PutExternal {
+                keyspace,
+                key,
+                reference,
+            },
+            other => LogOpRef::write(keyspace, key, other.map(|(v, _)| v)),
+        };
         let seq = self
             .log
             .append_refs(std::iter::once(op))
             .map_err(log_error)?;
-        let applied = self.noted(apply(value.as_deref()));
+        let applied = self.noted(apply(value));
         drop(stripe);
         applied?;
         self.wait_as(durability, Some(seq))?;

@@ -362,3 +362,33 @@ fn async_hash_reads_race_a_writer_and_match_the_sync_api() {
         "reads went to the disk through the ring: {stats:?}"
     );
 }
+
+/// Async reads of a hash store's values kept out of line (longer than the inline
+/// limit), of keys whose records are in memory and on disk, answer the whole values.
+#[test]
+fn async_hash_reads_answer_values_kept_out_of_line() {
+    let dir = temp_dir();
+    let (_db, store) = loaded_hash(&dir, 2000);
+    let long = |i: u64| -> Vec<u8> {
+        let len = 2049 + (i as usize * 7919) % 200_000;
+        (0..len).map(|j| (i as usize * 31 + j / 7) as u8).collect()
+    };
+    for i in (0..2000).step_by(5) {
+        store
+            .insert_with(&key(i), &long(i), bfdb::Durability::Unlogged)
+            .unwrap();
+    }
+    // More writes push the long values' records down the logs.
+    for i in 2000..3000 {
+        store
+            .insert_with(&key(i), &value(i, 0), bfdb::Durability::Unlogged)
+            .unwrap();
+    }
+    tokio_uring::start(async {
+        let reader = bfdb::aio::AsyncHashStore::new(Arc::clone(&store));
+        for i in 0..2000u64 {
+            let want = if i % 5 == 0 { long(i) } else { value(i, 0) };
+            assert!(reader.get(&key(i)).await.unwrap() == Some(want), "key {i}");
+        }
+    });
+}

@@ -82,13 +82,13 @@ fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Ste
         counter += 1;
         // Values of assorted sizes, each unique: a recovered value names its write. The
         // hash store's are larger, so that its few pages fill, flush and compact. One
-        // tree value in eight is longer than the inline limit and goes to the value
-        // store; its write number runs through all of it, so a value torn or mixed from
-        // two writes matches no write.
+        // value in eight, of either kind, is longer than the inline limit and goes to
+        // the value store; its write number runs through all of it, so a value torn or
+        // mixed from two writes matches no write.
         let mut v = format!("{seed}-{counter}-").into_bytes();
         let pad = match ks {
-            HASH => 1_200,
             _ if rng.below(8) == 0 => 2_049 + rng.below(20_000) as usize,
+            HASH => 1_200,
             _ => 0,
         };
         let stamp = v.clone();

@@ -170,8 +170,8 @@ enum Target {
     Pages,
     /// The hash store's log files.
     Hash,
-    /// The value store's file, which holds the tree values longer than the inline
-    /// limit.
+    /// The value store's file, which holds the values longer than the inline limit
+    /// of both kinds of keyspace.
     Values,
 }
 
@@ -471,11 +471,11 @@ fn run_workload(db: &Db, seed: u64, ops: usize, what: &str) -> (Vec<Step>, Count
         let mut value = |rng: &mut Rng, ks: usize| {
             counter += 1;
             let mut v = format!("{}-{counter}-", run.seed).into_bytes();
-            // One tree value in six goes to the value store; its write number runs
-            // through it, so a torn or mixed value matches no write.
+            // One value in six, of either kind, goes to the value store; its write
+            // number runs through it, so a torn or mixed value matches no write.
             let pad = match ks {
-                HASH => 1_200,
                 _ if rng.below(6) == 0 => 2_049 + rng.below(12_000) as usize,
+                HASH => 1_200,
                 _ => 0,
             };
             let stamp = v.clone();

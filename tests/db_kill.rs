@@ -11,8 +11,9 @@
 //! database there (a 1 MiB pool per keyspace, so leaf pages are evicted and read back;
 //! 128 KiB log segments, so segments are created often), opens two tree keyspaces and a
 //! hash keyspace (256 KiB of memory, 256 KiB of hot log and 1 MiB of cold log on disk,
-//! and values of at most 600 bytes, so the hot log flushes and is compacted into the
-//! cold log, and the cold log into itself, while the children write), and writes from 2
+//! and values of at most 600 bytes but one in ten of up to 300 KB kept out of line, so
+//! the hot log flushes and is compacted into the cold log, and the cold log into itself,
+//! while the children write), and writes from 2
 //! to 4 threads until it is killed: single puts and deletes in any keyspace,
 //! read-modify-writes of the hash keyspace, and batches that put one value into one key
 //! of each of two keyspaces (both trees, or a tree and the hash keyspace). Keys are
@@ -521,12 +522,16 @@ fn child_writer(
         // and one in ten of 2 KB to 300 KB, which the value store keeps (a value is its
         // write's header and letters drawn from it, so a torn one names no write); up
         // to 600 bytes in the hash keyspace, so that the data it holds stays well
-        // within its cold log's budget and compaction frees space.
+        // within its cold log's budget and compaction frees space, and there too one in
+        // ten of 2 KB to 300 KB, which the value store keeps (its record a reference).
         let long = match rng.below(10) {
             0 => 2_049 + rng.below(300_000) as usize,
             _ => 40 + rng.below(1960) as usize,
         };
-        let short = 40 + rng.below(560) as usize;
+        let short = match rng.below(10) {
+            0 => 2_049 + rng.below(300_000) as usize,
+            _ => 40 + rng.below(560) as usize,
+        };
         let write = match rng.percent() {
             0..55 => {
                 let ks = rng.below(KEYSPACES.len() as u64) as usize;

@@ -16,13 +16,6 @@
 //! arguments (a refused write changes nothing, and a refused batch none of its keys), and
 //! after each reopen every key ever written is read back.
 //!
-//! A hash store keeps every value in its log record: its limit is the database's inline
-//! value limit, and it refuses longer values even where the database's
-//! `max_value_bytes` is larger (a tree keyspace would keep them out of line). Half the
-//! inputs run with such a database (`max_value_bytes` of 64 KiB); values are drawn up
-//! to one byte past the store's limit, and now and then exactly at it, one past, at the
-//! database's `max_value_bytes` and one past that.
-//!
 //! The store's compactor runs in a background thread, so an input's run is not
 //! entirely deterministic: a failing input replays the same operations, but the failure
 //! may take several replays (the first one found, a record lost from a checkpoint's
@@ -42,15 +35,10 @@ use bfdb::{
 };
 use libfuzzer_sys::fuzz_target;
 
-/// `(max_key_bytes, value limit)` pairs the config accepts: small limits make refused
-/// writes common, the default ones put few records in a hot log page. The value limit
-/// is the database's inline limit, the hash store's limit: `max_value_bytes`, or
-/// `max_inline_value_bytes` under a larger `max_value_bytes` ([`LONG_VALUE_BYTES`]).
-const LIMITS: [(usize, usize); 3] = [(16, 64), (64, 256), (512, 2048)];
-
-/// The database's `max_value_bytes` in the inputs that pick one above the hash store's
-/// limit: values this long would be kept out of line by a tree keyspace.
-const LONG_VALUE_BYTES: usize = 64 << 10;
+/// `(max_key_bytes, max_value_bytes)` pairs the config accepts: small limits make
+/// refused writes common, the default ones put few records in a hot log page, and the
+/// last lets values past the inline limit (2048), which the value store keeps.
+const LIMITS: [(usize, usize); 4] = [(16, 64), (64, 256), (512, 2048), (64, 8192)];
 
 /// At most this many operations per input, so one input stays fast.
 const MAX_OPS: usize = 512;
@@ -64,8 +52,6 @@ const KEY_IDS: u16 = 256;
 
 #[derive(Debug)]
 struct Input {
-    /// Picks [`LIMITS`] (modulo its length) and, by the quotient's lowest bit, a
-    /// `max_value_bytes` of [`LONG_VALUE_BYTES`] above them.
     limits: u8,
     ops: Vec<Op>,
 }
@@ -196,26 +182,10 @@ fn id_key(id: u16, pad: u8, max_key_bytes: usize) -> Vec<u8> {
     key
 }
 
-/// A value: `len` bytes (modulo a bit more than the store's limit, `max_value_bytes`)
-/// of `fill`, with a serial number in front so that a value overwritten with an
-/// equal-looking one is noticed. A `len` in the top sixteenth of its range draws an edge
-/// instead: exactly the limit, one byte past it, or the database's `max_value_bytes`
-/// (`db_max_value_bytes`) or one past that.
-fn value_bytes(
-    arg: ValArg,
-    serial: u64,
-    max_value_bytes: usize,
-    db_max_value_bytes: usize,
-) -> Vec<u8> {
-    let len = match arg.len {
-        0..0xf000 => usize::from(arg.len) % (max_value_bytes + 2),
-        _ => match arg.len % 4 {
-            0 => max_value_bytes,
-            1 => max_value_bytes + 1,
-            2 => db_max_value_bytes,
-            _ => db_max_value_bytes + 1,
-        },
-    };
+/// A value: `len` bytes (modulo a bit more than the limit) of `fill`, with a serial
+/// number in front so that a value overwritten with an equal-looking one is noticed.
+fn value_bytes(arg: ValArg, serial: u64, max_value_bytes: usize) -> Vec<u8> {
+    let len = usize::from(arg.len) % (max_value_bytes + 2);
     let mut v = vec![arg.fill; len];
     let tag = serial.to_le_bytes();
     let n = len.min(tag.len());
@@ -226,7 +196,7 @@ fn value_bytes(
 fn apply_update(
     update: Update,
     serial: u64,
-    (max_value_bytes, db_max_value_bytes): (usize, usize),
+    max_value_bytes: usize,
     old: Option<&[u8]>,
 ) -> Vec<u8> {
     let old = old.unwrap_or_default();
@@ -237,7 +207,7 @@ fn apply_update(
             v
         }
         Update::Halve => old[..old.len() / 2].to_vec(),
-        Update::Replace(arg) => value_bytes(arg, serial, max_value_bytes, db_max_value_bytes),
+        Update::Replace(arg) => value_bytes(arg, serial, max_value_bytes),
     }
 }
 
@@ -275,10 +245,7 @@ struct Open {
 
 struct Harness {
     max_key_bytes: usize,
-    /// The hash store's value limit: the database's inline limit.
     max_value_bytes: usize,
-    /// The database's `max_value_bytes`: `max_value_bytes` or [`LONG_VALUE_BYTES`].
-    db_max_value_bytes: usize,
     /// `None` only while it is reopened.
     open: Option<Open>,
     /// Declared after `open`: removed once the database is closed.
@@ -297,10 +264,7 @@ struct Harness {
 }
 
 impl Harness {
-    fn options(
-        max_key_bytes: usize,
-        (max_value_bytes, db_max_value_bytes): (usize, usize),
-    ) -> DbOptions {
+    fn options(max_key_bytes: usize, max_value_bytes: usize) -> DbOptions {
         DbOptions::default()
             .config(Config {
                 memory_budget_bytes: 1 << 20,
@@ -309,8 +273,7 @@ impl Harness {
                 // reads after its reopens took tens of seconds).
                 backend: Backend::Std,
                 max_key_bytes,
-                max_value_bytes: db_max_value_bytes,
-                max_inline_value_bytes: max_value_bytes,
+                max_value_bytes,
                 huge_pages: false,
                 ..Config::default()
             })
@@ -330,8 +293,8 @@ impl Harness {
             .compaction_threads(1)
     }
 
-    fn open(dir: &Path, max_key_bytes: usize, value_limits: (usize, usize)) -> Open {
-        let db = Db::open(dir, Self::options(max_key_bytes, value_limits))
+    fn open(dir: &Path, max_key_bytes: usize, max_value_bytes: usize) -> Open {
+        let db = Db::open(dir, Self::options(max_key_bytes, max_value_bytes))
             .unwrap_or_else(|e| panic!("opening the database: {e}"));
         let store = db
             .hash_store_with("h", Self::hash_options())
@@ -339,17 +302,12 @@ impl Harness {
         Open { store, db }
     }
 
-    fn new(max_key_bytes: usize, (max_value_bytes, db_max_value_bytes): (usize, usize)) -> Harness {
+    fn new(max_key_bytes: usize, max_value_bytes: usize) -> Harness {
         let dir = TempDir::new();
-        let open = Self::open(
-            dir.path(),
-            max_key_bytes,
-            (max_value_bytes, db_max_value_bytes),
-        );
+        let open = Self::open(dir.path(), max_key_bytes, max_value_bytes);
         Harness {
             max_key_bytes,
             max_value_bytes,
-            db_max_value_bytes,
             open: Some(open),
             dir,
             live: Model::new(),
@@ -436,12 +394,7 @@ impl Harness {
 
     fn insert(&mut self, key: Vec<u8>, arg: ValArg, level: Level) {
         self.serial += 1;
-        let value = value_bytes(
-            arg,
-            self.serial,
-            self.max_value_bytes,
-            self.db_max_value_bytes,
-        );
+        let value = value_bytes(arg, self.serial, self.max_value_bytes);
         let got = self.store().insert_with(&key, &value, level.durability());
         if !self.key_ok(&key) {
             self.expect_bad_key("insert", &key, got);
@@ -466,21 +419,15 @@ impl Harness {
     fn rmw(&mut self, key: Vec<u8>, update: Update, level: Level) {
         self.serial += 1;
         let (serial, max) = (self.serial, self.max_value_bytes);
-        let limits = (max, self.db_max_value_bytes);
         let got = self.store().rmw_with(
             &key,
-            |old| apply_update(update, serial, limits, old),
+            |old| apply_update(update, serial, max, old),
             level.durability(),
         );
         if !self.key_ok(&key) {
             return self.expect_bad_key("rmw", &key, got);
         }
-        let want = apply_update(
-            update,
-            serial,
-            limits,
-            self.live.get(&key).map(Vec::as_slice),
-        );
+        let want = apply_update(update, serial, max, self.live.get(&key).map(Vec::as_slice));
         if want.len() > max {
             // Refused: the key keeps its value (or its absence).
             return self.expect_value_too_large("rmw", &key, want.len(), got);
@@ -498,12 +445,7 @@ impl Harness {
             let (key, v) = (key.clone(), *v);
             let value = v.map(|v| {
                 self.serial += 1;
-                value_bytes(
-                    v,
-                    self.serial,
-                    self.max_value_bytes,
-                    self.db_max_value_bytes,
-                )
+                value_bytes(v, self.serial, self.max_value_bytes)
             });
             match &value {
                 Some(value) => batch.insert_hash(self.store(), &key, value),
@@ -554,7 +496,7 @@ impl Harness {
         self.open = Some(Self::open(
             self.dir.path(),
             self.max_key_bytes,
-            (self.max_value_bytes, self.db_max_value_bytes),
+            self.max_value_bytes,
         ));
         self.live = self.durable.clone();
         self.check_all(if checkpoint {
@@ -590,11 +532,7 @@ impl Harness {
 
 fuzz_target!(|input: Input| {
     let (max_key_bytes, max_value_bytes) = LIMITS[usize::from(input.limits) % LIMITS.len()];
-    let db_max_value_bytes = match usize::from(input.limits) / LIMITS.len() % 2 {
-        0 => max_value_bytes,
-        _ => LONG_VALUE_BYTES,
-    };
-    let mut h = Harness::new(max_key_bytes, (max_value_bytes, db_max_value_bytes));
+    let mut h = Harness::new(max_key_bytes, max_value_bytes);
     let trace = std::env::var_os("BFDB_FUZZ_TRACE").is_some();
     for (i, op) in input.ops.iter().take(MAX_OPS).enumerate() {
         if trace {
@@ -661,8 +599,7 @@ fuzz_target!(|input: Input| {
     if std::env::var_os("BFDB_FUZZ_STATS").is_some() {
         let [hot_cold, cold_cold, throttled, appended] = h.stats();
         eprintln!(
-            "BFDB_FUZZ_STATS limits {max_key_bytes}/{max_value_bytes}/{db_max_value_bytes}: \
-             {hot_cold} hot→cold and \
+            "BFDB_FUZZ_STATS limits {max_key_bytes}/{max_value_bytes}: {hot_cold} hot→cold and \
              {cold_cold} cold→cold compactions, {throttled} throttled writes, {appended} \
              records appended, {} keys written",
             h.written.len()

@@ -48,20 +48,35 @@ impl Keyspace {
     pub(super) fn write_unlogged(&self, key: &[u8], value: Option<Stored<'_>>) -> Result<()> {
         match (self, value) {
             (Keyspace::Tree { tree, .. }, value) => tree.write_unlogged(key, value),
-            (Keyspace::Hash(store), None) => store.write_unlogged(key, None),
-            (Keyspace::Hash(store), Some(Stored::Inline(v))) => store.write_unlogged(key, Some(v)),
-            (Keyspace::Hash(_), Some(Stored::External(_))) => Err(Error::Unsupported(
-                "a hash store keeps no value out of line yet".into(),
-            )),
+            (Keyspace::Hash(store), None) => store.write_unlogged(key, None, false),
+            (Keyspace::Hash(store), Some(Stored::Inline(v))) => {
+                store.write_unlogged(key, Some(v), false)
+            }
+            (Keyspace::Hash(store), Some(Stored::External(r))) => {
+                store.write_unlogged(key, Some(r), true)
+            }
         }
     }
 
-    /// Writes `value` to the value store if the keyspace keeps it out of line; its
-    /// reference if so.
-    pub(super) fn store_value(&self, value: &[u8]) -> Result<Option<Vec<u8>>> {
+    /// Writes `value` (of `key`) to the value store if the keyspace keeps it out of
+    /// line; its reference if so.
+    pub(super) fn store_value(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>> {
         match self {
             Keyspace::Tree { tree, .. } => tree.store_value(value),
-            Keyspace::Hash(_) => Ok(None),
+            Keyspace::Hash(store) => store.store_value(key, value),
+        }
+    }
+
+    /// Whether `key`'s records hold the value out of line `reference`, for recovery's
+    /// settling of the values a checkpoint left uncertain: a tree's leaf record of the
+    /// key references it; any record of a hash store's key holds it (a hash store
+    /// frees a value when its last record goes: `F2::report_unreachable`).
+    pub(super) fn references(&self, key: &[u8], reference: &[u8]) -> Result<bool> {
+        match self {
+            Keyspace::Tree { tree, .. } => {
+                Ok(tree.stored_reference(key)?.as_deref() == Some(reference))
+            }
+            Keyspace::Hash(store) => store.holds_reference(key, reference),
         }
     }
 
@@ -155,7 +170,7 @@ impl Shared {
                 let memory = self.hash_memory_for(name, &options, budget, hash_memory)?;
                 let c = &self.options.config;
                 // The largest record: a header, the longest key and the longest value a
-                // hash store keeps (inline: it has no out-of-line values yet).
+                // hash store keeps inline (longer ones are out of line: a reference).
                 let record = 16 + c.max_key_bytes as u64 + c.inline_value_limit() as u64;
                 let layout = HashLayout::new(options.memory_bytes(memory), record)?;
                 (KeyspaceKind::Hash(layout), memory)
@@ -172,7 +187,7 @@ impl Shared {
         let keyspace = match &entry.kind {
             KeyspaceKind::Tree => self.open_keyspace(name, &entry, None, &[])?,
             KeyspaceKind::Hash(layout) => {
-                let store = self.open_hash_store(name, entry.id, layout, memory, None)?;
+                let store = self.open_hash_store(name, entry.id, layout, memory, None, false)?;
                 // The trees give up the store's memory (the pool evicts down to it).
                 self.memory.set_limit_bytes(budget - hash_memory - memory);
                 Keyspace::Hash(store)
@@ -387,7 +402,8 @@ impl Shared {
 
     /// Opens hash keyspace `id`: as a checkpoint's `extents` recorded it (with the
     /// floors its kept checkpoints need), or empty — in which case any log files it has
-    /// (a crash before a checkpoint recorded it left them) are removed first.
+    /// (a crash before a checkpoint recorded it left them) are removed first. If
+    /// `recovering`, its compactor waits for [`Shared::resume_hash_compactors`].
     pub(super) fn open_hash_store(
         &self,
         name: &str,
@@ -395,6 +411,7 @@ impl Shared {
         layout: &HashLayout,
         memory: u64,
         extents: Option<(&F2Extents, [u64; 3])>,
+        recovering: bool,
     ) -> Result<Arc<HashStore>> {
         // Before anything touches its files: a store of an earlier format is refused.
         layout.check_record_format(&self.dir.join(hash_store::file_prefix(id, "*")), name)?;
@@ -415,7 +432,10 @@ impl Shared {
             durability: self.options.durability,
             dropped: AtomicBool::new(false),
             max_key_bytes: self.options.config.max_key_bytes,
-            max_value_bytes: self.options.config.inline_value_limit(),
+            max_value_bytes: self.options.config.max_value_bytes,
+            inline_value_bytes: self.options.config.inline_value_limit(),
+            values: Arc::clone(&self.values),
+            background_paused: AtomicBool::new(recovering),
         };
         let store =
             HashStore::open(layout, memory, files, extents, attached).map_err(|e| match e {

@@ -348,7 +348,7 @@ impl Db {
     /// that races reads against overwrites and checkpoints.
     #[doc(hidden)]
     pub fn delay_value_reads_for_test(delay: Duration) {
-        values::READ_DELAY_MICROS.store(
+        crate::storage::READ_DELAY_MICROS.store(
             u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
@@ -466,7 +466,7 @@ impl Shared {
             .iter()
             .zip(&targets)
             .map(|(op, ks)| match op.value.as_deref() {
-                Some(v) => ks.store_value(v),
+                Some(v) => ks.store_value(&op.key, v),
                 None => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;

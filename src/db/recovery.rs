@@ -158,6 +158,7 @@ impl Db {
         shared.restore(&manifest, &loaded, &mut recovery)?;
         shared.replay(&recovered.records, &mut recovery)?;
         shared.settle_values(uncertain)?;
+        shared.resume_hash_compactors();
         // Epoch 0's writes come after the replay: every record they append is at or
         // past the log's position now. (Replayed writes are stamped unlogged, so the
         // first checkpoint merges them.)
@@ -411,7 +412,7 @@ impl Shared {
                 hash_memory += memory;
                 self.memory
                     .set_limit_bytes(self.memory.capacity_bytes() - hash_memory);
-                let store = self.open_hash_store(name, entry.id, layout, memory, extents)?;
+                let store = self.open_hash_store(name, entry.id, layout, memory, extents, true)?;
                 keyspaces.insert(entry.id, Keyspace::Hash(store));
                 continue;
             }
@@ -532,6 +533,19 @@ impl Shared {
 }
 
 impl Shared {
+    /// Lets the compactor threads of the hash stores the open recovered run: the replay
+    /// and the settling of values are done.
+    fn resume_hash_compactors(&self) {
+        for ks in self.catalog.read().keyspaces.values() {
+            if let Keyspace::Hash(store) = ks {
+                store
+                    .attached()
+                    .background_paused
+                    .store(false, std::sync::atomic::Ordering::Release);
+            }
+        }
+    }
+
     /// Settles the extents the loaded checkpoint left uncertain (placed or freed while
     /// it captured the indexes): live if the key's record references the extent now,
     /// after the replay, freed otherwise. Then the store gives back the space no
@@ -540,10 +554,8 @@ impl Shared {
         let catalog = self.catalog.read();
         for u in uncertain {
             let referenced = match catalog.keyspaces.get(&u.keyspace) {
-                Some(Keyspace::Tree { tree, .. }) => {
-                    tree.stored_reference(&u.key)?.as_deref() == Some(&u.r.encode()[..])
-                }
-                _ => false,
+                Some(ks) => ks.references(&u.key, &u.r.encode())?,
+                None => false,
             };
             if referenced {
                 self.values.mark_live(u.r)?;

@@ -9,13 +9,6 @@ use crate::error::{Error, Result};
 use crate::storage::{ValueRef, ValueStore};
 use crate::tree::ValueHost;
 
-/// Microseconds every read of an out-of-line value waits between finding its reference
-/// and reading its bytes (`Db::delay_value_reads_for_test`): a test hook that widens the
-/// window in which a concurrent overwrite, checkpoints and a release could reuse the
-/// extent, were the reader not guarded. Zero (no wait) outside those tests.
-pub(super) static READ_DELAY_MICROS: std::sync::atomic::AtomicU64 =
-    std::sync::atomic::AtomicU64::new(0);
-
 /// The value store seen by keyspace `keyspace`.
 pub(super) struct KeyspaceValues {
     pub(super) store: Arc<ValueStore>,
@@ -43,10 +36,7 @@ impl ValueHost for KeyspaceValues {
 
     fn read(&self, reference: &[u8], out: &mut Vec<u8>) -> Result<()> {
         let r = self.decode(reference)?;
-        let delay = READ_DELAY_MICROS.load(std::sync::atomic::Ordering::Relaxed);
-        if delay > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(delay));
-        }
+        // (`Db::delay_value_reads_for_test` makes the store's read wait.)
         self.store.read(&r, out)
     }
 

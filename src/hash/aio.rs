@@ -79,15 +79,20 @@ impl AsyncHashStore {
         let f2 = self.store.f2();
         let keys = [key];
         let mut rounds = Rounds::new(1);
+        // Before the lookup: a value out of line is read after it, outside the epoch
+        // (the guard is `Send`, so it may live across the awaits).
+        let _guard = self.store.value_guard();
         loop {
             let mut reads = {
                 let mut handle = f2.epoch().register();
                 rounds
-                    .round(&mut handle, &keys, |g, key| f2.get(g, key))
+                    .round(&mut handle, &keys, |g, key| f2.read(g, key))
                     .map_err(|e| self.store.attached().named(e))?
             };
             if reads.is_empty() {
-                return Ok(rounds.answers().pop().expect("one key, one answer"));
+                let found = rounds.answers().pop().expect("one key, one answer");
+                // (A value out of line is one synchronous read of the value store.)
+                return self.store.resolve(found);
             }
             f2.count_batch_round(reads.len());
             for read in &mut reads {

@@ -28,7 +28,7 @@ use super::bucket::{INVALID_ADDRESS, KeyHash};
 use super::epoch::{Epoch, EpochGuard};
 use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog, LogExtent};
 use super::hot::{HotLog, Keying, Step, hash_key};
-use super::record::{Header, record_size_bytes};
+use super::record::{Header, LogValue, record_size_bytes};
 use crate::error::{Error, Result};
 use crate::storage::BlockDevice;
 use crate::sync::backoff_wait;
@@ -293,11 +293,24 @@ impl ColdLog {
 
     /// The newest record of `key` in the cold log: `Some(None)` for a tombstone, `None`
     /// if it has no record.
+    #[cfg(test)]
     pub(crate) fn get(
         &self,
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
     ) -> Result<Option<Option<Vec<u8>>>> {
+        Ok(self
+            .read(guard, key)?
+            .map(|found| found.map(LogValue::into_bytes)))
+    }
+
+    /// [`ColdLog::get`] with the value as the record holds it (a value out of line as
+    /// its reference).
+    pub(crate) fn read(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+    ) -> Result<Option<Option<LogValue>>> {
         let head = self.index.find(guard, hash_key(key))?;
         #[cfg(test)]
         if let Some(hook) = self.after_find_hook.lock().as_ref() {
@@ -331,7 +344,7 @@ impl ColdLog {
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
         mut address: u64,
-    ) -> Result<Option<(u64, Option<Vec<u8>>)>> {
+    ) -> Result<Option<(u64, Option<LogValue>)>> {
         while address != INVALID_ADDRESS {
             let Some(fetched) = self.log.fetch(guard, address)? else {
                 break;
@@ -340,30 +353,81 @@ impl ColdLog {
                 Fetched::Memory(record) => {
                     let header = record.header();
                     let found = (!header.is_invalid() && record.key_equals(key))
-                        .then(|| record.read_value().1);
+                        .then(|| record.read_log_value().1);
                     (header, found)
                 }
                 Fetched::Disk(record) => {
-                    let found =
-                        (!record.header.is_invalid() && record.key == key).then_some(record.value);
+                    let found = (!record.header.is_invalid() && record.key == key)
+                        .then(|| record.log_value());
                     (record.header, found)
                 }
             };
             if let Some(value) = found {
-                return Ok(Some((address, (!header.is_tombstone()).then_some(value))));
+                return Ok(Some((address, value)));
             }
             address = header.previous();
         }
         Ok(None)
     }
 
+    /// Adds to `held` the references of the values out of line that valid records of
+    /// `key` at or above `floor` hold: the chain is walked down to `floor`.
+    pub(crate) fn references_held(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        floor: u64,
+        held: &mut std::collections::HashSet<Vec<u8>>,
+    ) -> Result<()> {
+        let mut address = self.index.find(guard, hash_key(key))?;
+        while address != INVALID_ADDRESS && address >= floor {
+            let Some(fetched) = self.log.fetch(guard, address)? else {
+                break;
+            };
+            let (header, value) = match fetched {
+                Fetched::Memory(record) => {
+                    let header = record.header();
+                    let value =
+                        (!header.is_invalid() && record.is_out_of_line() && record.key_equals(key))
+                            .then(|| record.read_log_value().1)
+                            .flatten();
+                    (header, value)
+                }
+                Fetched::Disk(record) => {
+                    let value = (!record.header.is_invalid() && record.key == key)
+                        .then(|| record.log_value())
+                        .flatten();
+                    (record.header, value)
+                }
+            };
+            if let Some(v) = value.filter(|v| v.out_of_line) {
+                held.insert(v.bytes);
+            }
+            address = header.previous();
+        }
+        Ok(())
+    }
+
     /// Appends `key`'s record (a tombstone for `None`) at the cold log's tail and makes it
     /// the head of its chain. The caller holds nothing from under `guard`.
+    #[cfg(test)]
     pub(crate) fn insert(
         &self,
         guard: &mut EpochGuard<'_, '_>,
         key: &[u8],
         value: Option<&[u8]>,
+    ) -> Result<u64> {
+        let value = value.map(|v| LogValue::inline(v.to_vec()));
+        self.insert_value(guard, key, value.as_ref())
+    }
+
+    /// [`ColdLog::insert`] of a value as a record holds it (out of line, as its
+    /// reference): what compaction copies.
+    pub(crate) fn insert_value(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&LogValue>,
     ) -> Result<u64> {
         Ok(self
             .insert_if(guard, key, value, None)?
@@ -379,7 +443,7 @@ impl ColdLog {
         &self,
         guard: &mut EpochGuard<'_, '_>,
         key: &[u8],
-        value: Option<&[u8]>,
+        value: Option<&LogValue>,
         source: u64,
     ) -> Result<Option<u64>> {
         self.insert_if(guard, key, value, Some(source))
@@ -389,11 +453,12 @@ impl ColdLog {
         &self,
         guard: &mut EpochGuard<'_, '_>,
         key: &[u8],
-        value: Option<&[u8]>,
+        value: Option<&LogValue>,
         newest: Option<u64>,
     ) -> Result<Option<u64>> {
         let hash = hash_key(key);
-        let bytes = value.unwrap_or(&[]);
+        let bytes = value.map_or(&[][..], |v| &v.bytes[..]);
+        let out_of_line = value.is_some_and(|v| v.out_of_line);
         let size = record_size_bytes(key.len(), bytes.len()) as u64;
         if size > self.log.page_bytes() {
             return Err(Error::ValueTooLarge {
@@ -435,10 +500,11 @@ impl ColdLog {
             // Filled now even when `link` fills it again with the head it sees: a try
             // that fails before the chunk's update runs must leave a whole record (its
             // lengths say where the next one starts) to mark invalid.
-            record.init(
+            record.init_value(
                 Header::new(checked_head.unwrap_or(INVALID_ADDRESS), tombstone),
                 key,
                 bytes,
+                out_of_line,
             );
             let log = &self.log;
             let link = |head: u64| {
@@ -449,7 +515,7 @@ impl ColdLog {
                 // chunk that publishes it.
                 // SAFETY: the record allocated above, not yet published or refreshed past.
                 let record = unsafe { log.record(address) };
-                record.init(Header::new(head, tombstone), key, bytes);
+                record.init_value(Header::new(head, tombstone), key, bytes, out_of_line);
                 Some(address)
             };
             let step = match self.index.try_update_entry(guard, hash, &link) {

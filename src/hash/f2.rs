@@ -47,7 +47,7 @@ use super::epoch::{Epoch, EpochGuard, EpochHandle};
 use super::hlog::{Addresses, HlogOptions, LogExtent};
 use super::hot::{HotLog, HotRead, Update};
 use super::pending::{ReadBatch, Rounds, read_ahead, read_now};
-use super::record::DiskRecord;
+use super::record::{DiskRecord, LogValue};
 use crate::error::Result;
 use crate::storage::BlockDevice;
 use crate::sync::Mutex;
@@ -214,7 +214,23 @@ pub(crate) struct F2 {
     /// nothing, else 0 (see `maybe_compact`).
     futile_at: [AtomicU64; 3],
     counters: Counters,
+    /// The records holding a value out of line that the running compaction pass drops:
+    /// (key, reference). Reported once the pass has copied what it copies
+    /// (`report_unreachable`).
+    dropped_references: Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
+    /// Told of each value out of line that a compaction made unreachable: (key,
+    /// reference). Unset outside a database (no record holds a reference then).
+    on_unreachable: std::sync::OnceLock<Unreachable>,
+    /// Whether two records may hold one reference outside a running pass: set for a
+    /// store recovered from a checkpoint (its replay may write a record again) and
+    /// after a compaction pass failed (it may have copied records it did not
+    /// truncate). Until then a dropped record is its reference's only holder.
+    shared_references: std::sync::atomic::AtomicBool,
 }
+
+/// What a store does with a value out of line that no record holds any more: the
+/// database's value store frees it.
+pub(crate) type Unreachable = Box<dyn Fn(&[u8], &[u8]) + Send + Sync>;
 
 /// The devices of an [`F2`] store.
 pub(crate) struct F2Devices {
@@ -275,6 +291,9 @@ impl F2 {
             compacting: Mutex::new(()),
             futile_at: Default::default(),
             counters: Counters::default(),
+            dropped_references: Mutex::new(Vec::new()),
+            on_unreachable: std::sync::OnceLock::new(),
+            shared_references: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -343,6 +362,9 @@ impl F2 {
             compacting: Mutex::new(()),
             futile_at: Default::default(),
             counters: Counters::default(),
+            dropped_references: Mutex::new(Vec::new()),
+            on_unreachable: std::sync::OnceLock::new(),
+            shared_references: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -393,9 +415,23 @@ impl F2 {
         }
     }
 
+    /// Sets what the store does with a value out of line that no record holds any more
+    /// (once, when its database attaches it).
+    pub(crate) fn set_on_unreachable(&self, on_unreachable: Unreachable) {
+        let _ = self.on_unreachable.set(on_unreachable);
+    }
+
     /// The value of `key`, if it has one. A value read from disk (the hot log's or the
-    /// cold log's) is copied into the read cache.
+    /// cold log's) is copied into the read cache. (A value out of line comes back as
+    /// its reference: [`F2::read`] tells.)
     pub(crate) fn get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.read(guard, key)?.map(LogValue::into_bytes))
+    }
+
+    /// The value of `key` as its newest record holds it, if it has one: its bytes, or
+    /// the reference of a value out of line. A value read from disk (the hot log's or
+    /// the cold log's) is copied into the read cache (a reference as a reference).
+    pub(crate) fn read(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<LogValue>> {
         let ticket = match self.hot.read(guard, key)? {
             HotRead::Found(found) => return Ok(found),
             HotRead::NotFound(ticket) => ticket,
@@ -407,18 +443,31 @@ impl F2 {
         Ok(found)
     }
 
-    /// [`F2::get`] of every key of `keys` on a guard of `handle`'s epoch, with the
-    /// device reads of all of them in flight together: rounds of [`super::pending`],
-    /// each round's reads one io_uring batch on this thread (read where they are, on
-    /// devices without files).
+    /// [`F2::get`] of every key of `keys` (see [`F2::read_many`]).
     pub(crate) fn get_many<K: AsRef<[u8]>>(
         &self,
         handle: &mut EpochHandle<'_>,
         keys: &[K],
     ) -> Result<Vec<Option<Vec<u8>>>> {
+        Ok(self
+            .read_many(handle, keys)?
+            .into_iter()
+            .map(|v| v.map(LogValue::into_bytes))
+            .collect())
+    }
+
+    /// [`F2::read`] of every key of `keys` on a guard of `handle`'s epoch, with the
+    /// device reads of all of them in flight together: rounds of [`super::pending`],
+    /// each round's reads one io_uring batch on this thread (read where they are, on
+    /// devices without files).
+    pub(crate) fn read_many<K: AsRef<[u8]>>(
+        &self,
+        handle: &mut EpochHandle<'_>,
+        keys: &[K],
+    ) -> Result<Vec<Option<LogValue>>> {
         let mut rounds = Rounds::new(keys.len());
         loop {
-            let mut reads = rounds.round(handle, keys, |g, key| self.get(g, key))?;
+            let mut reads = rounds.round(handle, keys, |g, key| self.read(g, key))?;
             if reads.is_empty() {
                 return Ok(rounds.answers());
             }
@@ -437,10 +486,10 @@ impl F2 {
 
     /// The cold log's answer for `key`, looked up again if a cold truncation ran
     /// meanwhile and it found nothing (the false-absence anomaly).
-    fn cold_get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    fn cold_get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<LogValue>> {
         loop {
             let truncations = self.cold_truncations.load(Ordering::SeqCst);
-            match self.cold.get(guard, key)? {
+            match self.cold.read(guard, key)? {
                 Some(found) => return Ok(found),
                 None if self.cold_truncations.load(Ordering::SeqCst) == truncations => {
                     return Ok(None);
@@ -457,7 +506,23 @@ impl F2 {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<()> {
-        self.hot.upsert(guard, key, value)?;
+        self.upsert_value(guard, key, value, false, &mut || {})
+    }
+
+    /// [`F2::upsert`] of a value out of line (`value` is its reference) if
+    /// `out_of_line`; `placed` runs once the record is linked, before `guard` is
+    /// refreshed. So a checkpoint that captures the record (its flush waits for every
+    /// thread to refresh) comes after `placed` ran.
+    pub(crate) fn upsert_value(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+        out_of_line: bool,
+        placed: &mut dyn FnMut(),
+    ) -> Result<()> {
+        self.hot.upsert_value(guard, key, value, out_of_line)?;
+        placed();
         // Applied: from here on nothing may fail the write.
         self.throttle(guard);
         Ok(())
@@ -475,6 +540,17 @@ impl F2 {
         // Applied: from here on nothing may fail the write.
         self.throttle(guard);
         Ok(value)
+    }
+
+    /// The longest value a record of a key of `key_len` bytes holds in both logs (a
+    /// compaction copies hot records to the cold log).
+    pub(crate) fn max_inline_value_bytes(&self, key_len: usize) -> usize {
+        let page = self
+            .hot
+            .log()
+            .page_bytes()
+            .min(self.cold.log().page_bytes());
+        (page as usize).saturating_sub(super::record::record_size_bytes(key_len, 0))
     }
 
     /// Bytes of the hot log and of the cold log (TAIL - BEGIN).
@@ -521,6 +597,24 @@ impl F2 {
             compacted = true;
         }
         Ok(compacted)
+    }
+
+    /// Compacts all of the hot log into the cold log, then all of the cold log into
+    /// itself, but for each one's tail page: READ_ONLY is moved to each tail first (as a
+    /// checkpoint's flush does), so that nothing below the tail's page is left out as
+    /// mutable. For tests that count what compaction leaves.
+    pub(crate) fn compact_all(&self, guard: &mut EpochGuard<'_, '_>) -> Result<()> {
+        let hot_tail = {
+            let _one = self.one_compaction(guard);
+            self.hot.log().flush_all(guard)?
+        };
+        self.compact_hot(guard, hot_tail)?;
+        let cold_tail = {
+            let _one = self.one_compaction(guard);
+            self.cold.log().flush_all(guard)?
+        };
+        self.compact_cold(guard, cold_tail)?;
+        Ok(())
     }
 
     /// The disk budgets of the hot log, the cold log and the chunk log.
@@ -588,9 +682,20 @@ impl F2 {
         let log = self.log_of(tier);
         let a = log.addresses();
         let end = Self::compaction_end(a, until, log.page_bytes());
-        self.copy_live(guard, tier, a.begin, end, group)?;
+        self.dropped_references.lock().clear();
+        if let Err(e) = self.copy_live(guard, tier, a.begin, end, group) {
+            // Records it copied stay at their sources too, until a pass truncates them.
+            self.shared_references.store(true, Ordering::SeqCst);
+            return Err(e);
+        }
         if end <= a.begin {
             return Ok(end);
+        }
+        // Before the truncation, and under the compaction lock a checkpoint takes too:
+        // no checkpoint captures the logs between the two.
+        if let Err(e) = self.report_unreachable(guard, tier, a.begin..end) {
+            self.shared_references.store(true, Ordering::SeqCst);
+            return Err(e);
         }
         bump(&self.counters.compacted_bytes, end - a.begin);
         if !matches!(tier, Tier::Hot) {
@@ -693,6 +798,108 @@ impl F2 {
         log::warn!("bfdb: {whose} compaction of a hash store failed: {e}");
     }
 
+    /// Notes a record the running pass drops (it is not its key's newest): if it holds
+    /// a value out of line, the value may be unreachable (`report_unreachable`).
+    fn note_dropped(&self, record: &DiskRecord) {
+        if record.out_of_line && !record.header.is_tombstone() {
+            self.dropped_references
+                .lock()
+                .push((record.key.clone(), record.value.clone()));
+        }
+    }
+
+    /// Reports the values out of line of the records this pass drops from `region` of
+    /// `tier`'s log (from its BEGIN) that no record outside the region holds: after the
+    /// pass's copies, before its truncation. Until two records may share a reference
+    /// (`shared_references`) no walk is needed: a dropped record is the only holder.
+    ///
+    /// Why the last holder reports, and only it: several records may hold one
+    /// reference — a compaction's copy and its source (a pass that failed after
+    /// copying leaves both, and the next copies again), a record recovery's replay wrote
+    /// again. Reporting at each would report one value at passes far apart, and a late
+    /// report could free a reused extent of the same reference (the store tells
+    /// extents apart by offset, length and checksum, which the same bytes written again
+    /// to a reused extent repeat). With the rule, once a pass reports a reference no
+    /// record holds it (the pass truncates what it dropped), and no record takes it up
+    /// again (writes reference fresh extents; compaction copies only records that hold
+    /// it): every report of a value comes from one pass, between two checkpoints.
+    fn report_unreachable(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        tier: Tier,
+        region: std::ops::Range<u64>,
+    ) -> Result<()> {
+        let dropped = std::mem::take(&mut *self.dropped_references.lock());
+        let Some(on_unreachable) = self.on_unreachable.get() else {
+            return Ok(());
+        };
+        if !self.shared_references.load(Ordering::SeqCst) {
+            // Each dropped record is its reference's only holder.
+            for (key, reference) in dropped {
+                on_unreachable(&key, &reference);
+            }
+            return Ok(());
+        }
+        // One walk of each key's chains, whatever the number of its dropped records;
+        // every walk before any report, so that a pass that fails here reports nothing
+        // (its records stay, and a later pass decides again). A reference that several
+        // dropped records hold is reported once.
+        let mut by_key: std::collections::HashMap<Vec<u8>, std::collections::HashSet<Vec<u8>>> =
+            std::collections::HashMap::new();
+        for (key, reference) in dropped {
+            by_key.entry(key).or_default().insert(reference);
+        }
+        let mut unreachable = Vec::new();
+        for (key, references) in by_key {
+            let held = self.references_held(guard, &key, Some((tier, region.end)))?;
+            for reference in references {
+                if !held.contains(&reference) {
+                    unreachable.push((key.clone(), reference));
+                }
+            }
+            guard.refresh();
+        }
+        for (key, reference) in unreachable {
+            on_unreachable(&key, &reference);
+        }
+        Ok(())
+    }
+
+    /// The references of the values out of line that valid records of `key` in the hot
+    /// log and the cold log hold, but for the records below `above` in the log of
+    /// `tier` (a region from its BEGIN that a compaction truncates). Both chains are
+    /// walked (the compacted one down to `above`), reading from the disk what is
+    /// there. Copies in the read cache hold nothing (they copy a record that does).
+    fn references_held(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        above: Option<(Tier, u64)>,
+    ) -> Result<std::collections::HashSet<Vec<u8>>> {
+        let (hot_floor, cold_floor) = match above {
+            Some((Tier::Hot, end)) => (end, 0),
+            Some((Tier::Cold, end)) => (0, end),
+            _ => (0, 0),
+        };
+        let mut held = std::collections::HashSet::new();
+        self.hot.references_held(guard, key, hot_floor, &mut held)?;
+        self.cold
+            .references_held(guard, key, cold_floor, &mut held)?;
+        Ok(held)
+    }
+
+    /// Whether a valid record of `key` in the hot log or the cold log holds the value
+    /// out of line `reference`: recovery asks it of the values a checkpoint left
+    /// uncertain (see `report_unreachable` for why any record, not only the newest).
+    pub(crate) fn holds_reference(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        reference: &[u8],
+    ) -> Result<bool> {
+        Ok(self.references_held(guard, key, None)?.contains(reference))
+    }
+
     /// Copies the live records of `[begin, end)` of `tier`'s log to the cold log's tail,
     /// a page at a time, on `compaction_threads` threads (the caller's among them): each
     /// takes the next page, reads its records (its one page of buffer) and copies the
@@ -793,6 +1000,7 @@ impl F2 {
                 continue;
             }
             let value = (!record.header.is_tombstone()).then_some(record.value.as_slice());
+            debug_assert!(!record.out_of_line, "a chunk is never out of line");
             if self
                 .cold
                 .index()
@@ -833,6 +1041,9 @@ impl F2 {
                 match self.hot.is_newest(guard, &record.key, *address) {
                     Ok(live) => {
                         dropped += u64::from(!live);
+                        if !live {
+                            self.note_dropped(record);
+                        }
                         live
                     }
                     Err(e) => {
@@ -860,15 +1071,19 @@ impl F2 {
         let _reads = Held::new(c, batch.bytes_held());
         let mut batched = guard.batched(&batch);
         for (address, record) in group.drain(..) {
-            let value = (!record.header.is_tombstone()).then_some(record.value.as_slice());
+            let value = record.log_value();
             let copied = if conditional {
                 self.cold
-                    .insert_if_newest(&mut batched, &record.key, value, address)?
+                    .insert_if_newest(&mut batched, &record.key, value.as_ref(), address)?
                     .is_some()
             } else {
-                self.cold.insert(&mut batched, &record.key, value)?;
+                self.cold
+                    .insert_value(&mut batched, &record.key, value.as_ref())?;
                 true
             };
+            if !copied {
+                self.note_dropped(&record);
+            }
             let counter = match copied {
                 true => &self.counters.records_copied,
                 false => &self.counters.records_dropped,
@@ -894,7 +1109,7 @@ const BACKGROUND_READ_AHEAD_RECORDS: usize = 8;
 
 /// Which log a compaction reads.
 #[derive(Clone, Copy, Debug)]
-enum Tier {
+pub(crate) enum Tier {
     Hot = 0,
     Cold = 1,
     /// The cold index's chunk store.
@@ -1301,6 +1516,163 @@ mod tests {
                 Some(newest.to_le_bytes().to_vec())
             );
         }
+    }
+
+    /// Runs random writes of values out of line (unique 16-byte references standing for
+    /// the value store's), inline values, deletes and read-modify-writes through both
+    /// compactions, some of them failed by device reads that fail, and (if
+    /// `duplicates`) writes of a key's reference again, as recovery's replay makes them;
+    /// checks every reference compaction reports: never one that a record of its key
+    /// still holds, never one twice, and once everything is compacted, every reference
+    /// no record holds.
+    fn references_are_reported_once_when_their_last_record_goes(duplicates: bool) {
+        let devices = [(); 3].map(|()| Arc::new(MemBlocks::new()));
+        let store = F2::new(
+            tiny_options(64 * 4096, 4 * 4096, false),
+            F2Devices {
+                hot: devices[0].clone(),
+                cold: devices[1].clone(),
+                chunks: devices[2].clone(),
+            },
+        )
+        .unwrap();
+        if duplicates {
+            // As for a store recovered from a checkpoint.
+            store.shared_references.store(true, Ordering::SeqCst);
+        }
+        // (key, reference) as the store heard them.
+        type Reports = Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>>;
+        let reported: Reports = Arc::default();
+        let sink = Arc::clone(&reported);
+        store.set_on_unreachable(Box::new(move |key, reference| {
+            sink.lock().push((key.to_vec(), reference.to_vec()));
+        }));
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let mut rng = Rng(if duplicates { 29 } else { 23 });
+        // The model: each key's value (`true`: out of line) and every reference written.
+        let mut model: HashMap<Vec<u8>, (Vec<u8>, bool)> = HashMap::new();
+        let mut written: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut seen: std::collections::HashSet<Vec<u8>> = Default::default();
+        let mut next_ref = 0u64;
+        let mut failed_passes = 0;
+        let check_reports =
+            |guard: &EpochGuard<'_, '_>,
+             model: &HashMap<Vec<u8>, (Vec<u8>, bool)>,
+             seen: &mut std::collections::HashSet<Vec<u8>>| {
+                for (key, reference) in reported.lock().drain(..) {
+                    assert!(
+                        seen.insert(reference.clone()),
+                        "{reference:?} reported twice"
+                    );
+                    assert!(
+                        model.get(&key) != Some(&(reference.clone(), true)),
+                        "{key:?}'s current value reported"
+                    );
+                    let held = store.references_held(guard, &key, None).unwrap();
+                    assert!(
+                        !held.contains(&reference),
+                        "a record of {key:?} holds {reference:?}"
+                    );
+                }
+            };
+        for step in 0..12_000u64 {
+            let k = key(rng.skewed(300));
+            match rng.below(20) {
+                0..=9 => {
+                    next_ref += 1;
+                    let r = [next_ref.to_le_bytes(), (!next_ref).to_le_bytes()].concat();
+                    store
+                        .upsert_value(&mut guard, &k, Some(&r), true, &mut || {})
+                        .unwrap();
+                    written.insert(r.clone(), k.clone());
+                    model.insert(k, (r, true));
+                }
+                10..=12 => {
+                    let v = vec![rng.below(256) as u8; 16];
+                    store.upsert(&mut guard, &k, Some(&v)).unwrap();
+                    model.insert(k, (v, false));
+                }
+                13..=14 => {
+                    store.upsert(&mut guard, &k, None).unwrap();
+                    model.remove(&k);
+                }
+                15..=16 => {
+                    // An update never sees a reference: it writes nothing over one.
+                    let bump = |old: Option<&[u8]>| {
+                        let mut v = old.map(<[u8]>::to_vec).unwrap_or_default();
+                        v.truncate(15);
+                        v.push(7);
+                        v
+                    };
+                    let got = store.rmw(&mut guard, &k, &bump).unwrap();
+                    match model.get(&k) {
+                        Some((_, true)) => assert!(got.is_empty(), "step {step}"),
+                        old => {
+                            let new = bump(old.map(|(v, _)| &v[..]));
+                            assert_eq!(got, new, "step {step}");
+                            model.insert(k, (new, false));
+                        }
+                    }
+                }
+                17 if duplicates => {
+                    if let Some((r, true)) = model.get(&k).cloned() {
+                        store
+                            .upsert_value(&mut guard, &k, Some(&r), true, &mut || {})
+                            .unwrap();
+                    }
+                }
+                _ => {
+                    // A compaction pass whose reads fail after a while: it may have
+                    // copied records it does not truncate.
+                    devices[1 + (step % 2) as usize].fail_reads(u64::MAX);
+                    let a = store.hot().log().addresses();
+                    failed_passes +=
+                        u64::from(store.compact_hot(&mut guard, a.begin + 4 * 4096).is_err());
+                    devices.iter().for_each(|d| d.fail_reads(0));
+                }
+            }
+            if let Err(e) = store.maybe_compact(&mut guard) {
+                panic!("step {step}: {e}");
+            }
+            guard.refresh();
+            check_reports(&guard, &model, &mut seen);
+        }
+        // Filler of its own keys moves the tails on; then everything else is compacted.
+        for round in 0..2 {
+            for i in 0..2_000u64 {
+                let filler = format!("filler{round}-{i}").into_bytes();
+                store.upsert(&mut guard, &filler, Some(&[1; 24])).unwrap();
+            }
+            store.compact_all(&mut guard).unwrap();
+            guard.refresh();
+            check_reports(&guard, &model, &mut seen);
+        }
+        for (r, k) in &written {
+            let current = model.get(k) == Some(&(r.clone(), true));
+            assert_eq!(
+                seen.contains(r),
+                !current,
+                "{r:?} of {k:?}, current: {current}"
+            );
+        }
+        assert!(
+            store.stats().cold_cold_compactions > 3,
+            "{:?}",
+            store.stats()
+        );
+        assert!(failed_passes > 0 || !duplicates, "no pass failed");
+        assert!(store.shared_references.load(Ordering::SeqCst) || failed_passes == 0);
+    }
+
+    #[test]
+    fn references_are_reported_once_when_their_last_record_goes_in_a_fresh_store() {
+        references_are_reported_once_when_their_last_record_goes(false);
+    }
+
+    #[test]
+    fn references_are_reported_once_when_their_last_record_goes_with_records_sharing_them() {
+        references_are_reported_once_when_their_last_record_goes(true);
     }
 
     #[test]
@@ -1857,7 +2229,8 @@ mod tests {
             assert!(i < 10_000, "the write never left the hot log");
         }
         assert!(store.stats().hot_entries_removed > 0);
-        store.hot().cache_older(&guard, &key(0), b"old", ticket);
+        let old = crate::hash::record::LogValue::inline(b"old".to_vec());
+        store.hot().cache_older(&guard, &key(0), &old, ticket);
         assert_eq!(
             store.get(&guard, &key(0)).unwrap().as_deref(),
             Some(&b"new"[..])

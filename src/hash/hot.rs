@@ -30,6 +30,15 @@
 //! mark a copy of their key invalid and link their record past the copy, so their swap
 //! of the entry unlinks it; compaction's liveness check starts past it.
 //!
+//! **Values out of line.** A record may hold the reference of a value the database's
+//! value store keeps (`record.rs`). Such a record is never updated in place, whether
+//! its value or the new one is out of line: the write appends a new record, and the
+//! old one, shadowed, stays in the log until compaction drops it and reports its
+//! reference (`f2.rs`). So every reference leaves the log with its record, and
+//! compaction is the one place that tells the value store a value is unreachable. A
+//! read-modify-write never hands a reference to its update: it answers
+//! [`Update::out_of_line`] instead, and its caller reads the value and writes.
+//!
 //! Every operation runs under an epoch guard and never refreshes it while it holds an
 //! index entry slot or a record view: when the tail's page is full, or a record is in
 //! the fuzzy region, it drops them, refreshes, and starts again.
@@ -41,7 +50,7 @@ use super::epoch::{Epoch, EpochGuard};
 use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog};
 use super::index::{ChainLink, EntrySlot, HashIndex, IndexOptions, RecordHashes};
 use super::read_cache::{READ_CACHE_BIT, ReadCache, ReadCacheStats, is_cached};
-use super::record::{Header, MemRecord, record_size_bytes};
+use super::record::{DiskRecord, Header, LogValue, MemRecord, record_size_bytes};
 use crate::error::{Error, Result};
 use crate::storage::BlockDevice;
 
@@ -116,6 +125,14 @@ pub(crate) trait Update: Sync {
     fn refuses(&self, _new: &[u8]) -> bool {
         false
     }
+
+    /// Called in place of [`Update::update`] when the old value is out of line (its
+    /// record holds a reference, which an update must never take for the value): the
+    /// read-modify-write writes nothing and answers what this returns. Its caller reads
+    /// the whole value and writes on its own (`HashStore::rmw_with`).
+    fn out_of_line(&self) -> Vec<u8> {
+        Vec::new()
+    }
 }
 
 impl<F: Fn(Option<&[u8]>) -> Vec<u8> + Sync> Update for F {
@@ -160,7 +177,7 @@ pub(crate) struct HotLog {
 /// Where the hot log's part of a read ended.
 pub(crate) enum HotRead {
     /// The answer: a value, or `None` for a tombstone.
-    Found(Option<Vec<u8>>),
+    Found(Option<LogValue>),
     /// The hot log has no record of the key (above BEGIN): the older tier answers, and
     /// what it finds may be cached with [`HotLog::cache_older`] and this ticket.
     NotFound(CacheTicket),
@@ -195,8 +212,8 @@ pub(crate) enum Step<T> {
 enum Found {
     /// In memory at this address.
     Memory(u64, MemRecord),
-    /// On disk at this address: its header and value.
-    Disk(u64, Header, Vec<u8>),
+    /// On disk at this address.
+    Disk(u64, DiskRecord),
     None,
 }
 
@@ -423,7 +440,7 @@ impl HotLog {
                 }
                 Fetched::Disk(record) => {
                     if !record.header.is_invalid() && record.key == key {
-                        return Ok(Found::Disk(address, record.header, record.value));
+                        return Ok(Found::Disk(address, record));
                     }
                     address = record.header.previous();
                 }
@@ -438,7 +455,7 @@ impl HotLog {
         &self,
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
-    ) -> Result<Option<Option<Vec<u8>>>> {
+    ) -> Result<Option<Option<LogValue>>> {
         Ok(match self.read_inner(guard, key, false)? {
             HotRead::Found(found) => Some(found),
             HotRead::NotFound(_) => None,
@@ -460,7 +477,7 @@ impl HotLog {
         &self,
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
-        value: &[u8],
+        value: &LogValue,
         ticket: CacheTicket,
     ) {
         if ticket.allowed {
@@ -486,7 +503,8 @@ impl HotLog {
             ticket.hot_head = header.previous();
             if copy.key_equals(key) {
                 if !header.is_invalid() {
-                    let (_, value) = copy.read_value();
+                    let (_, value) = copy.read_log_value();
+                    let value = value.unwrap_or_default();
                     rc.count_hit();
                     let address = entry.expect("a copy came from the entry");
                     if caching && rc.is_old(address) {
@@ -499,20 +517,16 @@ impl HotLog {
             }
         }
         Ok(match self.find_record(guard, key, ticket.hot_head)? {
-            Found::Memory(_, record) => {
-                let (header, value) = record.read_value();
-                HotRead::Found((!header.is_tombstone()).then_some(value))
-            }
-            Found::Disk(_, header, value) => {
-                if header.is_tombstone() {
-                    HotRead::Found(None)
-                } else {
+            Found::Memory(_, record) => HotRead::Found(record.read_log_value().1),
+            Found::Disk(_, record) => match record.log_value() {
+                None => HotRead::Found(None),
+                Some(value) => {
                     if ticket.allowed {
                         self.insert_copy(guard, key, &value, ticket);
                     }
                     HotRead::Found(Some(value))
                 }
-            }
+            },
             Found::None => HotRead::NotFound(ticket),
         })
     }
@@ -523,7 +537,7 @@ impl HotLog {
         &self,
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
-        value: &[u8],
+        value: &LogValue,
         ticket: CacheTicket,
     ) -> bool {
         let Some(rc) = self.read_cache.as_deref() else {
@@ -554,7 +568,7 @@ impl HotLog {
         old: MemRecord,
         old_address: u64,
         key: &[u8],
-        value: &[u8],
+        value: &LogValue,
         begin: u64,
     ) {
         let previous = old.header().previous();
@@ -576,16 +590,18 @@ impl HotLog {
     }
 
     /// A copy of `key` and `value` at the read cache's tail, linked to `previous`, not
-    /// yet in the index; `None` if it does not fit or the cache has no space now.
+    /// yet in the index; `None` if it does not fit or the cache has no space now. A
+    /// value out of line is copied as its reference: the copy owns nothing (the record
+    /// it copies does), and never reports a value unreachable.
     fn new_copy(
         &self,
         guard: &EpochGuard<'_, '_>,
         rc: &ReadCache,
         key: &[u8],
-        value: &[u8],
+        value: &LogValue,
         previous: u64,
     ) -> Option<(u64, MemRecord)> {
-        let size = record_size_bytes(key.len(), value.len()) as u64;
+        let size = record_size_bytes(key.len(), value.bytes.len()) as u64;
         if size > rc.page_bytes() {
             return None;
         }
@@ -593,7 +609,12 @@ impl HotLog {
         let address = rc.allocate(guard, &self.index, begin, size)?;
         // SAFETY: just allocated by this thread, which fills it before any refresh.
         let copy = unsafe { rc.record(address) };
-        copy.init(Header::new(previous, false), key, value);
+        copy.init_value(
+            Header::new(previous, false),
+            key,
+            &value.bytes,
+            value.out_of_line,
+        );
         Some((address, copy))
     }
 
@@ -649,9 +670,53 @@ impl HotLog {
         let head = self.hot_head(slot.address());
         drop(slot);
         Ok(match self.find_record(guard, key, head)? {
-            Found::Memory(address, _) | Found::Disk(address, ..) => Some(address),
+            Found::Memory(address, _) | Found::Disk(address, _) => Some(address),
             Found::None => None,
         })
+    }
+
+    /// Adds to `held` the references of the values out of line that valid records of
+    /// `key` at or above `floor` hold: the chain is walked down to `floor` (chains only
+    /// go down), past a copy in the read cache (a copy holds nothing: see
+    /// `F2::report_unreachable`).
+    pub(crate) fn references_held(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        floor: u64,
+        held: &mut std::collections::HashSet<Vec<u8>>,
+    ) -> Result<()> {
+        let Some(slot) = self.index.find(guard, self.keying.hash(key)) else {
+            return Ok(());
+        };
+        let mut address = self.hot_head(slot.address());
+        drop(slot);
+        while address != INVALID_ADDRESS && address >= floor {
+            let Some(fetched) = self.log.fetch(guard, address)? else {
+                break;
+            };
+            let (header, value) = match fetched {
+                Fetched::Memory(record) => {
+                    let header = record.header();
+                    let value =
+                        (!header.is_invalid() && record.is_out_of_line() && record.key_equals(key))
+                            .then(|| record.read_log_value().1)
+                            .flatten();
+                    (header, value)
+                }
+                Fetched::Disk(record) => {
+                    let value = (!record.header.is_invalid() && record.key == key)
+                        .then(|| record.log_value())
+                        .flatten();
+                    (record.header, value)
+                }
+            };
+            if let Some(v) = value.filter(|v| v.out_of_line) {
+                held.insert(v.bytes);
+            }
+            address = header.previous();
+        }
+        Ok(())
     }
 
     /// Whether the record at `address` is the newest record of `key` (compaction's
@@ -726,7 +791,7 @@ impl HotLog {
         }
         let (bytes, tombstone) = (value.unwrap_or(&[]), value.is_none());
         Ok(
-            match self.append(guard, &mut slot, key, bytes, tombstone)? {
+            match self.append(guard, &mut slot, key, (bytes, false), tombstone)? {
                 Step::Done(()) => Step::Done(true),
                 Step::Retry => Step::Retry,
                 Step::PageFull(full) => Step::PageFull(full),
@@ -736,7 +801,7 @@ impl HotLog {
 
     /// The value of `key`, if it has one.
     pub(crate) fn get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.lookup(guard, key)?.flatten())
+        Ok(self.lookup(guard, key)?.flatten().map(LogValue::into_bytes))
     }
 
     /// Sets `key` to `value` (or deletes it, for `None`).
@@ -746,7 +811,21 @@ impl HotLog {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<()> {
-        self.run(guard, |this, guard| this.try_upsert(guard, key, value))
+        self.upsert_value(guard, key, value, false)
+    }
+
+    /// [`HotLog::upsert`] of a value out of line (`value` is its reference) if
+    /// `out_of_line`. Returns without refreshing `guard` after the record is linked.
+    pub(crate) fn upsert_value(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        key: &[u8],
+        value: Option<&[u8]>,
+        out_of_line: bool,
+    ) -> Result<()> {
+        self.run(guard, |this, guard| {
+            this.try_upsert(guard, key, value, out_of_line)
+        })
     }
 
     /// Replaces the value of `key` with `update(old)` atomically; returns the new value.
@@ -768,7 +847,7 @@ impl HotLog {
         guard: &mut EpochGuard<'_, '_>,
         key: &[u8],
         update: &dyn Update,
-        older: &dyn Fn(&EpochGuard<'_, '_>) -> Result<Option<Vec<u8>>>,
+        older: &dyn Fn(&EpochGuard<'_, '_>) -> Result<Option<LogValue>>,
     ) -> Result<Vec<u8>> {
         self.run(guard, |this, guard| {
             this.try_rmw(guard, key, update, Some(older))
@@ -839,10 +918,13 @@ impl HotLog {
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
         value: Option<&[u8]>,
+        out_of_line: bool,
     ) -> Result<Step<()>> {
         Self::check_key(key)?;
         let mut slot = self.index.find_or_create(guard, self.keying.hash(key));
-        if let Some(v) = value {
+        // A value out of line never goes in place (nor over one: `update_in_place`
+        // refuses those records): see the module's docs.
+        if let Some(v) = value.filter(|_| !out_of_line) {
             let read_only = self.log.addresses().read_only;
             let head = self.hot_head(slot.address());
             if let Found::Memory(address, record) =
@@ -855,16 +937,18 @@ impl HotLog {
                 return Ok(Step::Done(()));
             }
         }
-        self.append(guard, &mut slot, key, value.unwrap_or(&[]), value.is_none())
+        let (bytes, tombstone) = (value.unwrap_or(&[]), value.is_none());
+        self.append(guard, &mut slot, key, (bytes, out_of_line), tombstone)
     }
 
-    /// Appends a record in front of `slot`'s chain and swaps it in.
+    /// Appends a record in front of `slot`'s chain and swaps it in: `value`'s bytes,
+    /// and whether they are the reference of a value out of line.
     fn append(
         &self,
         guard: &EpochGuard<'_, '_>,
         slot: &mut EntrySlot<'_>,
         key: &[u8],
-        value: &[u8],
+        (value, out_of_line): (&[u8], bool),
         tombstone: bool,
     ) -> Result<Step<()>> {
         let _ = guard;
@@ -888,7 +972,7 @@ impl HotLog {
         let previous = self.bypass_copy(slot.address(), key);
         // SAFETY: just allocated at the tail (above HEAD), filled before any refresh.
         let record = unsafe { self.log.record(address) };
-        record.init(Header::new(previous, tombstone), key, value);
+        record.init_value(Header::new(previous, tombstone), key, value, out_of_line);
         bump(&self.counters.appended_records);
         match slot.try_update(address) {
             Ok(()) => Ok(Step::Done(())),
@@ -925,7 +1009,7 @@ impl HotLog {
         guard: &EpochGuard<'_, '_>,
         key: &[u8],
         update: &dyn Update,
-        older: Option<&dyn Fn(&EpochGuard<'_, '_>) -> Result<Option<Vec<u8>>>>,
+        older: Option<&dyn Fn(&EpochGuard<'_, '_>) -> Result<Option<LogValue>>>,
     ) -> Result<Step<Vec<u8>>> {
         Self::check_key(key)?;
         let mut slot = self.index.find_or_create(guard, self.keying.hash(key));
@@ -936,9 +1020,9 @@ impl HotLog {
         {
             // A valid copy at the head holds the newest value (the key's newest hot
             // record, if any, is on disk): copy-update from it, swapping out the copy.
-            let (_, value) = copy.read_value();
+            let (_, value) = copy.read_log_value();
             rc.count_hit();
-            return self.copy_update(guard, &mut slot, key, Some(value), update);
+            return self.copy_update(guard, &mut slot, key, value, update);
         }
         let addresses = self.log.addresses();
         match self.find_record(guard, key, self.hot_head(head))? {
@@ -951,6 +1035,10 @@ impl HotLog {
                 let Some(mut locked) = record.lock() else {
                     return Ok(Step::Retry);
                 };
+                if locked.is_out_of_line() && !locked.header().is_tombstone() {
+                    // Unlocked unchanged when `locked` drops.
+                    return Ok(Step::Done(update.out_of_line()));
+                }
                 let old = (!locked.header().is_tombstone()).then(|| locked.value());
                 let new = update.update(old.as_deref());
                 if update.refuses(&new) {
@@ -964,7 +1052,7 @@ impl HotLog {
                 }
                 // Does not fit in place: copy to the tail while the old record stays
                 // locked, then seal it.
-                match self.append(guard, &mut slot, key, &new, false)? {
+                match self.append(guard, &mut slot, key, (&new, false), false)? {
                     Step::Done(()) => {
                         locked.seal();
                         Ok(Step::Done(new))
@@ -975,13 +1063,11 @@ impl HotLog {
             }
             Found::Memory(_, record) => {
                 // Read-only in memory: nobody updates it in place any more.
-                let (header, value) = record.read_value();
-                let old = (!header.is_tombstone()).then_some(value);
+                let (_, old) = record.read_log_value();
                 self.copy_update(guard, &mut slot, key, old, update)
             }
-            Found::Disk(_, header, value) => {
-                let old = (!header.is_tombstone()).then_some(value);
-                self.copy_update(guard, &mut slot, key, old, update)
+            Found::Disk(_, record) => {
+                self.copy_update(guard, &mut slot, key, record.log_value(), update)
             }
             Found::None => {
                 let Some(older) = older else {
@@ -1006,14 +1092,17 @@ impl HotLog {
         guard: &EpochGuard<'_, '_>,
         slot: &mut EntrySlot<'_>,
         key: &[u8],
-        old: Option<Vec<u8>>,
+        old: Option<LogValue>,
         update: &dyn Update,
     ) -> Result<Step<Vec<u8>>> {
-        let new = update.update(old.as_deref());
+        if old.as_ref().is_some_and(|o| o.out_of_line) {
+            return Ok(Step::Done(update.out_of_line()));
+        }
+        let new = update.update(old.as_ref().map(|o| &o.bytes[..]));
         if update.refuses(&new) {
             return Ok(Step::Done(new));
         }
-        Ok(match self.append(guard, slot, key, &new, false)? {
+        Ok(match self.append(guard, slot, key, (&new, false), false)? {
             Step::Done(()) => Step::Done(new),
             Step::Retry => Step::Retry,
             Step::PageFull(full) => Step::PageFull(full),

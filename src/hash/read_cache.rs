@@ -550,6 +550,7 @@ mod tests {
     use crate::hash::epoch::Epoch;
     use crate::hash::hlog::HlogOptions;
     use crate::hash::hot::{HotLog, HotRead};
+    use crate::hash::record::LogValue;
     use crate::storage::MemBlocks;
 
     /// A hot log of four 4 KiB frames with a read cache of `pages` 4 KiB pages.
@@ -582,11 +583,11 @@ mod tests {
     fn read_cold(store: &HotLog, guard: &crate::hash::epoch::EpochGuard<'_, '_>, i: u64) -> bool {
         match store.read(guard, &key(i)).unwrap() {
             HotRead::Found(found) => {
-                assert_eq!(found, Some(value(i)), "key {i}");
+                assert_eq!(found, Some(LogValue::inline(value(i))), "key {i}");
                 true
             }
             HotRead::NotFound(ticket) => {
-                store.cache_older(guard, &key(i), &value(i), ticket);
+                store.cache_older(guard, &key(i), &LogValue::inline(value(i)), ticket);
                 false
             }
         }
@@ -732,7 +733,9 @@ mod tests {
                 _ => Some(value(i)),
             };
             match store.read(&guard, &key(i)).unwrap() {
-                HotRead::Found(found) => assert_eq!(found, want, "key {i}"),
+                HotRead::Found(found) => {
+                    assert_eq!(found, want.map(LogValue::inline), "key {i}");
+                }
                 HotRead::NotFound(_) => panic!("key {i}: a copy or a hot record answers"),
             }
         }

@@ -9,7 +9,8 @@
 //!            bit   51     1 in every record (so that no header word is zero)
 //!            bits 52..64  version: bumped by every in-place update (12 bits, wrapping)
 //!  8..10   key length (u16 LE)
-//! 10..12   0
+//! 10..12   flags (u16 LE): bit 0 out of line (the value is a 16-byte reference to the
+//!          database's value store); the other bits 0
 //! 12..16   value length (u32 LE)
 //! 16..     key, zero-padded to a multiple of 8; then the value
 //!  ..+4    on disk: CRC-32C of the record's bytes from its header to the value's end
@@ -39,6 +40,13 @@
 //! The value's words are read and written as atomics, so racing copies are torn (and
 //! retried) but never undefined.
 //!
+//! **Values out of line.** A value longer than the database's inline limit lives in the
+//! value store (`storage/values.rs`) and its record holds the 16-byte reference, with the
+//! out-of-line flag set. The flag lives in bytes that every record of the earlier
+//! builds has zero, so their records read as what they are: inline. A record's flag
+//! never changes once it is published, and an in-place update never replaces an
+//! out-of-line value (see `hot.rs`): a reference leaves the log only with its record.
+//!
 //! Decoding a record read from disk checks every length against the bytes read: a
 //! corrupt record is an error, never a panic.
 
@@ -57,6 +65,11 @@ const TOMBSTONE: u64 = 1 << 49;
 const LOCKED: u64 = 1 << 50;
 const PRESENT: u64 = 1 << 51;
 const VERSION_SHIFT: u32 = 52;
+
+/// The lengths word's bit saying the value is out of line (bit 0 of bytes 10..12).
+const OUT_OF_LINE: u64 = 1 << 16;
+/// The lengths word's bits that must be zero (the rest of bytes 10..12).
+const RESERVED: u64 = 0xffff_0000 & !OUT_OF_LINE;
 
 /// The largest key a record holds.
 pub(crate) const MAX_KEY_BYTES: usize = u16::MAX as usize;
@@ -177,8 +190,15 @@ impl MemRecord {
     /// lengths, key and value; the header last, with release ordering, so a reader that
     /// sees the header sees the rest.
     pub(crate) fn init(&self, header: Header, key: &[u8], value: &[u8]) {
+        self.init_value(header, key, value, false);
+    }
+
+    /// [`MemRecord::init`] of a value that is out of line (`value` is its reference) if
+    /// `out_of_line`.
+    pub(crate) fn init_value(&self, header: Header, key: &[u8], value: &[u8], out_of_line: bool) {
         assert!(key.len() <= MAX_KEY_BYTES);
-        let lengths = (key.len() as u64) | ((value.len() as u64) << 32);
+        let flags = if out_of_line { OUT_OF_LINE } else { 0 };
+        let lengths = (key.len() as u64) | flags | ((value.len() as u64) << 32);
         self.word(8).store(lengths, Ordering::Relaxed);
         store_bytes(self, RECORD_HEADER_BYTES, key);
         store_bytes(self, RECORD_HEADER_BYTES + pad8(key.len()), value);
@@ -192,6 +212,11 @@ impl MemRecord {
     fn lengths(&self) -> (usize, usize) {
         let w = self.word(8).load(Ordering::Relaxed);
         ((w & 0xffff) as usize, (w >> 32) as usize)
+    }
+
+    /// Whether the record's value is out of line (its bytes are the reference).
+    pub(crate) fn is_out_of_line(&self) -> bool {
+        self.word(8).load(Ordering::Relaxed) & OUT_OF_LINE != 0
     }
 
     /// The record's size in its log.
@@ -228,10 +253,24 @@ impl MemRecord {
         }
     }
 
-    /// Replaces the value in place with `value` of the same length; false (nothing
-    /// written) if the length differs or the record is a tombstone or invalid.
+    /// [`MemRecord::read_value`] with the value as the record holds it (`None` for a
+    /// tombstone).
+    pub(crate) fn read_log_value(&self) -> (Header, Option<LogValue>) {
+        let (header, bytes) = self.read_value();
+        let value = (!header.is_tombstone()).then(|| LogValue {
+            bytes,
+            out_of_line: self.is_out_of_line(),
+        });
+        (header, value)
+    }
+
+    /// Replaces the value in place with `value` (inline) of the same length; false
+    /// (nothing written) if the length differs, the record's value is out of line, or
+    /// the record is a tombstone or invalid. (An out-of-line value is never replaced in
+    /// place: its reference leaves the log only with its record, which compaction
+    /// reports; see `hot.rs`.)
     pub(crate) fn update_in_place(&self, value: &[u8]) -> bool {
-        if self.lengths().1 != value.len() {
+        if self.lengths().1 != value.len() || self.is_out_of_line() {
             return false;
         }
         let Some(mut locked) = self.lock() else {
@@ -293,6 +332,11 @@ pub(crate) struct LockedRecord {
 impl LockedRecord {
     pub(crate) fn header(&self) -> Header {
         self.header
+    }
+
+    /// Whether the record's value is out of line (its bytes are the reference).
+    pub(crate) fn is_out_of_line(&self) -> bool {
+        self.record.is_out_of_line()
     }
 
     pub(crate) fn value(&self) -> Vec<u8> {
@@ -359,6 +403,41 @@ pub(crate) struct DiskRecord {
     pub(crate) header: Header,
     pub(crate) key: Vec<u8>,
     pub(crate) value: Vec<u8>,
+    /// Whether `value` is the reference of a value kept out of line.
+    pub(crate) out_of_line: bool,
+}
+
+impl DiskRecord {
+    /// The record's value as it holds it (`None` for a tombstone).
+    pub(crate) fn log_value(&self) -> Option<LogValue> {
+        (!self.header.is_tombstone()).then(|| LogValue {
+            bytes: self.value.clone(),
+            out_of_line: self.out_of_line,
+        })
+    }
+}
+
+/// A value as a record holds it: its bytes, or (`out_of_line`) the 16-byte reference
+/// of a value the database's value store keeps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LogValue {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) out_of_line: bool,
+}
+
+impl LogValue {
+    /// An inline value.
+    pub(crate) fn inline(bytes: Vec<u8>) -> LogValue {
+        LogValue {
+            bytes,
+            out_of_line: false,
+        }
+    }
+
+    /// The bytes of an inline value; for an out-of-line one, its reference.
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
 }
 
 /// Why bytes read from disk are not a record.
@@ -399,7 +478,7 @@ impl DiskRecord {
         }
         let lengths = word(8);
         let (k, v) = ((lengths & 0xffff) as usize, (lengths >> 32) as usize);
-        if lengths & 0xffff_0000 != 0 {
+        if lengths & RESERVED != 0 {
             return Err(Decode::Corrupt(format!("reserved bits set: {lengths:#x}")));
         }
         let size = record_size_bytes(k, v);
@@ -429,6 +508,7 @@ impl DiskRecord {
             header: Header(header.0 & !LOCKED),
             key: body[..k].to_vec(),
             value: body[value_at..value_at + v].to_vec(),
+            out_of_line: lengths & OUT_OF_LINE != 0,
         })
     }
 }
@@ -483,6 +563,48 @@ mod tests {
         assert!(!rec.update_in_place(b"a third value of 21 b"));
         stamp_checksums(&mut buf.0, 0, 256);
         assert!(DiskRecord::decode(&buf.0, 256).unwrap().header.is_invalid());
+    }
+
+    #[test]
+    fn the_out_of_line_flag_survives_memory_and_disk_and_other_reserved_bits_are_corrupt() {
+        let mut buf = Buf([0; 256]);
+        // SAFETY: the buffer is 8-aligned, large enough, and only this test uses it.
+        let rec = unsafe { MemRecord::at(buf.0.as_mut_ptr()) };
+        let reference = [9u8; 16];
+        rec.init_value(Header::new(64, false), b"key", &reference, true);
+        assert!(rec.is_out_of_line());
+        assert_eq!(
+            rec.read_log_value().1,
+            Some(LogValue {
+                bytes: reference.to_vec(),
+                out_of_line: true
+            })
+        );
+        // Never replaced in place, even by a value of its length.
+        assert!(!rec.update_in_place(&[1u8; 16]));
+        stamp_checksums(&mut buf.0, 0, 256);
+        let d = DiskRecord::decode(&buf.0, 256).unwrap();
+        assert!(d.out_of_line);
+        assert_eq!(d.value, reference);
+        // A record of an earlier build (bytes 10..12 zero) is inline.
+        let mut old = Buf([0; 256]);
+        // SAFETY: as above.
+        let rec = unsafe { MemRecord::at(old.0.as_mut_ptr()) };
+        rec.init(Header::new(64, false), b"key", &reference);
+        stamp_checksums(&mut old.0, 0, 256);
+        assert!(!DiskRecord::decode(&old.0, 256).unwrap().out_of_line);
+        // Any other bit of bytes 10..12 is damage, with a valid checksum too.
+        for bit in 1..16 {
+            let mut bytes = buf.0;
+            bytes[10 + bit / 8] |= 1 << (bit % 8);
+            let end = checked_bytes(3, 16);
+            let crc = crc32c::crc32c(&bytes[..end]);
+            bytes[end..end + 4].copy_from_slice(&crc.to_le_bytes());
+            assert!(
+                matches!(DiskRecord::decode(&bytes, 256), Err(Decode::Corrupt(_))),
+                "bit {bit}"
+            );
+        }
     }
 
     #[test]

@@ -323,10 +323,11 @@ fn read_value(store: &HotLog, key: &[u8], older: &[u8]) -> Vec<u8> {
     let mut h = store.epoch().register();
     let g = h.protect();
     match store.read(&g, key).unwrap() {
-        HotRead::Found(found) => found.expect("no tombstones here"),
+        HotRead::Found(found) => found.expect("no tombstones here").into_bytes(),
         HotRead::NotFound(ticket) => {
-            store.cache_older(&g, key, older, ticket);
-            older.to_vec()
+            let older = crate::hash::record::LogValue::inline(older.to_vec());
+            store.cache_older(&g, key, &older, ticket);
+            older.into_bytes()
         }
     }
 }

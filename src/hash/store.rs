@@ -21,7 +21,17 @@
 //! those extents and replays the log from the checkpoint's position. A log segment that
 //! a kept checkpoint needs is never deleted ([`Retaining`]).
 //!
-//! Uses: `hash::f2`, `journal`, `error`.
+//! # Values out of line
+//!
+//! A value longer than the inline limit goes to the database's value store first
+//! (`storage/values.rs`); the logged op is `PutExternal` and the record holds the
+//! reference. The store hears `applied` right after the record is linked, before the
+//! writer's epoch guard refreshes ([`F2::upsert_value`]), and `free` from compaction
+//! when the last record holding a reference is dropped (`F2::report_unreachable`).
+//! Reads take the value store's read guard before the lookup and read the value after
+//! leaving the epoch. See docs/design.md, "Values out of line in a hash store".
+//!
+//! Uses: `hash::f2`, `journal`, `storage` (the value store), `error`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,9 +41,10 @@ use super::f2::{F2, F2Devices, F2Extents, F2Options};
 use super::hlog::HlogOptions;
 use super::hot::Update;
 use super::read_cache::ReadCache;
+use super::record::LogValue;
 use crate::error::{Error, Result};
 use crate::journal::{Durability, Journal};
-use crate::storage::{BlockDevice, Retaining, SegmentFiles};
+use crate::storage::{BlockDevice, Retaining, SegmentFiles, ValueRef, ValueStore};
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::ticker::Ticker;
 use crate::wal::LogOpRef;
@@ -525,9 +536,21 @@ pub(crate) struct HashAttached {
     pub(crate) durability: Durability,
     /// Set when the keyspace is dropped from its database.
     pub(crate) dropped: AtomicBool,
-    /// The largest key and value a write may have.
+    /// The largest key and value a write may have (`Config::max_key_bytes`,
+    /// `Config::max_value_bytes`).
     pub(crate) max_key_bytes: usize,
     pub(crate) max_value_bytes: usize,
+    /// The longest value a record keeps itself (`Config::inline_value_limit`, or less
+    /// if its log's pages are smaller): longer ones go to `values`.
+    pub(crate) inline_value_bytes: usize,
+    /// The database's value store.
+    pub(crate) values: Arc<ValueStore>,
+    /// Set while the database's open replays its log and settles its values: the
+    /// compactor thread waits. A compaction that reports a value out of line between
+    /// the replay's `mark_live` of it and the replayed write that places its record
+    /// would free it under that record (writes compacting as they throttle are safe:
+    /// they run in the replay's own order).
+    pub(crate) background_paused: AtomicBool,
 }
 
 impl HashAttached {
@@ -659,7 +682,10 @@ struct Inner {
 /// write-cold keys move by compaction to a *cold log* on disk whose index costs under a
 /// byte of memory per key. Writes go through the database's write-ahead log at its
 /// [`Durability`] levels and may be part of a [`WriteBatch`](crate::WriteBatch); the
-/// store is part of the database's checkpoints and is recovered on open.
+/// store is part of the database's checkpoints and is recovered on open. Values may be
+/// as long as [`Config::max_value_bytes`](crate::Config::max_value_bytes): one longer
+/// than the inline limit is written once to the database's value store and its record
+/// holds a reference, as a tree's leaf record does.
 ///
 /// ```
 /// use bfdb::{Db, DbOptions};
@@ -736,6 +762,12 @@ impl HashStore {
             None => F2::new(options, f2_devices),
         }
         .map_err(|e| attached.named(e))?;
+        let (values, keyspace) = (Arc::clone(&attached.values), attached.keyspace);
+        f2.set_on_unreachable(Box::new(move |key, reference| {
+            if let Some(r) = ValueRef::decode(reference) {
+                values.free(r, keyspace, key);
+            }
+        }));
         let inner = Arc::new(Inner {
             f2,
             floors,
@@ -797,11 +829,17 @@ impl HashStore {
             self.check_key(key.as_ref())?;
         }
         let a = &self.inner.attached;
-        a.journal
+        // The lookups under the keys' stripes (a batch is seen whole or not at all);
+        // the values out of line read after, the stripes let go: a value's bytes never
+        // change, and the guard keeps their extents from reuse until then.
+        let _guard = self.inner.value_guard();
+        let found = a
+            .journal
             .read_locked(keys.iter().map(|k| (a.keyspace, k.as_ref())), || {
                 a.journal.check_readable()?;
-                self.inner.get_many(keys)
-            })
+                self.inner.read_many(keys)
+            })?;
+        found.into_iter().map(|f| self.inner.resolve(f)).collect()
     }
 
     /// Stores `value` under `key`, replacing any previous value, at the database's
@@ -851,24 +889,36 @@ impl HashStore {
         self.check_key(key)?;
         self.check_writable()?;
         let a = &self.inner.attached;
-        let max = a.max_value_bytes;
         match durability {
             Durability::Unlogged => a.journal.exclusive(a.keyspace, key, || {
-                // F2's read-modify-write, refusing a result over the limit: then nothing
-                // is written (the key keeps its value or its absence), and the call
-                // fails without having changed anything readers can see.
+                // F2's read-modify-write, refusing a result it cannot keep inline: then
+                // nothing is written (the key keeps its value or its absence). It also
+                // writes nothing if the old value is out of line (the update must see
+                // the value, not its reference).
                 let bounded = Bounded {
                     update: &update,
-                    max,
+                    max: self.inline_max(key.len()),
                     refused: AtomicUsize::new(0),
+                    out_of_line: AtomicBool::new(false),
                 };
                 let value = self
                     .inner
                     .with_guard(|g| self.inner.f2.rmw(g, key, &bounded))?;
-                match bounded.refused.load(Ordering::Relaxed) {
-                    0 => Ok(value),
-                    len => Err(Error::ValueTooLarge { len, max }),
+                if bounded.refused.load(Ordering::Relaxed) == 0
+                    && !bounded.out_of_line.load(Ordering::Relaxed)
+                {
+                    return Ok(value);
                 }
+                // Read the whole value, compute, write: the stripe, held exclusively,
+                // keeps every other write of the key out meanwhile. A result over the
+                // limit is refused before anything is written.
+                let old = self.inner.get(key)?;
+                let new = update(old.as_deref());
+                self.check_value(&new)?;
+                let reference = self.store_value(key, &new)?;
+                self.inner
+                    .apply(key, Some(stored(&new, reference.as_deref())))?;
+                Ok(new)
             }),
             level => a.journal.commit_computed(
                 a.keyspace,
@@ -878,11 +928,23 @@ impl HashStore {
                     let old = self.inner.get(key)?;
                     let new = update(old.as_deref());
                     self.check_value(&new)?;
-                    Ok((Some(new.clone()), new))
+                    let logged = match self.store_value(key, &new)? {
+                        Some(reference) => (reference, true),
+                        None => (new.clone(), false),
+                    };
+                    Ok((Some(logged), new))
                 },
                 |new| self.inner.apply(key, new),
             ),
         }
+    }
+
+    /// Compacts all of the hot log into the cold log and all of the cold log into
+    /// itself but for each one's tail page (`F2::compact_all`): for tests that check
+    /// what compaction leaves, such as the value store's live bytes.
+    #[doc(hidden)]
+    pub fn compact_all_for_test(&self) -> Result<()> {
+        self.inner.with_guard(|g| self.inner.f2.compact_all(g))
     }
 
     /// What the store has done since the database was opened.
@@ -983,22 +1045,84 @@ impl HashStore {
         self.check_record(key, value)?;
         self.check_writable()?;
         let a = &self.inner.attached;
+        // A long value goes to the value store first: its bytes are written before any
+        // record names them (the log syncs the store before a group that could). A write
+        // that fails from here on leaves the value pending: only the next open knows
+        // whether its log record is there.
+        let reference = match value {
+            Some(v) => self.store_value(key, v)?,
+            None => None,
+        };
+        let value = value.map(|v| stored(v, reference.as_deref()));
         match durability {
             Durability::Unlogged => a
                 .journal
                 .unlogged(a.keyspace, key, || self.inner.apply(key, value)),
             level => {
-                let op = LogOpRef::write(a.keyspace, key, value);
+                let op = match value {
+                    Some((reference, true)) => LogOpRef::PutExternal {
+                        keyspace: a.keyspace,
+                        key,
+                        reference,
+                    },
+                    other => LogOpRef::write(a.keyspace, key, other.map(|(v, _)| v)),
+                };
                 a.journal
                     .commit(&[op], level, || self.inner.apply(key, value))
             }
         }
     }
 
+    /// The longest value a record of a key of `key_len` bytes keeps itself: the
+    /// database's inline limit, or what the logs' pages hold if that is less.
+    fn inline_max(&self, key_len: usize) -> usize {
+        let a = &self.inner.attached;
+        a.inline_value_bytes
+            .min(self.inner.f2.max_inline_value_bytes(key_len))
+    }
+
+    /// Writes `value` to the value store if a record of `key` does not keep it itself
+    /// (it is longer than [`HashStore::inline_max`]): its reference if so.
+    pub(crate) fn store_value(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>> {
+        if value.len() <= self.inline_max(key.len()) {
+            return Ok(None);
+        }
+        let r = self.inner.attached.values.write(value)?;
+        Ok(Some(r.encode().to_vec()))
+    }
+
     /// Writes `key` (deletes it for `None`) with no log record: for recovery's replay
-    /// and the database's batches, which log on their own.
-    pub(crate) fn write_unlogged(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
-        self.inner.apply(key, value)
+    /// and the database's batches, which log on their own. A value `out_of_line` is
+    /// the reference of one the value store holds ([`HashStore::store_value`], or
+    /// marked live by recovery).
+    pub(crate) fn write_unlogged(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        out_of_line: bool,
+    ) -> Result<()> {
+        self.inner.apply(key, value.map(|v| (v, out_of_line)))
+    }
+
+    /// Whether a record of `key` holds the value out of line `reference` (recovery's
+    /// settling of the values a checkpoint left uncertain: `F2::holds_reference`).
+    pub(crate) fn holds_reference(&self, key: &[u8], reference: &[u8]) -> Result<bool> {
+        self.inner
+            .with_guard(|g| self.inner.f2.holds_reference(g, key, reference))
+    }
+
+    /// The value store's read guard, if it ever held a value: taken before a lookup
+    /// that may find a reference, dropped after its value is read.
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) fn value_guard(&self) -> Option<crate::storage::ReadGuard> {
+        self.inner.value_guard()
+    }
+
+    /// What a read found, with a value out of line read from the value store (under a
+    /// guard of [`HashStore::value_guard`] taken before the lookup).
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) fn resolve(&self, found: Option<LogValue>) -> Result<Option<Vec<u8>>> {
+        self.inner.resolve(found)
     }
 
     /// The attachment to the database.
@@ -1047,34 +1171,103 @@ impl Inner {
         f(&mut guard).map_err(|e| self.attached.named(e))
     }
 
+    /// The value of `key`. A value out of line is read once the lookup has left the
+    /// epoch, under the value store's read guard taken before it: a checkpoint's
+    /// release of a freed extent waits for the guard, so the extent is not reused
+    /// before the read.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.with_guard(|g| self.f2.get(g, key))
+        let _guard = self.value_guard();
+        let found = self.with_guard(|g| self.f2.read(g, key))?;
+        self.resolve(found)
     }
 
-    /// [`Inner::get`] of every key, their device reads in flight together.
-    fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+    /// What the records of `keys` hold, their device reads in flight together (the
+    /// values out of line, read with [`Inner::resolve`] under a guard taken before,
+    /// are read one after another).
+    fn read_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<LogValue>>> {
         self.f2
-            .get_many(&mut self.f2.epoch().register(), keys)
+            .read_many(&mut self.f2.epoch().register(), keys)
             .map_err(|e| self.attached.named(e))
     }
 
-    fn apply(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
-        self.with_guard(|g| self.f2.upsert(g, key, value))
+    fn value_guard(&self) -> Option<crate::storage::ReadGuard> {
+        let values = &self.attached.values;
+        values.holds_values().then(|| values.read_guard())
+    }
+
+    fn resolve(&self, found: Option<LogValue>) -> Result<Option<Vec<u8>>> {
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        if !found.out_of_line {
+            return Ok(Some(found.bytes));
+        }
+        let r = ValueRef::decode(&found.bytes).ok_or_else(|| {
+            self.attached.named(Error::Corrupted {
+                page: 0,
+                reason: format!(
+                    "a record's out-of-line value reference does not decode ({} bytes)",
+                    found.bytes.len()
+                ),
+            })
+        })?;
+        let mut value = Vec::new();
+        self.attached.values.read(&r, &mut value)?;
+        Ok(Some(value))
+    }
+
+    /// Writes `key`'s value (`true`: the reference of a value out of line), or deletes
+    /// it. The value store hears `applied` right after the record is linked, before
+    /// the guard is refreshed: a checkpoint whose capture holds the record flushed the
+    /// hot log after every thread refreshed, so after `applied`.
+    fn apply(&self, key: &[u8], value: Option<(&[u8], bool)>) -> Result<()> {
+        let (bytes, out_of_line) = match value {
+            Some((v, out_of_line)) => (Some(v), out_of_line),
+            None => (None, false),
+        };
+        let a = &self.attached;
+        let mut placed = || {
+            if let Some(r) = bytes.filter(|_| out_of_line).and_then(ValueRef::decode) {
+                a.values.applied(r, a.keyspace, key);
+            }
+        };
+        self.with_guard(|g| {
+            self.f2
+                .upsert_value(g, key, bytes, out_of_line, &mut placed)
+        })
     }
 }
 
-/// An unlogged read-modify-write's update under the database's value limit: a result
-/// over it is refused (F2 writes nothing), and its length kept for the error.
+/// A value as a write stores it: its bytes, or (`true`) its `reference` if it has one.
+fn stored<'a>(value: &'a [u8], reference: Option<&'a [u8]>) -> (&'a [u8], bool) {
+    match reference {
+        Some(r) => (r, true),
+        None => (value, false),
+    }
+}
+
+/// An unlogged read-modify-write's update as F2 runs it: a result longer than a record
+/// keeps inline is refused (F2 writes nothing), and its length kept; an old value out
+/// of line is not handed to the update. Either way the caller goes on without F2.
 struct Bounded<'a, F> {
     update: &'a F,
     max: usize,
     /// The length of the last result if it was refused, else 0.
     refused: AtomicUsize,
+    /// Whether the last try met an old value out of line.
+    out_of_line: AtomicBool,
 }
 
 impl<F: Fn(Option<&[u8]>) -> Vec<u8> + Sync> Update for Bounded<'_, F> {
     fn update(&self, old: Option<&[u8]>) -> Vec<u8> {
+        self.out_of_line.store(false, Ordering::Relaxed);
         (self.update)(old)
+    }
+
+    fn out_of_line(&self) -> Vec<u8> {
+        self.out_of_line.store(true, Ordering::Relaxed);
+        self.refused.store(0, Ordering::Relaxed);
+        Vec::new()
     }
 
     fn refuses(&self, new: &[u8]) -> bool {
@@ -1112,6 +1305,9 @@ fn compactor(inner: &Arc<Inner>) -> Option<Ticker> {
             // A dropped keyspace's files are gone: nothing to compact.
             if inner.attached.dropped.load(Ordering::Acquire) {
                 return false;
+            }
+            if inner.attached.background_paused.load(Ordering::Acquire) {
+                return true;
             }
             loop {
                 match inner.with_guard(|g| inner.f2.maybe_compact(g)) {

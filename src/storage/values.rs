@@ -173,6 +173,14 @@ pub(crate) fn extent_bytes(len: u32) -> u64 {
     used.max(1).next_multiple_of(IO_ALIGN_BYTES)
 }
 
+/// Microseconds every whole read of a value ([`ValueStore::read`]) waits before it reads
+/// (`Db::delay_value_reads_for_test`): a test hook that widens the window between a
+/// reader finding a reference and reading its bytes, in which a concurrent overwrite,
+/// checkpoints and a release could reuse the extent were the reader not guarded. Zero
+/// (no wait) outside those tests.
+pub(crate) static READ_DELAY_MICROS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
 /// The value file of a database directory: segment files [`FILE_NAME`] of
 /// [`SEGMENT_BYTES`] in `dir`, with `O_DIRECT` if `direct` and the filesystem allows it.
 pub(crate) fn value_files(dir: &Path, direct: bool) -> SegmentFiles {
@@ -969,6 +977,10 @@ impl ValueStore {
     /// Reads the whole value `r` into `out` (replacing its contents), checking every
     /// checksum. Call it under a [`ReadGuard`] taken before `r` was looked up.
     pub(crate) fn read(&self, r: &ValueRef, out: &mut Vec<u8>) -> Result<()> {
+        let delay = READ_DELAY_MICROS.load(std::sync::atomic::Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
         self.read_range(r, 0, r.len as usize, out)
     }
 
