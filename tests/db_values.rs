@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use bfdb::{Config, Db, DbOptions, Durability, Error, WriteBatch};
-use common::Rng;
+use common::{LONG_VALUE_SIZES, Rng, check_stamped, long_key, long_value, stamped};
 
 fn options() -> DbOptions {
     DbOptions::default()
@@ -20,43 +20,14 @@ fn options() -> DbOptions {
         .checkpoint_on_close(false)
 }
 
-/// A value of `len` bytes that says which key and version it is everywhere in it, so
-/// that a value torn or mixed from two versions is told apart.
-fn value(key: u64, version: u64, len: usize) -> Vec<u8> {
-    let stamp = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
-    (0..len)
-        .map(|i| (stamp.rotate_left((i % 64) as u32) as u8) ^ (i / 64) as u8)
-        .collect()
-}
-
-fn key(i: u64) -> Vec<u8> {
-    format!("key{i:06}").into_bytes()
-}
-
-/// Sizes around every edge: the inline limit, a block, a chunk of the chunk table, and
-/// values of MiBs.
-const SIZES: [usize; 12] = [
-    0,
-    1,
-    2048,
-    2049,
-    4095,
-    4096,
-    4097,
-    65535,
-    65536,
-    65537,
-    1 << 20,
-    (5 << 20) + 3,
-];
 
 #[test]
 fn values_of_every_size_read_back_whole_through_every_path_and_after_reopens() {
     let dir = tempfile::tempdir().unwrap();
-    let want: BTreeMap<Vec<u8>, Vec<u8>> = SIZES
+    let want: BTreeMap<Vec<u8>, Vec<u8>> = LONG_VALUE_SIZES
         .iter()
         .enumerate()
-        .map(|(i, &len)| (key(i as u64), value(i as u64, 1, len)))
+        .map(|(i, &len)| (long_key(i as u64), long_value(i as u64, 1, len)))
         .collect();
     {
         let db = Db::open(dir.path(), options()).unwrap();
@@ -76,14 +47,14 @@ fn values_of_every_size_read_back_whole_through_every_path_and_after_reopens() {
     // Overwritten at `Synced` and reopened from the log alone.
     let mut want = want;
     for (i, v) in want.values_mut().enumerate() {
-        *v = value(i as u64, 2, SIZES[(i + 5) % SIZES.len()]);
+        *v = long_value(i as u64, 2, LONG_VALUE_SIZES[(i + 5) % LONG_VALUE_SIZES.len()]);
     }
     for (k, v) in &want {
         t.insert_with(k, v, Durability::Synced).unwrap();
     }
     drop((t, db));
     let db = Db::open(dir.path(), options()).unwrap();
-    assert!(db.recovery().writes_replayed >= SIZES.len() as u64);
+    assert!(db.recovery().writes_replayed >= LONG_VALUE_SIZES.len() as u64);
     check(&db.tree("t").unwrap(), &want);
 }
 
@@ -190,15 +161,15 @@ fn random_large_and_small_values_match_a_model_across_checkpoints_and_reopens() 
             };
             match rng.below(10) {
                 0 => {
-                    t.delete(&key(k)).unwrap();
-                    model.remove(&key(k));
+                    t.delete(&long_key(k)).unwrap();
+                    model.remove(&long_key(k));
                 }
                 1 => {
                     let mut batch = WriteBatch::new();
                     for j in 0..3 {
                         let (bk, bv) = (
-                            key((k + j * 7) % 60),
-                            value(k + j, version, len / (j as usize + 1)),
+                            long_key((k + j * 7) % 60),
+                            long_value(k + j, version, len / (j as usize + 1)),
                         );
                         batch.insert(&t, &bk, &bv);
                         model.insert(bk, bv);
@@ -206,9 +177,9 @@ fn random_large_and_small_values_match_a_model_across_checkpoints_and_reopens() 
                     db.write(batch).unwrap();
                 }
                 _ => {
-                    let v = value(k, version, len);
-                    t.insert(&key(k), &v).unwrap();
-                    model.insert(key(k), v);
+                    let v = long_value(k, version, len);
+                    t.insert(&long_key(k), &v).unwrap();
+                    model.insert(long_key(k), v);
                 }
             }
             match step % 50 {
@@ -244,33 +215,6 @@ fn random_large_and_small_values_match_a_model_across_checkpoints_and_reopens() 
     }
 }
 
-/// A value that names its key and version in every 16 bytes, `len` long (at least 16).
-fn stamped(key: u64, version: u64, len: usize) -> Vec<u8> {
-    let mut word = [0u8; 16];
-    word[..8].copy_from_slice(&key.to_le_bytes());
-    word[8..].copy_from_slice(&version.to_le_bytes());
-    word.iter().copied().cycle().take(len.max(16)).collect()
-}
-
-/// Whether `v` is one whole value `stamped(key, ..)` wrote: every 16 bytes the same key
-/// and version. Answers the version.
-fn check_stamped(key: u64, v: &[u8]) -> Result<u64, String> {
-    let head: [u8; 16] = v
-        .get(..16)
-        .and_then(|h| h.try_into().ok())
-        .ok_or(format!("key {key}: a value of {} bytes", v.len()))?;
-    let found = u64::from_le_bytes(head[..8].try_into().unwrap());
-    if found != key {
-        return Err(format!("key {key}: a value of key {found}"));
-    }
-    if v.chunks(16).any(|c| c != &head[..c.len()]) {
-        return Err(format!(
-            "key {key}: a value mixed from two writes (torn or reused)"
-        ));
-    }
-    Ok(u64::from_le_bytes(head[8..].try_into().unwrap()))
-}
-
 /// Readers race writers that overwrite long values and a thread that takes checkpoints
 /// back to back, so that freed extents are reused while reads of them may be in flight:
 /// every read returns one whole value of its key (a reader that found a reference
@@ -288,7 +232,7 @@ fn reads_racing_overwrites_and_checkpoints_see_whole_values_while_extents_are_re
     Db::delay_value_reads_for_test(std::time::Duration::from_millis(2));
     const KEYS: u64 = 12;
     for k in 0..KEYS {
-        t.insert(&key(k), &stamped(k, 0, 4096)).unwrap();
+        t.insert(&long_key(k), &stamped(k, 0, 4096)).unwrap();
     }
     let stop = AtomicBool::new(false);
     let written = AtomicU64::new(0);
@@ -308,7 +252,7 @@ fn reads_racing_overwrites_and_checkpoints_see_whole_values_while_extents_are_re
                         let k = rng.below(KEYS);
                         let len = 2049 + rng.below(30_000) as usize;
                         // Versions grow per key across both writers: i * 2 + w.
-                        t.insert(&key(k), &stamped(k, i * 2 + w, len)).unwrap();
+                        t.insert(&long_key(k), &stamped(k, i * 2 + w, len)).unwrap();
                         written.fetch_add(len as u64, Ordering::Relaxed);
                     }
                 })
@@ -332,7 +276,7 @@ fn reads_racing_overwrites_and_checkpoints_see_whole_values_while_extents_are_re
                     let k = rng.below(KEYS);
                     match rng.below(4) {
                         0 => {
-                            let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+                            let keys: Vec<Vec<u8>> = (0..KEYS).map(long_key).collect();
                             for (k, v) in t.get_many(&keys).unwrap().into_iter().enumerate() {
                                 check_stamped(k as u64, &v.unwrap()).unwrap();
                             }
@@ -344,11 +288,11 @@ fn reads_racing_overwrites_and_checkpoints_see_whole_values_while_extents_are_re
                             }
                         }
                         2 => {
-                            let p = t.get_part(&key(k), 0, 4096).unwrap().unwrap();
+                            let p = t.get_part(&long_key(k), 0, 4096).unwrap().unwrap();
                             check_stamped(k, &p).unwrap();
                         }
                         _ => {
-                            check_stamped(k, &t.get(&key(k)).unwrap().unwrap()).unwrap();
+                            check_stamped(k, &t.get(&long_key(k)).unwrap().unwrap()).unwrap();
                         }
                     }
                     reads.fetch_add(1, Ordering::Relaxed);

@@ -9,7 +9,9 @@ mod common;
 use std::collections::HashMap;
 
 use bfdb::{Config, Db, DbOptions, Durability, Error, HashStore, WriteBatch};
-use common::{Rng, small_hash_options};
+use common::{
+    LONG_VALUE_SIZES, Rng, check_stamped, long_key, long_value, small_hash_options, stamped,
+};
 
 fn options() -> DbOptions {
     DbOptions::default()
@@ -21,35 +23,6 @@ fn options() -> DbOptions {
         .checkpoint_on_close(false)
 }
 
-/// A value of `len` bytes that says which key and version it is everywhere in it, so
-/// that a value torn or mixed from two versions is told apart.
-fn value(key: u64, version: u64, len: usize) -> Vec<u8> {
-    let stamp = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
-    (0..len)
-        .map(|i| (stamp.rotate_left((i % 64) as u32) as u8) ^ (i / 64) as u8)
-        .collect()
-}
-
-fn key(i: u64) -> Vec<u8> {
-    format!("key{i:06}").into_bytes()
-}
-
-/// Sizes around every edge: the inline limit, a block, a chunk of the chunk table, and
-/// values of MiBs.
-const SIZES: [usize; 12] = [
-    0,
-    1,
-    2048,
-    2049,
-    4095,
-    4096,
-    4097,
-    65535,
-    65536,
-    65537,
-    1 << 20,
-    (5 << 20) + 3,
-];
 
 /// Point reads and `get_many` agree with `want`.
 fn check(h: &HashStore, want: &HashMap<Vec<u8>, Vec<u8>>) {
@@ -68,17 +41,17 @@ fn check(h: &HashStore, want: &HashMap<Vec<u8>, Vec<u8>>) {
 #[test]
 fn hash_values_of_every_size_read_back_whole_through_every_path_and_after_reopens() {
     let dir = tempfile::tempdir().unwrap();
-    let mut want: HashMap<Vec<u8>, Vec<u8>> = SIZES
+    let mut want: HashMap<Vec<u8>, Vec<u8>> = LONG_VALUE_SIZES
         .iter()
         .enumerate()
-        .map(|(i, &len)| (key(i as u64), value(i as u64, 1, len)))
+        .map(|(i, &len)| (long_key(i as u64), long_value(i as u64, 1, len)))
         .collect();
     {
         let db = Db::open(dir.path(), options()).unwrap();
         let h = db.hash_store_with("h", small_hash_options()).unwrap();
-        for (i, &len) in SIZES.iter().enumerate() {
+        for (i, &len) in LONG_VALUE_SIZES.iter().enumerate() {
             let level = [Durability::Unlogged, Durability::Logged, Durability::Synced][i % 3];
-            h.insert_with(&key(i as u64), &value(i as u64, 1, len), level)
+            h.insert_with(&long_key(i as u64), &long_value(i as u64, 1, len), level)
                 .unwrap();
         }
         check(&h, &want);
@@ -87,9 +60,9 @@ fn hash_values_of_every_size_read_back_whole_through_every_path_and_after_reopen
         check(&h, &want);
         // Read-modify-writes see the whole old value, at both kinds of level, and may
         // make a value longer or shorter than the limit.
-        for (i, &len) in SIZES.iter().enumerate() {
-            let (k, old) = (key(i as u64), want[&key(i as u64)].clone());
-            let new = value(i as u64, 2, SIZES[(i + 3) % SIZES.len()]);
+        for (i, &len) in LONG_VALUE_SIZES.iter().enumerate() {
+            let (k, old) = (long_key(i as u64), want[&long_key(i as u64)].clone());
+            let new = long_value(i as u64, 2, LONG_VALUE_SIZES[(i + 3) % LONG_VALUE_SIZES.len()]);
             let level = [Durability::Unlogged, Durability::Logged][i % 2];
             let got = h
                 .rmw_with(
@@ -113,17 +86,17 @@ fn hash_values_of_every_size_read_back_whole_through_every_path_and_after_reopen
     let h = db.hash_store_with("h", small_hash_options()).unwrap();
     check(&h, &want);
     // Overwritten at `Synced` and reopened from the log alone.
-    for (i, &len) in SIZES.iter().enumerate() {
-        let v = value(i as u64, 3, SIZES[(i + 5) % SIZES.len()]);
-        h.insert_with(&key(i as u64), &v, Durability::Synced)
+    for (i, &len) in LONG_VALUE_SIZES.iter().enumerate() {
+        let v = long_value(i as u64, 3, LONG_VALUE_SIZES[(i + 5) % LONG_VALUE_SIZES.len()]);
+        h.insert_with(&long_key(i as u64), &v, Durability::Synced)
             .unwrap();
-        want.insert(key(i as u64), v);
+        want.insert(long_key(i as u64), v);
         let _ = len;
     }
     drop(h);
     drop(db);
     let db = Db::open(dir.path(), options()).unwrap();
-    assert!(db.recovery().writes_replayed >= SIZES.len() as u64);
+    assert!(db.recovery().writes_replayed >= LONG_VALUE_SIZES.len() as u64);
     check(
         &db.hash_store_with("h", small_hash_options()).unwrap(),
         &want,
@@ -222,15 +195,15 @@ fn random_large_and_small_hash_values_match_a_model_across_compactions_and_reope
             };
             match rng.below(12) {
                 0 => {
-                    h.delete(&key(k)).unwrap();
-                    model.remove(&key(k));
+                    h.delete(&long_key(k)).unwrap();
+                    model.remove(&long_key(k));
                 }
                 1 => {
                     let mut batch = WriteBatch::new();
                     for j in 0..3 {
                         let (bk, bv) = (
-                            key((k + j * 7) % 60),
-                            value(k + j, version, len / (j as usize + 1)),
+                            long_key((k + j * 7) % 60),
+                            long_value(k + j, version, len / (j as usize + 1)),
                         );
                         batch.insert_hash(&h, &bk, &bv);
                         model.insert(bk, bv);
@@ -239,10 +212,10 @@ fn random_large_and_small_hash_values_match_a_model_across_compactions_and_reope
                 }
                 2 | 3 => {
                     let level = [Durability::Unlogged, Durability::Logged][(step % 2) as usize];
-                    let want_old = model.get(&key(k)).cloned();
-                    let new = value(k, version, len);
+                    let want_old = model.get(&long_key(k)).cloned();
+                    let new = long_value(k, version, len);
                     h.rmw_with(
-                        &key(k),
+                        &long_key(k),
                         |old| {
                             assert!(old.map(<[u8]>::to_vec) == want_old, "rmw's old value");
                             new.clone()
@@ -250,14 +223,14 @@ fn random_large_and_small_hash_values_match_a_model_across_compactions_and_reope
                         level,
                     )
                     .unwrap();
-                    model.insert(key(k), new);
+                    model.insert(long_key(k), new);
                 }
                 _ => {
-                    let v = value(k, version, len);
+                    let v = long_value(k, version, len);
                     let level = [Durability::Unlogged, Durability::Logged, Durability::Synced]
                         [(step % 3) as usize];
-                    h.insert_with(&key(k), &v, level).unwrap();
-                    model.insert(key(k), v);
+                    h.insert_with(&long_key(k), &v, level).unwrap();
+                    model.insert(long_key(k), v);
                 }
             }
             match step % 50 {
@@ -296,33 +269,6 @@ fn random_large_and_small_hash_values_match_a_model_across_compactions_and_reope
     }
 }
 
-/// A value that names its key and version in every 16 bytes, `len` long (at least 16).
-fn stamped(key: u64, version: u64, len: usize) -> Vec<u8> {
-    let mut word = [0u8; 16];
-    word[..8].copy_from_slice(&key.to_le_bytes());
-    word[8..].copy_from_slice(&version.to_le_bytes());
-    word.iter().copied().cycle().take(len.max(16)).collect()
-}
-
-/// Whether `v` is one whole value `stamped(key, ..)` wrote: every 16 bytes the same key
-/// and version. Answers the version.
-fn check_stamped(key: u64, v: &[u8]) -> Result<u64, String> {
-    let head: [u8; 16] = v
-        .get(..16)
-        .and_then(|h| h.try_into().ok())
-        .ok_or(format!("key {key}: a value of {} bytes", v.len()))?;
-    let found = u64::from_le_bytes(head[..8].try_into().unwrap());
-    if found != key {
-        return Err(format!("key {key}: a value of key {found}"));
-    }
-    if v.chunks(16).any(|c| c != &head[..c.len()]) {
-        return Err(format!(
-            "key {key}: a value mixed from two writes (torn or reused)"
-        ));
-    }
-    Ok(u64::from_le_bytes(head[8..].try_into().unwrap()))
-}
-
 /// Readers of a hash store race writers that overwrite long values (a store of a few
 /// pages, compacting all the time, so shadowed records are dropped and their values
 /// freed) and a thread that takes checkpoints back to back, so that freed extents are
@@ -343,7 +289,7 @@ fn hash_reads_racing_overwrites_and_checkpoints_see_whole_values_while_extents_a
     Db::delay_value_reads_for_test(std::time::Duration::from_millis(20));
     const KEYS: u64 = 12;
     for k in 0..KEYS {
-        h.insert(&key(k), &stamped(k, 0, 4096)).unwrap();
+        h.insert(&long_key(k), &stamped(k, 0, 4096)).unwrap();
     }
     let stop = AtomicBool::new(false);
     let written = AtomicU64::new(0);
@@ -369,7 +315,7 @@ fn hash_reads_racing_overwrites_and_checkpoints_see_whole_values_while_extents_a
                         let k = rng.below(KEYS);
                         let len = 2049 + rng.below(30_000) as usize;
                         let level = [Durability::Unlogged, Durability::Logged][(i % 2) as usize];
-                        h.insert_with(&key(k), &stamped(k, i * 2 + w, len), level)
+                        h.insert_with(&long_key(k), &stamped(k, i * 2 + w, len), level)
                             .unwrap();
                         written.fetch_add(len as u64, Ordering::Relaxed);
                     }
@@ -400,12 +346,12 @@ fn hash_reads_racing_overwrites_and_checkpoints_see_whole_values_while_extents_a
                 while !stop.load(Ordering::Relaxed) {
                     let k = rng.below(KEYS);
                     if rng.below(3) == 0 {
-                        let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+                        let keys: Vec<Vec<u8>> = (0..KEYS).map(long_key).collect();
                         for (k, v) in h.get_many(&keys).unwrap().into_iter().enumerate() {
                             check_stamped(k as u64, &v.unwrap()).unwrap();
                         }
                     } else {
-                        check_stamped(k, &h.get(&key(k)).unwrap().unwrap()).unwrap();
+                        check_stamped(k, &h.get(&long_key(k)).unwrap().unwrap()).unwrap();
                     }
                     reads.fetch_add(1, Ordering::Relaxed);
                 }

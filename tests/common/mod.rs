@@ -247,3 +247,65 @@ pub fn small_sim_options() -> DbOptions {
         .checkpoint_on_close(false)
         .log_segment_bytes(64 << 10)
 }
+
+// ---------------------------------------------------------------------------------------
+// Long values (tests/db_values.rs, tests/hash_values.rs)
+// ---------------------------------------------------------------------------------------
+
+/// A long value's key: `key` and six digits.
+pub fn long_key(i: u64) -> Vec<u8> {
+    format!("key{i:06}").into_bytes()
+}
+
+/// A value of `len` bytes that says which key and version it is everywhere in it, so
+/// that a value torn or mixed from two versions is told apart.
+pub fn long_value(key: u64, version: u64, len: usize) -> Vec<u8> {
+    let stamp = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
+    (0..len)
+        .map(|i| (stamp.rotate_left((i % 64) as u32) as u8) ^ (i / 64) as u8)
+        .collect()
+}
+
+/// Sizes around every edge of values kept out of line: the inline limit, a block, a
+/// chunk of the chunk table, and values of MiBs.
+pub const LONG_VALUE_SIZES: [usize; 12] = [
+    0,
+    1,
+    2048,
+    2049,
+    4095,
+    4096,
+    4097,
+    65535,
+    65536,
+    65537,
+    1 << 20,
+    (5 << 20) + 3,
+];
+
+/// A value that names its key and version in every 16 bytes, `len` long (at least 16).
+pub fn stamped(key: u64, version: u64, len: usize) -> Vec<u8> {
+    let mut word = [0u8; 16];
+    word[..8].copy_from_slice(&key.to_le_bytes());
+    word[8..].copy_from_slice(&version.to_le_bytes());
+    word.iter().copied().cycle().take(len.max(16)).collect()
+}
+
+/// Whether `v` is one whole value `stamped(key, ..)` wrote: every 16 bytes the same key
+/// and version. Answers the version.
+pub fn check_stamped(key: u64, v: &[u8]) -> Result<u64, String> {
+    let head: [u8; 16] = v
+        .get(..16)
+        .and_then(|h| h.try_into().ok())
+        .ok_or(format!("key {key}: a value of {} bytes", v.len()))?;
+    let found = u64::from_le_bytes(head[..8].try_into().unwrap());
+    if found != key {
+        return Err(format!("key {key}: a value of key {found}"));
+    }
+    if v.chunks(16).any(|c| c != &head[..c.len()]) {
+        return Err(format!(
+            "key {key}: a value mixed from two writes (torn or reused)"
+        ));
+    }
+    Ok(u64::from_le_bytes(head[8..].try_into().unwrap()))
+}
