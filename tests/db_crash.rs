@@ -85,19 +85,13 @@ fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Ste
         // value in eight, of either kind, is longer than the inline limit and goes to
         // the value store; its write number runs through all of it, so a value torn or
         // mixed from two writes matches no write.
-        let mut v = format!("{seed}-{counter}-").into_bytes();
+        let stamp = format!("{seed}-{counter}-").into_bytes();
         let pad = match ks {
             _ if rng.below(8) == 0 => 2_049 + rng.below(20_000) as usize,
             HASH => 1_200,
             _ => 0,
         };
-        let stamp = v.clone();
-        let len = v.len() + pad + rng.below(300) as usize;
-        while v.len() < len {
-            let room = len - v.len();
-            v.extend_from_slice(&stamp[..room.min(stamp.len())]);
-        }
-        v
+        common::repeated(&stamp, stamp.len() + pad + rng.below(300) as usize)
     };
     for op in 0..ops {
         // Unlogged writes only in every other run of 100 steps: a background

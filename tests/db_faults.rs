@@ -470,7 +470,7 @@ fn run_workload(db: &Db, seed: u64, ops: usize, what: &str) -> (Vec<Step>, Count
         };
         let mut value = |rng: &mut Rng, ks: usize| {
             counter += 1;
-            let mut v = format!("{}-{counter}-", run.seed).into_bytes();
+            let stamp = format!("{}-{counter}-", run.seed).into_bytes();
             // One value in six, of either kind, goes to the value store; its write
             // number runs through it, so a torn or mixed value matches no write.
             let pad = match ks {
@@ -478,13 +478,7 @@ fn run_workload(db: &Db, seed: u64, ops: usize, what: &str) -> (Vec<Step>, Count
                 HASH => 1_200,
                 _ => 0,
             };
-            let stamp = v.clone();
-            let len = v.len() + pad + rng.below(300) as usize;
-            while v.len() < len {
-                let room = len - v.len();
-                v.extend_from_slice(&stamp[..room.min(stamp.len())]);
-            }
-            v
+            common::repeated(&stamp, stamp.len() + pad + rng.below(300) as usize)
         };
         let roll = if op % 40 == 39 { 5 } else { rng.percent() };
         if roll < 5 {

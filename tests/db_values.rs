@@ -20,7 +20,6 @@ fn options() -> DbOptions {
         .checkpoint_on_close(false)
 }
 
-
 #[test]
 fn values_of_every_size_read_back_whole_through_every_path_and_after_reopens() {
     let dir = tempfile::tempdir().unwrap();
@@ -47,7 +46,11 @@ fn values_of_every_size_read_back_whole_through_every_path_and_after_reopens() {
     // Overwritten at `Synced` and reopened from the log alone.
     let mut want = want;
     for (i, v) in want.values_mut().enumerate() {
-        *v = long_value(i as u64, 2, LONG_VALUE_SIZES[(i + 5) % LONG_VALUE_SIZES.len()]);
+        *v = long_value(
+            i as u64,
+            2,
+            LONG_VALUE_SIZES[(i + 5) % LONG_VALUE_SIZES.len()],
+        );
     }
     for (k, v) in &want {
         t.insert_with(k, v, Durability::Synced).unwrap();

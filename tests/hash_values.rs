@@ -23,7 +23,6 @@ fn options() -> DbOptions {
         .checkpoint_on_close(false)
 }
 
-
 /// Point reads and `get_many` agree with `want`.
 fn check(h: &HashStore, want: &HashMap<Vec<u8>, Vec<u8>>) {
     for (k, v) in want {
@@ -62,7 +61,11 @@ fn hash_values_of_every_size_read_back_whole_through_every_path_and_after_reopen
         // make a value longer or shorter than the limit.
         for (i, &len) in LONG_VALUE_SIZES.iter().enumerate() {
             let (k, old) = (long_key(i as u64), want[&long_key(i as u64)].clone());
-            let new = long_value(i as u64, 2, LONG_VALUE_SIZES[(i + 3) % LONG_VALUE_SIZES.len()]);
+            let new = long_value(
+                i as u64,
+                2,
+                LONG_VALUE_SIZES[(i + 3) % LONG_VALUE_SIZES.len()],
+            );
             let level = [Durability::Unlogged, Durability::Logged][i % 2];
             let got = h
                 .rmw_with(
@@ -87,7 +90,11 @@ fn hash_values_of_every_size_read_back_whole_through_every_path_and_after_reopen
     check(&h, &want);
     // Overwritten at `Synced` and reopened from the log alone.
     for (i, &len) in LONG_VALUE_SIZES.iter().enumerate() {
-        let v = long_value(i as u64, 3, LONG_VALUE_SIZES[(i + 5) % LONG_VALUE_SIZES.len()]);
+        let v = long_value(
+            i as u64,
+            3,
+            LONG_VALUE_SIZES[(i + 5) % LONG_VALUE_SIZES.len()],
+        );
         h.insert_with(&long_key(i as u64), &v, Durability::Synced)
             .unwrap();
         want.insert(long_key(i as u64), v);

@@ -309,3 +309,14 @@ pub fn check_stamped(key: u64, v: &[u8]) -> Result<u64, String> {
     }
     Ok(u64::from_le_bytes(head[8..].try_into().unwrap()))
 }
+
+/// `stamp` repeated to `len` bytes (cut short at the end): a value whose every part names
+/// the write that made it, as the crash campaign and the fault suite write them.
+pub fn repeated(stamp: &[u8], len: usize) -> Vec<u8> {
+    stamp
+        .iter()
+        .copied()
+        .cycle()
+        .take(len.max(stamp.len()))
+        .collect()
+}
