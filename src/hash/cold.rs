@@ -379,33 +379,9 @@ impl ColdLog {
         floor: u64,
         held: &mut std::collections::HashSet<Vec<u8>>,
     ) -> Result<()> {
-        let mut address = self.index.find(guard, hash_key(key))?;
-        while address != INVALID_ADDRESS && address >= floor {
-            let Some(fetched) = self.log.fetch(guard, address)? else {
-                break;
-            };
-            let (header, value) = match fetched {
-                Fetched::Memory(record) => {
-                    let header = record.header();
-                    let value =
-                        (!header.is_invalid() && record.is_out_of_line() && record.key_equals(key))
-                            .then(|| record.read_log_value().1)
-                            .flatten();
-                    (header, value)
-                }
-                Fetched::Disk(record) => {
-                    let value = (!record.header.is_invalid() && record.key == key)
-                        .then(|| record.log_value())
-                        .flatten();
-                    (record.header, value)
-                }
-            };
-            if let Some(v) = value.filter(|v| v.out_of_line) {
-                held.insert(v.bytes);
-            }
-            address = header.previous();
-        }
-        Ok(())
+        let address = self.index.find(guard, hash_key(key))?;
+        self.log
+            .references_on_chain(guard, key, address, floor, held)
     }
 
     /// Appends `key`'s record (a tombstone for `None`) at the cold log's tail and makes it

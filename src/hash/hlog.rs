@@ -533,6 +533,46 @@ impl HybridLog {
         }
     }
 
+    /// Adds to `held` the references of the values out of line that valid records of
+    /// `key` hold on its chain from `address` down to `floor` (chains only go down):
+    /// the walk of compaction's "last holder reports" rule, the same for the hot and
+    /// the cold log.
+    pub(crate) fn references_on_chain(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        key: &[u8],
+        mut address: u64,
+        floor: u64,
+        held: &mut std::collections::HashSet<Vec<u8>>,
+    ) -> Result<()> {
+        while address != super::bucket::INVALID_ADDRESS && address >= floor {
+            let Some(fetched) = self.fetch(guard, address)? else {
+                break;
+            };
+            let (header, value) = match fetched {
+                Fetched::Memory(record) => {
+                    let header = record.header();
+                    let value =
+                        (!header.is_invalid() && record.is_out_of_line() && record.key_equals(key))
+                            .then(|| record.read_log_value().1)
+                            .flatten();
+                    (header, value)
+                }
+                Fetched::Disk(record) => {
+                    let value = (!record.header.is_invalid() && record.key == key)
+                        .then(|| record.log_value())
+                        .flatten();
+                    (record.header, value)
+                }
+            };
+            if let Some(v) = value.filter(|v| v.out_of_line) {
+                held.insert(v.bytes);
+            }
+            address = header.previous();
+        }
+        Ok(())
+    }
+
     /// The record at `address`, which must be the address of a record this log
     /// allocated and its writer published: in memory if at or above HEAD, otherwise read
     /// from the device; `None` if it is below BEGIN (truncated: a chain walk ends there).

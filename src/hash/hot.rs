@@ -689,34 +689,10 @@ impl HotLog {
         let Some(slot) = self.index.find(guard, self.keying.hash(key)) else {
             return Ok(());
         };
-        let mut address = self.hot_head(slot.address());
+        let address = self.hot_head(slot.address());
         drop(slot);
-        while address != INVALID_ADDRESS && address >= floor {
-            let Some(fetched) = self.log.fetch(guard, address)? else {
-                break;
-            };
-            let (header, value) = match fetched {
-                Fetched::Memory(record) => {
-                    let header = record.header();
-                    let value =
-                        (!header.is_invalid() && record.is_out_of_line() && record.key_equals(key))
-                            .then(|| record.read_log_value().1)
-                            .flatten();
-                    (header, value)
-                }
-                Fetched::Disk(record) => {
-                    let value = (!record.header.is_invalid() && record.key == key)
-                        .then(|| record.log_value())
-                        .flatten();
-                    (record.header, value)
-                }
-            };
-            if let Some(v) = value.filter(|v| v.out_of_line) {
-                held.insert(v.bytes);
-            }
-            address = header.previous();
-        }
-        Ok(())
+        self.log
+            .references_on_chain(guard, key, address, floor, held)
     }
 
     /// Whether the record at `address` is the newest record of `key` (compaction's
