@@ -70,9 +70,7 @@ impl ValueHost for KeyspaceValues {
         self.store.holds_values()
     }
 
-    fn guard(&self) -> Option<Box<dyn Send>> {
-        self.store
-            .holds_values()
-            .then(|| Box::new(self.store.read_guard()) as Box<dyn Send>)
+    fn guard(&self) -> Option<crate::storage::ReadGuard> {
+        self.store.holds_values().then(|| self.store.read_guard())
     }
 }

@@ -24,6 +24,7 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::storage::ReadGuard;
 
 use super::Core;
 use super::read::Found;
@@ -68,7 +69,7 @@ pub(crate) trait ValueHost: Send + Sync {
     /// A guard under which a reference found in the tree stays readable: taken before
     /// the lookup, dropped after the value is read. `None` while the store has never
     /// held a value (no reference can be found then).
-    fn guard(&self) -> Option<Box<dyn Send>>;
+    fn guard(&self) -> Option<ReadGuard>;
     /// Whether the store ever held a value: until it does, no record references one,
     /// and writes and merges need not look for references to report.
     fn holds_values(&self) -> bool;
@@ -119,7 +120,7 @@ impl Core {
     }
 
     /// The value store's read guard, if the tree has a store that holds values.
-    pub(super) fn value_guard(&self) -> Option<Box<dyn Send>> {
+    pub(super) fn value_guard(&self) -> Option<ReadGuard> {
         self.values.get().and_then(|v| v.guard())
     }
 
@@ -228,7 +229,7 @@ mod tests {
             }
             m.replaced.insert(r);
         }
-        fn guard(&self) -> Option<Box<dyn Send>> {
+        fn guard(&self) -> Option<crate::storage::ReadGuard> {
             None
         }
         fn holds_values(&self) -> bool {
