@@ -19,11 +19,25 @@ pub const MIN_MEMORY_BUDGET_BYTES: u64 = 64 << 10;
 /// the mapping table keeps pool offsets in 47 bits.
 pub const MEMORY_BUDGET_LIMIT_BYTES: u64 = 1 << 47;
 
-/// The most that `3 * max_key_bytes + max_value_bytes` may add up to with 4 KiB leaf
-/// pages: a leaf page must hold its two fence keys and one record of the largest size,
-/// and of its 4080 payload bytes it spends 16 on its header and 8 on each of those three
-/// keys.
+/// The most that `3 * max_key_bytes + max_inline_value_bytes` may add up to with 4 KiB
+/// leaf pages: a leaf page must hold its two fence keys and one record of the largest
+/// size, and of its 4080 payload bytes it spends 16 on its header and 8 on each of those
+/// three keys. Larger leaf pages ([`Config::leaf_page_size_bytes`]) have 4080 payload
+/// bytes per 4 KiB, so the room is 8120 with 8 KiB pages, 16280 with 16 KiB and 32600
+/// with 32 KiB.
 pub const MAX_FENCES_AND_RECORD_BYTES: usize = 4040;
+
+/// The largest [`Config::max_key_bytes`]: 4 KiB. An inner node (at most 32 KiB) must
+/// hold its two fence keys and several separators of the longest key.
+pub const MAX_KEY_LIMIT_BYTES: usize = 4096;
+
+/// The leaf page sizes a tree can have: 4, 8, 16 and 32 KiB.
+pub const LEAF_PAGE_SIZES: [usize; 4] = [4096, 8192, 16384, 32768];
+
+/// The room [`MAX_FENCES_AND_RECORD_BYTES`] gives with leaf pages of `leaf_page_size_bytes`.
+fn fences_and_record_bytes(leaf_page_size_bytes: usize) -> usize {
+    leaf_page_size_bytes / 4096 * 4080 - 40
+}
 
 /// The most bytes a leaf record spends on a value kept out of line: its reference into
 /// the database's value store.
@@ -84,7 +98,13 @@ pub struct Config {
     /// [`Db`](crate::Db) it is the whole database's: every tree keyspace keeps its
     /// mini-pages in one pool of this size.
     pub memory_budget_bytes: u64,
-    /// Size of a leaf page on disk. Only 4096 is supported in this release.
+    /// Size of a leaf page on disk: 4096 (the default), 8192, 16384 or 32768. A leaf
+    /// page larger than 4 KiB is kept in that many consecutive 4 KiB pages, read and
+    /// written together; it is what keys longer than 1336 bytes need (see
+    /// [`max_key_bytes`](Config::max_key_bytes)). Trees of a [`Db`](crate::Db) and
+    /// in-memory trees take every size; a tree on its own file
+    /// ([`Tree::open`](crate::Tree::open)) 4096 only. A database keeps the size its
+    /// keyspaces were created with: reopening it with another is refused.
     pub leaf_page_size_bytes: usize,
     /// Percent chance that a point read served from a leaf page caches the record (or a
     /// phantom for a miss) in the mini-page; a key whose leaf-page read is the second
@@ -106,13 +126,28 @@ pub struct Config {
     pub merge_threshold_bytes: usize,
     /// Longest key accepted, at least 1. Default 512.
     ///
-    /// Keys share one limit with inline values in 4 KiB leaf pages: a leaf page must hold
+    /// Keys share one limit with inline values in leaf pages: a leaf page must hold
     /// two fence keys and one record of the largest size, so `3 * max_key_bytes +
-    /// max_inline_value_bytes` may be at most [`MAX_FENCES_AND_RECORD_BYTES`] (4040). The
-    /// defaults use 3584 of it, so they are not the ceilings: with inline values of 2048
-    /// bytes keys may reach 664 bytes, with keys of 512 bytes inline values may reach
-    /// 2504, and the longest key is 1336 bytes. Longer keys need larger leaf pages,
-    /// which this release does not support.
+    /// max_inline_value_bytes` may be at most [`MAX_FENCES_AND_RECORD_BYTES`] (4040) with
+    /// 4 KiB leaf pages. The defaults use 3584 of it, so they are not the ceilings: with
+    /// inline values of 2048 bytes keys may reach 664 bytes, with keys of 512 bytes
+    /// inline values may reach 2504, and the longest key is 1336 bytes. Longer keys, up
+    /// to [`MAX_KEY_LIMIT_BYTES`] (4096), need larger leaf pages
+    /// ([`leaf_page_size_bytes`](Config::leaf_page_size_bytes)): keys of 2048 bytes fit
+    /// 8 KiB pages with inline values up to 1976 bytes, keys of 4096 bytes 16 KiB pages
+    /// with inline values up to 3992.
+    ///
+    /// ```
+    /// use bfdb::Config;
+    ///
+    /// let long_keys = Config {
+    ///     max_key_bytes: 4096,
+    ///     leaf_page_size_bytes: 16384,
+    ///     ..Config::default()
+    /// };
+    /// long_keys.validate()?;
+    /// # Ok::<(), bfdb::Error>(())
+    /// ```
     pub max_key_bytes: usize,
     /// Longest value accepted. Default 1 GiB, at most [`MAX_VALUE_LIMIT_BYTES`]
     /// (4 GiB - 1). A value longer than
@@ -196,9 +231,9 @@ impl Config {
     /// [`Tree`](crate::Tree) calls it, and accepts every configuration it accepts.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::InvalidConfig(what));
-        if self.leaf_page_size_bytes != 4096 {
+        if !LEAF_PAGE_SIZES.contains(&self.leaf_page_size_bytes) {
             return bad(format!(
-                "leaf_page_size_bytes is {}, but only 4096 is supported",
+                "leaf_page_size_bytes is {}, but must be one of {LEAF_PAGE_SIZES:?}",
                 self.leaf_page_size_bytes
             ));
         }
@@ -208,8 +243,11 @@ impl Config {
         {
             return bad("percentages must be at most 100".into());
         }
-        if self.max_key_bytes == 0 {
-            return bad("max_key_bytes must be at least 1".into());
+        if self.max_key_bytes == 0 || self.max_key_bytes > MAX_KEY_LIMIT_BYTES {
+            return bad(format!(
+                "max_key_bytes is {}, but must be between 1 and {MAX_KEY_LIMIT_BYTES}",
+                self.max_key_bytes
+            ));
         }
         if self.max_value_bytes > MAX_VALUE_LIMIT_BYTES {
             return bad(format!(
@@ -218,27 +256,37 @@ impl Config {
             ));
         }
         // A leaf page must hold its two fence keys and one record of the largest size.
+        let room = fences_and_record_bytes(self.leaf_page_size_bytes);
         let need = self
             .max_key_bytes
             .checked_mul(3)
             .and_then(|keys| keys.checked_add(self.leaf_value_bytes()));
-        if need.is_none_or(|need| need > MAX_FENCES_AND_RECORD_BYTES) {
+        if need.is_none_or(|need| need > room) {
+            let larger = LEAF_PAGE_SIZES
+                .iter()
+                .find(|&&size| need.is_some_and(|need| need <= fences_and_record_bytes(size)))
+                .map_or(String::new(), |size| {
+                    format!("; leaf_page_size_bytes = {size} would hold it")
+                });
             return bad(format!(
-                "3 * max_key_bytes + max_inline_value_bytes must be at most \
-                 {MAX_FENCES_AND_RECORD_BYTES} (a 4 KiB leaf page holds two fence keys and one \
-                 record), but max_key_bytes is {} and max_inline_value_bytes {} (counted as \
-                 {}: the least of it and max_value_bytes, and at least \
-                 {EXTERNAL_VALUE_RECORD_BYTES} for a reference if values may be longer)",
+                "3 * max_key_bytes + max_inline_value_bytes must be at most {room} (a leaf \
+                 page of {} bytes holds two fence keys and one record), but max_key_bytes is \
+                 {} and max_inline_value_bytes {} (counted as {}: the least of it and \
+                 max_value_bytes, and at least {EXTERNAL_VALUE_RECORD_BYTES} for a reference \
+                 if values may be longer){larger}",
+                self.leaf_page_size_bytes,
                 self.max_key_bytes,
                 self.max_inline_value_bytes,
                 self.leaf_value_bytes()
             ));
         }
         let budget = self.memory_budget_bytes;
-        if budget < MIN_MEMORY_BUDGET_BYTES {
+        // Sixteen mini-pages of a full leaf page, as MIN_MEMORY_BUDGET_BYTES is for 4 KiB.
+        let least = MIN_MEMORY_BUDGET_BYTES * (self.leaf_page_size_bytes / 4096) as u64;
+        if budget < least {
             return bad(format!(
-                "memory_budget_bytes is {budget}, but must be at least \
-                 {MIN_MEMORY_BUDGET_BYTES} (64 KiB)"
+                "memory_budget_bytes is {budget}, but must be at least {least} (64 KiB per \
+                 4 KiB of leaf page)"
             ));
         }
         if budget >= MEMORY_BUDGET_LIMIT_BYTES || usize::try_from(budget).is_err() {
@@ -275,10 +323,30 @@ mod tests {
         };
         assert!(matches!(too_big.validate(), Err(Error::InvalidConfig(_))));
         let page = Config {
-            leaf_page_size_bytes: 8192,
+            leaf_page_size_bytes: 12288,
             ..Config::default()
         };
         assert!(page.validate().is_err());
+        let long = Config {
+            max_key_bytes: 4096,
+            ..Config::default()
+        };
+        let Err(Error::InvalidConfig(why)) = long.validate() else {
+            panic!("4 KiB keys in 4 KiB pages");
+        };
+        assert!(why.contains("leaf_page_size_bytes = 16384"), "{why}");
+        Config {
+            leaf_page_size_bytes: 16384,
+            ..long
+        }
+        .validate()
+        .unwrap();
+        let longer = Config {
+            max_key_bytes: 4097,
+            leaf_page_size_bytes: 32768,
+            ..Config::default()
+        };
+        assert!(longer.validate().is_err());
         let tiny = Config {
             memory_budget_bytes: 4096,
             ..Config::default()

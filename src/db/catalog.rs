@@ -13,7 +13,7 @@ use crate::hash::checkpoint::F2Extents;
 use crate::hash::store::{
     self as hash_store, HashAttached, HashFiles, HashLayout, HashStore, HashStoreOptions,
 };
-use crate::storage::{ActiveBackend, PageNo, PinSet, ShadowStore, SlotStore};
+use crate::storage::{ActiveBackend, PAGE_SIZE, PageNo, PinSet, ShadowStore, SlotStore};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::tree::{Attached, Stored, Tree};
 
@@ -175,7 +175,11 @@ impl Shared {
                 let layout = HashLayout::new(options.memory_bytes(memory), record)?;
                 (KeyspaceKind::Hash(layout), memory)
             }
-            None => (KeyspaceKind::Tree, 0),
+            None => {
+                let leaf_pages = self.options.config.leaf_page_size_bytes / PAGE_SIZE;
+                let leaf_pages = u8::try_from(leaf_pages).expect("at most 8 pages");
+                (KeyspaceKind::Tree { leaf_pages }, 0)
+            }
         };
         let entry = KeyspaceEntry {
             id: catalog.manifest.next_id,
@@ -185,7 +189,7 @@ impl Shared {
             Error::Unsupported("the database has used all 2^32 keyspace ids".into())
         })?;
         let keyspace = match &entry.kind {
-            KeyspaceKind::Tree => self.open_keyspace(name, &entry, None, &[])?,
+            KeyspaceKind::Tree { .. } => self.open_keyspace(name, &entry, None, &[])?,
             KeyspaceKind::Hash(layout) => {
                 let store = self.open_hash_store(name, entry.id, layout, memory, None, false)?;
                 // The trees give up the store's memory (the pool evicts down to it).
@@ -241,7 +245,7 @@ impl Shared {
             return Ok(false);
         };
         match (&entry.kind, hash) {
-            (KeyspaceKind::Tree, true) => {
+            (KeyspaceKind::Tree { .. }, true) => {
                 return Err(wrong_kind(name, "a tree", "Db::drop_tree"));
             }
             (KeyspaceKind::Hash(_), false) => {
@@ -329,11 +333,12 @@ impl Shared {
                         reason: format!("its checkpoint's page slots: {e}"),
                     })?;
                 let shadow = Arc::new(shadow);
+                // A leaf is its first page's logical number (its pages follow it).
                 let list: Vec<(Vec<u8>, PageNo)> = ks
                     .leaves
                     .iter()
                     .map(|(low, _)| low.to_vec())
-                    .zip(logical)
+                    .zip(logical.into_iter().step_by(ks.leaves.pages()))
                     .collect();
                 let tree = Tree::from_leaves(
                     config,

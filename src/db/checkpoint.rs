@@ -11,8 +11,9 @@
 //!   generation (u64)
 //!   log position: block (u64), sequence number (u64)
 //!   keyspace count (u32)
-//!   per keyspace: id (u32), leaf count (u64),
-//!                 per leaf: page slot (u64), low key length (u16), low key
+//!   per keyspace: id (u32), leaf count (u64), pages per leaf (u8, version 4 on; 1
+//!                 before), per leaf: the page slot of each of its pages (u64 each),
+//!                 low key length (u16), low key
 //!   hash keyspace count (u32)                                  (version 2 on)
 //!   per hash keyspace: id (u32); its record, encoded by `hash::checkpoint`: the hot
 //!                 log's begin and tail, its index's home buckets; the cold log's
@@ -39,10 +40,11 @@ use crate::hash::checkpoint::{self as hash_checkpoint, F2Extents};
 use crate::wal::{Cursor, LogPosition};
 
 const MAGIC: [u8; 8] = *b"BFDBCKPT";
-/// The checkpoint format this build writes. It reads this one, version 2 (before the
+/// The checkpoint format this build writes. It reads this one, version 3 (before
+/// leaf pages of several pages, whose leaves have one slot each), version 2 (before the
 /// value store, which has no value section) and version 1 (before hash keyspaces,
 /// which has no hash section either).
-pub(crate) const CHECKPOINT_VERSION: u32 = 3;
+pub(crate) const CHECKPOINT_VERSION: u32 = 4;
 const TRAILER_BYTES: usize = 12;
 
 /// One keyspace's leaves in a checkpoint.
@@ -53,25 +55,54 @@ pub(crate) struct KeyspaceLeaves {
     pub(crate) leaves: Leaves,
 }
 
-/// Leaves in key order, each a low routing key and a physical page slot, with the keys
-/// packed in one buffer: a checkpoint of a tree of millions of leaves grows three
-/// buffers instead of making an allocation per leaf (which the allocator keeps after
-/// the checkpoint).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Leaves in key order, each a low routing key and the physical page slots holding it
+/// (one per 4 KiB page of the tree's leaf pages), with the keys packed in one buffer: a
+/// checkpoint of a tree of millions of leaves grows three buffers instead of making an
+/// allocation per leaf (which the allocator keeps after the checkpoint).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Leaves {
+    /// Page slots per leaf: the tree's leaf page size in 4 KiB pages.
+    pages: usize,
     /// The keys, one after another.
     keys: Vec<u8>,
     /// Where each leaf's key ends in `keys`.
     ends: Vec<usize>,
-    /// Each leaf's page slot.
+    /// Each leaf's page slots, `pages` of them, one leaf after another.
     slots: Vec<u64>,
 }
 
+impl Default for Leaves {
+    fn default() -> Leaves {
+        Leaves::new(1)
+    }
+}
+
 impl Leaves {
-    /// Appends a leaf after the others.
+    /// No leaves, of `pages` page slots each.
+    pub(crate) fn new(pages: usize) -> Leaves {
+        Leaves {
+            pages,
+            keys: Vec::new(),
+            ends: Vec::new(),
+            slots: Vec::new(),
+        }
+    }
+
+    /// Page slots per leaf.
+    pub(crate) fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// Appends a leaf after the others: its low key and its first page's slot; the
+    /// slots of its other pages follow with [`Leaves::push_slot`].
     pub(crate) fn push(&mut self, low: &[u8], slot: u64) {
         self.keys.extend_from_slice(low);
         self.ends.push(self.keys.len());
+        self.slots.push(slot);
+    }
+
+    /// Appends the slot of the last leaf's next page.
+    pub(crate) fn push_slot(&mut self, slot: u64) {
         self.slots.push(slot);
     }
 
@@ -84,21 +115,21 @@ impl Leaves {
 
     /// How many leaves.
     pub(crate) fn len(&self) -> usize {
-        self.slots.len()
+        self.ends.len()
     }
 
-    /// The page slots, in key order.
+    /// The page slots, in key order, each leaf's `pages` in a row.
     pub(crate) fn slots(&self) -> &[u64] {
         &self.slots
     }
 
-    /// (low key, slot) of each leaf, in key order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], u64)> {
+    /// (low key, page slots) of each leaf, in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u64])> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
         starts
             .zip(&self.ends)
-            .zip(&self.slots)
-            .map(|((start, &end), &slot)| (self.keys.get(start..end).unwrap_or_default(), slot))
+            .zip(self.slots.chunks(self.pages.max(1)))
+            .map(|((start, &end), slots)| (self.keys.get(start..end).unwrap_or_default(), slots))
     }
 }
 
@@ -151,8 +182,11 @@ impl Checkpoint {
         for ks in &self.keyspaces {
             w.put(&ks.id.to_le_bytes())?;
             w.put(&(ks.leaves.len() as u64).to_le_bytes())?;
-            for (low, slot) in ks.leaves.iter() {
-                w.put(&slot.to_le_bytes())?;
+            w.put(&[ks.leaves.pages() as u8])?;
+            for (low, slots) in ks.leaves.iter() {
+                for slot in slots {
+                    w.put(&slot.to_le_bytes())?;
+                }
                 w.put(&(low.len() as u16).to_le_bytes())?;
                 w.put(low)?;
             }
@@ -224,12 +258,32 @@ impl Checkpoint {
         for _ in 0..count {
             let id = r.u32().ok_or_else(truncated)?;
             let leaves_count = r.u64().ok_or_else(truncated)?;
+            // Version 4 gives the pages per leaf; before, leaves were one page.
+            let pages = if version >= 4 {
+                r.u8().ok_or_else(truncated)?
+            } else {
+                1
+            };
+            if ![1, 2, 4, 8].contains(&pages) {
+                return Err(corrupt(format!(
+                    "keyspace {id} has leaves of {pages} pages; 1, 2, 4 or 8 are known"
+                )));
+            }
             // No capacity from the count: a damaged one could claim anything.
-            let mut leaves = Leaves::default();
+            let mut leaves = Leaves::new(usize::from(pages));
+            let mut slots = Vec::with_capacity(usize::from(pages));
             for _ in 0..leaves_count {
-                let slot = r.u64().ok_or_else(truncated)?;
+                slots.clear();
+                for _ in 0..pages {
+                    slots.push(r.u64().ok_or_else(truncated)?);
+                }
                 let len = usize::from(r.u16().ok_or_else(truncated)?);
-                leaves.push(r.take(len).ok_or_else(truncated)?, slot);
+                let low = r.take(len).ok_or_else(truncated)?;
+                let (&first, rest) = slots.split_first().ok_or_else(truncated)?;
+                leaves.push(low, first);
+                for &slot in rest {
+                    leaves.push_slot(slot);
+                }
             }
             keyspaces.push(KeyspaceLeaves { id, leaves });
         }

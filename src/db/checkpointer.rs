@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::hash::checkpoint::{self as hash_checkpoint, F2Extents};
-use crate::storage::{LOG_BLOCK_BYTES, PinSet, ShadowStore};
+use crate::storage::{LOG_BLOCK_BYTES, PageNo, PinSet, ShadowStore};
 use crate::sync::atomic::Ordering;
 use crate::ticker::Ticker;
 use crate::tree::Tree;
@@ -229,7 +229,8 @@ impl Shared {
             values: Vec::new(),
         };
         let captured = keyspaces.iter().try_for_each(|(id, tree, shadow)| {
-            let mut leaves = Leaves::default();
+            let pages = tree.leaf_pages();
+            let mut leaves = Leaves::new(pages);
             let set = pins.entry(*id).or_insert_with(|| PinSet {
                 generation,
                 slots: Vec::new(),
@@ -241,9 +242,15 @@ impl Shared {
                     // the pin set, to be unpinned with it.
                     leaves.clear();
                 }
+                // Every page of the leaf, the first with its key.
                 let slot = shadow.pin(no, generation)?;
                 set.slots.push(slot);
                 leaves.push(low, slot);
+                for i in 1..pages as u64 {
+                    let slot = shadow.pin(PageNo(no.0 + i), generation)?;
+                    set.slots.push(slot);
+                    leaves.push_slot(slot);
+                }
                 Ok(())
             });
             ckpt.keyspaces.push(KeyspaceLeaves { id: *id, leaves });

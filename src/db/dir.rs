@@ -181,7 +181,7 @@ impl Shared {
         let live_pages: Vec<String> = manifest
             .keyspaces
             .values()
-            .filter(|e| e.kind == KeyspaceKind::Tree)
+            .filter(|e| matches!(e.kind, KeyspaceKind::Tree { .. }))
             .map(|e| page_file(e.id))
             .collect();
         let live_hash: Vec<u32> = manifest

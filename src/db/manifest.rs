@@ -67,8 +67,9 @@ const NO_PART: u64 = u64::MAX;
 /// The kind of index a keyspace is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum KeyspaceKind {
-    /// An ordered [`Tree`](crate::Tree).
-    Tree,
+    /// An ordered [`Tree`](crate::Tree) whose leaf pages are `leaf_pages` 4 KiB pages
+    /// (`Config::leaf_page_size_bytes`).
+    Tree { leaf_pages: u8 },
     /// A [`HashStore`](crate::HashStore) of this layout.
     Hash(HashLayout),
 }
@@ -76,7 +77,10 @@ pub(crate) enum KeyspaceKind {
 impl KeyspaceKind {
     fn code(&self) -> u8 {
         match self {
-            KeyspaceKind::Tree => 1,
+            // Kind 1 is a tree of 4 KiB leaf pages, as every build wrote it; kind 5
+            // adds the pages per leaf.
+            KeyspaceKind::Tree { leaf_pages: 1 } => 1,
+            KeyspaceKind::Tree { .. } => 5,
             KeyspaceKind::Hash(layout) if layout.record_format == RECORD_FORMAT => 4,
             // An entry of an earlier build keeps its kind: its files keep their format.
             KeyspaceKind::Hash(_) => 3,
@@ -150,6 +154,11 @@ impl Manifest {
             body.push(entry.kind.code());
             body.extend_from_slice(&(name.len() as u16).to_le_bytes());
             body.extend_from_slice(name.as_bytes());
+            if let KeyspaceKind::Tree { leaf_pages } = entry.kind
+                && leaf_pages != 1
+            {
+                body.push(leaf_pages);
+            }
             if let KeyspaceKind::Hash(layout) = &entry.kind {
                 let o = &layout.options;
                 for n in [
@@ -242,7 +251,17 @@ impl Manifest {
             let name = std::str::from_utf8(r.take(len).ok_or_else(truncated)?)
                 .map_err(|_| format!("keyspace {id}'s name is not UTF-8"))?;
             let kind = match code {
-                1 => KeyspaceKind::Tree,
+                1 => KeyspaceKind::Tree { leaf_pages: 1 },
+                5 => {
+                    let leaf_pages = r.u8().ok_or_else(truncated)?;
+                    if ![1, 2, 4, 8].contains(&leaf_pages) {
+                        return Err(format!(
+                            "keyspace {name:?} has leaf pages of {leaf_pages} pages; 1, 2, 4 \
+                             or 8 are known"
+                        ));
+                    }
+                    KeyspaceKind::Tree { leaf_pages }
+                }
                 2..=4 => {
                     let mut n = [0u64; 4];
                     for v in &mut n {
@@ -362,7 +381,9 @@ mod tests {
                 name.to_string(),
                 KeyspaceEntry {
                     id: i as u32 + 2,
-                    kind: KeyspaceKind::Tree,
+                    kind: KeyspaceKind::Tree {
+                        leaf_pages: [1, 4, 8][i % 3],
+                    },
                 },
             );
         }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::storage::values::Uncertain;
 use crate::storage::{
-    BlockDevice, LOG_BLOCK_BYTES, LogDevice, PinSet, ValueRef, ValueStore, value_files,
+    BlockDevice, LOG_BLOCK_BYTES, LogDevice, PAGE_SIZE, PinSet, ValueRef, ValueStore, value_files,
 };
 use crate::sync::atomic::AtomicU8;
 use crate::tree::{Stored, TreeMemory};
@@ -208,9 +208,25 @@ impl Db {
     }
 }
 
-/// Refuses options whose key or value limit is below what the database may hold; with
-/// larger ones, returns the manifest recording them and `true` (the caller stores it).
+/// Refuses options whose key or value limit is below what the database may hold, or
+/// whose leaf page size is not its trees'; with larger limits, returns the manifest
+/// recording them and `true` (the caller stores it).
 fn check_limits(dir: &Path, mut manifest: Manifest, config: &Config) -> Result<(Manifest, bool)> {
+    for (name, entry) in &manifest.keyspaces {
+        if let KeyspaceKind::Tree { leaf_pages } = entry.kind {
+            let bytes = usize::from(leaf_pages) * PAGE_SIZE;
+            if bytes != config.leaf_page_size_bytes {
+                return Err(Error::Incompatible {
+                    reason: format!(
+                        "{}: keyspace {name:?} has leaf pages of {bytes} bytes, but these \
+                         options ask for {}: open it with leaf_page_size_bytes = {bytes}",
+                        dir.display(),
+                        config.leaf_page_size_bytes
+                    ),
+                });
+            }
+        }
+    }
     let (key, value) = (config.max_key_bytes as u64, config.max_value_bytes as u64);
     if key < u64::from(manifest.max_key_bytes) || value < u64::from(manifest.max_value_bytes) {
         return Err(Error::InvalidConfig(format!(
@@ -394,7 +410,7 @@ impl Shared {
             .values()
             .filter_map(|entry| match &entry.kind {
                 KeyspaceKind::Hash(layout) => Some(layout.memory_bytes()),
-                KeyspaceKind::Tree => None,
+                KeyspaceKind::Tree { .. } => None,
             })
             .collect();
         let mut grants = hash_grants(self.memory.capacity_bytes(), &recorded).into_iter();

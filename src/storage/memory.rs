@@ -162,6 +162,51 @@ impl PageStore for MemoryStore {
         Ok(PageNo(no))
     }
 
+    /// The first run of `n` free slots, else `n` new slots at the end.
+    fn allocate_run(&self, n: usize) -> io::Result<PageNo> {
+        if n <= 1 {
+            return self.allocate();
+        }
+        self.poison.check()?;
+        let mut free = self.free.lock();
+        let n64 = n as u64;
+        let found = free
+            .iter()
+            .copied()
+            .find(|&f| (f..f + n64).all(|no| free.contains(&no)));
+        let first = match found {
+            Some(first) => {
+                for no in first..first + n64 {
+                    free.remove(&no);
+                }
+                first
+            }
+            None => {
+                let mut slots = self.slots.write();
+                let len = slots.len();
+                slots.resize_with(len + n, || Arc::new(Mutex::new(Slot::Free)));
+                len as u64
+            }
+        };
+        for no in first..first + n64 {
+            let slot = self.slot(PageNo(no)).expect("slots of the run exist");
+            let mut slot = slot.lock();
+            assert!(
+                matches!(*slot, Slot::Free),
+                "slot {no} of a free run is in use"
+            );
+            *slot = Slot::Allocated(None);
+        }
+        Ok(PageNo(first))
+    }
+
+    fn free_run(&self, first: PageNo, n: usize) -> io::Result<()> {
+        for no in first.0..first.0 + n as u64 {
+            self.free(PageNo(no))?;
+        }
+        Ok(())
+    }
+
     fn free(&self, no: PageNo) -> io::Result<()> {
         self.poison.check()?;
         let mut free = self.free.lock();

@@ -382,6 +382,32 @@ pub trait PageStore: Send + Sync + fmt::Debug {
     /// Freeing a slot that is not allocated gives [`io::ErrorKind::InvalidInput`].
     fn free(&self, no: PageNo) -> io::Result<()>;
 
+    /// `n` consecutive page slots for one unit of data larger than a page (a tree's
+    /// leaf of `n` pages): the first of them. `n == 1` is [`PageStore::allocate`]; a
+    /// store that cannot keep runs (the default, for `n > 1`) gives
+    /// [`io::ErrorKind::Unsupported`].
+    fn allocate_run(&self, n: usize) -> io::Result<PageNo> {
+        if n == 1 {
+            return self.allocate();
+        }
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("this page store keeps single pages, not runs of {n}"),
+        ))
+    }
+
+    /// Gives back the run of `n` slots from `first` that [`PageStore::allocate_run`]
+    /// handed out.
+    fn free_run(&self, first: PageNo, n: usize) -> io::Result<()> {
+        if n == 1 {
+            return self.free(first);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("this page store keeps single pages, not runs of {n}"),
+        ))
+    }
+
     /// Makes every write and the allocation state durable (fsync / fdatasync).
     ///
     /// Writes and allocation changes that completed before the call are covered;
@@ -419,6 +445,12 @@ impl<S: PageStore + ?Sized> PageStore for std::sync::Arc<S> {
     }
     fn free(&self, no: PageNo) -> io::Result<()> {
         (**self).free(no)
+    }
+    fn allocate_run(&self, n: usize) -> io::Result<PageNo> {
+        (**self).allocate_run(n)
+    }
+    fn free_run(&self, first: PageNo, n: usize) -> io::Result<()> {
+        (**self).free_run(first, n)
     }
     fn sync(&self) -> io::Result<()> {
         (**self).sync()

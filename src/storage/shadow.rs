@@ -131,7 +131,9 @@ pub struct ShadowStore {
     /// Physical slot → the pin bits of the checkpoints that record it.
     pins: Chunks<AtomicU8>,
     next_logical: AtomicU64,
-    free_logical: Mutex<Vec<u64>>,
+    /// Freed logical runs: (first page, pages). A run is handed out again only whole,
+    /// to a request of its length (a tree asks for runs of one length only).
+    free_logical: Mutex<Vec<(u64, usize)>>,
     /// Slots remapped away from while pinned: freed once nothing pins them.
     orphans: Mutex<Vec<u64>>,
 }
@@ -353,33 +355,72 @@ impl PageStore for ShadowStore {
     }
 
     fn allocate(&self) -> io::Result<PageNo> {
-        let slot = self.inner.allocate()?;
-        let no = match self.free_logical.lock().pop() {
-            Some(no) => no,
-            None => self.next_logical.fetch_add(1, Ordering::Relaxed),
-        };
-        match self.map.get(no) {
-            Some(e) => e.store(slot.0 + 1, Ordering::Release),
-            None => {
-                self.inner.free(slot)?;
-                return Err(too_many());
-            }
-        }
-        Ok(PageNo(no))
+        self.allocate_run(1)
     }
 
     fn free(&self, no: PageNo) -> io::Result<()> {
-        let slot = self.slot_of(no)?;
-        if let Some(e) = self.map.get(no.0) {
-            e.store(0, Ordering::Release);
+        self.free_run(no, 1)
+    }
+
+    /// `n` consecutive logical pages, each mapped to a slot of its own (the slots need
+    /// not be consecutive: the map is per page).
+    fn allocate_run(&self, n: usize) -> io::Result<PageNo> {
+        let mut slots = Vec::with_capacity(n);
+        for _ in 0..n {
+            match self.inner.allocate() {
+                Ok(slot) => slots.push(slot),
+                Err(e) => {
+                    for slot in slots {
+                        let _ = self.inner.free(slot);
+                    }
+                    return Err(e);
+                }
+            }
         }
-        self.free_logical.lock().push(no.0);
-        if self.is_pinned(slot) {
-            self.orphans.lock().push(slot);
-            Ok(())
-        } else {
-            self.inner.free(PageNo(slot))
+        let reused = {
+            let mut free = self.free_logical.lock();
+            let at = free.iter().rposition(|&(_, len)| len == n);
+            at.map(|at| free.swap_remove(at).0)
+        };
+        let first =
+            reused.unwrap_or_else(|| self.next_logical.fetch_add(n as u64, Ordering::Relaxed));
+        for (i, slot) in slots.iter().enumerate() {
+            match self.map.get(first + i as u64) {
+                Some(e) => e.store(slot.0 + 1, Ordering::Release),
+                None => {
+                    for (j, slot) in slots.iter().enumerate() {
+                        if let Some(e) = self.map.get(first + j as u64) {
+                            e.store(0, Ordering::Release);
+                        }
+                        let _ = self.inner.free(*slot);
+                    }
+                    return Err(too_many());
+                }
+            }
         }
+        Ok(PageNo(first))
+    }
+
+    fn free_run(&self, first: PageNo, n: usize) -> io::Result<()> {
+        let mut slots = Vec::with_capacity(n);
+        for i in 0..n as u64 {
+            slots.push(self.slot_of(PageNo(first.0 + i))?);
+        }
+        for i in 0..n as u64 {
+            if let Some(e) = self.map.get(first.0 + i) {
+                e.store(0, Ordering::Release);
+            }
+        }
+        self.free_logical.lock().push((first.0, n));
+        let mut result = Ok(());
+        for slot in slots {
+            if self.is_pinned(slot) {
+                self.orphans.lock().push(slot);
+            } else if let Err(e) = self.inner.free(PageNo(slot)) {
+                result = result.and(Err(e));
+            }
+        }
+        result
     }
 
     /// Makes every page write durable ([`SlotStore::sync_data`]); the allocation state

@@ -26,12 +26,13 @@ use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 use super::leaf_io::LeafTicket;
+use super::leaf_page::LeafPage;
 use super::read::Probe;
 use super::scan::{Bounds, Buffered, Direction, FetchStep, Sink, is_empty};
 use super::stats::bump;
 use super::{Core, Tree};
 use crate::error::Result;
-use crate::storage::{AsyncPageReader, Page, ReadPath};
+use crate::storage::{AsyncPageReader, ReadPath};
 
 /// Async attempts at a read whose leaf page keeps changing under it, before the
 /// operation takes the blocking locked path instead.
@@ -203,20 +204,33 @@ impl AsyncTree {
     /// store has a file. `Ok(None)`: the read failed, but the page changed meanwhile (a
     /// torn read of a page being rewritten fails its checksum), so it is no error: start
     /// again.
-    async fn read_leaf(&self, ticket: &LeafTicket) -> Result<Option<Box<Page>>> {
+    async fn read_leaf(&self, ticket: &LeafTicket) -> Result<Option<LeafPage>> {
         let core = self.core();
-        let no = ticket.leaf;
-        let read = self.reader.read_page(&*core.store, no).await;
-        if let Ok((_, ReadPath::Ring)) = &read {
-            bump(&core.counters.async_leaf_reads);
-        }
-        match read {
-            Ok((page, _)) => {
-                bump(&core.counters.leaf_reads);
-                Ok(Some(page))
+        let mut leaf = core.new_leaf_page();
+        let wide = matches!(leaf, LeafPage::Wide { .. });
+        let mut failed = None;
+        for (no, slot) in leaf.requests(ticket.leaf) {
+            let read = self.reader.read_page(&*core.store, no).await;
+            if let Ok((_, ReadPath::Ring)) = &read {
+                bump(&core.counters.async_leaf_reads);
             }
-            Err(_) if !core.ticket_current(ticket) => Ok(None),
-            Err(e) => Err(core.read_error(no, e)),
+            match read {
+                Ok((page, _)) if wide => slot.as_bytes_mut().copy_from_slice(page.as_bytes()),
+                Ok((page, _)) => *slot = *page,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        match failed {
+            None => {
+                leaf.gather();
+                bump(&core.counters.leaf_reads);
+                Ok(Some(leaf))
+            }
+            Some(_) if !core.ticket_current(ticket) => Ok(None),
+            Some(e) => Err(core.read_error(ticket.leaf, e)),
         }
     }
 }

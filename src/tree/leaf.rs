@@ -17,7 +17,7 @@
 //! without the leaf page.
 
 use crate::pool::Block;
-use crate::storage::{PAGE_PAYLOAD_SIZE, PageNo};
+use crate::storage::PageNo;
 
 use super::mapping::PageId;
 use super::node::{
@@ -29,12 +29,6 @@ const MIRROR: u16 = 1;
 
 /// Bytes a mini-page block spends before its node: page id, leaf page and flags.
 pub(crate) const MINI_HEADER_BYTES: usize = 16;
-/// The largest mini-page block payload: a full mirror of a leaf page plus the header.
-pub(crate) const MAX_MINI_BLOCK_BYTES: usize = 4096;
-/// The block of the mirror a writer keeps of the open end of a sorted-order split
-/// (the largest pool block): two leaf pages' worth, so that the pages split off it are
-/// packed full even when the open end is unbounded and so stores its keys whole.
-pub(crate) const OPEN_END_MIRROR_BYTES: usize = 2 * MAX_MINI_BLOCK_BYTES;
 
 /// The fixed header of a mini-page block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,6 +290,7 @@ pub(crate) fn pack_leaves(
     low: Option<&[u8]>,
     high: Option<&[u8]>,
     fill: Fill,
+    node_bytes: usize,
 ) -> Vec<LeafChunk> {
     // Every chunk's range lies inside [low, high), so every chunk's prefix is at least
     // the common prefix of `low` and `high`: costing keys without it is a tight upper
@@ -309,7 +304,7 @@ pub(crate) fn pack_leaves(
     };
     if fill != Fill::Balanced
         && !records.is_empty()
-        && let Some(chunks) = pack_full(records, (low, high), fill)
+        && let Some(chunks) = pack_full(records, (low, high), fill, node_bytes)
     {
         return chunks;
     }
@@ -322,6 +317,7 @@ pub(crate) fn pack_leaves(
             (pages, total.div_ceil(pages)),
             &cost,
             &fence_bound,
+            node_bytes,
         ) {
             return chunks;
         }
@@ -348,6 +344,7 @@ pub(crate) fn pack_open(
     high: Option<&[u8]>,
     fill: Fill,
     open: usize,
+    node_bytes: usize,
 ) -> (Vec<LeafChunk>, usize) {
     let n = records.len();
     let at = match fill {
@@ -355,7 +352,7 @@ pub(crate) fn pack_open(
         _ => open,
     };
     if fill == Fill::Balanced || at == 0 || at >= n {
-        let chunks = pack_leaves(records, low, high, fill);
+        let chunks = pack_leaves(records, low, high, fill, node_bytes);
         let open = chunks
             .iter()
             .position(|c| open < c.records.end)
@@ -369,7 +366,7 @@ pub(crate) fn pack_open(
             .iter_range(range.clone())
             .map(|(k, v, _)| (k, v))
             .collect();
-        let mut chunks = pack_leaves(&part, lo, hi, fill);
+        let mut chunks = pack_leaves(&part, lo, hi, fill, node_bytes);
         for c in &mut chunks {
             c.records = c.records.start + range.start..c.records.end + range.start;
         }
@@ -422,6 +419,7 @@ fn pack_full(
     records: &RecordList,
     (low, high): (Option<&[u8]>, Option<&[u8]>),
     fill: Fill,
+    node_bytes: usize,
 ) -> Option<Vec<LeafChunk>> {
     let n = records.len();
     // full[i]: the records before i at full key length.
@@ -437,7 +435,7 @@ fn pack_full(
         let fences = Fences::Range { low: lo, high: hi };
         let prefix = fences.prefix().len();
         NODE_META_SIZE_BYTES + fences.size_bytes() + full[to] - full[from] - (to - from) * prefix
-            <= PAGE_PAYLOAD_SIZE
+            <= node_bytes
     };
     // Chunk boundaries: ends[j] is where chunk j ends (exclusive).
     let mut ends = Vec::new();
@@ -517,6 +515,7 @@ fn try_pack(
     (pages, target): (usize, usize),
     cost: &CostFn<'_>,
     fence_bound: &FenceBoundFn<'_>,
+    node_bytes: usize,
 ) -> Option<Vec<LeafChunk>> {
     let mut chunks = Vec::new();
     let mut start = 0;
@@ -538,7 +537,7 @@ fn try_pack(
         };
         let need =
             NODE_META_SIZE_BYTES + fence_bound(chunk_low.as_deref(), chunk_high.as_deref()) + bytes;
-        if need > PAGE_PAYLOAD_SIZE {
+        if need > node_bytes {
             return None;
         }
         chunks.push(LeafChunk {
@@ -643,6 +642,7 @@ pub(crate) fn build_mirror<'d>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::PAGE_PAYLOAD_SIZE;
 
     #[test]
     fn mirrors_hold_the_leaf_with_dirty_records_winning() {
@@ -759,7 +759,7 @@ mod tests {
             let records: RecordList = (0..n as u32)
                 .map(|i| (format!("key{i:09}").into_bytes(), vec![7u8; 20]))
                 .collect();
-            let chunks = pack_leaves(&records, None, None, Fill::Balanced);
+            let chunks = pack_leaves(&records, None, None, Fill::Balanced, PAGE_PAYLOAD_SIZE);
             assert_eq!(chunks.len(), 2, "{n} records of {one_page} per page");
             let sizes: Vec<usize> = chunks.iter().map(|c| c.records.len()).collect();
             assert!(sizes.iter().all(|&k| k + 2 >= n / 2), "{n}: {sizes:?}");
@@ -784,7 +784,7 @@ mod tests {
                 (Fill::Descending, None, Some(&b"l"[..])),
                 (Fill::Ascending, Some(&b"key"[..]), Some(&b"kez"[..])),
             ] {
-                let chunks = pack_leaves(&records, low, high, fill);
+                let chunks = pack_leaves(&records, low, high, fill, PAGE_PAYLOAD_SIZE);
                 check_chunks(&chunks, &records, low, high);
                 // Every page but the one end's is full: about as many records as a page
                 // holds at full key length, or more (its fences may give it a prefix); a
@@ -815,7 +815,14 @@ mod tests {
         // A stream ascending into the middle: a boundary right above the open record,
         // full pages below it, the records above on pages of their own.
         for open in [one_page / 2, one_page + 3, 2 * one_page - 1] {
-            let (chunks, at) = pack_open(&records, low, high, Fill::Ascending, open);
+            let (chunks, at) = pack_open(
+                &records,
+                low,
+                high,
+                Fill::Ascending,
+                open,
+                PAGE_PAYLOAD_SIZE,
+            );
             check_chunks(&chunks, &records, low, high);
             // (Unless everything above fits in the open end's page.)
             let end = chunks[at].records.end;
@@ -830,7 +837,14 @@ mod tests {
         }
         // Descending: a boundary right below the open record, full pages above it.
         for open in [one_page / 2, one_page + 3, 2 * one_page - 1] {
-            let (chunks, at) = pack_open(&records, low, high, Fill::Descending, open);
+            let (chunks, at) = pack_open(
+                &records,
+                low,
+                high,
+                Fill::Descending,
+                open,
+                PAGE_PAYLOAD_SIZE,
+            );
             check_chunks(&chunks, &records, low, high);
             // (Unless everything below fits in the open end's page: at 1/2 a page.)
             let start = chunks[at].records.start;
@@ -844,26 +858,54 @@ mod tests {
             }
         }
         // Where the far side is pages long, the boundary is exact.
-        let (chunks, at) = pack_open(&records, low, high, Fill::Ascending, one_page / 2);
+        let (chunks, at) = pack_open(
+            &records,
+            low,
+            high,
+            Fill::Ascending,
+            one_page / 2,
+            PAGE_PAYLOAD_SIZE,
+        );
         assert_eq!(chunks[at].records.end, one_page / 2 + 1);
-        let (chunks, at) = pack_open(&records, low, high, Fill::Descending, 2 * one_page);
+        let (chunks, at) = pack_open(
+            &records,
+            low,
+            high,
+            Fill::Descending,
+            2 * one_page,
+            PAGE_PAYLOAD_SIZE,
+        );
         assert_eq!(chunks[at].records.start, 2 * one_page);
         // A few records beyond the open end share its page instead of getting their own.
         let open = n - 3;
-        let (chunks, at) = pack_open(&records, low, high, Fill::Ascending, open);
+        let (chunks, at) = pack_open(
+            &records,
+            low,
+            high,
+            Fill::Ascending,
+            open,
+            PAGE_PAYLOAD_SIZE,
+        );
         check_chunks(&chunks, &records, low, high);
         assert_eq!(
             at,
             chunks.len() - 1,
             "the open end's page takes the last 2 records"
         );
-        let (chunks, at) = pack_open(&records, low, high, Fill::Descending, 2);
+        let (chunks, at) = pack_open(&records, low, high, Fill::Descending, 2, PAGE_PAYLOAD_SIZE);
         check_chunks(&chunks, &records, low, high);
         assert_eq!(at, 0, "the open end's page takes the first 2 records");
         // At the very end it is a plain sorted-order packing.
-        let (chunks, at) = pack_open(&records, low, high, Fill::Ascending, n - 1);
+        let (chunks, at) = pack_open(
+            &records,
+            low,
+            high,
+            Fill::Ascending,
+            n - 1,
+            PAGE_PAYLOAD_SIZE,
+        );
         assert_eq!(at, chunks.len() - 1);
-        let plain = pack_leaves(&records, low, high, Fill::Ascending);
+        let plain = pack_leaves(&records, low, high, Fill::Ascending, PAGE_PAYLOAD_SIZE);
         let ranges = |c: &[LeafChunk]| c.iter().map(|c| c.records.clone()).collect::<Vec<_>>();
         assert_eq!(ranges(&chunks), ranges(&plain));
     }
@@ -873,7 +915,7 @@ mod tests {
         let records: RecordList = (0..400u32)
             .map(|i| (format!("key{i:06}").into_bytes(), vec![7u8; 20]))
             .collect();
-        let chunks = pack_leaves(&records, None, None, Fill::Balanced);
+        let chunks = pack_leaves(&records, None, None, Fill::Balanced, PAGE_PAYLOAD_SIZE);
         assert!(chunks.len() >= 3, "400 * 37 bytes needs at least 3 pages");
         check_chunks(&chunks, &records, None, None);
     }

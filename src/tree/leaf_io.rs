@@ -22,11 +22,12 @@ use std::fmt::Display;
 use crossbeam_epoch as epoch;
 
 use crate::error::{Error, Result};
-use crate::storage::{PAGE_PAYLOAD_SIZE, Page, PageNo};
+use crate::storage::{Page, PageNo};
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 use super::Core;
 use super::descend::Target;
+use super::leaf_page::LeafPage;
 use super::mapping::{Location, PageId};
 use super::mini::PageLock;
 use super::node::{Fence, NodeKind, NodeRef};
@@ -46,17 +47,48 @@ pub(crate) struct LeafTicket {
 }
 
 /// Bytes of a leaf page's payload in use: what its fill hint records.
-pub(super) fn leaf_used_bytes(page: &Page) -> usize {
-    PAGE_PAYLOAD_SIZE - NodeRef::trusted(page.payload()).reclaimable_space_bytes()
+pub(super) fn leaf_used_bytes(page: &LeafPage) -> usize {
+    let node = page.payload();
+    node.len() - NodeRef::trusted(node).reclaimable_space_bytes()
 }
 
 impl Core {
-    pub(super) fn read_leaf<'p>(&self, no: PageNo, page: &'p mut Page) -> Result<NodeRef<'p>> {
-        self.store
-            .read_page(no, page)
-            .map_err(|e| self.read_error(no, e))?;
+    pub(super) fn read_leaf<'p>(&self, no: PageNo, page: &'p mut LeafPage) -> Result<NodeRef<'p>> {
+        self.read_leaf_bytes(no, page)?;
         bump(&self.counters.leaf_reads);
         self.parse_leaf(no, page)
+    }
+
+    /// Reads the store pages of leaf page `no` into `page`, unchecked but for their
+    /// checksums (the caller parses or validates).
+    pub(super) fn read_leaf_bytes(&self, no: PageNo, page: &mut LeafPage) -> Result<()> {
+        let result = match page {
+            LeafPage::One(one) => self.store.read_page(no, one),
+            LeafPage::Wide { .. } => {
+                let mut reqs: Vec<(PageNo, &mut Page)> = page.requests(no).collect();
+                self.store.read_pages(&mut reqs)
+            }
+        };
+        result.map_err(|e| self.read_error(no, e))?;
+        page.gather();
+        Ok(())
+    }
+
+    /// Records `page`'s fill as `pid`'s hint (`MappingTable::fill_hint`), which counts
+    /// units of a 4 KiB leaf: a wide leaf's bytes are scaled down to them.
+    pub(super) fn note_fill(&self, pid: PageId, page: &LeafPage) {
+        self.mapping
+            .set_fill_hint(pid, leaf_used_bytes(page) / self.leaf.pages());
+    }
+
+    /// The bytes `pid`'s leaf page used when last written (a hint: `note_fill`).
+    pub(super) fn fill_hint(&self, pid: PageId) -> usize {
+        self.mapping.fill_hint(pid) * self.leaf.pages()
+    }
+
+    /// A leaf page of this tree's size, of zero bytes.
+    pub(super) fn new_leaf_page(&self) -> LeafPage {
+        self.leaf.page()
     }
 
     /// The error of a failed read of leaf page `no`: a page that fails its checksum is
@@ -96,7 +128,7 @@ impl Core {
     /// Checks the node in a leaf page read from `no`. Every read of a leaf page's
     /// records goes through here, so it also refuses them once eviction dropped records
     /// of a failed tree that the page may lack (`Core::keep_in_memory`).
-    pub(super) fn parse_leaf<'p>(&self, no: PageNo, page: &'p Page) -> Result<NodeRef<'p>> {
+    pub(super) fn parse_leaf<'p>(&self, no: PageNo, page: &'p LeafPage) -> Result<NodeRef<'p>> {
         if self.dropped_records.load(Ordering::Acquire) {
             return Err(self.poisoned());
         }
@@ -219,15 +251,23 @@ impl Core {
 
     /// Writes the leaf page of `pid`, whose write lock the caller holds. A failure
     /// poisons the tree.
-    pub(super) fn write_leaf(&self, pid: PageId, no: PageNo, page: &mut Page) -> Result<()> {
+    pub(super) fn write_leaf(&self, pid: PageId, no: PageNo, page: &mut LeafPage) -> Result<()> {
         self.note_leaf_write(pid);
         debug_assert!(NodeRef::parse(page.payload()).is_ok());
-        if let Err(e) = self.store.write_page(no, page) {
+        page.scatter();
+        let result = match page {
+            LeafPage::One(one) => self.store.write_page(no, one),
+            LeafPage::Wide { .. } => {
+                let mut reqs: Vec<(PageNo, &mut Page)> = page.requests(no).collect();
+                self.store.write_pages(&mut reqs)
+            }
+        };
+        if let Err(e) = result {
             let e = Error::from(e);
             self.record_failure(&e);
             return Err(e);
         }
-        self.mapping.set_fill_hint(pid, leaf_used_bytes(page));
+        self.note_fill(pid, page);
         bump(&self.counters.leaf_writes);
         Ok(())
     }
@@ -250,14 +290,19 @@ impl Core {
 
     /// Reads leaf pages `nos` into `pages` with one `read_pages` call. The pages are
     /// checked (`parse_leaf`) only once their read is validated.
-    pub(super) fn read_leaves(&self, nos: &[PageNo], pages: &mut [Box<Page>]) -> Result<()> {
+    pub(super) fn read_leaves(&self, nos: &[PageNo], pages: &mut [LeafPage]) -> Result<()> {
         debug_assert_eq!(nos.len(), pages.len());
         let mut reqs: Vec<(PageNo, &mut Page)> = nos
             .iter()
             .copied()
-            .zip(pages.iter_mut().map(|p| &mut **p))
+            .zip(pages.iter_mut())
+            .flat_map(|(no, page)| page.requests(no))
             .collect();
         self.store.read_pages(&mut reqs)?;
+        drop(reqs);
+        for page in pages.iter_mut() {
+            page.gather();
+        }
         bump_by(&self.counters.leaf_reads, nos.len());
         if nos.len() > 1 {
             bump_by(&self.counters.batched_leaf_reads, nos.len());
@@ -268,18 +313,23 @@ impl Core {
     /// Writes leaf pages with one `write_pages` call: pages of ids whose write locks the
     /// caller holds (and whose leaf-write counters it bumped), or new pages no reader can
     /// reach yet. A failure poisons the tree.
-    pub(super) fn write_leaves(&self, reqs: &mut [(PageNo, &mut Page)]) -> Result<()> {
-        for (_, page) in reqs.iter() {
+    pub(super) fn write_leaves(&self, leaves: &mut [(PageNo, &mut LeafPage)]) -> Result<()> {
+        for (_, page) in leaves.iter_mut() {
             debug_assert!(NodeRef::parse(page.payload()).is_ok());
+            page.scatter();
         }
-        if let Err(e) = self.store.write_pages(reqs) {
+        let mut reqs: Vec<(PageNo, &mut Page)> = leaves
+            .iter_mut()
+            .flat_map(|(no, page)| page.requests(*no))
+            .collect();
+        if let Err(e) = self.store.write_pages(&mut reqs) {
             let e = Error::from(e);
             self.record_failure(&e);
             return Err(e);
         }
-        bump_by(&self.counters.leaf_writes, reqs.len());
-        if reqs.len() > 1 {
-            bump_by(&self.counters.batched_leaf_writes, reqs.len());
+        bump_by(&self.counters.leaf_writes, leaves.len());
+        if leaves.len() > 1 {
+            bump_by(&self.counters.batched_leaf_writes, leaves.len());
         }
         Ok(())
     }

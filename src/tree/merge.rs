@@ -7,11 +7,11 @@
 //! `mapping`, `stats`.
 
 use crate::error::{Error, Result};
-use crate::storage::{Page, PageNo};
+use crate::storage::PageNo;
 use crate::sync::atomic::Ordering;
 
 use super::leaf::{self, MiniHeader, RecordList};
-use super::leaf_io::leaf_used_bytes;
+use super::leaf_page::LeafPage;
 use super::mapping::{self, Location, PageId};
 use super::mini::MiniPage;
 use super::mini::clean_after_merge;
@@ -59,7 +59,7 @@ impl<'g> MergeJob<'g> {
 /// planned splits and redistributions (their neighbours still locked).
 struct Batch<'t> {
     results: Vec<Result<bool, Op>>,
-    writes: Vec<(usize, Box<Page>)>,
+    writes: Vec<(usize, LeafPage)>,
     splits: Vec<(usize, PlannedSplit)>,
     redistributions: Vec<(usize, Redistribution<'t>)>,
 }
@@ -81,7 +81,7 @@ impl Batch<'_> {
 }
 
 /// A neighbour to write back as it was, with its lock, leaf page and old page.
-type Restore<'t> = (mapping::WriteGuard<'t>, PageNo, Box<Page>);
+type Restore<'t> = (mapping::WriteGuard<'t>, PageNo, LeafPage);
 
 /// Answers a failed batched write for every job in `jobs`: the first gets the store's
 /// error, the rest the poisoning it caused (the write poisoned the tree).
@@ -124,7 +124,7 @@ impl Core {
         let leaf = if header.mirror && mini.is_some() {
             None
         } else {
-            let mut page = Page::boxed();
+            let mut page = self.new_leaf_page();
             self.read_leaf(header.leaf, &mut page)?;
             Some(page)
         };
@@ -231,7 +231,7 @@ impl Core {
             .filter(|j| !j.header.mirror)
             .map(|j| j.header.leaf)
             .collect();
-        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+        let mut pages: Vec<LeafPage> = nos.iter().map(|_| self.new_leaf_page()).collect();
         if !nos.is_empty() && self.read_leaves(&nos, &mut pages).is_err() {
             return jobs
                 .iter()
@@ -252,7 +252,7 @@ impl Core {
     /// not a mirror, in order): each job rewrites its page in place, splits, or gives
     /// records to a neighbour. The neighbours' leaf pages are read in one batch; a
     /// redistribution that does not work out splits after all.
-    fn plan_batch<'t>(&'t self, jobs: &[MergeJob<'_>], pages: Vec<Box<Page>>) -> Batch<'t> {
+    fn plan_batch<'t>(&'t self, jobs: &[MergeJob<'_>], pages: Vec<LeafPage>) -> Batch<'t> {
         let mut pages = pages.into_iter();
         let mut batch = Batch {
             results: Vec::with_capacity(jobs.len()),
@@ -298,7 +298,7 @@ impl Core {
             .filter(|(_, n, _, _)| !n.header.mirror)
             .map(|(_, n, _, _)| n.header.leaf)
             .collect();
-        let mut leaves: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+        let mut leaves: Vec<LeafPage> = nos.iter().map(|_| self.new_leaf_page()).collect();
         let read = nos.is_empty() || self.read_leaves(&nos, &mut leaves).is_ok();
         let mut leaves = leaves.into_iter();
         for (i, neighbour, records, chunks) in pending {
@@ -324,7 +324,7 @@ impl Core {
         for (_, r) in &batch.redistributions {
             self.note_leaf_write(r.neighbour.page.id());
         }
-        let mut reqs: Vec<(PageNo, &mut Page)> = batch
+        let mut reqs: Vec<(PageNo, &mut LeafPage)> = batch
             .splits
             .iter_mut()
             .flat_map(|(_, s)| s.right_writes())
@@ -361,8 +361,7 @@ impl Core {
         }
         let mut restores = Vec::new();
         for (i, mut r) in std::mem::take(&mut batch.redistributions) {
-            self.mapping
-                .set_fill_hint(r.neighbour.page.id(), leaf_used_bytes(r.receiving()));
+            self.note_fill(r.neighbour.page.id(), r.receiving());
             if self.link_redistribution(&r) {
                 batch.writes.push((i, r.into_giving()));
             } else {
@@ -392,22 +391,20 @@ impl Core {
         for (page, _, _) in &restores {
             self.note_leaf_write(page.id());
         }
-        let mut reqs: Vec<(PageNo, &mut Page)> = writes
+        let mut reqs: Vec<(PageNo, &mut LeafPage)> = writes
             .iter_mut()
-            .map(|(i, new)| (jobs[*i].header.leaf, &mut **new))
-            .chain(restores.iter_mut().map(|(_, no, p)| (*no, &mut **p)))
+            .map(|(i, new)| (jobs[*i].header.leaf, new))
+            .chain(restores.iter_mut().map(|(_, no, p)| (*no, p)))
             .collect();
         if let Err(e) = self.write_leaves(&mut reqs) {
             fail_all(e, writes.iter().map(|&(i, _)| i), &mut results);
             return results;
         }
         for (i, page) in writes.iter() {
-            self.mapping
-                .set_fill_hint(jobs[*i].header.pid, leaf_used_bytes(page));
+            self.note_fill(jobs[*i].header.pid, page);
         }
         for (page, _, restored) in &restores {
-            self.mapping
-                .set_fill_hint(page.id(), leaf_used_bytes(restored));
+            self.note_fill(page.id(), restored);
         }
         results
     }

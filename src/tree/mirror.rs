@@ -6,12 +6,11 @@
 //! Uses: `mini`, `leaf`, `node`, `mapping`, `stats`.
 
 use crate::error::Result;
-use crate::storage::{Page, PageNo};
+use crate::storage::PageNo;
 
 use super::Core;
-use super::leaf::{
-    self, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader, OPEN_END_MIRROR_BYTES,
-};
+use super::leaf::{self, MINI_HEADER_BYTES, MiniHeader};
+use super::leaf_page::LeafPage;
 use super::mapping::{self, Location, PageId};
 use super::mini::FreshBlock;
 use super::mini::{mini_block_bytes, mini_fences};
@@ -42,7 +41,7 @@ pub(super) enum MirrorRefused {
 pub(super) struct OpenEnd {
     pub(super) leaf: PageNo,
     /// The page as written.
-    pub(super) page: Box<Page>,
+    pub(super) page: LeafPage,
 }
 
 impl Core {
@@ -91,7 +90,8 @@ impl Core {
     pub(super) fn mirror_room(&self) -> bool {
         const MIRROR_ROOM_PERCENT: u64 = 80;
         self.config.promotion_rate_percent > 0
-            && self.pool.addresses().tail + MAX_MINI_BLOCK_BYTES as u64 <= self.pool.limit_bytes()
+            && self.pool.addresses().tail + self.leaf.max_mini_block_bytes() as u64
+                <= self.pool.limit_bytes()
             && self.pool_in_use_below(MIRROR_ROOM_PERCENT)
     }
 
@@ -99,7 +99,7 @@ impl Core {
     /// below `percent` of its limit (the capacity, unless hash keyspaces of the
     /// database took some).
     pub(super) fn pool_in_use_below(&self, percent: u64) -> bool {
-        self.pool.bytes_in_use() + MAX_MINI_BLOCK_BYTES as u64
+        self.pool.bytes_in_use() + self.leaf.max_mini_block_bytes() as u64
             <= self.pool.limit_bytes() / 100 * percent
     }
 
@@ -169,11 +169,17 @@ impl Core {
         &self,
         page: &mapping::WriteGuard<'_>,
         leaf_no: PageNo,
-        written: &Page,
+        written: &LeafPage,
     ) {
         debug_assert_eq!(page.location(), Location::Leaf(leaf_no.0));
         let leaf = NodeRef::trusted(written.payload());
-        let Ok(block) = self.build_mirror(page, leaf_no, &leaf, None, OPEN_END_MIRROR_BYTES) else {
+        let Ok(block) = self.build_mirror(
+            page,
+            leaf_no,
+            &leaf,
+            None,
+            self.leaf.open_end_mirror_bytes(),
+        ) else {
             return;
         };
         self.publish(page, block);
@@ -207,7 +213,7 @@ impl Core {
         let (block, header) = (old.block(), old.header());
         // Only an open-end mirror has a block this large (copy-on-access may have moved
         // it to a smaller one: then it is an ordinary mirror, and stays).
-        if !header.mirror || block.size_bytes() < OPEN_END_MIRROR_BYTES {
+        if !header.mirror || block.size_bytes() < self.leaf.open_end_mirror_bytes() {
             return;
         }
         let mirror = old.node();

@@ -32,6 +32,7 @@ mod flush;
 pub(crate) mod inner;
 mod leaf;
 mod leaf_io;
+mod leaf_page;
 mod mapping;
 mod members;
 mod merge;
@@ -59,7 +60,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::journal::{Durability, Journal};
-use crate::storage::{ActiveBackend, MemoryStore, Page, PageNo, PageStore};
+use crate::storage::{ActiveBackend, MemoryStore, PageNo, PageStore};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use crate::wal::LogOpRef;
@@ -169,6 +170,8 @@ const _: () = {
 
 struct Core {
     config: Config,
+    /// The size of the tree's leaf pages (`Config::leaf_page_size_bytes`).
+    leaf: leaf_page::LeafGeometry,
     inner_size_bytes: usize,
     root: AtomicPtr<InnerNode>,
     /// Every inner node ever created, freed when the tree drops.
@@ -213,6 +216,19 @@ struct Core {
     /// Where the tree's out-of-line values live: the database's value store, set when
     /// the tree is attached to a `Db`. A tree without one keeps every value inline.
     values: std::sync::OnceLock<Arc<dyn values::ValueHost>>,
+}
+
+/// The error of a page store that cannot keep a tree's leaf pages: one that keeps
+/// single pages only (a plain file store) under a tree with leaf pages of several.
+fn leaf_store_error(config: &Config, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::Unsupported {
+        return Error::InvalidConfig(format!(
+            "leaf_page_size_bytes is {}, but this tree's page store keeps 4 KiB pages only: \
+             leaf pages larger than 4 KiB need a Db keyspace or an in-memory tree",
+            config.leaf_page_size_bytes
+        ));
+    }
+    Error::from(e)
 }
 
 /// What a tree calls when it fails (`Core::on_failure`).
@@ -295,8 +311,11 @@ impl Tree {
     ) -> Result<Tree> {
         config.validate()?;
         // One empty leaf page covering every key, under a root with one child.
-        let leaf_no = store.allocate()?;
-        let mut page = Page::boxed();
+        let geometry = leaf_page::LeafGeometry::new(config.leaf_page_size_bytes);
+        let leaf_no = store
+            .allocate_run(geometry.pages())
+            .map_err(|e| leaf_store_error(&config, e))?;
+        let mut page = geometry.page();
         NodeMut::init(
             page.payload_mut(),
             NodeKind::Leaf,
@@ -309,7 +328,9 @@ impl Tree {
             page: leaf_no.0,
             reason: e.to_string(),
         })?;
-        store.write_page(leaf_no, &mut page)?;
+        page.scatter();
+        let mut reqs: Vec<_> = page.requests(leaf_no).collect();
+        store.write_pages(&mut reqs)?;
         let index = rebuild::index_leaves(
             setup::inner_node_size_bytes(&config),
             vec![(Vec::new(), leaf_no)],
@@ -370,6 +391,7 @@ impl Tree {
             }
         };
         let core = Arc::new(Core {
+            leaf: leaf_page::LeafGeometry::new(config.leaf_page_size_bytes),
             config,
             inner_size_bytes,
             root: AtomicPtr::new(index.root),
@@ -811,6 +833,12 @@ impl Tree {
     /// The configuration the tree runs with.
     pub fn config(&self) -> &Config {
         &self.core.config
+    }
+
+    /// The 4 KiB store pages each leaf page takes (`Config::leaf_page_size_bytes`): a
+    /// leaf page is that many consecutive pages from its page number.
+    pub(crate) fn leaf_pages(&self) -> usize {
+        self.core.leaf.pages()
     }
 }
 

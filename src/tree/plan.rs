@@ -6,9 +6,10 @@
 //! Uses: `leaf_io` (to parse a leaf page read), `leaf`, `mini`, `node`.
 
 use crate::error::Result;
-use crate::storage::{PAGE_PAYLOAD_SIZE, Page};
+use crate::storage::PAGE_PAYLOAD_SIZE;
 
 use super::leaf::{self, MiniHeader, RecordList};
+use super::leaf_page::LeafPage;
 use super::mini::apply;
 use super::node::{self, NodeMut, NodeRef, RecordType};
 use super::values::Replaced;
@@ -143,7 +144,7 @@ impl Arrivals {
 /// What a merge writes: one leaf page, or the records of a leaf that must split and how
 /// they pack into pages.
 pub(super) enum MergePlan {
-    Write(Box<Page>),
+    Write(LeafPage),
     Split {
         records: RecordList,
         chunks: Vec<leaf::LeafChunk>,
@@ -206,7 +207,7 @@ impl Core {
         header: MiniHeader,
         mini: Option<NodeRef<'_>>,
         extra: Option<(&[u8], &[u8], RecordType)>,
-        leaf: Option<Box<Page>>,
+        leaf: Option<LeafPage>,
     ) -> Result<MergePlan, Op> {
         // The leaf versions the dirty records shadow go to the value store whatever the
         // plan: they are unreachable since the writes that shadowed them.
@@ -223,10 +224,10 @@ impl Core {
         header: MiniHeader,
         mini: Option<NodeRef<'_>>,
         extra: Option<(&[u8], &[u8], RecordType)>,
-        leaf: Option<Box<Page>>,
+        leaf: Option<LeafPage>,
         replaced: &mut Replaced,
     ) -> Result<MergePlan, Op> {
-        let mut page = leaf.unwrap_or_else(Page::boxed);
+        let mut page = leaf.unwrap_or_else(|| self.new_leaf_page());
         let mut merged: RecordList;
         let (low, high): (Option<Vec<u8>>, Option<Vec<u8>>);
         let shape;
@@ -291,9 +292,16 @@ impl Core {
             // compact copy: records placed in place sit out of offset order, and every
             // later read of such a page must prove their bytes disjoint with a bitmap
             // (a leaf page is read far more often than merged).
-            let mut work = [0u8; PAGE_PAYLOAD_SIZE];
+            let mut one = [0u8; PAGE_PAYLOAD_SIZE];
+            let mut wide = Vec::new();
+            let work: &mut [u8] = if page.payload().len() == one.len() {
+                &mut one
+            } else {
+                wide.resize(page.payload().len(), 0);
+                &mut wide
+            };
             work.copy_from_slice(page.payload());
-            let mut node = NodeMut::trusted(&mut work);
+            let mut node = NodeMut::trusted(work);
             let mut fits = true;
             let external = self.may_hold_external();
             for (k, v, t) in dirty.iter() {
@@ -314,7 +322,7 @@ impl Core {
                 }
             }
             if fits {
-                let applied = NodeRef::trusted(&work);
+                let applied = NodeRef::trusted(work);
                 node::copy_into(&applied, page.payload_mut(), applied.fences(), |_| true)
                     .expect("a node's records fit a node of its size");
                 return Ok(MergePlan::Write(page));
@@ -334,12 +342,20 @@ impl Core {
             low.as_deref(),
             high.as_deref(),
             leaf::Fill::Balanced,
+            self.leaf.node_bytes(),
         );
         let mut open = None;
         if let (Some(k), true) = (open_key, chunks.len() > 1) {
             let (Ok(i) | Err(i)) = merged.search(&k);
             let at = i.min(merged.len() - 1);
-            let (sorted, at) = leaf::pack_open(&merged, low.as_deref(), high.as_deref(), fill, at);
+            let (sorted, at) = leaf::pack_open(
+                &merged,
+                low.as_deref(),
+                high.as_deref(),
+                fill,
+                at,
+                self.leaf.node_bytes(),
+            );
             (chunks, open) = (sorted, Some(at));
         }
         if chunks.len() == 1 {

@@ -9,10 +9,10 @@
 
 use crate::error::Result;
 use crate::pool::Block;
-use crate::storage::{Page, PageNo};
+use crate::storage::PageNo;
 
-use super::leaf::MAX_MINI_BLOCK_BYTES;
 use super::leaf_io::LeafTicket;
+use super::leaf_page::LeafPage;
 use super::mapping::{self, Location, MappingTable, PageId};
 use super::mini::PageLock;
 use super::mirror::MirrorRefused;
@@ -113,10 +113,10 @@ impl Core {
             Probe::Leaf(ticket) => ticket,
         };
         let promote = self.promote_point_read(key);
-        let mut page = Page::zeroed();
+        let mut page = self.new_leaf_page();
         // A failed read may have met a page being rewritten (a torn page fails its
         // checksum): the locked read below reports real errors.
-        if self.store.read_page(ticket.leaf, &mut page).is_ok() {
+        if self.read_leaf_bytes(ticket.leaf, &mut page).is_ok() {
             bump(&self.counters.leaf_reads);
             if let Some(found) = self.finish_read(key, &ticket, &page, out, promote)? {
                 return Ok(found);
@@ -197,7 +197,7 @@ impl Core {
         if !read_leaf {
             return Ok(None);
         }
-        let mut leaf_page = Page::zeroed();
+        let mut leaf_page = self.new_leaf_page();
         let leaf = self.read_leaf(leaf_no, &mut leaf_page)?;
         self.check_route(page.id(), leaf_no, &leaf)?;
         Ok(Some((search_leaf(&leaf, key, out), None)))
@@ -215,7 +215,7 @@ impl Core {
         if let Some(hit) = self.get_locked(page, key, out, false)? {
             return Ok(hit);
         }
-        let mut leaf_page = Page::boxed();
+        let mut leaf_page = self.new_leaf_page();
         let leaf_no = self.leaf_of(&*page);
         let leaf = self.read_leaf(leaf_no, &mut leaf_page)?;
         self.check_route(page.id(), leaf_no, &leaf)?;
@@ -267,20 +267,25 @@ impl Core {
         let old_mini = self.mini_page(page);
         let old = old_mini.map(|m| m.block());
         let mini = old_mini.map(|m| m.node());
-        let block =
-            match self.build_mirror(page, leaf_no, leaf, mini.as_ref(), MAX_MINI_BLOCK_BYTES) {
-                Ok(block) => block,
-                Err(MirrorRefused::NoRoom) => return false,
-                // The dirty records do not fit next to the leaf's. Merge them into the leaf
-                // page now, as eviction would (splitting it if needed), so that the next
-                // read of the page finds no dirty records and mirrors it. A failed merge
-                // leaves the page as it was; eviction retries it later.
-                // A split may have moved the key to another page: caching it here could put
-                // it in the wrong one, so after a merge the read caches nothing.
-                Err(MirrorRefused::TooFull) => {
-                    return old.is_some() && self.merge_for_mirror(page, leaf_no);
-                }
-            };
+        let block = match self.build_mirror(
+            page,
+            leaf_no,
+            leaf,
+            mini.as_ref(),
+            self.leaf.max_mini_block_bytes(),
+        ) {
+            Ok(block) => block,
+            Err(MirrorRefused::NoRoom) => return false,
+            // The dirty records do not fit next to the leaf's. Merge them into the leaf
+            // page now, as eviction would (splitting it if needed), so that the next
+            // read of the page finds no dirty records and mirrors it. A failed merge
+            // leaves the page as it was; eviction retries it later.
+            // A split may have moved the key to another page: caching it here could put
+            // it in the wrong one, so after a merge the read caches nothing.
+            Err(MirrorRefused::TooFull) => {
+                return old.is_some() && self.merge_for_mirror(page, leaf_no);
+            }
+        };
         self.publish(page, block);
         if let Some(old) = old {
             self.retire(old);
@@ -339,7 +344,7 @@ impl Core {
         &self,
         key: &[u8],
         ticket: &LeafTicket,
-        leaf_page: &Page,
+        leaf_page: &LeafPage,
         out: &mut Vec<u8>,
         promote: bool,
     ) -> Result<Option<Found>> {
@@ -418,7 +423,7 @@ impl Core {
             return Ok(());
         }
         leaves.sort_unstable();
-        let mut pages: Vec<Box<Page>> = leaves.iter().map(|_| Page::boxed()).collect();
+        let mut pages: Vec<LeafPage> = leaves.iter().map(|_| self.new_leaf_page()).collect();
         // A failed batch may have failed on a page read while a writer rewrote it (a
         // torn page fails its checksum): every key then goes the locked way, which
         // reports a real error.

@@ -12,11 +12,12 @@ use crossbeam_epoch::{self as epoch, Guard};
 
 use crate::error::Result;
 use crate::pool::Block;
-use crate::storage::{PAGE_PAYLOAD_SIZE, Page, PageNo};
+use crate::storage::PageNo;
 use crate::sync::atomic::Ordering;
 
 use super::inner::{self, InnerSnapshot};
 use super::leaf::{self, MiniHeader, RecordList};
+use super::leaf_page::LeafPage;
 use super::mapping::{self, Location, PageId};
 use super::node::{NodeMut, NodeRef, RecordType};
 use super::plan::{MergePlan, owned_fence};
@@ -43,21 +44,21 @@ pub(super) struct Redistribution<'t> {
     pub(super) probe: Vec<u8>,
     /// The neighbour's page as its own merge would write it: written back if the parent
     /// cannot take the new separator.
-    pub(super) restore: Box<Page>,
+    pub(super) restore: LeafPage,
     /// The two new pages, left then right.
-    pub(super) pages: [Box<Page>; 2],
+    pub(super) pages: [LeafPage; 2],
     pub(super) separator: Vec<u8>,
 }
 
 impl<'t> Redistribution<'t> {
     /// The overflowing page's new page, once the neighbour's lock may go.
-    pub(super) fn into_giving(self) -> Box<Page> {
+    pub(super) fn into_giving(self) -> LeafPage {
         let [left, right] = self.pages;
         if self.neighbour.left { right } else { left }
     }
 
     /// The neighbour's lock, leaf page and old page, for writing it back.
-    pub(super) fn into_restore(self) -> (mapping::WriteGuard<'t>, PageNo, Box<Page>) {
+    pub(super) fn into_restore(self) -> (mapping::WriteGuard<'t>, PageNo, LeafPage) {
         (
             self.neighbour.page,
             self.neighbour.header.leaf,
@@ -66,13 +67,13 @@ impl<'t> Redistribution<'t> {
     }
 
     /// The overflowing page's new page.
-    pub(super) fn giving(&mut self) -> &mut Page {
+    pub(super) fn giving(&mut self) -> &mut LeafPage {
         let i = usize::from(self.neighbour.left);
         &mut self.pages[i]
     }
 
     /// The neighbour's new page.
-    pub(super) fn receiving(&mut self) -> &mut Page {
+    pub(super) fn receiving(&mut self) -> &mut LeafPage {
         let i = usize::from(!self.neighbour.left);
         &mut self.pages[i]
     }
@@ -115,14 +116,14 @@ impl Core {
             chunks[0].low.as_deref(),
             chunks[1].high.as_deref(),
         ));
-        let limit = 2 * PAGE_PAYLOAD_SIZE * REDISTRIBUTE_FILL_PERCENT / 100;
+        let limit = 2 * self.leaf.node_bytes() * REDISTRIBUTE_FILL_PERCENT / 100;
         let (other, other_pid) = [index.checked_sub(1), Some(index + 1)]
             .into_iter()
             .flatten()
             .filter(|&i| i < n.len())
             .map(|i| (i, PageId(inner::child_ref(&n, i))))
-            .filter(|&(_, p)| self.mapping.fill_hint(p) + own_bytes <= limit)
-            .min_by_key(|&(_, p)| self.mapping.fill_hint(p))?;
+            .filter(|&(_, p)| self.fill_hint(p) + own_bytes <= limit)
+            .min_by_key(|&(_, p)| self.fill_hint(p))?;
         let page = self.mapping.try_write(other_pid)?;
         // A failed write may have left the neighbour's leaf page wider than its range,
         // overlapping the records this page gives: a poisoned tree takes no neighbour.
@@ -163,7 +164,7 @@ impl Core {
         &self,
         pid: PageId,
         neighbour: Neighbour<'t>,
-        leaf: Option<Box<Page>>,
+        leaf: Option<LeafPage>,
         records: &RecordList,
         chunks: &[leaf::LeafChunk],
     ) -> Option<Redistribution<'t>> {
@@ -174,7 +175,7 @@ impl Core {
         };
         let theirs = NodeRef::trusted(restore.payload());
         let mut all =
-            RecordList::with_capacity(records.len() + theirs.len(), 2 * PAGE_PAYLOAD_SIZE);
+            RecordList::with_capacity(records.len() + theirs.len(), 2 * self.leaf.node_bytes());
         let push_theirs = |all: &mut RecordList| {
             for r in theirs.iter() {
                 all.push_view(&r, r.record_type().dirty());
@@ -193,7 +194,13 @@ impl Core {
             push_theirs(&mut all);
             (chunks[0].low.clone(), owned_fence(theirs.high_fence()))
         };
-        let packed = leaf::pack_leaves(&all, low.as_deref(), high.as_deref(), leaf::Fill::Balanced);
+        let packed = leaf::pack_leaves(
+            &all,
+            low.as_deref(),
+            high.as_deref(),
+            leaf::Fill::Balanced,
+            self.leaf.node_bytes(),
+        );
         let [left, right] = &packed[..] else {
             return None;
         };
@@ -214,7 +221,7 @@ impl Core {
         if !towards_neighbour {
             return None;
         }
-        let mut pages = [Page::boxed(), Page::boxed()];
+        let mut pages = [self.new_leaf_page(), self.new_leaf_page()];
         for (page, chunk) in pages.iter_mut().zip([left, right]) {
             leaf::build_leaf(page.payload_mut(), chunk, &all).expect("packed to fit");
         }
@@ -324,7 +331,7 @@ impl Core {
         let leaf = if neighbour.header.mirror {
             None
         } else {
-            let mut page = Page::boxed();
+            let mut page = self.new_leaf_page();
             // A failed read splits instead; the neighbour's next merge reports it.
             if self.read_leaf(neighbour.header.leaf, &mut page).is_err() {
                 return Ok(false);

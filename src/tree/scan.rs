@@ -17,8 +17,9 @@ use crossbeam_epoch as epoch;
 use crate::sync::atomic::Ordering;
 
 use super::descend::{LeafPath, Target};
-use super::leaf::{MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader};
+use super::leaf::{MINI_HEADER_BYTES, MiniHeader};
 use super::leaf_io::LeafTicket;
+use super::leaf_page::LeafPage;
 use super::mapping::{self, Location, MappingTable, PageId};
 use super::mini::PageLock;
 use super::node::{self, Fences, NodeKind, NodeRef, RecordType, RecordView};
@@ -26,7 +27,7 @@ use super::plan::owned_fence;
 use super::stats::{bump, bump_by};
 use super::{Core, inner};
 use crate::error::{Error, Result};
-use crate::storage::{PAGE_SIZE, Page, PageNo};
+use crate::storage::PageNo;
 
 type Record = (Vec<u8>, Vec<u8>);
 
@@ -47,7 +48,7 @@ const MAX_FETCH_RECORDS: usize = 4096;
 /// comes (the page was read while the scan held only another page's lock).
 pub(super) struct Prefetched {
     ticket: LeafTicket,
-    page: Box<Page>,
+    page: LeafPage,
 }
 
 /// A page's low and high fence keys (`None`: the edge of the key space).
@@ -943,7 +944,7 @@ impl Core {
         let mut nos = Vec::with_capacity(ahead.len() + 1);
         nos.push(ticket.leaf);
         nos.extend(ahead.iter().map(|t| t.leaf));
-        let mut pages: Vec<Box<Page>> = nos.iter().map(|_| Page::boxed()).collect();
+        let mut pages: Vec<LeafPage> = nos.iter().map(|_| self.new_leaf_page()).collect();
         self.read_leaves(&nos, &mut pages).ok()?;
         bump_by(&self.counters.prefetched_leaf_pages, ahead.len());
         let mut pages = pages.into_iter();
@@ -1008,7 +1009,7 @@ impl Core {
     pub(crate) fn fetch_with_leaf(
         &self,
         ticket: &LeafTicket,
-        leaf_page: &Page,
+        leaf_page: &LeafPage,
         (lower, upper): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
         out: &mut Buffered,
         promote: bool,
@@ -1053,7 +1054,7 @@ impl Core {
             // reports a real error.
             plan => self.read_planned(plan, prefetched),
         };
-        self.page_view(page, leaf.as_ref().map(|p| &*p.page))
+        self.page_view(page, leaf.as_ref().map(|p| &p.page))
     }
 
     /// Whether a location is a mirror (its mini-page holds every record of the leaf).
@@ -1130,9 +1131,9 @@ impl Core {
 
     /// The live records of a page and its fences, with `leaf` as its leaf page if given
     /// (already validated), else reading it. The caller holds the page's lock.
-    fn page_view(&self, page: &impl PageLock, leaf: Option<&Page>) -> Result<PageView> {
+    fn page_view(&self, page: &impl PageLock, leaf: Option<&LeafPage>) -> Result<PageView> {
         // Keys get their prefixes back: about twice the page's bytes, grown if needed.
-        let mut records = Flat::with_capacity(0, 2 * PAGE_SIZE);
+        let mut records = Flat::with_capacity(0, 2 * self.leaf.node_bytes());
         let (low, high) = self.merge_page(page, leaf, |r| {
             records.push_view(r);
             true
@@ -1147,7 +1148,7 @@ impl Core {
     fn page_forward(
         &self,
         page: &impl PageLock,
-        leaf: Option<&Page>,
+        leaf: Option<&LeafPage>,
         (lower, upper): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
         out: &mut impl Sink,
     ) -> Result<Option<Bound<Vec<u8>>>> {
@@ -1170,7 +1171,7 @@ impl Core {
     fn merge_page(
         &self,
         page: &impl PageLock,
-        leaf: Option<&Page>,
+        leaf: Option<&LeafPage>,
         emit: impl FnMut(&RecordView<'_>) -> bool,
     ) -> Result<OwnedFences> {
         // A scan may turn the page into a mirror from what it merged (`make_mirror`),
@@ -1187,7 +1188,7 @@ impl Core {
     fn merge_page_noting(
         &self,
         page: &impl PageLock,
-        leaf: Option<&Page>,
+        leaf: Option<&LeafPage>,
         mut emit: impl FnMut(&RecordView<'_>) -> bool,
         replaced: &mut super::values::Replaced,
     ) -> Result<OwnedFences> {
@@ -1213,7 +1214,7 @@ impl Core {
         let leaf = match leaf {
             Some(given) => self.parse_leaf(leaf_no, given)?,
             None => {
-                leaf_page = Page::boxed();
+                leaf_page = self.new_leaf_page();
                 self.read_leaf(leaf_no, &mut leaf_page)?
             }
         };
@@ -1280,7 +1281,7 @@ impl Core {
             }
             None => Vec::new(),
         };
-        let Ok(mut block) = self.alloc(MAX_MINI_BLOCK_BYTES) else {
+        let Ok(mut block) = self.alloc(self.leaf.max_mini_block_bytes()) else {
             return;
         };
         let bytes = block.bytes_mut();

@@ -13,18 +13,22 @@
 use crossbeam_epoch::{self as epoch, Guard};
 
 use crate::error::{Error, Result};
-use crate::storage::{Page, PageNo};
+use crate::storage::PageNo;
 use crate::sync::atomic::Ordering;
 
 use super::inner::{self, InnerLock, InnerNode, InnerSnapshot};
 use super::leaf::{self, RecordList};
-use super::leaf_io::leaf_used_bytes;
+use super::leaf_page::{LeafGeometry, LeafPage};
 use super::mapping::{self, Location, PageId};
 use super::mirror::OpenEnd;
 use super::node::{self, NodeMut, RecordType, WriteError};
 use super::plan::owned_fence;
 use super::stats::bump;
 use super::{Core, Op};
+
+/// An inner node split by `Core::split_inner`: the first part's bytes, then each other
+/// part's separator and bytes.
+type InnerParts = (Box<[u8]>, Vec<(Vec<u8>, Box<[u8]>)>);
 
 /// A split of page `pid` planned and built but not yet reachable: the records and the
 /// chunks they pack into, and a numbered, built page for every chunk but the first
@@ -46,18 +50,20 @@ pub(super) struct PlannedSplit {
     pid: PageId,
     records: RecordList,
     chunks: Vec<leaf::LeafChunk>,
-    right: Vec<(PageNo, Box<Page>)>,
+    right: Vec<(PageNo, LeafPage)>,
+    /// The size of the tree's leaf pages.
+    geometry: LeafGeometry,
 }
 
 impl PlannedSplit {
     /// Step (1)'s writes: the right-hand pages, each at its new page number.
-    pub(super) fn right_writes(&mut self) -> impl Iterator<Item = (PageNo, &mut Page)> + '_ {
-        self.right.iter_mut().map(|(no, p)| (*no, &mut **p))
+    pub(super) fn right_writes(&mut self) -> impl Iterator<Item = (PageNo, &mut LeafPage)> + '_ {
+        self.right.iter_mut().map(|(no, p)| (*no, p))
     }
 
     /// Step (4)'s page: the first chunk, which keeps the old page number.
-    pub(super) fn left_page(&self) -> Box<Page> {
-        let mut page = Page::boxed();
+    pub(super) fn left_page(&self) -> LeafPage {
+        let mut page = self.geometry.page();
         leaf::build_leaf(page.payload_mut(), &self.chunks[0], &self.records)
             .expect("packed to fit");
         page
@@ -91,7 +97,7 @@ impl Core {
         open: Option<usize>,
     ) -> Result<Option<OpenEnd>, Op> {
         let mut split = self.plan_split(pid, records, chunks)?;
-        let mut reqs: Vec<(PageNo, &mut Page)> = split.right_writes().collect();
+        let mut reqs: Vec<(PageNo, &mut LeafPage)> = split.right_writes().collect();
         if let Err(e) = self.write_leaves(&mut reqs) {
             self.abandon_split(&split);
             return Err(Op::Fail(e));
@@ -124,9 +130,10 @@ impl Core {
             records,
             chunks,
             right: Vec::new(),
+            geometry: self.leaf,
         };
         for chunk in &split.chunks[1..] {
-            let no = match self.store.allocate() {
+            let no = match self.store.allocate_run(self.leaf.pages()) {
                 Ok(no) => no,
                 Err(e) => {
                     self.abandon_split(&split);
@@ -135,7 +142,7 @@ impl Core {
                     return Err(Op::Fail(e));
                 }
             };
-            let mut page = Page::boxed();
+            let mut page = self.new_leaf_page();
             leaf::build_leaf(page.payload_mut(), chunk, &split.records).expect("packed to fit");
             split.right.push((no, page));
         }
@@ -146,7 +153,7 @@ impl Core {
     /// store.
     pub(super) fn abandon_split(&self, split: &PlannedSplit) {
         for &(no, _) in &split.right {
-            let _ = self.store.free(no);
+            let _ = self.store.free_run(no, self.leaf.pages());
         }
     }
 
@@ -195,7 +202,7 @@ impl Core {
                 )));
             };
             new_pids.push(new_pid);
-            self.mapping.set_fill_hint(new_pid, leaf_used_bytes(page));
+            self.note_fill(new_pid, page);
             children.push((
                 chunk.low.clone().expect("split chunks have a low fence"),
                 new_pid.0,
@@ -255,9 +262,26 @@ impl Core {
             if node.view().reclaimable_space_bytes() >= incoming_bytes {
                 return Some((plan, false));
             }
-            incoming_bytes = node::KV_META_SIZE_BYTES + self.config.max_key_bytes + 8;
+            // It may split, into at most `parts` nodes: their separators go up.
+            let parts = self.inner_parts_bound(self.inner_size_bytes + incoming_bytes);
+            incoming_bytes =
+                (parts - 1) * (node::KV_META_SIZE_BYTES + self.config.max_key_bytes + 8);
         }
         Some((plan, true))
+    }
+
+    /// The most nodes `split_inner` parts entries of `bytes` (metas, keys and children)
+    /// into: the fewest parts of which each, at most its share and one more separator
+    /// of the longest key, fits a node beside two fences of the longest key. Two unless
+    /// keys are kilobytes long.
+    fn inner_parts_bound(&self, bytes: usize) -> usize {
+        let separator = node::KV_META_SIZE_BYTES + self.config.max_key_bytes + 8;
+        let fences = 2 * (node::KV_META_SIZE_BYTES + self.config.max_key_bytes);
+        let room = self
+            .inner_size_bytes
+            .saturating_sub(node::NODE_META_SIZE_BYTES + fences + separator)
+            .max(1);
+        bytes.div_ceil(room).max(2)
     }
 
     /// Step (3) without publication: the new bytes of the locked nodes `plan` (bottom
@@ -319,52 +343,83 @@ impl Core {
                 "the room check guarantees the topmost planned node absorbs"
             );
             bump(&self.counters.inner_splits);
-            let (left, sep, right) = self.split_inner(entries, low.as_deref(), high.as_deref());
+            let (first, rest) = self.split_inner(entries, low.as_deref(), high.as_deref());
             let level = node.node().level;
-            let right_node = Box::into_raw(InnerNode::new(level, right));
-            updates.created.push(right_node as usize);
-            updates.publish.push((depth, left));
+            updates.publish.push((depth, first));
+            let mut separators = Vec::with_capacity(rest.len());
+            for (sep, bytes) in rest {
+                let part = Box::into_raw(InnerNode::new(level, bytes));
+                updates.created.push(part as usize);
+                separators.push((sep, part as usize as u64));
+            }
             if last {
-                // The root split: a new root above the two halves.
-                let root_entries = vec![
-                    (Vec::new(), node.node() as *const InnerNode as usize as u64),
-                    (sep, right_node as usize as u64),
-                ];
+                // The root split: a new root above the parts.
+                let mut root_entries =
+                    vec![(Vec::new(), node.node() as *const InnerNode as usize as u64)];
+                root_entries.extend(separators);
                 let bytes = inner::build(self.inner_size_bytes, None, None, &root_entries)
-                    .expect("two separators fit");
+                    .expect("the parts' separators fit a node");
                 let root = Box::into_raw(InnerNode::new(level + 1, bytes));
                 updates.created.push(root as usize);
                 updates.new_root = Some(root);
             } else {
-                pending.push((sep, right_node as usize as u64));
+                pending.extend(separators);
             }
         }
         updates
     }
 
-    /// Splits an inner node's `entries` (between fences `low` and `high`) in two halves
-    /// of about equal bytes: the left bytes, the separator, the right bytes. Halving by
-    /// record count can put every long separator in one half, which then does not fit.
+    /// Splits an inner node's `entries` (between fences `low` and `high`) into the fewest
+    /// parts of about equal bytes that each fit a node — two, unless separators of
+    /// kilobytes arrived — and at most [`Core::inner_parts_bound`]: the first part's
+    /// bytes, then each other part's separator (its lowest key) and bytes. Parting by
+    /// record count could put every long separator in one part, which then does not fit.
     fn split_inner(
         &self,
-        mut entries: Vec<(Vec<u8>, u64)>,
+        entries: Vec<(Vec<u8>, u64)>,
         low: Option<&[u8]>,
         high: Option<&[u8]>,
-    ) -> (Box<[u8]>, Vec<u8>, Box<[u8]>) {
+    ) -> InnerParts {
         let cost = |(k, _): &(Vec<u8>, u64)| node::KV_META_SIZE_BYTES + k.len() + 8;
-        let half_bytes = entries.iter().map(cost).sum::<usize>() / 2;
-        let (mut mid, mut left_bytes) = (0, 0);
-        while mid + 1 < entries.len() && left_bytes + cost(&entries[mid]) <= half_bytes {
-            left_bytes += cost(&entries[mid]);
-            mid += 1;
+        let total: usize = entries.iter().map(cost).sum();
+        for parts in 2..=entries.len() {
+            // Part j starts at the first entry with at least j / parts of the bytes
+            // before it.
+            let mut starts = vec![0];
+            let mut before = 0;
+            for (i, e) in entries.iter().enumerate() {
+                if starts.len() < parts
+                    && i > starts[starts.len() - 1]
+                    && before * parts >= starts.len() * total
+                {
+                    starts.push(i);
+                }
+                before += cost(e);
+            }
+            let mut built = Vec::with_capacity(starts.len());
+            for (j, &start) in starts.iter().enumerate() {
+                let end = starts.get(j + 1).copied().unwrap_or(entries.len());
+                let lo = if j == 0 {
+                    low
+                } else {
+                    Some(&entries[start].0[..])
+                };
+                let hi = if end < entries.len() {
+                    Some(&entries[end].0[..])
+                } else {
+                    high
+                };
+                match inner::build(self.inner_size_bytes, lo, hi, &entries[start..end]) {
+                    Some(bytes) => built.push((entries[start].0.clone(), bytes)),
+                    None => break,
+                }
+            }
+            if built.len() == starts.len() {
+                let mut built = built.into_iter();
+                let (_, first) = built.next().expect("a part");
+                return (first, built.collect());
+            }
         }
-        let mid = mid.max(1);
-        let sep = entries[mid].0.clone();
-        let right_entries = entries.split_off(mid);
-        let left = inner::build(self.inner_size_bytes, low, Some(&sep), &entries)
-            .expect("half a node fits");
-        let right = inner::build(self.inner_size_bytes, Some(&sep), high, &right_entries)
-            .expect("half a node fits");
-        (left, sep, right)
+        unreachable!("a node holds its fences and one separator of the longest key")
     }
 }

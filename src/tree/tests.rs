@@ -12,6 +12,7 @@ use crate::storage::{Page, PageNo, SimStore};
 
 use super::inner::{self};
 use super::leaf::MiniHeader;
+use super::leaf_page::LeafPage;
 use super::mapping::{Location, MappingTable, PageId};
 use super::merge::Merged;
 use super::node::{NodeRef, RecordType};
@@ -73,8 +74,8 @@ fn redistribution_survives_a_parent_split_between_its_reads() {
         },
         giving_pid: PageId(inner::child_ref(&n, index)),
         probe: probe.clone(),
-        restore: Page::boxed(),
-        pages: [Page::boxed(), Page::boxed()],
+        restore: LeafPage::One(Page::boxed()),
+        pages: [LeafPage::One(Page::boxed()), LeafPage::One(Page::boxed())],
         separator,
     };
 
@@ -185,7 +186,7 @@ fn merge_would_split(core: &Core, pid: PageId) -> bool {
     let Some(mini) = core.mini_page(&page) else {
         return false;
     };
-    let mut leaf = Page::boxed();
+    let mut leaf = LeafPage::One(Page::boxed());
     core.read_leaf(mini.header().leaf, &mut leaf).unwrap();
     matches!(
         core.plan_merge(mini.header(), Some(mini.node()), None, Some(leaf)),
@@ -269,7 +270,7 @@ fn batch_failed_between_left_pages() -> (Tree, BTreeMap<Vec<u8>, Vec<u8>>, PageI
         let mini = core
             .mini_page(&page)
             .expect("a failed merge keeps the mini-page");
-        let mut leaf = Page::boxed();
+        let mut leaf = LeafPage::One(Page::boxed());
         core.read_leaf(mini.header().leaf, &mut leaf).unwrap();
         let n = NodeRef::trusted(leaf.payload());
         let outside = mini.node().iter().any(|r| !n.covers(&r.key()));
@@ -331,7 +332,7 @@ fn merges_after_a_failed_batch_write_refuse_a_page_it_left_stale() {
         let page = core.mapping.write(stale);
         let job = core.dirty_mini(&page).unwrap();
         let (header, mini) = (job.header, job.mini.node());
-        let mut leaf = Page::boxed();
+        let mut leaf = LeafPage::One(Page::boxed());
         core.read_leaf(header.leaf, &mut leaf).unwrap();
         // A writer's record for the stale page, as `merge_full` merges it: just above
         // the page's low fence, which the split left in place.

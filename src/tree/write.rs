@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::storage::PageNo;
 use crate::sync::atomic::Ordering;
 
-use super::leaf::{self, MAX_MINI_BLOCK_BYTES, MINI_HEADER_BYTES, MiniHeader};
+use super::leaf::{self, MINI_HEADER_BYTES, MiniHeader};
 use super::mapping::{self, DirtyStamp, Location, MappingTable};
 use super::mini::{drop_cold_clean, place};
 use super::node::{self, RecordType};
@@ -130,7 +130,10 @@ impl Core {
     /// Evicts from the pool's head while holding no page lock: the block that blocked an
     /// allocation may be the caller's own mini-page.
     pub(super) fn help_evict(&self) {
-        if !self.pool.evict_until(MAX_MINI_BLOCK_BYTES as u64 * 2) {
+        if !self
+            .pool
+            .evict_until(self.leaf.max_mini_block_bytes() as u64 * 2)
+        {
             crate::sync::thread::yield_now();
         }
     }
@@ -174,7 +177,7 @@ impl Core {
             return Ok(());
         }
         let node_size = block.size_bytes() - MINI_HEADER_BYTES;
-        let can_grow = !header.mirror && block.size_bytes() < MAX_MINI_BLOCK_BYTES;
+        let can_grow = !header.mirror && block.size_bytes() < self.leaf.max_mini_block_bytes();
         if can_grow && node_size < self.config.merge_threshold_bytes {
             return self.grow_mini(page, header, key, value, record_type);
         }
@@ -217,7 +220,7 @@ impl Core {
             // otherwise a fixed step up: small steps keep the block's empty tail small.
             let need = MINI_HEADER_BYTES + live_bytes + leaf::record_cost(key.len(), value.len());
             let stepped = block.size_bytes() * MINI_GROWTH_PERCENT / 100;
-            let bigger = match self.alloc(need.max(stepped).min(MAX_MINI_BLOCK_BYTES)) {
+            let bigger = match self.alloc(need.max(stepped).min(self.leaf.max_mini_block_bytes())) {
                 Ok(b) => b,
                 // No room: the block pinning the pool's head may be this very mini-page,
                 // which nobody can evict while we hold its page. A merge needs no pool room.
@@ -246,7 +249,7 @@ impl Core {
             if placed {
                 return Ok(());
             }
-            if bigger.size_bytes() >= MAX_MINI_BLOCK_BYTES {
+            if bigger.size_bytes() >= self.leaf.max_mini_block_bytes() {
                 // Full size and still no room: merge now. (Leaving it to the next attempt
                 // could loop: in the copy-on-access region that attempt copies the block,
                 // which can shrink it below full size, so it would grow again instead.)
