@@ -78,7 +78,9 @@ pub use log::{DirLog, LOG_BLOCK_BYTES, LogDevice, SimLog};
 pub use memory::MemoryStore;
 pub use shadow::{PinSet, ShadowStore};
 pub use sim::{SimBlocks, SimCounts, SimFault, SimOp, SimPages, SimStore};
-pub(crate) use values::{READ_DELAY_MICROS, ReadGuard, ValueRef, ValueStore, value_files};
+pub(crate) use values::{
+    READ_DELAY_MICROS, ReadGuard, ValueCache, ValueRef, ValueStore, value_files,
+};
 
 /// A page store a database keeps a keyspace's pages in: besides page IO, it makes page
 /// writes durable without persisting its own allocation state, and takes the set of
