@@ -380,7 +380,12 @@ impl Core {
         low: Option<&[u8]>,
         high: Option<&[u8]>,
     ) -> InnerParts {
-        let cost = |(k, _): &(Vec<u8>, u64)| node::KV_META_SIZE_BYTES + k.len() + 8;
+        // Each key costs what the node stores of it: no more than its bytes past the
+        // prefix of the node's fences, which every part's fences share too. (Costing
+        // whole keys balanced parts by count where keys share kilobytes of prefix, and
+        // a part of the keys with the longest suffixes did not fit.)
+        let prefix = leaf::fences_prefix_len(low, high);
+        let cost = |(k, _): &(Vec<u8>, u64)| node::KV_META_SIZE_BYTES + k.len() - prefix + 8;
         let total: usize = entries.iter().map(cost).sum();
         for parts in 2..=entries.len() {
             // Part j starts at the first entry with at least j / parts of the bytes
