@@ -40,6 +40,14 @@ impl ValueHost for KeyspaceValues {
         self.store.read(&r, out)
     }
 
+    fn read_many(&self, references: &[Vec<u8>], outs: &mut [Vec<u8>]) -> Result<()> {
+        let refs: Vec<ValueRef> = references
+            .iter()
+            .map(|r| self.decode(r))
+            .collect::<Result<_>>()?;
+        self.store.read_many(&refs, outs)
+    }
+
     fn read_part(
         &self,
         reference: &[u8],

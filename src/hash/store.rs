@@ -839,7 +839,7 @@ impl HashStore {
                 a.journal.check_readable()?;
                 self.inner.read_many(keys)
             })?;
-        found.into_iter().map(|f| self.inner.resolve(f)).collect()
+        self.inner.resolve_many(found)
     }
 
     /// Stores `value` under `key`, replacing any previous value, at the database's
@@ -1202,18 +1202,46 @@ impl Inner {
         if !found.out_of_line {
             return Ok(Some(found.bytes));
         }
-        let r = ValueRef::decode(&found.bytes).ok_or_else(|| {
+        let r = self.reference(&found.bytes)?;
+        let mut value = Vec::new();
+        self.attached.values.read(&r, &mut value)?;
+        Ok(Some(value))
+    }
+
+    /// `resolve` of every answer of a `get_many`, the values out of line read together
+    /// (`ValueStore::read_many`).
+    fn resolve_many(&self, found: Vec<Option<LogValue>>) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut results = Vec::with_capacity(found.len());
+        let (mut at, mut refs) = (Vec::new(), Vec::new());
+        for (i, f) in found.into_iter().enumerate() {
+            match f {
+                Some(f) if f.out_of_line => {
+                    refs.push(self.reference(&f.bytes)?);
+                    at.push(i);
+                    results.push(None);
+                }
+                f => results.push(f.map(|f| f.bytes)),
+            }
+        }
+        let mut outs = vec![Vec::new(); refs.len()];
+        self.attached.values.read_many(&refs, &mut outs)?;
+        for (i, out) in at.into_iter().zip(outs) {
+            results[i] = Some(out);
+        }
+        Ok(results)
+    }
+
+    /// The reference an out-of-line record holds.
+    fn reference(&self, bytes: &[u8]) -> Result<ValueRef> {
+        ValueRef::decode(bytes).ok_or_else(|| {
             self.attached.named(Error::Corrupted {
                 page: 0,
                 reason: format!(
                     "a record's out-of-line value reference does not decode ({} bytes)",
-                    found.bytes.len()
+                    bytes.len()
                 ),
             })
-        })?;
-        let mut value = Vec::new();
-        self.attached.values.read(&r, &mut value)?;
-        Ok(Some(value))
+        })
     }
 
     /// Writes `key`'s value (`true`: the reference of a value out of line), or deletes

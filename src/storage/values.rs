@@ -1041,6 +1041,77 @@ impl ValueStore {
         Ok(())
     }
 
+    /// Reads the whole values `refs` into `outs` (one each, replacing their contents),
+    /// as [`ValueStore::read`] reads each, with the device reads of the values not
+    /// cached in flight together on io_uring: those of one chunk or less (up to 64 KiB)
+    /// not waiting to be written, where the store's files allow it. A failed batch is
+    /// read again one value at a time, which reports a real error. Call it under a
+    /// [`ReadGuard`], as `read`.
+    pub(crate) fn read_many(&self, refs: &[ValueRef], outs: &mut [Vec<u8>]) -> Result<()> {
+        debug_assert_eq!(refs.len(), outs.len());
+        // The values to read in one batch: index, file, offset in it, buffer.
+        let mut batch = Vec::new();
+        for (i, (r, out)) in refs.iter().zip(outs.iter_mut()).enumerate() {
+            if self.cache.get(r, out) {
+                continue;
+            }
+            match self.batch_target(r) {
+                Some((file, offset)) => {
+                    batch.push((i, file, offset, AlignedBuf::new(r.extent_bytes() as usize)));
+                }
+                None => self.read(r, out)?,
+            }
+        }
+        if batch.len() < 2 {
+            for &(i, ..) in &batch {
+                self.read(&refs[i], &mut outs[i])?;
+            }
+            return Ok(());
+        }
+        let delay = READ_DELAY_MICROS.load(std::sync::atomic::Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
+        let mut reads: Vec<super::uring::ReadAt<'_>> = batch
+            .iter_mut()
+            .map(|(_, file, offset, buf)| super::uring::ReadAt {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&**file),
+                offset: *offset,
+                buf: buf.as_mut(),
+            })
+            .collect();
+        let read = super::uring::submit_reads(false, &mut reads);
+        drop(reads);
+        for (i, _, _, buf) in &batch {
+            let (r, out) = (&refs[*i], &mut outs[*i]);
+            let bytes = &buf.as_ref()[..r.len as usize];
+            if read.is_err() || crc32c::crc32c(bytes) != r.crc {
+                // Read again alone: a real failure is reported, with its file.
+                self.read(r, out)?;
+                continue;
+            }
+            out.clear();
+            out.extend_from_slice(bytes);
+            self.cache.insert(r, out);
+        }
+        Ok(())
+    }
+
+    /// Where value `r` can be read whole by a batch of [`ValueStore::read_many`]: its
+    /// file and offset, if it is one chunk or less and not waiting to be written.
+    fn batch_target(&self, r: &ValueRef) -> Option<(Arc<std::fs::File>, u64)> {
+        if table_chunks(r.len) != 0 {
+            return None;
+        }
+        #[cfg(not(feature = "shuttle"))]
+        if let Some(stager) = &self.stager
+            && stager.find(r.offset, r.extent_bytes()).is_some()
+        {
+            return None;
+        }
+        self.device.read_target(r.offset, r.extent_bytes() as usize)
+    }
+
     /// Reads `len` bytes of value `r` from byte `offset` of it into `out` (replacing
     /// its contents): from the cache if it holds the whole value, else from the device,
     /// caching nothing. A value of more than one chunk costs its chunk table and the

@@ -386,9 +386,15 @@ impl Core {
         // Keys waiting for a leaf page: index, ticket, promotion coin.
         let mut pending: Vec<(usize, LeafTicket, bool)> = Vec::new();
         let mut leaves: Vec<PageNo> = Vec::new();
+        // Values out of line, read together at the end: index and reference.
+        let mut externals = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             let mut out = Vec::new();
             match self.probe(key.as_ref(), &mut out)? {
+                Probe::Done(Found::External) => {
+                    externals.push((i, out));
+                    results.push(None);
+                }
                 Probe::Done(found) => {
                     let exists = self.resolve(found, &mut out)?;
                     results.push(exists.then_some(out));
@@ -403,21 +409,33 @@ impl Core {
                 }
             }
             if leaves.len() == GET_MANY_BATCH_PAGES {
-                self.finish_many(keys, &mut pending, &mut leaves, &mut results)?;
+                self.finish_many(
+                    keys,
+                    (&mut pending, &mut leaves),
+                    &mut results,
+                    &mut externals,
+                )?;
             }
         }
-        self.finish_many(keys, &mut pending, &mut leaves, &mut results)?;
+        self.finish_many(
+            keys,
+            (&mut pending, &mut leaves),
+            &mut results,
+            &mut externals,
+        )?;
+        self.resolve_many(externals, &mut results)?;
         Ok(results)
     }
 
     /// Reads the leaf pages `leaves` in one batch and answers the `pending` keys from
     /// them; a key whose page changed meanwhile is read again under its lock.
+    /// The values it finds out of line go to `externals` (index and reference).
     pub(super) fn finish_many<K: AsRef<[u8]>>(
         &self,
         keys: &[K],
-        pending: &mut Vec<(usize, LeafTicket, bool)>,
-        leaves: &mut Vec<PageNo>,
+        (pending, leaves): (&mut Vec<(usize, LeafTicket, bool)>, &mut Vec<PageNo>),
         results: &mut [Option<Vec<u8>>],
+        externals: &mut Vec<(usize, Vec<u8>)>,
     ) -> Result<()> {
         if pending.is_empty() {
             return Ok(());
@@ -448,7 +466,10 @@ impl Core {
                     self.get_under_lock(key, &mut out, promote)?
                 }
             };
-            results[i] = self.resolve(found, &mut out)?.then_some(out);
+            match found {
+                Found::External => externals.push((i, out)),
+                found => results[i] = self.resolve(found, &mut out)?.then_some(out),
+            }
         }
         leaves.clear();
         Ok(())

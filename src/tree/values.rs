@@ -55,6 +55,15 @@ pub(crate) trait ValueHost: Send + Sync {
     fn write(&self, value: &[u8]) -> Result<Vec<u8>>;
     /// Appends the value `reference` names to `out`.
     fn read(&self, reference: &[u8], out: &mut Vec<u8>) -> Result<()>;
+    /// Sets each of `outs` to the value its reference in `references` names, with the
+    /// reads in flight together where the store can; by default one after another.
+    fn read_many(&self, references: &[Vec<u8>], outs: &mut [Vec<u8>]) -> Result<()> {
+        for (reference, out) in references.iter().zip(outs) {
+            out.clear();
+            self.read(reference, out)?;
+        }
+        Ok(())
+    }
     /// Sets `out` to the bytes `offset..offset + len` of the value `reference` names, as
     /// far as the value reaches (empty past its end), reading only those (and what
     /// checks them).
@@ -136,6 +145,25 @@ impl Core {
                 Ok(true)
             }
         }
+    }
+
+    /// Resolves the out-of-line values `get_many` found: `externals` holds each one's
+    /// index in `results` and its reference, read all together.
+    pub(super) fn resolve_many(
+        &self,
+        externals: Vec<(usize, Vec<u8>)>,
+        results: &mut [Option<Vec<u8>>],
+    ) -> Result<()> {
+        if externals.is_empty() {
+            return Ok(());
+        }
+        let (at, references): (Vec<usize>, Vec<Vec<u8>>) = externals.into_iter().unzip();
+        let mut outs = vec![Vec::new(); references.len()];
+        self.host()?.read_many(&references, &mut outs)?;
+        for (i, out) in at.into_iter().zip(outs) {
+            results[i] = Some(out);
+        }
+        Ok(())
     }
 
     /// The value store, which a tree holding an out-of-line value must have.
