@@ -280,24 +280,12 @@ impl Keys {
     /// separators of 4 KiB, split; then `key` and four digits; then filler to a length
     /// of its own, a quarter of them exactly [`LONG_KEY_MAX_BYTES`].
     pub fn key(self, i: u64) -> Vec<u8> {
+        let name = format!("key{i:04}").into_bytes();
         let h = mix(i ^ 0x4c4f_4e47);
         if self == Keys::Short || h % 2 != 0 {
-            return format!("key{i:04}").into_bytes();
+            return name;
         }
-        let family = ((h >> 8) % 6).min(3);
-        let prefix = [0, 1000, 2500, 3900][family as usize];
-        let mut k: Vec<u8> = (0..prefix)
-            .map(|j| b"family"[j % 6] ^ family as u8)
-            .collect();
-        k.extend_from_slice(format!("key{i:04}").as_bytes());
-        let len = if (h >> 16) % 4 == 0 {
-            LONG_KEY_MAX_BYTES
-        } else {
-            k.len() + (h >> 24) as usize % (LONG_KEY_MAX_BYTES - k.len() + 1)
-        };
-        let mut filler = mix(h).to_le_bytes().into_iter().cycle();
-        k.resize_with(len, || filler.next().unwrap());
-        k
+        long_named_key(&name, h >> 1)
     }
 
     /// Each key's number, to read a scan's keys back.
@@ -335,6 +323,26 @@ impl Keys {
                 .cold_log_disk_bytes(4 << 20),
         }
     }
+}
+
+/// A long key that holds `name` (unique, at most 196 bytes), drawn by `h`: a family's
+/// shared prefix of 0, 1000, 2500 or (half of them) 3900 bytes, `name`, then filler to
+/// a length of its own up to [`LONG_KEY_MAX_BYTES`], a quarter of them exactly that.
+pub fn long_named_key(name: &[u8], h: u64) -> Vec<u8> {
+    let family = (h % 6).min(3);
+    let prefix = [0, 1000, 2500, 3900][family as usize];
+    let mut k: Vec<u8> = (0..prefix)
+        .map(|j| b"family"[j % 6] ^ family as u8)
+        .collect();
+    k.extend_from_slice(name);
+    let len = if (h >> 8) % 4 == 0 {
+        LONG_KEY_MAX_BYTES
+    } else {
+        k.len() + (h >> 16) as usize % (LONG_KEY_MAX_BYTES - k.len() + 1)
+    };
+    let mut filler = mix(h).to_le_bytes().into_iter().cycle();
+    k.resize_with(len, || filler.next().unwrap());
+    k
 }
 
 /// The hash store's memory in the long-key runs.
