@@ -13,8 +13,10 @@
 //!           largest key and value a write may have had (u32, u32): the options'
 //!             limits when written, never lowered
 //!           keyspace count (u32)
-//!           per keyspace: id (u32), kind (u8: 1 = tree, 2, 3 or 4 = hash store), name
-//!                         length (u16), name (UTF-8), and for a hash store its layout:
+//!           per keyspace: id (u32), kind (u8: 1 = tree of 4 KiB leaf pages, 5 = tree
+//!                         of larger ones, 2, 3 or 4 = hash store), name length (u16),
+//!                         name (UTF-8); for kind 5 the 4 KiB pages per leaf (u8: 2, 4
+//!                         or 8); and for a hash store its layout:
 //!                         memory bytes, expected keys, hot and cold log disk bytes
 //!                         (u64 each), compaction threads (u16), log2 of the page size
 //!                         of the hot, cold and chunk logs (u8 each); kind 3 then has
@@ -253,11 +255,13 @@ impl Manifest {
             let kind = match code {
                 1 => KeyspaceKind::Tree { leaf_pages: 1 },
                 5 => {
+                    // One page per leaf is kind 1: every build writes it so, and a
+                    // manifest decodes to what encodes back to its bytes.
                     let leaf_pages = r.u8().ok_or_else(truncated)?;
-                    if ![1, 2, 4, 8].contains(&leaf_pages) {
+                    if ![2, 4, 8].contains(&leaf_pages) {
                         return Err(format!(
-                            "keyspace {name:?} has leaf pages of {leaf_pages} pages; 1, 2, 4 \
-                             or 8 are known"
+                            "keyspace {name:?} of kind 5 has leaf pages of {leaf_pages} pages; \
+                             2, 4 or 8 are known (a tree of one-page leaves is kind 1)"
                         ));
                     }
                     KeyspaceKind::Tree { leaf_pages }
@@ -484,6 +488,50 @@ mod tests {
         assert_eq!(again.encode()[HEADER_BYTES + kind_at], 3);
         old_layout.record_format = layout.record_format;
         assert_eq!(old_layout, layout);
+    }
+
+    /// The bytes of a manifest whose body is `body`.
+    fn with_body(body: &[u8]) -> Vec<u8> {
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+        bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(body);
+        bytes
+    }
+
+    /// Kind 5 gives a tree's pages per leaf; a tree of one-page leaves is written as
+    /// kind 1. Kind 5 of one page used to decode (as kind 1), so a manifest that
+    /// decoded did not encode back to its bytes, which the `db_files` fuzz target
+    /// demands.
+    #[test]
+    fn a_tree_of_one_page_leaves_is_kind_1_only() {
+        let mut m = Manifest::default();
+        m.keyspaces.insert(
+            "t".to_string(),
+            KeyspaceEntry {
+                id: 1,
+                kind: KeyspaceKind::Tree { leaf_pages: 4 },
+            },
+        );
+        m.next_id = 2;
+        let bytes = m.encode();
+        assert_eq!(Manifest::decode(Path::new("M"), &bytes).unwrap(), m);
+        let mut body = bytes[HEADER_BYTES..].to_vec();
+        let kind_at = 16 + 4;
+        let pages_at = kind_at + 1 + 2 + 1;
+        assert_eq!((body[kind_at], body[pages_at]), (5, 4));
+        for pages in [0, 1, 3, 16, 255] {
+            body[pages_at] = pages;
+            let err = Manifest::decode(Path::new("M"), &with_body(&body)).unwrap_err();
+            assert!(matches!(err, Error::CorruptFile { .. }), "{pages}: {err:?}");
+        }
+        for pages in [2, 4, 8] {
+            body[pages_at] = pages;
+            let bytes = with_body(&body);
+            let m = Manifest::decode(Path::new("M"), &bytes).unwrap();
+            assert_eq!(m.encode(), bytes, "{pages} pages per leaf");
+        }
     }
 
     #[test]
