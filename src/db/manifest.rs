@@ -13,7 +13,7 @@
 //!           largest key and value a write may have had (u32, u32): the options'
 //!             limits when written, never lowered
 //!           keyspace count (u32)
-//!           per keyspace: id (u32), kind (u8: 1 = tree of 4 KiB leaf pages, 5 = tree
+//!           per keyspace, in name order (bytewise): id (u32), kind (u8: 1 = tree of 4 KiB leaf pages, 5 = tree
 //!                         of larger ones, 2, 3 or 4 = hash store), name length (u16),
 //!                         name (UTF-8); for kind 5 the 4 KiB pages per leaf (u8: 2, 4
 //!                         or 8); and for a hash store its layout:
@@ -49,6 +49,7 @@
 #![deny(clippy::indexing_slicing)]
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -316,6 +317,15 @@ impl Manifest {
             {
                 return Err(format!("keyspace name {name:?} appears twice"));
             }
+            // Every build writes the keyspaces in name order (the map's): a manifest
+            // decodes only as it encodes.
+            if keyspaces
+                .range::<str, _>((Bound::Excluded(name), Bound::Unbounded))
+                .next()
+                .is_some()
+            {
+                return Err(format!("keyspace {name:?} is out of name order"));
+            }
         }
         let count = usize::from(r.u8().ok_or_else(truncated)?);
         if count > KEPT_CHECKPOINTS {
@@ -532,6 +542,41 @@ mod tests {
             let m = Manifest::decode(Path::new("M"), &bytes).unwrap();
             assert_eq!(m.encode(), bytes, "{pages} pages per leaf");
         }
+    }
+
+    /// Keyspaces are written in name order; a manifest that lists them in another
+    /// decoded to the same catalog, so it did not encode back to its bytes (found by the
+    /// `db_files` fuzz target once it wrapped its inputs in the current version).
+    #[test]
+    fn keyspaces_out_of_name_order_are_refused() {
+        let mut m = Manifest::default();
+        for (id, name) in [(1, "long"), (2, "lhroe")] {
+            m.keyspaces.insert(
+                name.to_string(),
+                KeyspaceEntry {
+                    id,
+                    kind: KeyspaceKind::Tree { leaf_pages: 8 },
+                },
+            );
+        }
+        m.next_id = 3;
+        let bytes = m.encode();
+        assert_eq!(Manifest::decode(Path::new("M"), &bytes).unwrap(), m);
+        // The two entries (id, kind, name length, name, pages: 13 and 12 bytes),
+        // swapped.
+        let body = &bytes[HEADER_BYTES..];
+        let (first, second) = (16..16 + 13, 16 + 13..16 + 13 + 12);
+        assert_eq!(&body[first.start + 7..first.end - 1], b"lhroe");
+        assert_eq!(&body[second.start + 7..second.end - 1], b"long");
+        let mut swapped = body[..16].to_vec();
+        swapped.extend_from_slice(&body[second.clone()]);
+        swapped.extend_from_slice(&body[first]);
+        swapped.extend_from_slice(&body[second.end..]);
+        let err = Manifest::decode(Path::new("M"), &with_body(&swapped)).unwrap_err();
+        assert!(
+            matches!(&err, Error::CorruptFile { reason, .. } if reason.contains("name order")),
+            "{err:?}"
+        );
     }
 
     #[test]
