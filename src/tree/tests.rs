@@ -627,7 +627,7 @@ fn a_root_parts_into_three_when_a_split_sends_up_sixteen_separators_of_4_kib() {
     for version in 1..600 {
         rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
         let i = (rng >> 33) as u32 % 180;
-        if (rng >> 20) % 5 == 0 {
+        if (rng >> 20).is_multiple_of(5) {
             tree.delete(&long_numbered(i)).unwrap();
             model.remove(&long_numbered(i));
         } else {

@@ -282,7 +282,7 @@ impl Keys {
     pub fn key(self, i: u64) -> Vec<u8> {
         let name = format!("key{i:04}").into_bytes();
         let h = mix(i ^ 0x4c4f_4e47);
-        if self == Keys::Short || h % 2 != 0 {
+        if self == Keys::Short || !h.is_multiple_of(2) {
             return name;
         }
         long_named_key(&name, h >> 1)
@@ -335,7 +335,7 @@ pub fn long_named_key(name: &[u8], h: u64) -> Vec<u8> {
         .map(|j| b"family"[j % 6] ^ family as u8)
         .collect();
     k.extend_from_slice(name);
-    let len = if (h >> 8) % 4 == 0 {
+    let len = if (h >> 8).is_multiple_of(4) {
         LONG_KEY_MAX_BYTES
     } else {
         k.len() + (h >> 16) as usize % (LONG_KEY_MAX_BYTES - k.len() + 1)
