@@ -186,6 +186,13 @@ pub struct Config {
     /// neighbour is chosen by a per-page fill hint, so a full one is not read. Default
     /// on.
     pub leaf_redistribution: bool,
+    /// For a [`Db`](crate::Db): the percent of its memory budget (of what its hash
+    /// stores leave) that caches the bytes of values kept out of line, once the database
+    /// holds one; the trees' pool gets that much less. Reads of a cached value copy it
+    /// from memory instead of reading the value file. Until the database holds a value
+    /// longer than [`max_inline_value_bytes`](Config::max_inline_value_bytes) the cache
+    /// takes nothing. Default 25; 0 turns the cache off; at most 90.
+    pub value_cache_percent: u8,
 }
 
 impl Default for Config {
@@ -205,6 +212,7 @@ impl Default for Config {
             huge_pages: true,
             background_eviction: true,
             leaf_redistribution: true,
+            value_cache_percent: 25,
         }
     }
 }
@@ -242,6 +250,13 @@ impl Config {
             || self.copy_on_access_percent > 100
         {
             return bad("percentages must be at most 100".into());
+        }
+        if self.value_cache_percent > 90 {
+            return bad(format!(
+                "value_cache_percent is {}, but must be at most 90 (the trees keep a tenth \
+                 of the budget)",
+                self.value_cache_percent
+            ));
         }
         if self.max_key_bytes == 0 || self.max_key_bytes > MAX_KEY_LIMIT_BYTES {
             return bad(format!(
@@ -362,6 +377,11 @@ mod tests {
             ..Config::default()
         };
         assert!(scan_pct.validate().is_err());
+        let cache = Config {
+            value_cache_percent: 91,
+            ..Config::default()
+        };
+        assert!(cache.validate().is_err());
         let merge = Config {
             merge_threshold_bytes: 4097,
             ..Config::default()

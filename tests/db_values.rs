@@ -7,8 +7,12 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use bfdb::{Config, Db, DbOptions, Durability, Error, WriteBatch};
-use common::{LONG_VALUE_SIZES, Rng, check_stamped, long_key, long_value, stamped};
+use bfdb::{Config, Db, DbOptions, DbStats, Durability, Error, HashStoreOptions, WriteBatch};
+use common::{LONG_VALUE_SIZES, Rng, check_stamped, long_key, long_value, stamped, with_crc};
+
+/// Held by the tests that make value reads wait (`Db::delay_value_reads_for_test`, which
+/// every database of the process obeys), so that one does not set the other's delay.
+static READ_DELAY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn options() -> DbOptions {
     DbOptions::default()
@@ -232,6 +236,7 @@ fn reads_racing_overwrites_and_checkpoints_see_whole_values_while_extents_are_re
     let t = db.tree("t").unwrap();
     // Each read holds its reference for 2 ms before reading: a few checkpoints, enough
     // for the extent to be freed and reused were the reader not guarded.
+    let _delay = READ_DELAY.lock().unwrap_or_else(|e| e.into_inner());
     Db::delay_value_reads_for_test(std::time::Duration::from_millis(2));
     const KEYS: u64 = 12;
     for k in 0..KEYS {
@@ -323,4 +328,235 @@ fn reads_racing_overwrites_and_checkpoints_see_whole_values_while_extents_are_re
         "extents were not reused: a {}-byte file for {written} bytes written",
         stats.value_store_file_bytes
     );
+}
+
+/// A database of 16 MiB: a quarter of what its hash store leaves caches long values.
+fn cached_options() -> DbOptions {
+    options().config(Config {
+        memory_budget_bytes: 16 << 20,
+        huge_pages: false,
+        ..Config::default()
+    })
+}
+
+/// The value cache within its capacity, and the budget's parts within the budget.
+fn check_memory(stats: &DbStats) {
+    assert!(
+        stats.value_cache_bytes <= stats.value_cache_capacity_bytes,
+        "the value cache holds {} bytes, over its {}",
+        stats.value_cache_bytes,
+        stats.value_cache_capacity_bytes
+    );
+    assert!(
+        stats.value_cache_capacity_bytes + stats.tree_memory_bytes + stats.hash_memory_bytes
+            <= stats.memory_budget_bytes,
+        "{stats:?}"
+    );
+}
+
+/// Reads of tree and hash keyspaces, whole (point reads, `get_many`, scans, cursors)
+/// and in parts, answered by the value cache after the first, return each key's
+/// current value through rounds of overwrites and both kinds of checkpoint, and after a
+/// reopen (which starts with an empty cache).
+#[test]
+fn cached_reads_return_the_current_bytes_across_overwrites_checkpoints_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let hash_options = HashStoreOptions::default().memory_bytes(2 << 20);
+    let mut want: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let check_hash = |h: &bfdb::HashStore, want: &BTreeMap<Vec<u8>, Vec<u8>>| {
+        for (k, v) in want {
+            assert_eq!(h.get(k).unwrap().as_ref(), Some(v), "hash get {k:?}");
+        }
+        let keys: Vec<&Vec<u8>> = want.keys().collect();
+        for (k, v) in keys.iter().zip(h.get_many(&keys).unwrap()) {
+            assert_eq!(v.as_ref(), want.get(*k), "hash get_many {k:?}");
+        }
+    };
+    let check_parts = |t: &bfdb::Tree, want: &BTreeMap<Vec<u8>, Vec<u8>>| {
+        for (k, v) in want {
+            let part = t.get_part(k, 1000, 1500).unwrap().unwrap();
+            assert_eq!(part, v[1000..2500], "get_part {k:?}");
+        }
+    };
+    {
+        let db = Db::open(dir.path(), cached_options()).unwrap();
+        let t = db.tree("t").unwrap();
+        let h = db.hash_store_with("h", hash_options.clone()).unwrap();
+        for round in 0..4u64 {
+            for k in 0..40u64 {
+                let len = [3000, 8192, 20_000, 100_000][(k + round) as usize % 4];
+                let v = long_value(k, round, len);
+                t.insert(&long_key(k), &v).unwrap();
+                h.insert(&long_key(k), &v).unwrap();
+                want.insert(long_key(k), v);
+            }
+            // Twice: the second time from the cache.
+            for _ in 0..2 {
+                check(&t, &want);
+                check_parts(&t, &want);
+                check_hash(&h, &want);
+            }
+            if round % 2 == 0 {
+                db.checkpoint().unwrap();
+            } else {
+                db.checkpoint_incremental().unwrap();
+            }
+            check(&t, &want);
+            check_memory(&db.stats());
+        }
+        let stats = db.stats();
+        assert!(stats.value_cache_capacity_bytes > 0);
+        assert!(
+            stats.value_cache_hits > stats.value_cache_misses,
+            "the second reads hit: {stats:?}"
+        );
+    }
+    let db = Db::open(dir.path(), cached_options()).unwrap();
+    let stats = db.stats();
+    assert_eq!((stats.value_cache_hits, stats.value_cache_values), (0, 0));
+    assert!(
+        stats.value_cache_capacity_bytes > 0,
+        "a database that holds long values gives the cache its share at the open"
+    );
+    let (t, h) = (
+        db.tree("t").unwrap(),
+        db.hash_store_with("h", hash_options).unwrap(),
+    );
+    for _ in 0..2 {
+        check(&t, &want);
+        check_parts(&t, &want);
+        check_hash(&h, &want);
+    }
+    let stats = db.stats();
+    assert!(stats.value_cache_hits > 0, "{stats:?}");
+    check_memory(&stats);
+}
+
+/// The invalidation rule through the database: a reader that found a value's reference
+/// before an overwrite freed the value reads it late (after the free dropped its entry)
+/// and caches it again; the release of its extent, after that reader is done, drops
+/// that entry, so the value written next into the extent — of the same length and
+/// checksum, hence the same reference, other bytes — is answered with its own bytes.
+/// Without the release's drop, the cache would answer it with the old value's (and
+/// builds with debug assertions stop at its write).
+#[test]
+fn a_value_cached_by_a_reader_racing_its_overwrite_is_dropped_before_its_extent_is_reused() {
+    let _delay = READ_DELAY.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), cached_options()).unwrap();
+    let t = db.tree("t").unwrap();
+    let old = long_value(1, 1, 8000);
+    t.insert(b"a", &old).unwrap();
+    assert_eq!(t.get(b"a").unwrap().unwrap(), old);
+    let newer = long_value(1, 2, 20_000);
+    let read_late = std::thread::scope(|s| {
+        // The reader finds the old reference, then waits 300 ms before reading it.
+        Db::delay_value_reads_for_test(std::time::Duration::from_millis(300));
+        let reader = s.spawn(|| t.get(b"a").unwrap().unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // Overwritten (the old value freed) while the reader waits; the third
+        // checkpoint releases the old extent once the reader has read and cached it.
+        t.insert(b"a", &newer).unwrap();
+        for _ in 0..3 {
+            db.checkpoint().unwrap();
+        }
+        let read = reader.join().unwrap();
+        Db::delay_value_reads_for_test(std::time::Duration::ZERO);
+        read
+    });
+    assert!(
+        read_late == old,
+        "the reader found the old reference before the overwrite (100 ms before it)"
+    );
+    let stats = db.stats();
+    assert_eq!(
+        stats.value_store_deferred_bytes, 0,
+        "the old extent is free"
+    );
+    assert_eq!(
+        stats.value_cache_values, 1,
+        "the cache holds the newer value only: the release dropped the old one"
+    );
+    // The old extent is the only free space: a value of its length and checksum takes
+    // it (the address space does not grow), with the old value's reference.
+    let file_bytes = stats.value_store_file_bytes;
+    let reused = with_crc(long_value(2, 1, 8000), crc32c::crc32c(&old));
+    t.insert(b"b", &reused).unwrap();
+    assert_eq!(db.stats().value_store_file_bytes, file_bytes);
+    assert!(
+        t.get(b"b").unwrap().unwrap() == reused,
+        "the old bytes answered"
+    );
+    assert!(t.get(b"a").unwrap().unwrap() == newer);
+    check_memory(&db.stats());
+}
+
+/// The cache's memory comes out of the budget only once the database holds a long
+/// value; it stays within its capacity while far more than that is read; a hash store
+/// created and dropped moves the split, always within the budget; a reopen gives the
+/// cache its share at once; and `value_cache_percent: 0` turns it off.
+#[test]
+fn the_value_cache_takes_its_share_of_the_budget_once_a_long_value_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 8u64 << 20;
+    let config = Config {
+        memory_budget_bytes: budget,
+        huge_pages: false,
+        ..Config::default()
+    };
+    let opts = options().config(config.clone());
+    {
+        let db = Db::open(dir.path(), opts.clone()).unwrap();
+        let t = db.tree("t").unwrap();
+        for i in 0..2000u64 {
+            t.insert(&i.to_be_bytes(), &[7; 100]).unwrap();
+        }
+        let stats = db.stats();
+        assert_eq!(stats.value_cache_capacity_bytes, 0, "no long value yet");
+        assert_eq!(stats.tree_memory_bytes, budget, "the trees keep it all");
+        t.insert(b"long", &vec![1; 5000]).unwrap();
+        let stats = db.stats();
+        assert_eq!(stats.value_cache_capacity_bytes, budget / 4);
+        assert_eq!(stats.tree_memory_bytes, budget - budget / 4);
+        check_memory(&stats);
+        // 4 MiB of values, twice the cache, each read twice.
+        for k in 0..500u64 {
+            t.insert(&long_key(k), &long_value(k, 1, 8192)).unwrap();
+            check_memory(&db.stats());
+        }
+        for _ in 0..2 {
+            for k in 0..500u64 {
+                assert!(t.get(&long_key(k)).unwrap().unwrap() == long_value(k, 1, 8192));
+            }
+            check_memory(&db.stats());
+        }
+        assert!(db.stats().value_cache_bytes > budget / 8, "the cache fills");
+        // A hash store's memory comes out of what the cache and the trees share.
+        db.hash_store_with("h", HashStoreOptions::default().memory_bytes(2 << 20))
+            .unwrap();
+        let stats = db.stats();
+        assert_eq!(stats.value_cache_capacity_bytes, (budget - (2 << 20)) / 4);
+        check_memory(&stats);
+        db.drop_hash_store("h").unwrap();
+        let stats = db.stats();
+        assert_eq!(stats.value_cache_capacity_bytes, budget / 4);
+        check_memory(&stats);
+        db.close().unwrap();
+    }
+    let db = Db::open(dir.path(), opts).unwrap();
+    assert_eq!(db.stats().value_cache_capacity_bytes, budget / 4);
+    drop(db);
+    let off = options().config(Config {
+        value_cache_percent: 0,
+        ..config
+    });
+    let db = Db::open(dir.path(), off).unwrap();
+    let t = db.tree("t").unwrap();
+    for _ in 0..2 {
+        assert!(t.get(&long_key(1)).unwrap().unwrap() == long_value(1, 1, 8192));
+    }
+    let stats = db.stats();
+    assert_eq!(stats.value_cache_capacity_bytes, 0);
+    assert_eq!(stats.tree_memory_bytes, budget);
+    assert_eq!((stats.value_cache_hits, stats.value_cache_values), (0, 0));
 }

@@ -275,6 +275,7 @@ fn open_options(options: &Options, spec: &EngineSpec) -> Result<OpenOptions, Str
         in_memory: options.in_memory,
         bftree_io_uring: options.bftree_io_uring,
         bfdb_backend: options.bfdb_backend.clone(),
+        bfdb_value_cache_percent: options.bfdb_value_cache_percent,
         key_bytes: options.key_bytes,
         value_bytes: options.value_bytes,
         records: options.records,

@@ -131,6 +131,8 @@ pub struct OpenOptions {
     pub bftree_io_uring: bool,
     /// bfdb's backend with direct IO on (`--bfdb-backend`).
     pub bfdb_backend: String,
+    /// bfdb's `Config::value_cache_percent`, if given (`--bfdb-value-cache-percent`).
+    pub bfdb_value_cache_percent: Option<u8>,
     pub key_bytes: usize,
     pub value_bytes: usize,
     /// Records the load inserts (hash engines size their indexes by it).
@@ -359,10 +361,14 @@ fn bfdb_backend(options: &OpenOptions) -> bfdb::Backend {
 /// bfdb's `Config` for the driver's budget and backend, the same for a `Db`'s keyspace
 /// and a plain `Tree`.
 fn bfdb_config(options: &OpenOptions) -> bfdb::Config {
+    let defaults = bfdb::Config::default();
     bfdb::Config {
         memory_budget_bytes: options.budget_bytes,
         backend: bfdb_backend(options),
-        ..bfdb::Config::default()
+        value_cache_percent: options
+            .bfdb_value_cache_percent
+            .unwrap_or(defaults.value_cache_percent),
+        ..defaults
     }
 }
 
@@ -598,11 +604,7 @@ impl BfdbHash {
         // The hash store's memory comes out of the Db's budget; the Db's trees (none
         // here) keep the least the Config allows.
         let tree_pool_bytes = bfdb::config::MIN_MEMORY_BUDGET_BYTES;
-        let config = bfdb::Config {
-            memory_budget_bytes: options.budget_bytes,
-            backend: bfdb_backend(options),
-            ..bfdb::Config::default()
-        };
+        let config = bfdb_config(options);
         let db_options = bfdb_db_options(options, config);
         let db = bfdb::Db::open(options.dir.join("bfdb"), db_options).map_err(|e| e.to_string())?;
         // The created store keeps its options (a reopen for --recovery finds them in the

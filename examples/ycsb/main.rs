@@ -196,6 +196,11 @@ pub struct Options {
     /// where the kernel allows it), `io-uring`, or `std-direct` (O_DIRECT pread/pwrite).
     #[arg(long, default_value = "auto", value_parser = ["auto", "io-uring", "std-direct"])]
     pub bfdb_backend: String,
+    /// bfdb and bfdb-hash: the percent of the budget (of what the hash stores leave)
+    /// that caches values kept out of line once the database holds one
+    /// (`Config::value_cache_percent`; 0 turns the cache off). By default the `Config`'s.
+    #[arg(long)]
+    pub bfdb_value_cache_percent: Option<u8>,
     /// Records per scan.
     #[arg(long, default_value_t = 32)]
     pub scan_length: usize,

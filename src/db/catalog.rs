@@ -192,8 +192,9 @@ impl Shared {
             KeyspaceKind::Tree { .. } => self.open_keyspace(name, &entry, None, &[])?,
             KeyspaceKind::Hash(layout) => {
                 let store = self.open_hash_store(name, entry.id, layout, memory, None, false)?;
-                // The trees give up the store's memory (the pool evicts down to it).
-                self.memory.set_limit_bytes(budget - hash_memory - memory);
+                // The trees and the value cache give up the store's memory (the pool
+                // evicts down to its share, the cache at once).
+                self.budget.set_hash_bytes(hash_memory + memory);
                 Keyspace::Hash(store)
             }
         };
@@ -262,11 +263,9 @@ impl Shared {
         }
         catalog.dropped.insert(entry.id, name.to_string());
         if hash {
-            // Its memory goes back to the trees (once the last handle to it is gone,
-            // the store's own memory is freed).
-            let hash_memory = hash_memory_bytes(&catalog);
-            self.memory
-                .set_limit_bytes(self.memory.capacity_bytes() - hash_memory);
+            // Its memory goes back to the trees and the value cache (once the last
+            // handle to it is gone, the store's own memory is freed).
+            self.budget.set_hash_bytes(hash_memory_bytes(&catalog));
             // Handles to it still read: only the files' names go; an open file lives on.
             return self.remove_hash_files(entry.id).map(|()| true);
         }

@@ -51,6 +51,7 @@ mod checkpoint;
 mod checkpointer;
 mod dir;
 mod manifest;
+mod memory;
 mod options;
 mod recovery;
 mod stats;
@@ -85,8 +86,12 @@ pub use stats::{DbStats, LostLog, RecoveryStats};
 struct Shared {
     dir: PathBuf,
     options: DbOptions,
-    /// The pool every tree keyspace keeps its mini-pages in: the memory budget.
+    /// The pool every tree keyspace keeps its mini-pages in: the memory budget, less
+    /// what `budget` gives the hash stores and the value cache.
     memory: TreeMemory,
+    /// The split of the memory budget between the hash stores, the value cache and
+    /// the trees' pool.
+    budget: Arc<memory::Budget>,
     pages: Pages,
     journal: Arc<Journal>,
     catalog: RwLock<Catalog>,
@@ -314,6 +319,12 @@ impl Db {
         stats.hash_memory_bytes = hash_memory;
         stats.memory_in_use_bytes = self.shared.memory.bytes_in_use();
         stats.tree_memory_released_bytes = self.shared.memory.released_bytes();
+        let cache = self.shared.values.cache().stats();
+        stats.value_cache_capacity_bytes = cache.capacity_bytes;
+        stats.value_cache_bytes = cache.bytes;
+        stats.value_cache_values = cache.entries;
+        stats.value_cache_hits = cache.hits;
+        stats.value_cache_misses = cache.misses;
         let values = self.shared.values.stats();
         stats.value_store_live_bytes = values.live_bytes;
         stats.value_store_live_values = values.live_values;

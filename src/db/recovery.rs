@@ -32,6 +32,7 @@ use super::dir::{
     LOCK, Pages, VALUE_FILE, checkpoint_path, create_manifest, lock_dir, no_database,
 };
 use super::manifest::{CheckpointRef, KeyspaceKind, Manifest};
+use super::memory::Budget;
 use super::{Db, DbOptions, DbStats, LostLog, RecoveryStats, Shared};
 
 impl Db {
@@ -129,10 +130,27 @@ impl Db {
             })
         }));
         let memory = TreeMemory::new(&options.config)?;
+        let budget = Arc::new(Budget::new(
+            memory.clone(),
+            Arc::clone(values.cache()),
+            options.config.value_cache_percent,
+        ));
+        // The cache takes its share of the budget once the store holds a value: now,
+        // if the checkpoint's store does; else at the first write or replayed value.
+        let weak = Arc::downgrade(&budget);
+        values.on_first_value(Box::new(move || {
+            if let Some(budget) = weak.upgrade() {
+                budget.values_held();
+            }
+        }));
+        if values.holds_values() {
+            budget.values_held();
+        }
         let mut shared = Shared {
             dir: dir.to_path_buf(),
             options,
             memory,
+            budget,
             pages,
             journal,
             catalog: RwLock::new(Catalog {
@@ -426,8 +444,7 @@ impl Shared {
                     .map(|(_, e)| (e, floors));
                 let memory = grants.next().expect("a grant per hash store");
                 hash_memory += memory;
-                self.memory
-                    .set_limit_bytes(self.memory.capacity_bytes() - hash_memory);
+                self.budget.set_hash_bytes(hash_memory);
                 let store = self.open_hash_store(name, entry.id, layout, memory, extents, true)?;
                 keyspaces.insert(entry.id, Keyspace::Hash(store));
                 continue;

@@ -93,12 +93,17 @@ pub struct DbStats {
     /// recovery now would read.
     pub log_bytes_since_checkpoint: u64,
     /// The database's memory budget (`config.memory_budget_bytes`, rounded down to a
-    /// multiple of 8): the hash stores' memory and the trees' pool together.
+    /// multiple of 8): the hash stores' memory, the value cache and the trees' pool
+    /// together.
     pub memory_budget_bytes: u64,
     /// The part of the budget the hash stores were given
     /// ([`HashStoreStats::memory_budget_bytes`](crate::HashStoreStats::memory_budget_bytes)
     /// summed).
     pub hash_memory_bytes: u64,
+    /// The part of the budget the value cache was given
+    /// ([`Config::value_cache_percent`](crate::Config::value_cache_percent) of what the
+    /// hash stores leave, once the database holds a value kept out of line; 0 before).
+    pub value_cache_capacity_bytes: u64,
     /// The rest: bytes the tree keyspaces' mini-pages may take in their one pool.
     pub tree_memory_bytes: u64,
     /// Bytes of that pool in use now, by every tree keyspace together.
@@ -119,4 +124,17 @@ pub struct DbStats {
     pub value_store_deferred_bytes: u64,
     /// Bytes of the value file's address space: the most it takes on disk.
     pub value_store_file_bytes: u64,
+    /// Bytes the value cache holds now: its values' allocations and its bookkeeping,
+    /// never more than
+    /// [`value_cache_capacity_bytes`](DbStats::value_cache_capacity_bytes).
+    pub value_cache_bytes: u64,
+    /// Values the value cache holds now.
+    pub value_cache_values: u64,
+    /// Reads of values kept out of line (whole values, or parts of them) that the value
+    /// cache answered since the database opened.
+    pub value_cache_hits: u64,
+    /// Reads of values kept out of line that the value cache could have held but did
+    /// not, and so read the value file; reads of values too large for the cache (over
+    /// a thirty-second of its capacity) count as neither.
+    pub value_cache_misses: u64,
 }

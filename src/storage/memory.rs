@@ -259,6 +259,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn runs_are_consecutive_and_reuse_freed_runs() {
+        let store = MemoryStore::new();
+        let single = store.allocate().unwrap();
+        let run = store.allocate_run(4).unwrap();
+        assert_eq!(run.0, single.0 + 1);
+        for i in 0..4 {
+            store
+                .write_page(PageNo(run.0 + i), &mut Page::boxed())
+                .unwrap();
+        }
+        store.free_run(run, 4).unwrap();
+        store.free(single).unwrap();
+        // Five free slots in a row: the run comes from their start.
+        assert_eq!(store.allocate_run(4).unwrap(), single);
+        assert_eq!(store.allocate().unwrap(), PageNo(run.0 + 3));
+        assert!(store.free_run(PageNo(100), 2).is_err());
+    }
+
+    #[test]
     fn write_read_free_reuse() {
         let store = MemoryStore::new();
         let a = store.allocate().unwrap();

@@ -56,9 +56,6 @@ mod memory;
 mod shadow;
 mod sim;
 pub mod uring;
-// The value store's callers (the trees, the hash tier, the log and recovery) are wired
-// in by later work (#34); until then only its tests use it.
-#[cfg_attr(any(not(test), feature = "shuttle"), allow(dead_code))]
 pub(crate) mod values;
 
 #[cfg(feature = "tokio-uring")]
@@ -78,7 +75,9 @@ pub use log::{DirLog, LOG_BLOCK_BYTES, LogDevice, SimLog};
 pub use memory::MemoryStore;
 pub use shadow::{PinSet, ShadowStore};
 pub use sim::{SimBlocks, SimCounts, SimFault, SimOp, SimPages, SimStore};
-pub(crate) use values::{READ_DELAY_MICROS, ReadGuard, ValueRef, ValueStore, value_files};
+pub(crate) use values::{
+    READ_DELAY_MICROS, ReadGuard, ValueCache, ValueRef, ValueStore, value_files,
+};
 
 /// A page store a database keeps a keyspace's pages in: besides page IO, it makes page
 /// writes durable without persisting its own allocation state, and takes the set of

@@ -40,8 +40,8 @@
 //!   below the oldest checkpoint kept (no checkpoint, hence no recovery, can reference
 //!   it) and no reader that started before its free is still reading ([`ReadGuard`]).
 //! - A record referencing a value is made durable only after the value's bytes: the
-//!   log's group write asks [`ValueStore::needs_sync`] and calls [`ValueStore::sync`]
-//!   first. A failed sync fails the store (later writes and syncs are refused, as the
+//!   log's group write calls [`ValueStore::sync`] first (which returns at once when
+//!   nothing was written since the last). A failed sync fails the store (later writes and syncs are refused, as the
 //!   other stores do): Linux may have dropped the failed pages, and a retry's success
 //!   would prove nothing.
 //! - No device access straddles a segment ([`BlockDevice::segment_bytes`]), and IO goes
@@ -75,6 +75,7 @@ use crate::error::{Error, Result};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
+mod cache;
 #[cfg(all(test, feature = "shuttle"))]
 mod shuttle_tests;
 mod snapshot;
@@ -83,6 +84,7 @@ mod stage;
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests;
 
+pub(crate) use cache::ValueCache;
 pub(crate) use snapshot::Uncertain;
 
 /// The least space reserved ahead of the writes at a time, and the least free space a
@@ -464,7 +466,7 @@ impl State {
     /// released and reused before a crash — and its range is taken from the free
     /// ranges and the space above the end. An overlapped pending or live extent of
     /// another reference is an error, and nothing changes.
-    fn adopt(&mut self, r: &ValueRef) -> std::result::Result<(), String> {
+    fn adopt(&mut self, r: &ValueRef, cache: &ValueCache) -> std::result::Result<(), String> {
         let stop = r
             .extent_end()
             .ok_or_else(|| format!("{r:?} ends past 2^64"))?;
@@ -492,6 +494,7 @@ impl State {
         }
         for (at, _) in overlapped {
             let entry = self.remove(at).expect("listed above");
+            cache.remove(at);
             self.give_back(at, entry.r.extent_bytes());
         }
         let claimed = self.claim(r.offset, r.extent_bytes());
@@ -608,6 +611,11 @@ pub(crate) struct ValueStore {
     /// ([`ValueStore::write_behind`]); without it every write waits for its device write.
     #[cfg(not(feature = "shuttle"))]
     stager: Option<stage::Stager>,
+    /// The bytes of recently read and written values (`cache.rs`): every whole read
+    /// looks there first. Its capacity is the database's to set.
+    cache: Arc<ValueCache>,
+    /// Called once, when the store first holds a value ([`ValueStore::on_first_value`]).
+    first_value: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for ValueStore {
@@ -638,6 +646,8 @@ impl ValueStore {
             stager: None,
             device,
             segment_bytes,
+            cache: Arc::new(ValueCache::new()),
+            first_value: std::sync::OnceLock::new(),
             state: Mutex::new(state),
             readers: Arc::new(Readers::default()),
             written: AtomicU64::new(0),
@@ -697,7 +707,7 @@ impl ValueStore {
         } else {
             crc32c::crc32c(&table)
         };
-        self.held.store(true, Ordering::SeqCst);
+        self.note_held();
         let r = {
             let mut state = self.state.lock();
             if let Some(cause) = &state.failed {
@@ -739,6 +749,9 @@ impl ValueStore {
             return Err(e);
         }
         self.written.fetch_add(1, Ordering::Release);
+        // A value written is often read soon (an update of a hot key); the cache's
+        // small queue keeps a written value only if it is read before it leaves.
+        self.cache.insert_written(&r, value);
         Ok(r)
     }
 
@@ -753,7 +766,7 @@ impl ValueStore {
             Some(Extent::Live) => {}
             Some(Extent::Deferred { .. } | Extent::Grace { .. }) => return,
             None => {
-                if let Err(why) = state.adopt(&r) {
+                if let Err(why) = state.adopt(&r, &self.cache) {
                     log::warn!("value store: a record applied with an unknown value: {why}");
                     return;
                 }
@@ -764,10 +777,12 @@ impl ValueStore {
 
     /// The record referencing `r` was never logged nor placed: its extent is free at
     /// once (no one can have read it). Ignored unless `r` is exactly a pending extent.
+    #[cfg(all(test, not(feature = "shuttle")))]
     pub(crate) fn abort(&self, r: ValueRef) {
         let mut state = self.state.lock();
         if state.entry_of(&r).map(|e| e.state) == Some(Extent::Pending) {
             state.remove(r.offset);
+            self.cache.remove(r.offset);
             state.give_back(r.offset, r.extent_bytes());
         }
     }
@@ -786,6 +801,9 @@ impl ValueStore {
             let free_gen = state.next_gen;
             state.set_state(r.offset, Extent::Deferred { free_gen });
             state.note_key(r.offset, keyspace, key);
+            // No later read finds it: its memory goes back now. (A reader that found
+            // it before may cache it again; the release drops that.)
+            self.cache.remove(r.offset);
         }
     }
 
@@ -798,8 +816,8 @@ impl ValueStore {
     /// snapshot disagree: an [`Error::CorruptFile`] naming the value file, and nothing
     /// changes.
     pub(crate) fn mark_live(&self, r: ValueRef) -> Result<()> {
-        self.held.store(true, Ordering::SeqCst);
-        let result = self.state.lock().adopt(&r);
+        self.note_held();
+        let result = self.state.lock().adopt(&r, &self.cache);
         result.map_err(|why| Error::CorruptFile {
             path: self.file_of(r.offset),
             reason: format!("a recovered value reference does not fit the value file: {why}"),
@@ -887,6 +905,10 @@ impl ValueStore {
                 Some(Extent::Grace { .. })
             ) {
                 state.remove(offset);
+                // The readers that could have found it are gone, and so are their
+                // inserts: once its entry is dropped here, under the lock its space is
+                // allocated under, no entry holds bytes of the extent reused.
+                self.cache.remove(offset);
                 state.give_back(offset, len);
             }
         }
@@ -955,6 +977,7 @@ impl ValueStore {
 
     /// This store with a slack floor of `floor` bytes instead of 16 MiB.
     #[cfg(test)]
+    #[cfg(all(test, not(feature = "shuttle")))]
     pub(crate) fn with_slack_floor(mut self, floor: u64) -> ValueStore {
         self.slack_floor = floor;
         self
@@ -968,28 +991,80 @@ impl ValueStore {
         self.held.load(Ordering::Acquire)
     }
 
+    /// Marks the store as holding values ([`ValueStore::holds_values`]); the first time,
+    /// calls the hook [`ValueStore::on_first_value`] set.
+    fn note_held(&self) {
+        if !self.held.load(Ordering::Acquire)
+            && !self.held.swap(true, Ordering::SeqCst)
+            && let Some(hook) = self.first_value.get()
+        {
+            hook();
+        }
+    }
+
+    /// Sets what runs when the store first holds a value (written, or marked live by
+    /// recovery): the database gives the value cache its share of the memory budget
+    /// then, so a database of short values never gives its trees' memory to it. The
+    /// hook runs on the writer's thread, outside the store's locks. A store that held
+    /// values before the hook was set does not call it: check
+    /// [`ValueStore::holds_values`] after setting it. Set once; later calls are
+    /// ignored.
+    pub(crate) fn on_first_value(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.first_value.set(hook);
+    }
+
+    /// The value cache, whose capacity the database sets.
+    pub(crate) fn cache(&self) -> &Arc<ValueCache> {
+        &self.cache
+    }
+
     /// A reader's guard ([`ReadGuard`]): take it before looking a reference up in an
     /// index, drop it after reading the value.
     pub(crate) fn read_guard(&self) -> ReadGuard {
         self.readers.enter()
     }
 
-    /// Reads the whole value `r` into `out` (replacing its contents), checking every
-    /// checksum. Call it under a [`ReadGuard`] taken before `r` was looked up.
+    /// Reads the whole value `r` into `out` (replacing its contents): from the cache if
+    /// it holds it, else from the device (or the write-behind queue), checking every
+    /// checksum, and caches it. Call it under a [`ReadGuard`] taken before `r` was
+    /// looked up: the cache relies on it (module docs of `cache.rs`).
     pub(crate) fn read(&self, r: &ValueRef, out: &mut Vec<u8>) -> Result<()> {
         let delay = READ_DELAY_MICROS.load(std::sync::atomic::Ordering::Relaxed);
         if delay > 0 {
             std::thread::sleep(std::time::Duration::from_micros(delay));
         }
-        self.read_range(r, 0, r.len as usize, out)
+        if self.cache.get(r, out) {
+            return Ok(());
+        }
+        self.read_uncached(r, 0, r.len as usize, out)?;
+        self.cache.insert(r, out);
+        Ok(())
     }
 
     /// Reads `len` bytes of value `r` from byte `offset` of it into `out` (replacing
-    /// its contents). A value of more than one chunk costs its chunk table and the
+    /// its contents): from the cache if it holds the whole value, else from the device,
+    /// caching nothing. A value of more than one chunk costs its chunk table and the
     /// chunks the range touches; a smaller one is read and checked whole. A range past
     /// the value's end is an [`io::ErrorKind::InvalidInput`] error. On any error `out`
-    /// is empty.
+    /// is empty. Call it under a [`ReadGuard`], as [`ValueStore::read`].
     pub(crate) fn read_range(
+        &self,
+        r: &ValueRef,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        if let Some(stop) = offset.checked_add(len as u64)
+            && stop <= u64::from(r.len)
+            && self.cache.get_range(r, offset as usize, stop as usize, out)
+        {
+            return Ok(());
+        }
+        self.read_uncached(r, offset, len, out)
+    }
+
+    /// [`ValueStore::read_range`] from the device (or the write-behind queue).
+    fn read_uncached(
         &self,
         r: &ValueRef,
         offset: u64,
@@ -1064,6 +1139,7 @@ impl ValueStore {
     }
 
     /// Whether a value was written since the last successful sync.
+    #[cfg(all(test, not(feature = "shuttle")))]
     pub(crate) fn needs_sync(&self) -> bool {
         self.written.load(Ordering::Acquire) != self.synced.load(Ordering::Acquire)
     }
@@ -1332,6 +1408,47 @@ fn fill_piece(piece: &mut [u8], at: u64, value: &[u8], table: &[u8]) {
     if stop > used {
         piece[(used.max(at) - at) as usize..].fill(0);
     }
+}
+
+/// `value` with its last 4 bytes set so that its crc32c is `crc`: a value of another's
+/// length and checksum (hence of its reference, written to its extent) but other
+/// bytes, for the tests of the cache's invalidation. A crc32c is an affine function of
+/// the message bits, and the last 32 bits reach all of it (their map is invertible):
+/// the bits are solved for over GF(2).
+#[cfg(test)]
+pub(crate) fn with_crc(mut value: Vec<u8>, crc: u32) -> Vec<u8> {
+    let at = value.len().checked_sub(4).expect("at least 4 bytes");
+    let mut crc_with = |tail: u32| {
+        value[at..].copy_from_slice(&tail.to_le_bytes());
+        crc32c::crc32c(&value)
+    };
+    let base = crc_with(0);
+    // A reduced basis of the tail bits' effects, by highest bit: (effect, tail bits).
+    let mut basis = [(0u32, 0u32); 32];
+    for i in 0..32 {
+        let (mut effect, mut bits) = (crc_with(1 << i) ^ base, 1u32 << i);
+        for bit in (0..32).rev() {
+            if effect >> bit & 1 == 0 {
+                continue;
+            }
+            if basis[bit].0 == 0 {
+                basis[bit] = (effect, bits);
+                break;
+            }
+            effect ^= basis[bit].0;
+            bits ^= basis[bit].1;
+        }
+    }
+    let (mut want, mut tail) = (crc ^ base, 0);
+    for bit in (0..32).rev() {
+        if want >> bit & 1 == 1 {
+            assert!(basis[bit].0 != 0, "the tail reaches every bit of a crc32c");
+            want ^= basis[bit].0;
+            tail ^= basis[bit].1;
+        }
+    }
+    assert_eq!(crc_with(tail), crc);
+    value
 }
 
 #[cfg(test)]

@@ -420,3 +420,42 @@ pub fn repeated(stamp: &[u8], len: usize) -> Vec<u8> {
         .take(len.max(stamp.len()))
         .collect()
 }
+
+/// `value` with its last 4 bytes set so that its crc32c is `crc`: a value of another's
+/// length and checksum, and so of its value-store reference if written into its extent,
+/// but other bytes (the value cache's invalidation tests). A crc32c is an affine
+/// function of the message bits and the last 32 bits reach all of it: they are solved
+/// for over GF(2). (The crate's unit tests have the same helper: `storage::values`.)
+pub fn with_crc(mut value: Vec<u8>, crc: u32) -> Vec<u8> {
+    let at = value.len().checked_sub(4).expect("at least 4 bytes");
+    let mut crc_with = |tail: u32| {
+        value[at..].copy_from_slice(&tail.to_le_bytes());
+        crc32c::crc32c(&value)
+    };
+    let base = crc_with(0);
+    // A reduced basis of the tail bits' effects, by highest bit: (effect, tail bits).
+    let mut basis = [(0u32, 0u32); 32];
+    for i in 0..32 {
+        let (mut effect, mut bits) = (crc_with(1 << i) ^ base, 1u32 << i);
+        for bit in (0..32).rev() {
+            if effect >> bit & 1 == 0 {
+                continue;
+            }
+            if basis[bit].0 == 0 {
+                basis[bit] = (effect, bits);
+                break;
+            }
+            effect ^= basis[bit].0;
+            bits ^= basis[bit].1;
+        }
+    }
+    let (mut want, mut tail) = (crc ^ base, 0);
+    for bit in (0..32).rev() {
+        if want >> bit & 1 == 1 {
+            want ^= basis[bit].0;
+            tail ^= basis[bit].1;
+        }
+    }
+    assert_eq!(crc_with(tail), crc);
+    value
+}

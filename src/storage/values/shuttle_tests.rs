@@ -122,3 +122,62 @@ fn a_guarded_reader_never_sees_what_it_found_retired() {
         }
     });
 }
+
+/// The test above with the value cache on, and every value written of the first one's
+/// length and checksum (so of the same reference) but other bytes: readers that found
+/// the reference before a free read and cache the old value while the writer frees and
+/// releases the extent and writes the next value into it. The release drops the entry
+/// only after those readers are gone, so no read returns the bytes of another version
+/// than the one it found (without the release's drop, the old bytes would answer for
+/// the new value, and the writer's insert stops a build with debug assertions).
+#[test]
+fn cached_reads_never_answer_a_reused_extent_with_the_old_bytes() {
+    let first = vec![1u8; 3000];
+    let crc = crc32c::crc32c(&first);
+    let versions: Arc<Vec<Vec<u8>>> = Arc::new(
+        std::iter::once(first)
+            .chain((2..4u8).map(|b| with_crc(vec![b; 3000], crc)))
+            .collect(),
+    );
+    explore(move || {
+        let store = Arc::new(ValueStore::open(Arc::new(MemBlocks::new()), 1));
+        store.cache().set_capacity(1 << 20);
+        let r = store.write(&versions[0]).unwrap();
+        store.applied(r, 0, b"k");
+        let index = Arc::new(crate::sync::Mutex::new(Some(0usize)));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (store, index, versions) = (
+                    Arc::clone(&store),
+                    Arc::clone(&index),
+                    Arc::clone(&versions),
+                );
+                thread::spawn(move || {
+                    for _ in 0..2 {
+                        let _guard = store.read_guard();
+                        let found = *index.lock();
+                        if let Some(version) = found {
+                            let mut out = Vec::new();
+                            store.read(&r, &mut out).unwrap();
+                            assert!(out == versions[version], "read another version");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for version in 1..3 {
+            *index.lock() = None;
+            store.free(r, 0, b"k");
+            store.release(1).unwrap();
+            let next = store.write(&versions[version]).unwrap();
+            assert_eq!(next, r, "the same extent, length and checksum");
+            store.applied(next, 0, b"k");
+            *index.lock() = Some(version);
+        }
+        for reader in readers {
+            reader.join().unwrap();
+        }
+        store.check();
+        store.cache().check();
+    });
+}

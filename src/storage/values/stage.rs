@@ -142,6 +142,7 @@ impl Stager {
     }
 
     /// Whether some staged write has not completed.
+    #[cfg(all(test, not(feature = "shuttle")))]
     pub(crate) fn busy(&self) -> bool {
         let q = self.shared.queue.lock();
         q.done < q.count

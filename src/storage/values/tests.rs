@@ -1141,3 +1141,102 @@ fn a_failed_write_behind_fails_the_next_sync_and_later_writes() {
     assert!(store.write(&value(5000, 2)).is_err());
     assert_eq!(read_all(&store, &r).unwrap(), v);
 }
+
+/// A store like `mem()`'s whose cache has `bytes` of capacity.
+fn mem_cached(bytes: u64) -> (Arc<MemBlocks>, ValueStore) {
+    let (device, store) = mem();
+    store.cache().set_capacity(bytes);
+    (device, store)
+}
+
+#[test]
+fn with_crc_makes_other_bytes_of_the_same_checksum() {
+    let v = value(8000, 1);
+    let w = with_crc(value(8000, 2), crc32c::crc32c(&v));
+    assert_ne!(v, w);
+    assert_eq!(crc32c::crc32c(&v), crc32c::crc32c(&w));
+}
+
+/// Written values are cached; reads of them, whole or in part, are answered from memory
+/// without a device read.
+#[test]
+fn written_values_are_read_from_the_cache_whole_and_in_part() {
+    let (device, store) = mem_cached(8 << 20);
+    let v = value(20_000, 1);
+    let r = store.write(&v).unwrap();
+    store.applied(r, 0, b"k");
+    assert!(store.cache().holds(r.offset));
+    // The next device read fails: the hits make none.
+    device.fail_reads(1);
+    assert_eq!(read_all(&store, &r).unwrap(), v);
+    let mut part = Vec::new();
+    store.read_range(&r, 5000, 100, &mut part).unwrap();
+    assert_eq!(part, v[5000..5100]);
+    let stats = store.cache().stats();
+    assert_eq!((stats.hits, stats.misses), (2, 0));
+    // A value too large for the cache is read from the device.
+    let big = value(2 << 20, 2);
+    let rb = store.write(&big).unwrap();
+    assert!(!store.cache().holds(rb.offset));
+    assert!(read_all(&store, &rb).is_err(), "the device's read fails");
+    assert_eq!(read_all(&store, &rb).unwrap(), big);
+}
+
+/// The invalidation rule: an extent's entry is dropped when it is freed, and again, after
+/// the readers that found the extent before its free are gone, by the release that makes
+/// its space reusable. A reader that found the value before the free caches it again
+/// meanwhile; were the release not to drop that entry, the value written next into the
+/// extent — here of the same length and checksum, so of the same reference — would be
+/// answered with the old bytes (and builds with debug assertions stop at the write).
+#[test]
+fn an_entry_is_dropped_before_its_extent_is_reused_by_a_value_of_the_same_reference() {
+    let (_device, store) = mem_cached(8 << 20);
+    let old = value(8000, 1);
+    let r = store.write(&old).unwrap();
+    store.applied(r, 0, b"k");
+    assert_eq!(read_all(&store, &r).unwrap(), old);
+    let reader = store.read_guard();
+    store.free(r, 0, b"k");
+    assert!(!store.cache().holds(r.offset), "dropped at the free");
+    // The reader found `r` before the free: it reads the old value and caches it.
+    assert_eq!(read_all(&store, &r).unwrap(), old);
+    assert!(store.cache().holds(r.offset));
+    drop(reader);
+    store.release(1).unwrap();
+    assert!(
+        !store.cache().holds(r.offset),
+        "dropped by the release, before the space can be reused"
+    );
+    let new = with_crc(value(8000, 2), r.crc);
+    let again = store.write(&new).unwrap();
+    assert_eq!(again, r, "the same extent, length and checksum");
+    store.applied(again, 0, b"k");
+    assert_eq!(read_all(&store, &again).unwrap(), new);
+    store.cache().check();
+    store.check();
+}
+
+/// An aborted write's extent is free at once: its entry goes with it. Recovery's
+/// `mark_live` drops the extents it overlaps that were freed, and their entries.
+#[test]
+fn abort_and_mark_live_over_freed_extents_drop_their_entries() {
+    let (_device, store) = mem_cached(8 << 20);
+    let r = store.write(&value(5000, 1)).unwrap();
+    assert!(store.cache().holds(r.offset));
+    store.abort(r);
+    assert!(!store.cache().holds(r.offset));
+    let r = live(&store, 5000, 2);
+    let reader = store.read_guard();
+    store.free(r, 0, b"k");
+    read_all(&store, &r).unwrap();
+    assert!(store.cache().holds(r.offset));
+    drop(reader);
+    let over = ValueRef {
+        offset: r.offset,
+        len: 100,
+        crc: 7,
+    };
+    store.mark_live(over).unwrap();
+    assert!(!store.cache().holds(r.offset));
+    store.check();
+}
