@@ -17,6 +17,12 @@
 //! record appears that was never written — and each tree's full scan must equal its
 //! point reads. Every test prints its seed; replay one with `BFDB_SEED=<seed>`.
 //!
+//! The sweeps at every sync, every checkpoint step and after every operation also run
+//! with long keys (`Keys::Long`, issue #34): a third of the keys up to 4 KiB, many of
+//! them sharing prefixes of up to 3900 bytes (so fences and separators are as long), in
+//! 16 KiB leaf pages, in the trees and in the hash store alike, batches mixing them with
+//! short ones.
+//!
 //! More seeds: `BFDB_CRASH_SEEDS=50 cargo test --release --test db_crash`.
 
 use std::collections::BTreeMap;
@@ -30,14 +36,14 @@ use bfdb::storage::{LogDevice, SimLog, SimPages};
 use bfdb::{Db, DbOptions, Durability, HashStoreOptions, WriteBatch};
 
 mod common;
-use common::{HASH, KEYS, KEYSPACES, Rng, env_u64, seed};
+use common::{HASH, KEYS, KEYSPACES, Keys, Rng, env_u64, seed};
 
 fn hash_options() -> HashStoreOptions {
-    common::small_hash_options()
+    Keys::Short.hash_options()
 }
 
 fn options() -> DbOptions {
-    common::small_sim_options()
+    Keys::Short.sim_options()
 }
 
 /// One write of a step: keyspace index, key, value (`None` deletes).
@@ -67,14 +73,22 @@ const CHECKPOINT_ROLL: u64 = 5;
 /// A roll of `run_workload` that puts one key (rolls 55 and up do).
 const PUT_ROLL: u64 = 60;
 
-/// Runs up to `ops` seeded steps on `db`, stopping after the first that fails, and
-/// calls `after_step` after each one.
-fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Step])) -> Vec<Step> {
+/// Runs up to `ops` seeded steps of `keys` on `db`, stopping after the first that
+/// fails, and calls `after_step` after each one.
+fn run_workload(
+    db: &Db,
+    seed: u64,
+    ops: usize,
+    keys: Keys,
+    mut after_step: impl FnMut(&[Step]),
+) -> Vec<Step> {
     let trees = [
         db.tree(KEYSPACES[0]).unwrap(),
         db.tree(KEYSPACES[1]).unwrap(),
     ];
-    let hash = db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
+    let hash = db
+        .hash_store_with(KEYSPACES[HASH], keys.hash_options())
+        .unwrap();
     let mut rng = Rng(seed);
     let mut steps = Vec::new();
     let mut counter = 0u64;
@@ -89,6 +103,9 @@ fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Ste
         let pad = match ks {
             _ if rng.below(8) == 0 => 2_049 + rng.below(20_000) as usize,
             HASH => 1_200,
+            // With long keys, tree records of a KiB or two: more leaf pages of each
+            // family of shared prefixes, so that their separators fill inner nodes.
+            _ if keys == Keys::Long => 600 + rng.below(1_200) as usize,
             _ => 0,
         };
         common::repeated(&stamp, stamp.len() + pad + rng.below(300) as usize)
@@ -116,7 +133,7 @@ fn run_workload(db: &Db, seed: u64, ops: usize, mut after_step: impl FnMut(&[Ste
             _ if quiet_run && (70..79).contains(&(op % 100)) => PUT_ROLL,
             roll => roll,
         };
-        let key = |rng: &mut Rng| format!("key{:04}", rng.below(KEYS)).into_bytes();
+        let key = |rng: &mut Rng| keys.key(rng.below(KEYS));
         let (writes, ok) = if roll < 5 {
             let ok = db.persist().is_ok();
             steps.push(Step::Persist { acked: ok });
@@ -282,12 +299,14 @@ fn apply(state: &mut State, writes: &[Write]) {
 }
 
 /// Reads the trees of `db` by full scans, checking each record against a point read,
-/// and the hash store by point reads of every key the workload writes.
-fn read_back(db: &Db) -> State {
+/// and the hash store by point reads of every key the workload of `keys` writes.
+fn read_back(db: &Db, keys: Keys) -> State {
     let mut state = State::default();
-    let hash = db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
+    let hash = db
+        .hash_store_with(KEYSPACES[HASH], keys.hash_options())
+        .unwrap();
     for i in 0..KEYS {
-        let k = format!("key{i:04}").into_bytes();
+        let k = keys.key(i);
         if let Some(v) = hash.get(&k).unwrap() {
             state[HASH].insert(k, v);
         }
@@ -337,17 +356,24 @@ fn check_prefix(recovered: &State, steps: &[Step], what: &str) -> usize {
     );
 }
 
-/// The two simulated devices of a database: its log and its page files.
+/// The two simulated devices of a database: its log and its page files; and the keys
+/// its workload writes, which its options follow.
 struct Devices {
     log: Arc<SimLog>,
     pages: Arc<SimPages>,
+    keys: Keys,
 }
 
 impl Devices {
     fn new(seed: u64) -> Devices {
+        Devices::with_keys(seed, Keys::Short)
+    }
+
+    fn with_keys(seed: u64, keys: Keys) -> Devices {
         Devices {
             log: Arc::new(SimLog::new(seed)),
             pages: Arc::new(SimPages::new(seed)),
+            keys,
         }
     }
 
@@ -357,6 +383,7 @@ impl Devices {
         Devices {
             log: Arc::new(self.log.crash()),
             pages: Arc::new(self.pages.crash()),
+            keys: self.keys,
         }
     }
 
@@ -370,7 +397,7 @@ impl Devices {
     }
 
     fn open(&self, dir: &Path) -> Db {
-        self.open_with(dir, options()).unwrap()
+        self.open_with(dir, self.keys.sim_options()).unwrap()
     }
 }
 
@@ -383,26 +410,36 @@ fn seeds(test: &str) -> Vec<u64> {
         .collect()
 }
 
-/// Hot→cold compactions of the hash store over the runs of `crash_run`.
-static HASH_COMPACTIONS: AtomicU64 = AtomicU64::new(0);
+/// What the runs of `crash_run` of each kind of keys did, in the order of `Keys`:
+/// hot→cold compactions of the hash store, and the trees' leaf and inner splits.
+static HASH_COMPACTIONS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+static LEAF_SPLITS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+static INNER_SPLITS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
-/// Runs the workload of `seed` on a fresh database with a fault armed by `arm` once its
-/// keyspaces exist, crashes it, reopens it, and checks the model; returns the writes
-/// replayed and whether the fault fired (a call failed).
-fn crash_run(seed: u64, ops: usize, arm: impl FnOnce(&Db, &Devices)) -> (usize, bool) {
+/// Runs the workload of `seed` and `keys` on a fresh database with a fault armed by
+/// `arm` once its keyspaces exist, crashes it, reopens it, and checks the model;
+/// returns the writes replayed and whether the fault fired (a call failed).
+fn crash_run(seed: u64, ops: usize, keys: Keys, arm: impl FnOnce(&Db, &Devices)) -> (usize, bool) {
     let dir = tempfile::tempdir().unwrap();
-    let devices = Devices::new(seed);
+    let devices = Devices::with_keys(seed, keys);
     let db = devices.open(dir.path());
     db.tree(KEYSPACES[0]).unwrap();
     db.tree(KEYSPACES[1]).unwrap();
-    db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
+    db.hash_store_with(KEYSPACES[HASH], keys.hash_options())
+        .unwrap();
     arm(&db, &devices);
-    let steps = run_workload(&db, seed, ops, |_| {});
+    let steps = run_workload(&db, seed, ops, keys, |_| {});
     let hash_stats = db
-        .hash_store_with(KEYSPACES[HASH], hash_options())
+        .hash_store_with(KEYSPACES[HASH], keys.hash_options())
         .unwrap()
         .stats();
-    HASH_COMPACTIONS.fetch_add(hash_stats.hot_cold_compactions, Ordering::Relaxed);
+    let k = keys as usize;
+    HASH_COMPACTIONS[k].fetch_add(hash_stats.hot_cold_compactions, Ordering::Relaxed);
+    for name in &KEYSPACES[..HASH] {
+        let stats = db.tree(name).unwrap().stats();
+        LEAF_SPLITS[k].fetch_add(stats.leaf_splits, Ordering::Relaxed);
+        INNER_SPLITS[k].fetch_add(stats.inner_splits, Ordering::Relaxed);
+    }
     let fired = steps.iter().any(|s| {
         matches!(
             s,
@@ -414,22 +451,32 @@ fn crash_run(seed: u64, ops: usize, arm: impl FnOnce(&Db, &Devices)) -> (usize, 
     let crashed = devices.crash();
     drop(db);
     let db = crashed.open(dir.path());
-    let recovered = read_back(&db);
+    let recovered = read_back(&db, keys);
     (
-        check_prefix(&recovered, &steps, &format!("seed {seed}")),
+        check_prefix(&recovered, &steps, &format!("seed {seed}, {keys:?} keys")),
         fired,
     )
 }
 
 #[test]
 fn crashing_at_every_sync_loses_no_durable_write_and_no_batch_in_part() {
+    crash_at_every_sync("crash_at_every_sync", Keys::Short);
+}
+
+#[test]
+fn crashing_at_every_sync_with_long_keys_loses_no_durable_write_and_no_batch_in_part() {
+    crash_at_every_sync("crash_at_every_sync_long_keys", Keys::Long);
+}
+
+/// The workload of `keys` crashed at each of its log syncs and page syncs in turn.
+fn crash_at_every_sync(test: &str, keys: Keys) {
     let mut points = 0;
     let mut writes_checked = 0;
-    for seed in seeds("crash_at_every_sync") {
+    for seed in seeds(test) {
         // Log syncs: the n-th fails, for every n the workload reaches.
         let mut n = 0;
         loop {
-            let (checked, fired) = crash_run(seed, 250, |_, d| d.log.fail_syncs_after(n));
+            let (checked, fired) = crash_run(seed, 250, keys, |_, d| d.log.fail_syncs_after(n));
             writes_checked += checked;
             points += 1;
             if !fired {
@@ -444,7 +491,7 @@ fn crashing_at_every_sync_loses_no_durable_write_and_no_batch_in_part() {
         // Page syncs (in checkpoints, which sync every keyspace's page file).
         let mut n = 0;
         loop {
-            let (checked, fired) = crash_run(seed, 250, |_, d| d.pages.fail_syncs_after(n));
+            let (checked, fired) = crash_run(seed, 250, keys, |_, d| d.pages.fail_syncs_after(n));
             writes_checked += checked;
             points += 1;
             if !fired {
@@ -457,19 +504,34 @@ fn crashing_at_every_sync_loses_no_durable_write_and_no_batch_in_part() {
             "seed {seed}: the workload synced its pages only {n} times"
         );
     }
-    let compactions = HASH_COMPACTIONS.load(Ordering::Relaxed);
+    let k = keys as usize;
+    let compactions = HASH_COMPACTIONS[k].load(Ordering::Relaxed);
+    let leaf_splits = LEAF_SPLITS[k].load(Ordering::Relaxed);
     assert!(compactions > 0, "the hash store never compacted");
+    assert!(leaf_splits > 0, "no leaf page split");
     eprintln!(
-        "crash at every sync: {points} crash points, {writes_checked} writes replayed and \
-         checked, 0 lost; the hash store compacted {compactions} times"
+        "crash at every sync ({keys:?} keys): {points} crash points, {writes_checked} writes \
+         replayed and checked, 0 lost; the hash store compacted {compactions} times, the \
+         trees split {leaf_splits} leaf pages and {} inner nodes",
+        INNER_SPLITS[k].load(Ordering::Relaxed)
     );
 }
 
 #[test]
 fn crashing_at_every_step_of_a_checkpoint_recovers_a_committed_state() {
+    crash_in_checkpoints("crash_in_checkpoint", Keys::Short);
+}
+
+#[test]
+fn crashing_at_every_step_of_a_checkpoint_with_long_keys_recovers_a_committed_state() {
+    crash_in_checkpoints("crash_in_checkpoint_long_keys", Keys::Long);
+}
+
+/// The workload of `keys` crashed at each step of its checkpoints in turn.
+fn crash_in_checkpoints(test: &str, keys: Keys) {
     use bfdb::CheckpointCrashPoint as P;
     let mut points = 0;
-    for seed in seeds("crash_in_checkpoint") {
+    for seed in seeds(test) {
         for point in [
             P::AfterFlush,
             P::AfterCapture,
@@ -480,7 +542,7 @@ fn crashing_at_every_step_of_a_checkpoint_recovers_a_committed_state() {
         ] {
             // The first checkpoint of the workload succeeds; the point is armed for the
             // ones after it, so the crash meets a kept checkpoint and its pins.
-            let (_, fired) = crash_run(seed, 400, |db, _| {
+            let (_, fired) = crash_run(seed, 400, keys, |db, _| {
                 db.checkpoint().unwrap();
                 db.fail_checkpoints_at(point);
             });
@@ -491,16 +553,26 @@ fn crashing_at_every_step_of_a_checkpoint_recovers_a_committed_state() {
             points += 1;
         }
     }
-    eprintln!("crash inside checkpoints: {points} crash points, 0 lost");
+    eprintln!("crash inside checkpoints ({keys:?} keys): {points} crash points, 0 lost");
 }
 
 #[test]
 fn crashing_after_every_operation_recovers_a_prefix() {
+    crash_after_every_op("crash_after_every_op", Keys::Short);
+}
+
+#[test]
+fn crashing_after_every_operation_with_long_keys_recovers_a_prefix() {
+    crash_after_every_op("crash_after_every_op_long_keys", Keys::Long);
+}
+
+/// The workload of `keys`, a copy of it crashed after every step.
+fn crash_after_every_op(test: &str, keys: Keys) {
     let mut points = 0;
     let mut writes_checked = 0;
     let mut left_dirty = 0;
-    for seed in seeds("crash_after_every_op") {
-        let (checked, n, left) = check_each_step(seed, 300);
+    for seed in seeds(test) {
+        let (checked, n, left) = check_each_step(seed, 300, keys);
         writes_checked += checked;
         points += n;
         left_dirty += left;
@@ -508,29 +580,30 @@ fn crashing_after_every_operation_recovers_a_prefix() {
     // The checkpoints that leave pages dirty were among those crashed after.
     assert!(left_dirty > 0, "no checkpoint left a page dirty");
     eprintln!(
-        "crash after every operation: {points} crash points, {writes_checked} recovered writes \
-         checked, 0 lost; checkpoints left {left_dirty} dirty pages to the log"
+        "crash after every operation ({keys:?} keys): {points} crash points, {writes_checked} \
+         recovered writes checked, 0 lost; checkpoints left {left_dirty} dirty pages to the log"
     );
 }
 
-/// Runs the workload of `seed` and, after every step, crashes a copy of the database
-/// (its devices and its directory's files) and checks what a reopen finds. Answers the
-/// writes checked, the crash points, and the pages the checkpoints left dirty.
-fn check_each_step(seed: u64, ops: usize) -> (usize, usize, u64) {
+/// Runs the workload of `seed` and `keys` and, after every step, crashes a copy of the
+/// database (its devices and its directory's files) and checks what a reopen finds.
+/// Answers the writes checked, the crash points, and the pages the checkpoints left
+/// dirty.
+fn check_each_step(seed: u64, ops: usize, keys: Keys) -> (usize, usize, u64) {
     let dir = tempfile::tempdir().unwrap();
-    let devices = Devices::new(seed);
+    let devices = Devices::with_keys(seed, keys);
     let db = devices.open(dir.path());
     let (mut checked, mut points) = (0, 0);
-    run_workload(&db, seed, ops, |steps| {
+    run_workload(&db, seed, ops, keys, |steps| {
         let copy = tempfile::tempdir().unwrap();
         copy_files(dir.path(), copy.path());
         let crashed = devices.crash();
         let db = crashed.open(copy.path());
-        let recovered = read_back(&db);
+        let recovered = read_back(&db, keys);
         checked += check_prefix(
             &recovered,
             steps,
-            &format!("seed {seed}, step {}", steps.len()),
+            &format!("seed {seed}, {keys:?} keys, step {}", steps.len()),
         );
         points += 1;
     });
@@ -554,7 +627,7 @@ fn a_flipped_log_bit_gives_an_error_or_a_prefix_never_a_wrong_state() {
         let dir = tempfile::tempdir().unwrap();
         let devices = Devices::new(seed);
         let db = devices.open(dir.path());
-        let steps = run_workload(&db, seed, 200, |_| {});
+        let steps = run_workload(&db, seed, 200, Keys::Short, |_| {});
         db.persist().unwrap();
         drop(db);
         let mut rng = Rng(seed);
@@ -576,7 +649,7 @@ fn a_flipped_log_bit_gives_an_error_or_a_prefix_never_a_wrong_state() {
                 Ok(db) => {
                     // Damage the reader could not tell from a torn tail: the newest
                     // checkpoint plus any prefix of the log after it.
-                    let recovered = read_back(&db);
+                    let recovered = read_back(&db, Keys::Short);
                     let ok = checkpoint_candidates_all(&steps).into_iter().any(|c| {
                         let cand = candidate(&steps, c);
                         let mut state = cand.base.clone();
@@ -665,7 +738,7 @@ fn crash_during_writes(
 ) -> (State, Vec<u64>, Vec<u64>) {
     let (copy, crashed, floor, ceiling) = crash_copy(db, dir, devices, durable, tried);
     let recovered = crashed.open_with(copy.path(), options()).unwrap();
-    (read_back(&recovered), floor, ceiling)
+    (read_back(&recovered, Keys::Short), floor, ceiling)
 }
 
 /// Single logged and synced tree writes from several threads while background
@@ -816,7 +889,7 @@ fn concurrent_batches_crash_atomically() {
             let (copy, crashed, floor, ceiling) =
                 crash_copy(&db, dir.path(), &devices, &durable, &tried);
             let db = crashed.open_with(copy.path(), options()).unwrap();
-            let state = read_back(&db);
+            let state = read_back(&db, Keys::Short);
             for t in 0..THREADS {
                 let key = format!("thread{t}").into_bytes();
                 let (a, b) = (state[0].get(&key), state[1].get(&key));
@@ -955,7 +1028,7 @@ fn writers_of_one_key_reach_the_log_in_the_order_they_reach_the_index() {
                 h.join().unwrap();
             }
             db.persist().unwrap();
-            let live = read_back(&db);
+            let live = read_back(&db, Keys::Short);
             let copy = tempfile::tempdir().unwrap();
             copy_files(dir.path(), copy.path());
             let recovered_db = devices.crash().open(copy.path());
@@ -965,7 +1038,7 @@ fn writers_of_one_key_reach_the_log_in_the_order_they_reach_the_index() {
                 (round + 1) * THREADS * WRITES,
                 "seed {seed}"
             );
-            let recovered = read_back(&recovered_db);
+            let recovered = read_back(&recovered_db, Keys::Short);
             assert_eq!(
                 recovered[0], live[0],
                 "seed {seed}, round {round}: the replayed log ends some key at a value the \
@@ -1033,10 +1106,10 @@ fn crashing_during_recovery_loses_nothing() {
         db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
         // Two checkpoints at least, so that the damaged newest one has one to fall
         // back to.
-        let mut steps = run_workload(&db, seed, 200, |_| {});
+        let mut steps = run_workload(&db, seed, 200, Keys::Short, |_| {});
         db.checkpoint().unwrap();
         steps.push(Step::Checkpoint { acked: true });
-        steps.extend(run_workload(&db, seed ^ 0x5555, 100, |_| {}));
+        steps.extend(run_workload(&db, seed ^ 0x5555, 100, Keys::Short, |_| {}));
         let crashed = devices.crash();
         drop(db);
         for newest in [Newest::Intact, Newest::Damaged, Newest::Unreadable] {
@@ -1101,7 +1174,7 @@ fn crashing_during_recovery_loses_nothing() {
                     let db = again
                         .open_with(run.path(), options())
                         .unwrap_or_else(|e| panic!("{what}: the next open failed: {e}"));
-                    let recovered = read_back(&db);
+                    let recovered = read_back(&db, Keys::Short);
                     match newest {
                         Newest::Damaged => {
                             // Recovery fell back (or later opens found the newest again

@@ -20,6 +20,12 @@
 //! acknowledged persist), with every failed write in it or not and no batch in part,
 //! and each tree's scan must equal its point reads.
 //!
+//! The campaign runs again with long keys (`Keys::Long`, issue #34): half the keys up to
+//! 4 KiB, many sharing prefixes of up to 3900 bytes, in 16 KiB leaf pages, in the trees
+//! and in the hash store alike, batches mixing them with short ones. By default it arms
+//! each target's operation at a few n only, its fault kinds in turn;
+//! `BFDB_FAULT_EVERY=1` sweeps it as fully as the first.
+//!
 //! Every test prints its seed; replay one with `BFDB_SEED=<seed>`. More seeds:
 //! `BFDB_FAULT_SEEDS=20 cargo test --release --test db_faults`.
 
@@ -29,10 +35,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use bfdb::storage::{LogDevice, SimFault, SimLog, SimOp, SimPages};
-use bfdb::{Db, DbOptions, Durability, Error, HashStoreOptions, WriteBatch};
+use bfdb::{Db, Durability, Error, WriteBatch};
 
 mod common;
-use common::{HASH, KEYS, KEYSPACES, Rng, env_u64, seed};
+use common::{HASH, KEYS, KEYSPACES, Keys, Rng, env_u64, seed};
 
 /// Steps of the workload of one run.
 const OPS: usize = 300;
@@ -40,14 +46,6 @@ const OPS: usize = 300;
 /// The text of a write refused for the database's failure state (`Journal::failure`):
 /// such a write was refused before anything was logged.
 const REFUSED: &str = "the database can no longer make writes durable";
-
-fn hash_options() -> HashStoreOptions {
-    common::small_hash_options()
-}
-
-fn options() -> DbOptions {
-    common::small_sim_options()
-}
 
 // ---------------------------------------------------------------------------------------
 // Panics on any thread
@@ -88,16 +86,20 @@ fn assert_no_panic(what: &str) {
 // Devices and faults
 // ---------------------------------------------------------------------------------------
 
+/// The simulated devices of a database, and the keys its workload writes, which its
+/// options follow.
 struct Devices {
     log: Arc<SimLog>,
     pages: Arc<SimPages>,
+    keys: Keys,
 }
 
 impl Devices {
-    fn new(seed: u64) -> Devices {
+    fn new(seed: u64, keys: Keys) -> Devices {
         Devices {
             log: Arc::new(SimLog::new(seed)),
             pages: Arc::new(SimPages::new(seed)),
+            keys,
         }
     }
 
@@ -105,13 +107,14 @@ impl Devices {
         Devices {
             log: Arc::new(self.log.crash()),
             pages: Arc::new(self.pages.crash()),
+            keys: self.keys,
         }
     }
 
     fn open(&self, dir: &Path) -> bfdb::Result<Db> {
         Db::open_simulated(
             dir,
-            options(),
+            self.keys.sim_options(),
             self.log.clone() as Arc<dyn LogDevice>,
             self.pages.clone(),
         )
@@ -202,10 +205,6 @@ fn fault_kinds() -> Vec<(Target, SimOp, SimFault)> {
 /// A key of the model: keyspace index times `KEYS` plus key number.
 type Slot = usize;
 
-fn key_of(i: u64) -> Vec<u8> {
-    format!("key{i:04}").into_bytes()
-}
-
 fn slot(ks: usize, i: u64) -> Slot {
     ks * KEYS as usize + i as usize
 }
@@ -276,6 +275,7 @@ fn check_error(e: &Error, what: &str) -> bool {
 /// Runs the workload, checking the live invariants after each call.
 struct Run<'a> {
     db: &'a Db,
+    keys: Keys,
     seed: u64,
     what: String,
     live: Live,
@@ -326,11 +326,11 @@ impl Run<'_> {
             }
             let keys: Vec<Vec<u8>> = idx
                 .iter()
-                .map(|&i| key_of((slots[i] % KEYS as usize) as u64))
+                .map(|&i| self.keys.key((slots[i] % KEYS as usize) as u64))
                 .collect();
             let got = if ks == HASH {
                 self.db
-                    .hash_store_with(name, hash_options())
+                    .hash_store_with(name, self.keys.hash_options())
                     .and_then(|h| h.get_many(&keys))
             } else {
                 self.db.tree(name).and_then(|t| t.get_many(&keys))
@@ -443,15 +443,20 @@ impl Run<'_> {
     }
 }
 
-/// Runs `ops` seeded steps on `db` whatever they answer (see the module docs).
-fn run_workload(db: &Db, seed: u64, ops: usize, what: &str) -> (Vec<Step>, Counts) {
+/// Runs `ops` seeded steps of `keys` on `db` whatever they answer (see the module
+/// docs).
+fn run_workload(db: &Db, seed: u64, ops: usize, keys: Keys, what: &str) -> (Vec<Step>, Counts) {
     let trees = [
         db.tree(KEYSPACES[0]).unwrap(),
         db.tree(KEYSPACES[1]).unwrap(),
     ];
-    let hash = db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
+    let hash = db
+        .hash_store_with(KEYSPACES[HASH], keys.hash_options())
+        .unwrap();
+    let key_of = |i: u64| keys.key(i);
     let mut run = Run {
         db,
+        keys,
         seed,
         what: what.to_string(),
         live: vec![vec![None]; SLOTS],
@@ -592,14 +597,17 @@ fn run_workload(db: &Db, seed: u64, ops: usize, what: &str) -> (Vec<Step>, Count
 // Recovery check
 // ---------------------------------------------------------------------------------------
 
-/// Reads every key of the recovered database (trees by full scans checked against point
-/// reads). Faults are cleared, so every read must succeed.
-fn read_back(db: &Db, what: &str) -> Vec<Option<Vec<u8>>> {
+/// Reads every key of the recovered database, whose workload wrote `keys` (trees by full
+/// scans checked against point reads). Faults are cleared, so every read must succeed.
+fn read_back(db: &Db, keys: Keys, what: &str) -> Vec<Option<Vec<u8>>> {
     let mut state = vec![None; SLOTS];
-    let hash = db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
+    let numbers = keys.numbers();
+    let hash = db
+        .hash_store_with(KEYSPACES[HASH], keys.hash_options())
+        .unwrap();
     for i in 0..KEYS {
         state[slot(HASH, i)] = hash
-            .get(&key_of(i))
+            .get(&keys.key(i))
             .unwrap_or_else(|e| panic!("{what}: a recovered read failed: {e}"));
     }
     for (ks, name) in KEYSPACES[..HASH].iter().enumerate() {
@@ -612,12 +620,14 @@ fn read_back(db: &Db, what: &str) -> Vec<Option<Vec<u8>>> {
                 Some(&v),
                 "{what}: scan and get disagree"
             );
-            let i: u64 = std::str::from_utf8(&k[3..]).unwrap().parse().unwrap();
+            let i = *numbers
+                .get(&k)
+                .unwrap_or_else(|| panic!("{what}: the scan yields a key never written"));
             state[slot(ks, i)] = Some(v);
             scanned += 1;
         }
         let got = (0..KEYS)
-            .filter(|&i| tree.get(&key_of(i)).unwrap().is_some())
+            .filter(|&i| tree.get(&keys.key(i)).unwrap().is_some())
             .count();
         assert_eq!(
             got, scanned,
@@ -834,25 +844,26 @@ struct Totals {
     failed_closes: u64,
 }
 
-/// One run: a fresh database, the fault armed once its keyspaces exist, the workload,
-/// close, crash, reopen without faults, check. Answers whether the fault fired.
+/// One run: a fresh database, the fault armed once its keyspaces exist, the workload of
+/// `keys`, close, crash, reopen without faults, check. Answers whether the fault fired.
 fn fault_run(
     seed: u64,
-    target: Target,
-    op: SimOp,
-    fault: SimFault,
+    keys: Keys,
+    (target, op, fault): (Target, SimOp, SimFault),
     n: u64,
     totals: &mut Totals,
 ) -> bool {
-    let what = format!("seed {seed}, {fault:?} {op:?} fault on {target:?} after {n}");
+    let what =
+        format!("seed {seed}, {keys:?} keys, {fault:?} {op:?} fault on {target:?} after {n}");
     let dir = tempfile::tempdir().unwrap();
-    let devices = Devices::new(seed);
+    let devices = Devices::new(seed, keys);
     let db = devices.open(dir.path()).unwrap();
     db.tree(KEYSPACES[0]).unwrap();
     db.tree(KEYSPACES[1]).unwrap();
-    db.hash_store_with(KEYSPACES[HASH], hash_options()).unwrap();
+    db.hash_store_with(KEYSPACES[HASH], keys.hash_options())
+        .unwrap();
     devices.arm(target, op, n, fault);
-    let (steps, counts) = run_workload(&db, seed, OPS, &what);
+    let (steps, counts) = run_workload(&db, seed, OPS, keys, &what);
     let fired = devices.injected() > 0;
     let closed = db.close();
     if let Err(e) = &closed {
@@ -864,7 +875,7 @@ fn fault_run(
     let db = crashed
         .open(dir.path())
         .unwrap_or_else(|e| panic!("{what}: the reopen failed: {e}"));
-    let recovered = read_back(&db, &what);
+    let recovered = read_back(&db, keys, &what);
     totals.replayed += check_recovered(&recovered, &steps, &what) as u64;
     db.close().unwrap();
     assert_no_panic(&what);
@@ -877,34 +888,90 @@ fn fault_run(
     fired
 }
 
-/// The n after `n` to arm a fault at: every n up to 16, then every n in a sweep of
-/// `BFDB_FAULT_EVERY=1`, else a step of an eighth (the long tails of page reads).
-fn next_n(n: u64) -> u64 {
-    if n < 16 || env_u64("BFDB_FAULT_EVERY") == Some(1) {
-        n + 1
-    } else {
-        n + n / 8
+/// How a campaign chooses where to arm its faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sweep {
+    /// Every fault kind at every n up to 16, then at steps of an eighth (every n with
+    /// `BFDB_FAULT_EVERY=1`).
+    Full,
+    /// Each target's operation at n = 0, 1, 3, 7, 15, ... (twice the last and one),
+    /// its fault kinds in turn; a full sweep with `BFDB_FAULT_EVERY=1`.
+    Sparse,
+}
+
+impl Sweep {
+    /// The sweep `self` asks for, full if `BFDB_FAULT_EVERY=1` asks for every n.
+    fn chosen(self) -> Sweep {
+        match env_u64("BFDB_FAULT_EVERY") {
+            Some(1) => Sweep::Full,
+            _ => self,
+        }
+    }
+
+    /// The n after `n` to arm a fault at: every n up to 16, then every n in a sweep of
+    /// `BFDB_FAULT_EVERY=1`, else a step of an eighth (the long tails of page reads);
+    /// or in a sparse sweep twice `n` and one.
+    fn next_n(self, n: u64) -> u64 {
+        match self {
+            Sweep::Sparse => 2 * n + 1,
+            Sweep::Full if n < 16 || env_u64("BFDB_FAULT_EVERY") == Some(1) => n + 1,
+            Sweep::Full => n + n / 8,
+        }
+    }
+
+    /// Each (target, operation, fault kinds) to sweep, with the kinds to take in turn:
+    /// one run of n per kind in a full sweep, one per target and operation in a sparse
+    /// one.
+    fn kinds(self) -> Vec<Vec<(Target, SimOp, SimFault)>> {
+        let kinds = fault_kinds();
+        match self {
+            Sweep::Full => kinds.into_iter().map(|k| vec![k]).collect(),
+            Sweep::Sparse => {
+                let mut grouped: Vec<Vec<(Target, SimOp, SimFault)>> = Vec::new();
+                for k in kinds {
+                    match grouped.last_mut() {
+                        Some(g) if (g[0].0 as u8, g[0].1) == (k.0 as u8, k.1) => g.push(k),
+                        _ => grouped.push(vec![k]),
+                    }
+                }
+                grouped
+            }
+        }
     }
 }
 
 #[test]
 fn faults_at_every_call_lose_no_acknowledged_write_and_show_no_half_batch() {
+    faults_at_every_call("faults_at_every_call", Keys::Short, Sweep::Full);
+}
+
+#[test]
+fn faults_with_long_keys_lose_no_acknowledged_write_and_show_no_half_batch() {
+    faults_at_every_call("faults_with_long_keys", Keys::Long, Sweep::Sparse);
+}
+
+/// The campaign of faults armed in the workload of `keys`, at the calls `sweep` picks.
+fn faults_at_every_call(test: &str, keys: Keys, sweep: Sweep) {
     count_panics();
+    let sweep = sweep.chosen();
     let mut totals = Totals::default();
     let mut per_kind = Vec::new();
-    for seed in seeds("faults_at_every_call") {
-        for (target, op, fault) in fault_kinds() {
+    for seed in seeds(test) {
+        for kinds in sweep.kinds() {
             let mut n = 0;
             let mut points = 0;
-            while fault_run(seed, target, op, fault, n, &mut totals) {
+            while fault_run(seed, keys, kinds[points % kinds.len()], n, &mut totals) {
                 points += 1;
-                n = next_n(n);
+                n = sweep.next_n(n);
             }
-            per_kind.push(format!("{fault:?} {op:?} {target:?}: {points}"));
+            let (target, op, _) = kinds[0];
+            let faults: Vec<String> = kinds.iter().map(|k| format!("{:?}", k.2)).collect();
+            per_kind.push(format!("{} {op:?} {target:?}: {points}", faults.join("/")));
         }
     }
     eprintln!(
-        "faults at every call: {} runs ({} with the fault fired: {}), {} calls, {} errors \
+        "faults at every call ({keys:?} keys, {sweep:?} sweep): {} runs ({} with the fault \
+         fired: {}), {} calls, {} errors \
          ({} refused for the failure state), {} batches checked whole or absent, {} closes \
          that failed, {} writes replayed and checked, 0 lost, 0 panics",
         totals.points,
@@ -917,8 +984,12 @@ fn faults_at_every_call_lose_no_acknowledged_write_and_show_no_half_batch() {
         totals.failed_closes,
         totals.replayed
     );
+    let least = match sweep {
+        Sweep::Full => 50,
+        Sweep::Sparse => 30,
+    };
     assert!(
-        totals.fired > 50,
+        totals.fired > least,
         "faults fired in {} runs only",
         totals.fired
     );
@@ -931,20 +1002,36 @@ fn faults_at_every_call_lose_no_acknowledged_write_and_show_no_half_batch() {
 /// recover it too.
 #[test]
 fn faults_during_an_open_fail_it_or_leave_it_whole() {
+    faults_during_an_open("faults_during_an_open", Keys::Short, Sweep::Full);
+}
+
+#[test]
+fn faults_during_an_open_with_long_keys_fail_it_or_leave_it_whole() {
+    faults_during_an_open("faults_during_an_open_long_keys", Keys::Long, Sweep::Sparse);
+}
+
+/// Faults armed while a crashed database of `keys` is opened, at the calls `sweep`
+/// picks.
+fn faults_during_an_open(test: &str, keys: Keys, sweep: Sweep) {
     count_panics();
+    let sweep = sweep.chosen();
     let (mut points, mut refused, mut opened) = (0u64, 0u64, 0u64);
-    for seed in seeds("faults_during_an_open") {
+    for seed in seeds(test) {
         let dir = tempfile::tempdir().unwrap();
-        let devices = Devices::new(seed);
+        let devices = Devices::new(seed, keys);
         let db = devices.open(dir.path()).unwrap();
-        let (steps, _) = run_workload(&db, seed, OPS, &format!("seed {seed}"));
+        let (steps, _) = run_workload(&db, seed, OPS, keys, &format!("seed {seed}"));
         let crashed = devices.crash();
         drop(db);
-        for (target, op, fault) in fault_kinds() {
+        for kinds in sweep.kinds() {
             let mut n = 0;
+            let mut tries = 0;
             loop {
+                let (target, op, fault) = kinds[tries % kinds.len()];
+                tries += 1;
                 let what = format!(
-                    "seed {seed}, open with a {fault:?} {op:?} fault on {target:?} after {n}"
+                    "seed {seed}, {keys:?} keys, open with a {fault:?} {op:?} fault on \
+                     {target:?} after {n}"
                 );
                 let run = tempfile::tempdir().unwrap();
                 copy_files(dir.path(), run.path());
@@ -957,10 +1044,10 @@ fn faults_during_an_open_fail_it_or_leave_it_whole() {
                         // What the open answered must be right, if it can be read.
                         let readable = db
                             .tree(KEYSPACES[0])
-                            .and_then(|t| t.get(b"key0000"))
+                            .and_then(|t| t.get(&keys.key(0)))
                             .is_ok();
                         if readable && d.injected() == 0 {
-                            check_recovered(&read_back(&db, &what), &steps, &what);
+                            check_recovered(&read_back(&db, keys, &what), &steps, &what);
                         }
                         if let Err(e) = db.close() {
                             check_error(&e, &format!("{what}: close"));
@@ -976,19 +1063,20 @@ fn faults_during_an_open_fail_it_or_leave_it_whole() {
                 let db = again
                     .open(run.path())
                     .unwrap_or_else(|e| panic!("{what}: the next open failed: {e}"));
-                check_recovered(&read_back(&db, &what), &steps, &what);
+                check_recovered(&read_back(&db, keys, &what), &steps, &what);
                 db.close().unwrap();
                 assert_no_panic(&what);
                 points += 1;
                 if !fired || n >= 400 {
                     break;
                 }
-                n = next_n(n);
+                n = sweep.next_n(n);
             }
         }
     }
     eprintln!(
-        "faults during an open: {points} opens with a fault armed, {refused} refused, \
+        "faults during an open ({keys:?} keys, {sweep:?} sweep): {points} opens with a fault \
+         armed, {refused} refused, \
          {opened} opened; every next open recovered every durable write, 0 panics"
     );
 }

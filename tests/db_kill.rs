@@ -46,8 +46,13 @@
 //!
 //! What a recovery found becomes the starting point of the next run's checks.
 //!
-//! `cargo test --test db_kill` kills 12 children (CI runs this); `BFDB_KILLS` sets the
-//! number. The long run, 200 kills:
+//! A second run, on a database of 16 KiB leaf pages and a key limit of 4 KiB, gives a
+//! third of its writes long keys (issue #34): slots of their own whose keys are up to
+//! 4 KiB long, most sharing prefixes of 1000 to 3900 bytes (so the trees' fences and
+//! separators are that long), in every keyspace, batches mixing them with short ones.
+//!
+//! `cargo test --test db_kill` kills 12 children, and 8 in the run of long keys (CI runs
+//! this); `BFDB_KILLS` sets the number of both. The long run, 200 kills:
 //!
 //! ```text
 //! BFDB_KILLS=200 cargo test --release --test db_kill -- --nocapture
@@ -81,6 +86,8 @@ use common::{Rng, env_u64, mix};
 const CHILD_DIR: &str = "BFDB_KILL_CHILD_DIR";
 const CHILD_RUN: &str = "BFDB_KILL_CHILD_RUN";
 const CHILD_SEED: &str = "BFDB_KILL_CHILD_SEED";
+/// Set (to 1) for the child of the run of long keys.
+const CHILD_LONG_KEYS: &str = "BFDB_KILL_CHILD_LONG_KEYS";
 
 /// Starts the child's report lines; the test harness prints lines of its own.
 const MARK: &str = "@@bfdb-kill ";
@@ -95,21 +102,37 @@ const HASH: usize = 2;
 const SLOTS: u64 = 2048;
 const HOT_SLOTS: u64 = 32;
 
-/// Kills when `BFDB_KILLS` is not set.
+/// Kills when `BFDB_KILLS` is not set, in the first run and in the run of long keys.
 const DEFAULT_KILLS: u64 = 12;
+const DEFAULT_LONG_KEY_KILLS: u64 = 8;
+
+/// The slots of long keys: `LONG_SLOTS` of them from `LONG_SLOTS_FROM` on (the hot ones
+/// first), which only the run of long keys writes.
+const LONG_SLOTS_FROM: u64 = 1 << 20;
+const LONG_SLOTS: u64 = 512;
 
 /// How long the parent waits for a child to open the database before it calls the
 /// child hung (a guard against hanging the test, not a check of speed).
 const HANG_GUARD: Duration = Duration::from_secs(300);
 
-/// The options of both processes.
-fn options() -> DbOptions {
+/// The options of both processes; with `long_keys`, 16 KiB leaf pages and keys up to
+/// 4 KiB.
+fn options(long_keys: bool) -> DbOptions {
+    let config = Config {
+        memory_budget_bytes: 1 << 20,
+        huge_pages: false,
+        ..Config::default()
+    };
+    let config = match long_keys {
+        false => config,
+        true => Config {
+            max_key_bytes: common::LONG_KEY_MAX_BYTES,
+            leaf_page_size_bytes: common::LONG_KEY_LEAF_PAGE_BYTES,
+            ..config
+        },
+    };
     DbOptions::default()
-        .config(Config {
-            memory_budget_bytes: 1 << 20,
-            huge_pages: false,
-            ..Config::default()
-        })
+        .config(config)
         .log_segment_bytes(128 << 10)
         // Checkpoints often, so that kills land in them too.
         .checkpoint_log_bytes(512 << 10)
@@ -117,13 +140,14 @@ fn options() -> DbOptions {
 }
 
 /// The hash keyspace's options: a few hundred KiB of memory and about a MiB of disk, so
-/// that its hot log flushes and both compactions run while the children write.
-fn hash_options() -> HashStoreOptions {
+/// that its hot log flushes and both compactions run while the children write (with
+/// `long_keys`, 4 MiB of cold log: its keys take a MiB more).
+fn hash_options(long_keys: bool) -> HashStoreOptions {
     HashStoreOptions::default()
         .memory_bytes(256 << 10)
         .expected_keys(4 * SLOTS)
         .hot_log_disk_bytes(256 << 10)
-        .cold_log_disk_bytes(1 << 20)
+        .cold_log_disk_bytes(if long_keys { 4 << 20 } else { 1 << 20 })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -162,12 +186,29 @@ type Key = (usize, Vec<u8>);
 /// What a recovery left under each key: its value, or `None` if absent.
 type Found = BTreeMap<Key, Option<Vec<u8>>>;
 
+/// The key of `slot`: `key` and five digits, or from `LONG_SLOTS_FROM` on a long key
+/// (`common::long_named_key`) that holds its name `key` and seven digits.
 fn key_of(slot: u64) -> Vec<u8> {
-    format!("key{slot:05}").into_bytes()
+    if slot < LONG_SLOTS_FROM {
+        format!("key{slot:05}").into_bytes()
+    } else {
+        common::long_named_key(format!("key{slot:07}").as_bytes(), mix(slot))
+    }
 }
 
 fn show_key(key: &Key) -> String {
-    format!("{}/{}", KEYSPACES[key.0], String::from_utf8_lossy(&key.1))
+    let bytes = &key.1;
+    if bytes.len() <= 16 {
+        return format!("{}/{}", KEYSPACES[key.0], String::from_utf8_lossy(bytes));
+    }
+    // A long key: its name, after the prefix of its family.
+    let at = bytes.windows(3).position(|w| w == b"key").unwrap_or(0);
+    let name = String::from_utf8_lossy(&bytes[at..(at + 10).min(bytes.len())]);
+    format!(
+        "{}/{name} (a {}-byte key, its name at {at})",
+        KEYSPACES[key.0],
+        bytes.len()
+    )
 }
 
 /// The value write `id` stores, `len` bytes long (or its header, if longer):
@@ -416,7 +457,8 @@ fn child_process_entry() {
     };
     let run = env_u64(CHILD_RUN).expect("BFDB_KILL_CHILD_RUN: the run number");
     let seed = env_u64(CHILD_SEED).expect("BFDB_KILL_CHILD_SEED: the child's seed");
-    run_child(Path::new(&dir), run, seed);
+    let long_keys = env_u64(CHILD_LONG_KEYS) == Some(1);
+    run_child(Path::new(&dir), run, seed, long_keys);
 }
 
 /// The child's stdout: each report one whole line in one `write(2)` (a pipe write of
@@ -445,9 +487,9 @@ impl Reporter {
     }
 }
 
-fn run_child(dir: &Path, run: u64, seed: u64) -> ! {
+fn run_child(dir: &Path, run: u64, seed: u64, long_keys: bool) -> ! {
     let out = Arc::new(Reporter(Mutex::new(())));
-    let db = Db::open(dir, options()).unwrap_or_else(|e| out.fail(&format!("open: {e}")));
+    let db = Db::open(dir, options(long_keys)).unwrap_or_else(|e| out.fail(&format!("open: {e}")));
     let db = Arc::new(db);
     let trees: Vec<Arc<Tree>> = KEYSPACES[..HASH]
         .iter()
@@ -457,9 +499,13 @@ fn run_child(dir: &Path, run: u64, seed: u64) -> ! {
         })
         .collect();
     let hash = db
-        .hash_store_with(KEYSPACES[HASH], hash_options())
+        .hash_store_with(KEYSPACES[HASH], hash_options(long_keys))
         .unwrap_or_else(|e| out.fail(&format!("keyspace {}: {e}", KEYSPACES[HASH])));
-    let keyspaces = Arc::new(ChildKeyspaces { trees, hash });
+    let keyspaces = Arc::new(ChildKeyspaces {
+        trees,
+        hash,
+        long_keys,
+    });
     out.say("ready");
     let threads = 2 + seed % 3;
     let writers: Vec<_> = (0..threads)
@@ -483,12 +529,17 @@ fn run_child(dir: &Path, run: u64, seed: u64) -> ! {
     out.fail("a writer thread ended")
 }
 
-/// A key slot: half the time one of the hot ones.
-fn pick_slot(rng: &mut Rng) -> u64 {
+/// A key slot: half the time one of the hot ones; with `long_keys`, one in three a
+/// slot of a long key.
+fn pick_slot(rng: &mut Rng, long_keys: bool) -> u64 {
+    let (from, slots) = match long_keys && rng.below(3) == 0 {
+        true => (LONG_SLOTS_FROM, LONG_SLOTS),
+        false => (0, SLOTS),
+    };
     if rng.below(2) == 0 {
-        rng.below(HOT_SLOTS)
+        from + rng.below(HOT_SLOTS)
     } else {
-        rng.below(SLOTS)
+        from + rng.below(slots)
     }
 }
 
@@ -497,6 +548,8 @@ struct ChildKeyspaces {
     /// The trees, in the order of [`KEYSPACES`].
     trees: Vec<Arc<Tree>>,
     hash: Arc<HashStore>,
+    /// Whether a third of the writes take long keys.
+    long_keys: bool,
 }
 
 /// One writer thread of the child: reports each write, issues it at `Synced`, reports
@@ -510,6 +563,7 @@ fn child_writer(
     seed: u64,
 ) -> ! {
     let mut rng = Rng(mix(seed ^ mix(thread + 1)));
+    let long_keys = ks.long_keys;
     let mut counter = 0;
     loop {
         let id = WriteId {
@@ -537,16 +591,16 @@ fn child_writer(
                 let ks = rng.below(KEYSPACES.len() as u64) as usize;
                 Write::Put {
                     ks,
-                    slot: pick_slot(&mut rng),
+                    slot: pick_slot(&mut rng, long_keys),
                     len: if ks == HASH { short } else { long },
                 }
             }
             55..67 => Write::Delete {
                 ks: rng.below(KEYSPACES.len() as u64) as usize,
-                slot: pick_slot(&mut rng),
+                slot: pick_slot(&mut rng, long_keys),
             },
             67..77 => Write::Rmw {
-                slot: pick_slot(&mut rng),
+                slot: pick_slot(&mut rng, long_keys),
                 len: short,
             },
             // Both trees, or a tree and the hash keyspace (either first).
@@ -559,7 +613,10 @@ fn child_writer(
                 };
                 Write::Batch {
                     ks,
-                    slots: [pick_slot(&mut rng), pick_slot(&mut rng)],
+                    slots: [
+                        pick_slot(&mut rng, long_keys),
+                        pick_slot(&mut rng, long_keys),
+                    ],
                     len: if ks.contains(&HASH) { short } else { long },
                 }
             }
@@ -686,6 +743,7 @@ fn run_child_until_killed(
     dir: &Path,
     run: u64,
     seed: u64,
+    long_keys: bool,
     at: KillAt,
 ) -> Result<KilledChild, String> {
     let exe = std::env::current_exe().expect("the path of this test binary");
@@ -700,6 +758,7 @@ fn run_child_until_killed(
         .env(CHILD_DIR, dir)
         .env(CHILD_RUN, run.to_string())
         .env(CHILD_SEED, seed.to_string())
+        .env(CHILD_LONG_KEYS, u8::from(long_keys).to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -989,6 +1048,8 @@ struct RunCounts {
     acked_rmws: u64,
     acked_batches: u64,
     acked_hash: u64,
+    /// Acknowledged writes of a long key (a batch counts once).
+    acked_long: u64,
     /// Puts and batches tried and not acknowledged, and how many of them recovery kept.
     in_flight: u64,
     in_flight_kept: u64,
@@ -1039,6 +1100,9 @@ fn check_run(model: &Model, log: &RunLog, found: &Found) -> (Vec<Violation>, Run
         if tried.acked_at.is_some() && keys.iter().any(|k| k.0 == HASH) {
             counts.acked_hash += 1;
         }
+        if tried.acked_at.is_some() && keys.iter().any(|k| k.1.len() > 16) {
+            counts.acked_long += 1;
+        }
         let shows: Vec<bool> = keys
             .iter()
             .map(|k| {
@@ -1075,16 +1139,20 @@ fn check_run(model: &Model, log: &RunLog, found: &Found) -> (Vec<Violation>, Run
     (violations, counts)
 }
 
-/// Reads every key of `keys` from the reopened database, and scans the tree
-/// keyspaces: what it found, the scans' disagreements with it, and the trees'
-/// evictions.
-fn read_back(db: &Db, keys: &BTreeSet<Key>) -> Result<(Found, Vec<Violation>, u64), String> {
+/// Reads every key of `keys` from the reopened database (of the run of long keys, with
+/// `long_keys`), and scans the tree keyspaces: what it found, the scans' disagreements
+/// with it, and the trees' evictions.
+fn read_back(
+    db: &Db,
+    keys: &BTreeSet<Key>,
+    long_keys: bool,
+) -> Result<(Found, Vec<Violation>, u64), String> {
     let mut trees = Vec::new();
     for name in &KEYSPACES[..HASH] {
         trees.push(db.tree(name).map_err(|e| format!("keyspace {name}: {e}"))?);
     }
     let hash = db
-        .hash_store_with(KEYSPACES[HASH], hash_options())
+        .hash_store_with(KEYSPACES[HASH], hash_options(long_keys))
         .map_err(|e| format!("keyspace {}: {e}", KEYSPACES[HASH]))?;
     let mut violations = Vec::new();
     if db.keyspaces() != KEYSPACES {
@@ -1172,6 +1240,8 @@ struct Totals {
     acked_batches: u64,
     /// Acknowledged writes of the hash keyspace (a batch counts once).
     acked_hash: u64,
+    /// Acknowledged writes of a long key (a batch counts once).
+    acked_long: u64,
     in_flight: u64,
     in_flight_kept: u64,
     /// What the children's hash keyspaces did, as each reported last before its kill.
@@ -1203,10 +1273,12 @@ struct RunFailure {
     lines: Vec<String>,
 }
 
-/// One run: start a child, kill it, recover, check, and move `model` on.
+/// One run: start a child (writing long keys too, with `long_keys`), kill it, recover,
+/// check, and move `model` on.
 fn kill_and_check(
     dir: &Path,
     run: u64,
+    long_keys: bool,
     rng: &mut Rng,
     model: &mut Model,
     totals: &mut Totals,
@@ -1221,7 +1293,8 @@ fn kill_and_check(
         message,
         lines: lines.to_vec(),
     };
-    let child = run_child_until_killed(dir, run, child_seed, at).map_err(|m| fail(&[], m))?;
+    let child =
+        run_child_until_killed(dir, run, child_seed, long_keys, at).map_err(|m| fail(&[], m))?;
     let lines = &child.lines;
     totals.kills += 1;
     if let Some(partial) = &child.partial
@@ -1235,10 +1308,11 @@ fn kill_and_check(
     }
     model.touched.extend(log.by_key.keys().cloned());
 
-    let db = Db::open(dir, options()).map_err(|e| fail(lines, format!("reopening: {e}")))?;
+    let db =
+        Db::open(dir, options(long_keys)).map_err(|e| fail(lines, format!("reopening: {e}")))?;
     let recovery = db.recovery().clone();
     let (found, mut violations, evictions) =
-        read_back(&db, &model.touched).map_err(|m| fail(lines, m))?;
+        read_back(&db, &model.touched, long_keys).map_err(|m| fail(lines, m))?;
     // The directory must be free for the next child.
     drop(db);
 
@@ -1271,6 +1345,7 @@ fn kill_and_check(
     totals.acked_rmws += counts.acked_rmws;
     totals.acked_batches += counts.acked_batches;
     totals.acked_hash += counts.acked_hash;
+    totals.acked_long += counts.acked_long;
     totals.hash.add(&log.hash);
     totals.in_flight += counts.in_flight;
     totals.in_flight_kept += counts.in_flight_kept;
@@ -1307,20 +1382,41 @@ fn log_segments(dir: &Path) -> (usize, usize) {
 /// leave no garbage (see the module docs).
 #[test]
 fn sigkilled_writers_lose_no_acknowledged_write() {
-    let kills = env_u64("BFDB_KILLS").unwrap_or(DEFAULT_KILLS);
-    let seed = common::seed("db_kill");
+    kill_campaign("db_kill", false, DEFAULT_KILLS);
+}
+
+/// The same with 16 KiB leaf pages, a third of the writes to keys of up to 4 KiB
+/// (issue #34).
+#[test]
+fn sigkilled_writers_of_long_keys_lose_no_acknowledged_write() {
+    kill_campaign("db_kill_long_keys", true, DEFAULT_LONG_KEY_KILLS);
+}
+
+/// Kills children one after the other on one database (with `long_keys`, of long keys
+/// too), `BFDB_KILLS` times or `default_kills`, and checks each recovery.
+fn kill_campaign(test: &str, long_keys: bool, default_kills: u64) {
+    let kills = env_u64("BFDB_KILLS").unwrap_or(default_kills);
+    let seed = common::seed(test);
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().expect("a temporary directory");
     let started = Instant::now();
     let mut model = Model::default();
     let mut totals = Totals::default();
     for run in 0..kills {
-        if let Err(failure) = kill_and_check(dir.path(), run, &mut rng, &mut model, &mut totals) {
+        let done = kill_and_check(
+            dir.path(),
+            run,
+            long_keys,
+            &mut rng,
+            &mut model,
+            &mut totals,
+        );
+        if let Err(failure) = done {
             let kept = dir.keep();
             let reports = kept.join(format!("child-run-{run}.txt"));
             let _ = std::fs::write(&reports, failure.lines.join("\n"));
             panic!(
-                "db_kill (seed {seed}): {}\nthe database directory is kept at {} and the \
+                "{test} (seed {seed}): {}\nthe database directory is kept at {} and the \
                  child's reports in {}\ntotals so far: {totals:?}",
                 failure.message,
                 kept.display(),
@@ -1331,9 +1427,9 @@ fn sigkilled_writers_lose_no_acknowledged_write() {
     let (segments, headerless) = log_segments(dir.path());
     let acked = totals.acked();
     println!(
-        "db_kill: {} kills ({} before the child reported the database open) in {:.1?}; \
+        "{test}: {} kills ({} before the child reported the database open) in {:.1?}; \
          {acked} acknowledged writes checked ({} puts, {} deletes, {} read-modify-writes, \
-         {} batches; {} of them wrote the hash keyspace), {} lost; \
+         {} batches; {} of them wrote the hash keyspace, {} a long key), {} lost; \
          {} puts, read-modify-writes and batches in flight at a kill, {} of them recovered; \
          {} kills tore the log's tail (the last recovery discarded {} bytes, {} records); \
          the parent's recoveries took {:.1?}, the last {:.1?} for {} log records, and its \
@@ -1349,6 +1445,7 @@ fn sigkilled_writers_lose_no_acknowledged_write() {
         totals.acked_rmws,
         totals.acked_batches,
         totals.acked_hash,
+        totals.acked_long,
         totals.losses,
         totals.in_flight,
         totals.in_flight_kept,
@@ -1373,6 +1470,12 @@ fn sigkilled_writers_lose_no_acknowledged_write() {
     assert!(
         totals.acked_hash > 0,
         "no write of the hash keyspace was acknowledged in {kills} runs"
+    );
+    assert_eq!(
+        totals.acked_long > 0,
+        long_keys,
+        "{} writes of long keys acknowledged in {kills} runs",
+        totals.acked_long
     );
 }
 

@@ -20,6 +20,12 @@
 //! `max_value_bytes` says, and change nothing. Value lengths are drawn on both sides of
 //! the inline limit, exactly at it and one past, at the value store's block and chunk
 //! edges, and at the longest accepted value and one past.
+//!
+//! Three inputs in eight pick a long-key configuration instead (issue #34): leaf pages
+//! of 16 or 32 KiB and a key limit of 2 to 4 KiB, with budgets scaled to the leaf size.
+//! Keys are then drawn up to the limit (and one past), and two of the key families
+//! share prefixes of half and seven eighths of the limit, so that fences and
+//! separators are kilobytes long and inner nodes hold only a few.
 
 #![no_main]
 
@@ -36,10 +42,22 @@ use libfuzzer_sys::fuzz_target;
 /// Memory budgets to pick from: all small, so eviction runs all the time.
 const BUDGETS_BYTES: [u64; 4] = [64 << 10, 96 << 10, 128 << 10, 256 << 10];
 
-/// `(max_key_bytes, max_inline_value_bytes)` pairs the config accepts; small limits make
-/// nodes split early, large ones put few records in a page. In a database only the key
-/// limit is taken from here.
+/// `(max_key_bytes, max_inline_value_bytes)` pairs the config accepts with 4 KiB leaf
+/// pages; small limits make nodes split early, large ones put few records in a page. In
+/// a database only the key limit is taken from here.
 const LIMITS: [(usize, usize); 5] = [(16, 64), (64, 256), (128, 1024), (512, 2048), (1000, 1000)];
+
+/// `(max_key_bytes, max_inline_value_bytes, leaf_page_size_bytes)` of the long-key
+/// configurations: keys of 4 KiB with small inline values and with the most 16 KiB
+/// leaf pages hold, and the same in 32 KiB pages. In a database only the key limit and
+/// the leaf page size are taken from here.
+const LONG_KEY_LIMITS: [(usize, usize, usize); 5] = [
+    (4096, 256, 16384),
+    (4096, 3992, 16384),
+    (2048, 1024, 16384),
+    (4096, 2048, 32768),
+    (3000, 12000, 32768),
+];
 
 /// `max_value_bytes` above the inline limit to pick from: a few blocks of the value
 /// store (4 KiB), one chunk (64 KiB), one byte past it (a chunk table), and three chunks
@@ -83,11 +101,13 @@ struct Input {
 /// Where the tree lives.
 #[derive(Arbitrary, Debug)]
 enum Home {
-    /// On its own, with the key and inline value limits of [`LIMITS`] and a
-    /// `max_value_bytes` equal to the inline limit (`max_value` 0) or one of
-    /// [`VALUE_LIMITS_BYTES`]: it accepts no longer value either way.
+    /// On its own, with the key and inline value limits of [`LIMITS`] (or
+    /// [`LONG_KEY_LIMITS`]) and a `max_value_bytes` equal to the inline limit
+    /// (`max_value` 0) or one of [`VALUE_LIMITS_BYTES`] (at least the inline limit): it
+    /// accepts no longer value either way.
     Alone { max_value: u8 },
-    /// A keyspace of a database, with the key limit of [`LIMITS`], an inline limit of
+    /// A keyspace of a database, with the key limit (and leaf page size) of [`LIMITS`]
+    /// or [`LONG_KEY_LIMITS`], an inline limit of
     /// `16 + inline % 241` bytes and a `max_value_bytes` of [`VALUE_LIMITS_BYTES`].
     InDb { inline: u8, max_value: u8 },
 }
@@ -202,15 +222,28 @@ enum Op {
 }
 
 fn spec_key(family: u8, id: u16, pad: u8, max_key_bytes: usize) -> Vec<u8> {
-    let mut key: Vec<u8> = match family % 4 {
+    let mut key: Vec<u8> = match family % 6 {
         0 => Vec::new(),
         1 => b"user:".to_vec(),
         2 => vec![b'p'; 32],
-        _ => vec![0xff; 3],
+        3 => vec![0xff; 3],
+        // Prefixes of a good part of the limit, which every key of the family shares:
+        // separators and fences between them are as long (kilobytes under long-key
+        // limits).
+        4 => vec![b'L'; max_key_bytes - max_key_bytes / 8],
+        _ => vec![b'M'; max_key_bytes / 2],
     };
     key.extend_from_slice(&id.to_be_bytes());
-    // Padding up to one byte past the limit, so over-long keys appear now and then.
-    let pad_len = usize::from(pad) % (max_key_bytes + 2);
+    // Padding up to one byte past the limit, so over-long keys appear now and then:
+    // exactly to the limit and one past it, and otherwise any length up to one past a
+    // limit below 254 or spread over the room a longer limit leaves.
+    let room = max_key_bytes.saturating_sub(key.len());
+    let pad_len = match pad {
+        255 => room + 1,
+        254 => room,
+        _ if max_key_bytes < 254 => usize::from(pad) % (max_key_bytes + 2),
+        _ => usize::from(pad) * room / 253,
+    };
     key.extend(std::iter::repeat_n(b'.', pad_len));
     key
 }
@@ -800,13 +833,21 @@ impl Harness {
 }
 
 fuzz_target!(|input: Input| {
-    let (max_key_bytes, limit_bytes) = LIMITS[usize::from(input.limits) % LIMITS.len()];
+    // Three inputs in eight take a long-key configuration.
+    let (max_key_bytes, limit_bytes, leaf_page_bytes) = match input.limits % 8 {
+        0..5 => {
+            let (key, inline) = LIMITS[usize::from(input.limits / 8) % LIMITS.len()];
+            (key, inline, 4096)
+        }
+        _ => LONG_KEY_LIMITS[usize::from(input.limits / 8) % LONG_KEY_LIMITS.len()],
+    };
     let pick_max_value = |n: u8| VALUE_LIMITS_BYTES[usize::from(n) % VALUE_LIMITS_BYTES.len()];
     let (in_db, inline_bytes, max_value_bytes) = match input.home {
         Home::Alone { max_value } => {
             match usize::from(max_value) % (VALUE_LIMITS_BYTES.len() + 1) {
                 0 => (false, limit_bytes, limit_bytes),
-                n => (false, limit_bytes, VALUE_LIMITS_BYTES[n - 1]),
+                // (At least the inline limit, which may be above the smallest.)
+                n => (false, limit_bytes, VALUE_LIMITS_BYTES[n - 1].max(limit_bytes)),
             }
         }
         Home::InDb { inline, max_value } => (
@@ -822,7 +863,10 @@ fuzz_target!(|input: Input| {
         accepted_bytes: if in_db { max_value_bytes } else { inline_bytes },
     };
     let config = Config {
-        memory_budget_bytes: BUDGETS_BYTES[usize::from(input.budget) % BUDGETS_BYTES.len()],
+        // Budgets in proportion to the leaf page: as many mini-pages of a whole leaf.
+        memory_budget_bytes: BUDGETS_BYTES[usize::from(input.budget) % BUDGETS_BYTES.len()]
+            * (leaf_page_bytes / 4096) as u64,
+        leaf_page_size_bytes: leaf_page_bytes,
         promotion_rate_percent: input.promotion_rate_percent % 101,
         scan_promotion_rate_percent: input.scan_promotion_rate_percent % 101,
         copy_on_access_percent: input.copy_on_access_percent % 101,
@@ -939,7 +983,12 @@ fuzz_target!(|input: Input| {
                 reverse,
             } => {
                 let mut p = h.key(prefix);
-                p.truncate(usize::from(*cut));
+                // A cut anywhere in a long key, too.
+                let cut = match p.len() {
+                    0..256 => usize::from(*cut),
+                    len => usize::from(*cut) * len / 255,
+                };
+                p.truncate(cut);
                 h.prefix(&p, *reverse);
             }
             Op::Flush => h.tree().flush().unwrap_or_else(|e| panic!("flush: {e}")),
@@ -957,7 +1006,11 @@ fuzz_target!(|input: Input| {
     if std::env::var_os("BFDB_FUZZ_STATS").is_some() {
         // For judging a corpus: did its inputs reach splits, merges and evictions, and
         // values kept out of line?
-        eprintln!("BFDB_FUZZ_STATS {limits:?} {:?}", h.tree().stats());
+        eprintln!(
+            "BFDB_FUZZ_STATS {limits:?}, leaf pages of {} bytes, {:?}",
+            h.tree().config().leaf_page_size_bytes,
+            h.tree().stats()
+        );
         if let Some(database) = &h.database {
             let s = database.db().stats();
             eprintln!(

@@ -13,8 +13,10 @@
 //!           largest key and value a write may have had (u32, u32): the options'
 //!             limits when written, never lowered
 //!           keyspace count (u32)
-//!           per keyspace: id (u32), kind (u8: 1 = tree, 2, 3 or 4 = hash store), name
-//!                         length (u16), name (UTF-8), and for a hash store its layout:
+//!           per keyspace, in name order (bytewise): id (u32), kind (u8: 1 = tree of 4 KiB leaf pages, 5 = tree
+//!                         of larger ones, 2, 3 or 4 = hash store), name length (u16),
+//!                         name (UTF-8); for kind 5 the 4 KiB pages per leaf (u8: 2, 4
+//!                         or 8); and for a hash store its layout:
 //!                         memory bytes, expected keys, hot and cold log disk bytes
 //!                         (u64 each), compaction threads (u16), log2 of the page size
 //!                         of the hot, cold and chunk logs (u8 each); kind 3 then has
@@ -47,6 +49,7 @@
 #![deny(clippy::indexing_slicing)]
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -253,11 +256,13 @@ impl Manifest {
             let kind = match code {
                 1 => KeyspaceKind::Tree { leaf_pages: 1 },
                 5 => {
+                    // One page per leaf is kind 1: every build writes it so, and a
+                    // manifest decodes to what encodes back to its bytes.
                     let leaf_pages = r.u8().ok_or_else(truncated)?;
-                    if ![1, 2, 4, 8].contains(&leaf_pages) {
+                    if ![2, 4, 8].contains(&leaf_pages) {
                         return Err(format!(
-                            "keyspace {name:?} has leaf pages of {leaf_pages} pages; 1, 2, 4 \
-                             or 8 are known"
+                            "keyspace {name:?} of kind 5 has leaf pages of {leaf_pages} pages; \
+                             2, 4 or 8 are known (a tree of one-page leaves is kind 1)"
                         ));
                     }
                     KeyspaceKind::Tree { leaf_pages }
@@ -311,6 +316,15 @@ impl Manifest {
                 .is_some()
             {
                 return Err(format!("keyspace name {name:?} appears twice"));
+            }
+            // Every build writes the keyspaces in name order (the map's): a manifest
+            // decodes only as it encodes.
+            if keyspaces
+                .range::<str, _>((Bound::Excluded(name), Bound::Unbounded))
+                .next()
+                .is_some()
+            {
+                return Err(format!("keyspace {name:?} is out of name order"));
             }
         }
         let count = usize::from(r.u8().ok_or_else(truncated)?);
@@ -484,6 +498,85 @@ mod tests {
         assert_eq!(again.encode()[HEADER_BYTES + kind_at], 3);
         old_layout.record_format = layout.record_format;
         assert_eq!(old_layout, layout);
+    }
+
+    /// The bytes of a manifest whose body is `body`.
+    fn with_body(body: &[u8]) -> Vec<u8> {
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+        bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(body);
+        bytes
+    }
+
+    /// Kind 5 gives a tree's pages per leaf; a tree of one-page leaves is written as
+    /// kind 1. Kind 5 of one page used to decode (as kind 1), so a manifest that
+    /// decoded did not encode back to its bytes, which the `db_files` fuzz target
+    /// demands.
+    #[test]
+    fn a_tree_of_one_page_leaves_is_kind_1_only() {
+        let mut m = Manifest::default();
+        m.keyspaces.insert(
+            "t".to_string(),
+            KeyspaceEntry {
+                id: 1,
+                kind: KeyspaceKind::Tree { leaf_pages: 4 },
+            },
+        );
+        m.next_id = 2;
+        let bytes = m.encode();
+        assert_eq!(Manifest::decode(Path::new("M"), &bytes).unwrap(), m);
+        let mut body = bytes[HEADER_BYTES..].to_vec();
+        let kind_at = 16 + 4;
+        let pages_at = kind_at + 1 + 2 + 1;
+        assert_eq!((body[kind_at], body[pages_at]), (5, 4));
+        for pages in [0, 1, 3, 16, 255] {
+            body[pages_at] = pages;
+            let err = Manifest::decode(Path::new("M"), &with_body(&body)).unwrap_err();
+            assert!(matches!(err, Error::CorruptFile { .. }), "{pages}: {err:?}");
+        }
+        for pages in [2, 4, 8] {
+            body[pages_at] = pages;
+            let bytes = with_body(&body);
+            let m = Manifest::decode(Path::new("M"), &bytes).unwrap();
+            assert_eq!(m.encode(), bytes, "{pages} pages per leaf");
+        }
+    }
+
+    /// Keyspaces are written in name order; a manifest that lists them in another
+    /// decoded to the same catalog, so it did not encode back to its bytes (found by the
+    /// `db_files` fuzz target once it wrapped its inputs in the current version).
+    #[test]
+    fn keyspaces_out_of_name_order_are_refused() {
+        let mut m = Manifest::default();
+        for (id, name) in [(1, "long"), (2, "lhroe")] {
+            m.keyspaces.insert(
+                name.to_string(),
+                KeyspaceEntry {
+                    id,
+                    kind: KeyspaceKind::Tree { leaf_pages: 8 },
+                },
+            );
+        }
+        m.next_id = 3;
+        let bytes = m.encode();
+        assert_eq!(Manifest::decode(Path::new("M"), &bytes).unwrap(), m);
+        // The two entries (id, kind, name length, name, pages: 13 and 12 bytes),
+        // swapped.
+        let body = &bytes[HEADER_BYTES..];
+        let (first, second) = (16..16 + 13, 16 + 13..16 + 13 + 12);
+        assert_eq!(&body[first.start + 7..first.end - 1], b"lhroe");
+        assert_eq!(&body[second.start + 7..second.end - 1], b"long");
+        let mut swapped = body[..16].to_vec();
+        swapped.extend_from_slice(&body[second.clone()]);
+        swapped.extend_from_slice(&body[first]);
+        swapped.extend_from_slice(&body[second.end..]);
+        let err = Manifest::decode(Path::new("M"), &with_body(&swapped)).unwrap_err();
+        assert!(
+            matches!(&err, Error::CorruptFile { reason, .. } if reason.contains("name order")),
+            "{err:?}"
+        );
     }
 
     #[test]

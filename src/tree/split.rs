@@ -428,3 +428,66 @@ impl Core {
         unreachable!("a node holds its fences and one separator of the longest key")
     }
 }
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::tree::Tree;
+    use crate::tree::node::NodeRef;
+
+    /// `split_inner` parts by bytes, into as many nodes as fit (issue #34): thirty
+    /// short separators and then fourteen of 4 KiB sharing no prefix, between
+    /// unbounded fences. Two parts would each hold seven long separators and a fence
+    /// of 4 KiB, more than a node of 32 KiB; parting by count would put every long one
+    /// in the second. Three parts, each a node that holds its share between its fences,
+    /// the next part's separator its lowest key, within `inner_parts_bound`.
+    #[test]
+    fn split_inner_parts_separators_of_kilobytes_into_more_than_two_nodes() {
+        let tree = Tree::in_memory(Config {
+            max_key_bytes: 4096,
+            leaf_page_size_bytes: 16384,
+            memory_budget_bytes: 1 << 20,
+            background_eviction: false,
+            ..Config::default()
+        })
+        .unwrap();
+        let core = &tree.core;
+        assert_eq!(core.inner_size_bytes, 32768);
+        let mut entries: Vec<(Vec<u8>, u64)> = vec![(Vec::new(), 1)];
+        entries.extend((0..30).map(|i| (format!("a{i:02}").into_bytes(), 2 + i)));
+        entries.extend((0..14u8).map(|i| (vec![b'b' + i; 4096], 100 + u64::from(i))));
+        let bytes: usize = entries
+            .iter()
+            .map(|(k, _)| node::KV_META_SIZE_BYTES + k.len() + 8)
+            .sum();
+        let (first, rest) = core.split_inner(entries.clone(), None, None);
+        assert_eq!(rest.len() + 1, 3, "three parts");
+        assert!(rest.len() < core.inner_parts_bound(bytes));
+        let mut parts = vec![(Vec::new(), first)];
+        parts.extend(rest);
+        let mut seen = Vec::new();
+        for (j, (separator, part)) in parts.iter().enumerate() {
+            let n = NodeRef::parse(part).expect("each part is a valid inner node");
+            let records = inner::records(&n);
+            assert_eq!(records[0].0, *separator, "part {j} starts at its separator");
+            let low = owned_fence(n.low_fence());
+            let high = owned_fence(n.high_fence());
+            assert_eq!(
+                low,
+                (j > 0).then(|| separator.clone()),
+                "part {j}'s low fence"
+            );
+            let next = parts.get(j + 1).map(|(s, _)| s.clone());
+            assert_eq!(high, next, "part {j}'s high fence");
+            for (k, child) in &records {
+                assert_eq!(inner::child_ref(&n, inner::child_for(&n, k)), *child);
+            }
+            seen.extend(records);
+        }
+        assert_eq!(
+            seen, entries,
+            "the parts hold every separator once, in order"
+        );
+    }
+}

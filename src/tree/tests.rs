@@ -540,3 +540,103 @@ fn leaf_pages_holding_each_others_ranges_are_corrupted_not_a_panic() {
         Err(Error::Poisoned { cause }) if cause.contains("range")
     ));
 }
+
+/// The longest key, and the leaf page size that holds it, of the k-way split tests.
+const LONG_KEY_BYTES: usize = 4096;
+
+/// Key `i` of the k-way split test: 4000 bytes every key shares, `i` in five digits,
+/// and filler to 4 KiB, so that the separator between two neighbours is about 4005
+/// bytes: a node with an unbounded fence holds no more than six of them.
+fn long_numbered(i: u32) -> Vec<u8> {
+    let mut k = vec![b'k'; 4000];
+    k.extend_from_slice(format!("{i:05}").as_bytes());
+    k.resize(LONG_KEY_BYTES, b'.');
+    k
+}
+
+/// Inner splits into more than two parts (issue #34). A tree of 4 KiB keys in 16 KiB
+/// leaf pages whose only leaf page splits into seventeen pages at once (the records of
+/// a split, as a merge hands them over, packed by `pack_leaves`: with unbounded fences
+/// it costs every key whole, and a page of two fences of 4 KiB holds one record of
+/// 6 KiB, the last page, of one fence, two): its root gets sixteen separators of about
+/// 4 KiB, more than two nodes of 32 KiB with an unbounded fence hold, so it splits
+/// into three (the middle part's
+/// fences share the 4000-byte prefix, and it stores its separators without it), and a
+/// new root above them routes to all three. (A merge sends up five or six separators
+/// at most: a leaf page and a mini-page hold three such records each. So this split is
+/// built by hand.) Then the tree must match a model: point reads and scans in both
+/// directions, and again after more writes of long keys between the ones it holds,
+/// which split its leaves and inner nodes as writers do.
+#[test]
+fn a_root_parts_into_three_when_a_split_sends_up_sixteen_separators_of_4_kib() {
+    let tree = Tree::in_memory(Config {
+        max_key_bytes: LONG_KEY_BYTES,
+        leaf_page_size_bytes: 16384,
+        memory_budget_bytes: 4 << 20,
+        background_eviction: false,
+        ..Config::default()
+    })
+    .unwrap();
+    let core = &tree.core;
+    let value = |i: u32, version: u32| {
+        let mut v = format!("{i}:{version}:").into_bytes();
+        v.resize(2000, b'v');
+        v
+    };
+    // Every tenth number: room between them for the writes after the split.
+    let mut model = BTreeMap::new();
+    let mut records = super::leaf::RecordList::with_capacity(18, 18 * 6200);
+    for i in (0..180).step_by(10) {
+        records.push(&long_numbered(i), &value(i, 0), RecordType::Insert);
+        model.insert(long_numbered(i), value(i, 0));
+    }
+    let chunks = super::leaf::pack_leaves(
+        &records,
+        None,
+        None,
+        super::leaf::Fill::Balanced,
+        core.leaf.node_bytes(),
+    );
+    assert_eq!(chunks.len(), 17, "a page for each record but the last two");
+    let (pid, low, high) = page_of(core, &long_numbered(0));
+    assert_eq!((low.as_slice(), high), (&b""[..], None), "the only page");
+    {
+        let page = core.mapping.write(pid);
+        let Location::Leaf(no) = page.location() else {
+            panic!("a new tree's page is its empty leaf page");
+        };
+        core.split_leaf(pid, PageNo(no), records, chunks, None)
+            .unwrap_or_else(|_| panic!("the split failed"));
+    }
+    assert_eq!(tree.stats().inner_splits, 1);
+    let guard = epoch::pin();
+    let path = core.find_path(&long_numbered(70), &guard).unwrap();
+    assert_eq!(path.len(), 2, "a new root above the parts");
+    assert_eq!(path[0].view().len(), 3, "the root has three children");
+    drop(guard);
+    assert_reads(&tree, &model);
+    let backward: Vec<Vec<u8>> = tree
+        .range::<&[u8], _>(..)
+        .rev()
+        .map(|r| r.unwrap().0)
+        .collect();
+    assert!(backward.iter().rev().eq(model.keys()), "a backward scan");
+
+    // Writers between the keys: leaf splits, and inner splits of their own.
+    let mut rng = 0x5eed_u64;
+    for version in 1..600 {
+        rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let i = (rng >> 33) as u32 % 180;
+        if (rng >> 20).is_multiple_of(5) {
+            tree.delete(&long_numbered(i)).unwrap();
+            model.remove(&long_numbered(i));
+        } else {
+            tree.insert(&long_numbered(i), &value(i, version)).unwrap();
+            model.insert(long_numbered(i), value(i, version));
+        }
+    }
+    tree.flush().unwrap();
+    assert_reads(&tree, &model);
+    let stats = tree.stats();
+    assert!(stats.inner_splits > 1, "{stats:?}");
+}

@@ -234,19 +234,119 @@ pub fn small_hash_options() -> HashStoreOptions {
 /// them is deterministic), with a pool small enough that mini-pages merge, leaves split
 /// and pages are read back: 64 KiB for the trees once the hash store has its 64 KiB.
 pub fn small_sim_options() -> DbOptions {
+    sim_options(Config {
+        memory_budget_bytes: 128 << 10,
+        huge_pages: false,
+        background_eviction: false,
+        ..Config::default()
+    })
+}
+
+/// [`small_sim_options`] with `config`.
+fn sim_options(config: Config) -> DbOptions {
     DbOptions::default()
-        .config(Config {
-            memory_budget_bytes: 128 << 10,
-            huge_pages: false,
-            background_eviction: false,
-            ..Config::default()
-        })
+        .config(config)
         .flush_interval(std::time::Duration::from_secs(60))
         .checkpoint_log_bytes(0)
         .checkpoint_interval(None)
         .checkpoint_on_close(false)
         .log_segment_bytes(64 << 10)
 }
+
+// ---------------------------------------------------------------------------------------
+// Long keys in the crash campaign and the fault suite (issue #34)
+// ---------------------------------------------------------------------------------------
+
+/// The longest key of the long-key runs, and their leaf page size, the least that holds
+/// it.
+pub const LONG_KEY_MAX_BYTES: usize = 4096;
+pub const LONG_KEY_LEAF_PAGE_BYTES: usize = 16384;
+
+/// The keys a campaign's workload writes, `KEYS` of them per keyspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keys {
+    /// `key0000` to `key0399` in 4 KiB leaf pages.
+    Short,
+    /// A third of the keys long, up to [`LONG_KEY_MAX_BYTES`], in leaf pages of
+    /// [`LONG_KEY_LEAF_PAGE_BYTES`]: see [`Keys::key`].
+    Long,
+}
+
+impl Keys {
+    /// Key number `i` (below `KEYS`). Short keys are `key` and four digits. With
+    /// `Keys::Long` every other key is long instead: a family's shared prefix of 0,
+    /// 1000, 2500 or (half of them) 3900 bytes, so that separators and fences between
+    /// keys of a family are that long and the trees' inner nodes, which hold five
+    /// separators of 4 KiB, split; then `key` and four digits; then filler to a length
+    /// of its own, a quarter of them exactly [`LONG_KEY_MAX_BYTES`].
+    pub fn key(self, i: u64) -> Vec<u8> {
+        let name = format!("key{i:04}").into_bytes();
+        let h = mix(i ^ 0x4c4f_4e47);
+        if self == Keys::Short || !h.is_multiple_of(2) {
+            return name;
+        }
+        long_named_key(&name, h >> 1)
+    }
+
+    /// Each key's number, to read a scan's keys back.
+    pub fn numbers(self) -> std::collections::HashMap<Vec<u8>, u64> {
+        (0..KEYS).map(|i| (self.key(i), i)).collect()
+    }
+
+    /// The database of the runs: [`small_sim_options`], or for long keys a tree pool of
+    /// 256 KiB (the least for 16 KiB leaf pages: sixteen mini-pages of a whole leaf)
+    /// beside the hash store's memory, with the key limit at 4 KiB.
+    pub fn sim_options(self) -> DbOptions {
+        match self {
+            Keys::Short => small_sim_options(),
+            Keys::Long => sim_options(Config {
+                memory_budget_bytes: (256 << 10) + LONG_KEY_HASH_MEMORY_BYTES,
+                max_key_bytes: LONG_KEY_MAX_BYTES,
+                leaf_page_size_bytes: LONG_KEY_LEAF_PAGE_BYTES,
+                huge_pages: false,
+                background_eviction: false,
+                ..Config::default()
+            }),
+        }
+    }
+
+    /// The hash store of the runs: [`small_hash_options`], or for long keys twice its
+    /// memory and hot log and a cold log that holds what the keys take (half of 400
+    /// keys of 2.5 KiB on average, each with a value of 1.2 KiB or more).
+    pub fn hash_options(self) -> HashStoreOptions {
+        match self {
+            Keys::Short => small_hash_options(),
+            Keys::Long => HashStoreOptions::default()
+                .memory_bytes(LONG_KEY_HASH_MEMORY_BYTES)
+                .expected_keys(1024)
+                .hot_log_disk_bytes(256 << 10)
+                .cold_log_disk_bytes(4 << 20),
+        }
+    }
+}
+
+/// A long key that holds `name` (unique, at most 196 bytes), drawn by `h`: a family's
+/// shared prefix of 0, 1000, 2500 or (half of them) 3900 bytes, `name`, then filler to
+/// a length of its own up to [`LONG_KEY_MAX_BYTES`], a quarter of them exactly that.
+pub fn long_named_key(name: &[u8], h: u64) -> Vec<u8> {
+    let family = (h % 6).min(3);
+    let prefix = [0, 1000, 2500, 3900][family as usize];
+    let mut k: Vec<u8> = (0..prefix)
+        .map(|j| b"family"[j % 6] ^ family as u8)
+        .collect();
+    k.extend_from_slice(name);
+    let len = if (h >> 8).is_multiple_of(4) {
+        LONG_KEY_MAX_BYTES
+    } else {
+        k.len() + (h >> 16) as usize % (LONG_KEY_MAX_BYTES - k.len() + 1)
+    };
+    let mut filler = mix(h).to_le_bytes().into_iter().cycle();
+    k.resize_with(len, || filler.next().unwrap());
+    k
+}
+
+/// The hash store's memory in the long-key runs.
+const LONG_KEY_HASH_MEMORY_BYTES: u64 = 128 << 10;
 
 // ---------------------------------------------------------------------------------------
 // Long values (tests/db_values.rs, tests/hash_values.rs)
