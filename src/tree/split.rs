@@ -490,4 +490,46 @@ mod tests {
             "the parts hold every separator once, in order"
         );
     }
+
+    /// Separators that share kilobytes of prefix with their node's fences are costed by
+    /// what the node stores of them, their bytes past that prefix: sixty short suffixes
+    /// then thirty of 1.5 KiB, all behind a common 2,500-byte prefix. By suffix bytes
+    /// two parts fit; costed by whole keys the parts balanced by count, the second got
+    /// the long suffixes and did not fit, and the split made more parts than the
+    /// evictor's room check had allowed for (a panic found by `tests/long_keys.rs`).
+    #[test]
+    fn split_inner_balances_separators_by_their_bytes_past_the_fence_prefix() {
+        let tree = Tree::in_memory(Config {
+            max_key_bytes: 4096,
+            leaf_page_size_bytes: 16384,
+            memory_budget_bytes: 1 << 20,
+            background_eviction: false,
+            ..Config::default()
+        })
+        .unwrap();
+        let core = &tree.core;
+        let prefix = vec![b'p'; 2500];
+        let key = |tail: &[u8]| [&prefix[..], tail].concat();
+        let (low, high) = (key(b"a"), key(b"z"));
+        let mut entries: Vec<(Vec<u8>, u64)> = vec![(low.clone(), 1)];
+        entries.extend((0..60).map(|i| (key(format!("b{i:02}").as_bytes()), 2 + i)));
+        entries.extend((0..30u8).map(|i| {
+            let mut tail = vec![b'c', b'a' + i];
+            tail.resize(1500, b'x');
+            (key(&tail), 100 + u64::from(i))
+        }));
+        let stored: usize = entries
+            .iter()
+            .map(|(k, _)| node::KV_META_SIZE_BYTES + k.len() - prefix.len() + 8)
+            .sum();
+        assert!(stored > core.inner_size_bytes && stored < 2 * core.inner_size_bytes);
+        let (first, rest) = core.split_inner(entries.clone(), Some(&low), Some(&high));
+        assert_eq!(rest.len(), 1, "two parts, as the suffix bytes need");
+        let mut seen = inner::records(&NodeRef::parse(&first).unwrap());
+        seen.extend(inner::records(&NodeRef::parse(&rest[0].1).unwrap()));
+        assert_eq!(
+            seen, entries,
+            "the parts hold every separator once, in order"
+        );
+    }
 }
