@@ -518,7 +518,7 @@ impl Shared {
                             w.keyspace
                         ),
                     })?;
-                    self.values.mark_live(r)?;
+                    self.values.mark_live(r, w.keyspace)?;
                 }
                 w.target.write_unlogged(w.key, w.value)?;
                 applied += 1;
@@ -558,7 +558,7 @@ impl Shared {
                 None => false,
             };
             if referenced {
-                self.values.mark_live(u.r)?;
+                self.values.mark_live(u.r, u.keyspace)?;
             } else {
                 self.values.free(u.r, u.keyspace, &u.key);
             }

@@ -200,14 +200,25 @@ enum Extent {
     Grace { free_gen: u64 },
 }
 
-/// An extent's entry: its reference, its state, and — while a checkpoint's window is
-/// open, for the extents applied or freed in it — the key of the record.
+/// An extent's entry: its reference, its state, the keyspace whose records reference
+/// it, and — while a checkpoint's window is open, for the extents applied or freed in
+/// it — the key of the record.
 #[derive(Debug)]
 struct Entry {
     r: ValueRef,
     state: Extent,
+    /// The keyspace of the records that reference the extent: set when it becomes live
+    /// ([`ValueStore::applied`], [`ValueStore::mark_live`]), [`NO_OWNER`] until then
+    /// or if a snapshot of format 1 did not say. Kept after a free (no one reads it
+    /// then).
+    owner: u32,
     uncertain: Option<Box<Key>>,
 }
+
+/// The owner of an extent that no record has claimed (pending), or whose keyspace a
+/// snapshot of format 1 did not record: no keyspace has this id (`Db` keyspace ids
+/// stop one below it).
+pub(crate) const NO_OWNER: u32 = u32::MAX;
 
 /// The record's key of an uncertain extent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -464,7 +475,7 @@ impl State {
     /// released and reused before a crash — and its range is taken from the free
     /// ranges and the space above the end. An overlapped pending or live extent of
     /// another reference is an error, and nothing changes.
-    fn adopt(&mut self, r: &ValueRef) -> std::result::Result<(), String> {
+    fn adopt(&mut self, r: &ValueRef, owner: u32) -> std::result::Result<(), String> {
         let stop = r
             .extent_end()
             .ok_or_else(|| format!("{r:?} ends past 2^64"))?;
@@ -472,6 +483,7 @@ impl State {
             if entry.state != Extent::Live {
                 self.set_state(r.offset, Extent::Live);
             }
+            self.claim_owner(r.offset, owner);
             return Ok(());
         }
         let first = match self.extents.range(..=r.offset).next_back() {
@@ -502,9 +514,19 @@ impl State {
         self.insert(Entry {
             r: *r,
             state: Extent::Live,
+            owner,
             uncertain: None,
         });
         Ok(())
+    }
+
+    /// Records `owner` as the keyspace of the extent at `offset` if it has none yet.
+    fn claim_owner(&mut self, offset: u64, owner: u32) {
+        if let Some(entry) = self.extents.get_mut(&offset)
+            && entry.owner == NO_OWNER
+        {
+            entry.owner = owner;
+        }
     }
 
     fn stats(&self) -> ValueStoreStats {
@@ -664,7 +686,7 @@ impl ValueStore {
         let decoded = snapshot::decode(source, snapshot)?;
         let mut state = State::new(decoded.next_gen);
         let mut at = 0;
-        for (r, extent) in decoded.extents {
+        for (r, extent, owner) in decoded.extents {
             if r.offset > at {
                 state.free.insert(at, r.offset - at);
             }
@@ -674,6 +696,7 @@ impl ValueStore {
             state.insert(Entry {
                 r,
                 state: extent,
+                owner,
                 uncertain: None,
             });
         }
@@ -728,6 +751,7 @@ impl ValueStore {
             state.insert(Entry {
                 r,
                 state: Extent::Pending,
+                owner: NO_OWNER,
                 uncertain: None,
             });
             r
@@ -753,12 +777,13 @@ impl ValueStore {
             Some(Extent::Live) => {}
             Some(Extent::Deferred { .. } | Extent::Grace { .. }) => return,
             None => {
-                if let Err(why) = state.adopt(&r) {
+                if let Err(why) = state.adopt(&r, keyspace) {
                     log::warn!("value store: a record applied with an unknown value: {why}");
                     return;
                 }
             }
         }
+        state.claim_owner(r.offset, keyspace);
         state.note_key(r.offset, keyspace, key);
     }
 
@@ -789,21 +814,48 @@ impl ValueStore {
         }
     }
 
-    /// Recovery replayed a record referencing `r`: whatever the store thought, the
-    /// extent is live (taken out of the free ranges, or the address space grown to
-    /// it). Freed extents it overlaps are dropped (the space was reused before the
-    /// crash). Not to run beside a [`ValueStore::release`].
+    /// Recovery replayed a record of `keyspace` referencing `r` (or found one that
+    /// references it): whatever the store thought, the extent is live, owned by
+    /// `keyspace` (taken out of the free ranges, or the address space grown to it).
+    /// Freed extents it overlaps are dropped (the space was reused before the crash).
+    /// Not to run beside a [`ValueStore::release`].
     ///
     /// A pending or live extent of another reference in its way means the log and the
     /// snapshot disagree: an [`Error::CorruptFile`] naming the value file, and nothing
     /// changes.
-    pub(crate) fn mark_live(&self, r: ValueRef) -> Result<()> {
+    pub(crate) fn mark_live(&self, r: ValueRef, keyspace: u32) -> Result<()> {
         self.held.store(true, Ordering::SeqCst);
-        let result = self.state.lock().adopt(&r);
+        let result = self.state.lock().adopt(&r, keyspace);
         result.map_err(|why| Error::CorruptFile {
             path: self.file_of(r.offset),
             reason: format!("a recovered value reference does not fit the value file: {why}"),
         })
+    }
+
+    /// Frees every live extent whose keyspace `dropped` names, as [`ValueStore::free`]
+    /// would (deferred until a release, `free_gen` the next checkpoint's); returns the
+    /// value bytes freed. The database calls it once a dropped keyspace's last handle
+    /// is gone (no reader or writer of it is left, and the durable manifest no longer
+    /// names it, so no recovery reads its records), and recovery calls it for the
+    /// keyspaces its manifest does not name: their extents in the restored snapshot.
+    /// Extents of no known keyspace ([`NO_OWNER`]) are never freed here. Walks every
+    /// extent under the lock: a drop is rare, and an owner index would cost every
+    /// extent more memory.
+    pub(crate) fn drop_keyspaces(&self, dropped: impl Fn(u32) -> bool) -> u64 {
+        let mut state = self.state.lock();
+        let owned: Vec<u64> = state
+            .extents
+            .values()
+            .filter(|e| e.state == Extent::Live && e.owner != NO_OWNER && dropped(e.owner))
+            .map(|e| e.r.offset)
+            .collect();
+        let free_gen = state.next_gen;
+        let mut bytes = 0;
+        for offset in owned {
+            bytes += u64::from(state.extents[&offset].r.len);
+            state.set_state(offset, Extent::Deferred { free_gen });
+        }
+        bytes
     }
 
     /// A checkpoint of `generation` is about to quiesce: from now on frees are for the
