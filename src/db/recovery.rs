@@ -156,6 +156,7 @@ impl Db {
             values,
         };
         shared.restore(&manifest, &loaded, &mut recovery)?;
+        shared.free_dropped_values(&manifest);
         shared.replay(&recovered.records, &mut recovery)?;
         shared.settle_values(uncertain)?;
         shared.resume_hash_compactors();
@@ -533,6 +534,23 @@ impl Shared {
 }
 
 impl Shared {
+    /// Frees the values of the keyspaces `manifest` does not name: a keyspace dropped
+    /// after the loaded checkpoint's capture still owns live extents in its snapshot.
+    /// No recovery reads its records again (its drop is durable in the manifest and
+    /// ids are never reused), so they go the way of any free: deferred, reusable once
+    /// the checkpoints kept now are gone (docs/design.md, "Dropped keyspaces").
+    fn free_dropped_values(&self, manifest: &Manifest) {
+        let named: std::collections::HashSet<u32> =
+            manifest.keyspaces.values().map(|e| e.id).collect();
+        let freed_bytes = self.values.drop_keyspaces(|k| !named.contains(&k));
+        if freed_bytes > 0 {
+            log::info!(
+                "bfdb: {}: {freed_bytes} bytes of values of dropped keyspaces freed",
+                self.dir.display()
+            );
+        }
+    }
+
     /// Lets the compactor threads of the hash stores the open recovered run: the replay
     /// and the settling of values are done.
     fn resume_hash_compactors(&self) {

@@ -73,4 +73,9 @@ impl ValueHost for KeyspaceValues {
     fn guard(&self) -> Option<crate::storage::ReadGuard> {
         self.store.holds_values().then(|| self.store.read_guard())
     }
+
+    fn keyspace_dropped(&self) {
+        let keyspace = self.keyspace;
+        self.store.drop_keyspaces(|k| k == keyspace);
+    }
 }

@@ -553,6 +553,18 @@ pub(crate) struct HashAttached {
     pub(crate) background_paused: AtomicBool,
 }
 
+impl Drop for HashAttached {
+    fn drop(&mut self) {
+        // The store (and its compactor thread) owns its attachment, so the last handle
+        // to it is gone: once the keyspace is dropped too, nothing reads or writes its
+        // values again (docs/design.md, "Dropped keyspaces").
+        if self.dropped.load(Ordering::Acquire) {
+            let keyspace = self.keyspace;
+            self.values.drop_keyspaces(|k| k == keyspace);
+        }
+    }
+}
+
 impl HashAttached {
     /// `e` with damage named as the issue asks of every file of a database: damage in a
     /// log's file (the log names the file and the address) gets the keyspace's name;

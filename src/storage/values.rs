@@ -32,6 +32,9 @@
 //! Every other byte below the end of the address space is *free*: ranges coalesced and
 //! allocated best fit, the end growing when none fits and shrinking (the device giving
 //! the space back) when the top range is freed.
+//! A live extent also records its *owner*, the keyspace whose records reference it, so
+//! that a dropped keyspace's values can be freed without reading its index
+//! ([`ValueStore::drop_keyspaces`]).
 //!
 //! Invariants:
 //! - Extents never overlap, and every byte below the end is in exactly one extent or
