@@ -1169,7 +1169,10 @@ fn check_kept_after_drops(db: &Db, kept: &Kept, what: &str) {
         .map(|v| v.len() as u64)
         .sum();
     let stats = db.stats();
-    assert_eq!(stats.value_store_live_bytes, long, "{what}: live value bytes");
+    assert_eq!(
+        stats.value_store_live_bytes, long,
+        "{what}: live value bytes"
+    );
     assert_eq!(stats.value_store_deferred_bytes, 0, "{what}: deferred");
 }
 
@@ -1222,27 +1225,28 @@ fn values_of_keyspaces_dropped_before_a_crash_come_back_and_no_kept_write_is_los
                 common::repeated(format!("{seed}-{n}-").as_bytes(), len)
             };
             let synced = Durability::Synced;
-            let mut round = |rng: &mut Rng,
-                             kept: &mut Kept,
-                             others: Option<(&bfdb::Tree, &bfdb::HashStore)>| {
-                for _ in 0..40 {
-                    let k = format!("key{:03}", rng.below(30)).into_bytes();
-                    let v = value(rng);
-                    a.insert_with(&k, &v, synced).unwrap();
-                    kept.0.insert(k, v);
-                    // The hash store's keys are new each time: nothing of it waits for
-                    // a compaction to be freed.
-                    let v = value(rng);
-                    let k = format!("key{:05}", kept.1.len()).into_bytes();
-                    h.insert_with(&k, &v, synced).unwrap();
-                    kept.1.insert(k, v);
-                    if let Some((b, h2)) = others {
+            let mut round =
+                |rng: &mut Rng,
+                 kept: &mut Kept,
+                 others: Option<(&bfdb::Tree, &bfdb::HashStore)>| {
+                    for _ in 0..40 {
                         let k = format!("key{:03}", rng.below(30)).into_bytes();
-                        b.insert_with(&k, &value(rng), synced).unwrap();
-                        h2.insert_with(&k, &value(rng), synced).unwrap();
+                        let v = value(rng);
+                        a.insert_with(&k, &v, synced).unwrap();
+                        kept.0.insert(k, v);
+                        // The hash store's keys are new each time: nothing of it waits for
+                        // a compaction to be freed.
+                        let v = value(rng);
+                        let k = format!("key{:05}", kept.1.len()).into_bytes();
+                        h.insert_with(&k, &v, synced).unwrap();
+                        kept.1.insert(k, v);
+                        if let Some((b, h2)) = others {
+                            let k = format!("key{:03}", rng.below(30)).into_bytes();
+                            b.insert_with(&k, &value(rng), synced).unwrap();
+                            h2.insert_with(&k, &value(rng), synced).unwrap();
+                        }
                     }
-                }
-            };
+                };
             round(&mut rng, &mut kept, Some((&b, &h2)));
             db.checkpoint().unwrap();
             round(&mut rng, &mut kept, Some((&b, &h2)));

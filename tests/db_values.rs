@@ -331,10 +331,7 @@ fn fill(put: impl Fn(&[u8], &[u8]), first: u64, count: u64, len: usize) -> (u64,
     for k in first..first + count {
         put(&long_key(k), &long_value(k, 1, len));
     }
-    (
-        count * len as u64,
-        count * common::extent_bytes(len),
-    )
+    (count * len as u64, count * common::extent_bytes(len))
 }
 
 /// Dropping a keyspace gives its values back, a tree's and a hash store's alike. While
@@ -377,7 +374,10 @@ fn a_dropped_keyspaces_values_come_back_and_the_directory_shrinks() {
         gone.get(&long_key(7)).unwrap(),
         Some(long_value(7, 1, 300_000))
     );
-    assert_eq!(db.stats().value_store_live_bytes, before.value_store_live_bytes);
+    assert_eq!(
+        db.stats().value_store_live_bytes,
+        before.value_store_live_bytes
+    );
     drop(gone);
     assert_eq!(
         db.stats().value_store_live_bytes,

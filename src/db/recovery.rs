@@ -611,7 +611,13 @@ fn open_values(
     // Short values are written behind their writers, a sixteenth of the memory budget
     // of them at most (256 KiB to 16 MiB) in memory at once.
     let limit = (options.config.memory_budget_bytes / 16).clamp(256 << 10, 16 << 20);
-    Ok((Arc::new(store.write_behind(limit)?), uncertain))
+    let mut store = store.write_behind(limit)?;
+    // Writers wait for the background checkpoints that make freed space reusable, if
+    // there are any.
+    if checkpointer::runs(options) {
+        store = store.with_backpressure(checkpointer::VALUE_BACKPRESSURE);
+    }
+    Ok((Arc::new(store), uncertain))
 }
 
 /// One write of the log as recovery replays it (`Shared::replay`).

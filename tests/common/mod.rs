@@ -325,7 +325,11 @@ pub fn repeated(stamp: &[u8], len: usize) -> Vec<u8> {
 /// per 64 KiB chunk if it has more than one, rounded up to whole 4 KiB blocks.
 pub fn extent_bytes(len: usize) -> u64 {
     let len = len as u64;
-    let table = if len > 65_536 { 4 * len.div_ceil(65_536) } else { 0 };
+    let table = if len > 65_536 {
+        4 * len.div_ceil(65_536)
+    } else {
+        0
+    };
     (len + table).max(1).next_multiple_of(4096)
 }
 

@@ -658,9 +658,12 @@ fn dropping_a_keyspace_frees_exactly_the_live_extents_it_owns() {
     let pending = store.write(&value(4000, 4)).unwrap();
     let freed = live_in(1, 6000, 5);
     store.free(freed, 1, b"k");
-    let (restored, _) =
-        ValueStore::restore(Arc::new(MemBlocks::new()), Path::new("c"), &store.snapshot())
-            .unwrap();
+    let (restored, _) = ValueStore::restore(
+        Arc::new(MemBlocks::new()),
+        Path::new("c"),
+        &store.snapshot(),
+    )
+    .unwrap();
     assert_eq!(owners(&restored), owners(&store));
     assert_eq!(
         owners(&store),
@@ -674,8 +677,15 @@ fn dropping_a_keyspace_frees_exactly_the_live_extents_it_owns() {
     }
     assert_eq!(state_of(&store, &theirs), Some(Extent::Live));
     assert_eq!(state_of(&store, &pending), Some(Extent::Pending));
-    assert_eq!(state_of(&store, &freed), Some(Extent::Deferred { free_gen: 4 }));
-    assert_eq!(store.drop_keyspaces(|k| k == 1), 0, "nothing is freed twice");
+    assert_eq!(
+        state_of(&store, &freed),
+        Some(Extent::Deferred { free_gen: 4 })
+    );
+    assert_eq!(
+        store.drop_keyspaces(|k| k == 1),
+        0,
+        "nothing is freed twice"
+    );
     store.release(4).unwrap();
     assert_eq!(store.stats().deferred_bytes, 0);
     assert_eq!(state_of(&store, &mine[1]), None);
@@ -828,7 +838,13 @@ fn snapshots_with_a_valid_checksum_but_bad_contents_are_refused() {
     let owned = [owned, extent(BLOCK, 10, 1), vec![0x80, 0x01]].concat();
     let (store, _) = restore(owned).unwrap();
     assert_eq!(owners(&store), [(0, 5), (BLOCK, 128)]);
-    let too_big = [header(2, BLOCK, 1), extent(0, 10, 1), vec![0x80; 4], vec![0x10]].concat();
+    let too_big = [
+        header(2, BLOCK, 1),
+        extent(0, 10, 1),
+        vec![0x80; 4],
+        vec![0x10],
+    ]
+    .concat();
     assert!(reason(too_big).contains("bad owner"));
     assert!(reason([header(2, BLOCK, 1), extent(0, 10, 1)].concat()).contains("bad owner"));
     assert!(matches!(
@@ -1136,6 +1152,112 @@ fn freed_space_within_the_slack_stays_written_for_reuse() {
     );
     assert_eq!(live(&store, 7000, 3).offset, a.offset);
     store.check();
+}
+
+/// A release punches the holes of long extents (256 KiB or more) always, and of short
+/// ones only past the slack of free space kept written (an eighth of the live bytes
+/// here); free space kept before past a slack that since shrank is punched too.
+/// Punched space is known as holes, which the next writes there take back.
+#[test]
+fn releases_punch_long_extents_and_short_ones_past_the_slack() {
+    let device = Arc::new(MemBlocks::new());
+    let store = ValueStore::open(device.clone(), 1).with_slack_floor(0);
+    const EXTENT: u64 = 16 * BLOCK; // a value of 64 KiB
+    let refs: Vec<ValueRef> = (0..64).map(|i| live(&store, 65_536, i)).collect();
+    let long = live(&store, 300_000, 64);
+    // Above them one stays live: the end stays where it is.
+    live(&store, 65_536, 65);
+    let unpunched = || store.state.lock().unpunched_bytes();
+    let held = || device.block_count() as u64 * BLOCK;
+    let slack = || store.slack(store.stats().live_bytes);
+    let before = held();
+    // Four short ones freed apart, within the slack: kept written. The long one is
+    // punched.
+    for r in [refs[3], refs[9], refs[15], refs[21], long] {
+        store.free(r, 0, b"k");
+    }
+    store.release(1).unwrap();
+    assert!(4 * EXTENT <= slack());
+    assert_eq!(unpunched(), 4 * EXTENT);
+    assert_eq!(held(), before - long.extent_bytes());
+    store.check();
+    // Twenty-three more: as many as fit in the slack are kept, the others punched.
+    for r in &refs[41..] {
+        store.free(*r, 0, b"k");
+    }
+    store.release(1).unwrap();
+    let kept = slack() / EXTENT * EXTENT;
+    assert_eq!(unpunched(), kept);
+    assert_eq!(held(), before - long.extent_bytes() - (27 * EXTENT - kept));
+    store.check();
+    // Eighteen more, and the slack is less than what was kept: all eighteen are
+    // punched, and of what was kept what is past the slack.
+    for r in refs[22..41].iter().filter(|r| r.offset != refs[30].offset) {
+        store.free(*r, 0, b"k");
+    }
+    store.release(1).unwrap();
+    assert!(unpunched() <= slack() && unpunched() + BLOCK > slack());
+    store.check();
+    // Writes take holes back: what they allocate is no hole any more.
+    let holes_before = store.state.lock().holes.bytes;
+    let again: Vec<ValueRef> = (0..32).map(|i| live(&store, 65_536, 100 + i)).collect();
+    let state = store.state.lock();
+    for r in &again {
+        assert!(state.holes.gaps(r.offset, r.offset + EXTENT) == [(r.offset, EXTENT)]);
+    }
+    assert!(state.holes.bytes < holes_before);
+    drop(state);
+    store.check();
+}
+
+/// A writer waits for room while the freed extents not yet reusable exceed the policy's
+/// limit, until a release wakes it, or until its longest wait is over; below the limit
+/// it does not wait.
+#[test]
+fn writers_wait_for_room_until_a_release_or_their_longest_wait() {
+    let policy = |max_wait| Backpressure {
+        live_divisor: 2,
+        floor_bytes: 0,
+        max_wait,
+    };
+    let store = Arc::new(
+        ValueStore::open(Arc::new(MemBlocks::new()), 1)
+            .with_backpressure(policy(std::time::Duration::from_secs(600))),
+    );
+    let refs: Vec<ValueRef> = (0..4).map(|i| live(&store, 8000, i)).collect();
+    store.make_room();
+    // One value live (a limit of 4000 bytes), three freed: 24 KiB wait.
+    for r in &refs[1..] {
+        store.free(*r, 0, b"k");
+    }
+    let (done_tx, done_rx) = mpsc::channel();
+    let writer = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || {
+            store.make_room();
+            done_tx.send(()).unwrap();
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(done_rx.try_recv().is_err(), "the writer did not wait");
+    store.release(1).unwrap();
+    done_rx.recv().unwrap();
+    writer.join().unwrap();
+    // Past the longest wait a writer goes on even if nothing was released, and until
+    // the next release no writer waits.
+    let store = ValueStore::open(Arc::new(MemBlocks::new()), 1)
+        .with_backpressure(policy(std::time::Duration::from_millis(100)));
+    let refs: Vec<ValueRef> = (0..2).map(|i| live(&store, 8000, i)).collect();
+    store.free(refs[0], 0, b"k");
+    store.make_room();
+    for _ in 0..100 {
+        store.make_room();
+    }
+    assert_eq!(store.stats().deferred_bytes, 2 * BLOCK);
+    let room = store.room.as_ref().unwrap();
+    assert_eq!(room.waiting.lock().gave_up_at, Some(0));
+    store.release(1).unwrap();
+    assert_eq!(room.waiting.lock().count, 1);
 }
 
 /// Values written behind read back whole before and after their writes reach the
