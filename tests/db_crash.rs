@@ -1212,3 +1212,150 @@ fn crashing_during_recovery_loses_nothing() {
          0 lost"
     );
 }
+
+/// The kept keyspaces of `drop_and_crash`: tree `a` and hash store `h`, as the writes
+/// acknowledged left them.
+type Kept = (BTreeMap<Vec<u8>, Vec<u8>>, BTreeMap<Vec<u8>, Vec<u8>>);
+
+/// Checks that `db` holds exactly the kept keyspaces of `kept` (every write was synced)
+/// and, once three checkpoints have passed, that the value store holds exactly their
+/// long values: none of a dropped keyspace, none waiting to be reused.
+fn check_kept_after_drops(db: &Db, kept: &Kept, what: &str) {
+    assert_eq!(db.keyspaces(), ["a", "h"], "{what}");
+    let a = db.tree("a").unwrap();
+    for (k, v) in &kept.0 {
+        assert_eq!(a.get(k).unwrap().as_ref(), Some(v), "{what}: a {k:?}");
+    }
+    assert_eq!(a.range::<&[u8], _>(..).count(), kept.0.len(), "{what}");
+    let h = db.hash_store_with("h", hash_options()).unwrap();
+    for (k, v) in &kept.1 {
+        assert_eq!(h.get(k).unwrap().as_ref(), Some(v), "{what}: h {k:?}");
+    }
+    for _ in 0..3 {
+        db.checkpoint().unwrap();
+    }
+    let long: u64 = kept
+        .0
+        .values()
+        .chain(kept.1.values())
+        .filter(|v| v.len() > bfdb::Config::default().max_inline_value_bytes)
+        .map(|v| v.len() as u64)
+        .sum();
+    let stats = db.stats();
+    assert_eq!(
+        stats.value_store_live_bytes, long,
+        "{what}: live value bytes"
+    );
+    assert_eq!(stats.value_store_deferred_bytes, 0, "{what}: deferred");
+}
+
+/// A tree and a hash store holding long values are dropped, the other two keyspaces
+/// written on, and the database crashes before a checkpoint commits the drop: before any
+/// checkpoint, or at each step of one (failed there, as a crash would stop it; after
+/// its commit too), with the dropped keyspaces' handles gone or still held. The first
+/// recovery is itself crashed at each of its page syncs in turn and opened again.
+/// Every recovery keeps every acknowledged write of the kept keyspaces (all synced),
+/// and once three checkpoints have passed the value store holds exactly their live
+/// values: a dropped keyspace's values neither leak nor take a kept one's with them.
+#[test]
+fn values_of_keyspaces_dropped_before_a_crash_come_back_and_no_kept_write_is_lost() {
+    use bfdb::CheckpointCrashPoint as P;
+    let seed = seed("drop_then_crash");
+    let mut options = options();
+    // Room for two hash stores' 64 KiB beside the trees'.
+    options.config.memory_budget_bytes = 256 << 10;
+    let mut recoveries = 0;
+    for (i, point) in [
+        None,
+        Some(P::AfterFlush),
+        Some(P::AfterCapture),
+        Some(P::AfterPageSync),
+        Some(P::AfterLogFlush),
+        Some(P::AfterCheckpointFile),
+        Some(P::AfterCommit),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for hold_handles in [false, true] {
+            let seed = seed.wrapping_add(i as u64 * 2 + u64::from(hold_handles));
+            let what = format!("seed {seed}, crash {point:?}, handles held {hold_handles}");
+            let dir = tempfile::tempdir().unwrap();
+            let devices = Devices::new(seed);
+            let db = devices.open_with(dir.path(), options.clone()).unwrap();
+            let (a, b) = (db.tree("a").unwrap(), db.tree("b").unwrap());
+            let h = db.hash_store_with("h", hash_options()).unwrap();
+            let h2 = db.hash_store_with("h2", hash_options()).unwrap();
+            let mut rng = Rng(seed);
+            let mut kept: Kept = Default::default();
+            let mut n = 0u64;
+            let mut value = |rng: &mut Rng| {
+                n += 1;
+                let len = match rng.below(3) {
+                    0 => 2_049 + rng.below(30_000) as usize,
+                    _ => 20 + rng.below(200) as usize,
+                };
+                common::repeated(format!("{seed}-{n}-").as_bytes(), len)
+            };
+            let synced = Durability::Synced;
+            let mut round =
+                |rng: &mut Rng,
+                 kept: &mut Kept,
+                 others: Option<(&bfdb::Tree, &bfdb::HashStore)>| {
+                    for _ in 0..40 {
+                        let k = format!("key{:03}", rng.below(30)).into_bytes();
+                        let v = value(rng);
+                        a.insert_with(&k, &v, synced).unwrap();
+                        kept.0.insert(k, v);
+                        // The hash store's keys are new each time: nothing of it waits for
+                        // a compaction to be freed.
+                        let v = value(rng);
+                        let k = format!("key{:05}", kept.1.len()).into_bytes();
+                        h.insert_with(&k, &v, synced).unwrap();
+                        kept.1.insert(k, v);
+                        if let Some((b, h2)) = others {
+                            let k = format!("key{:03}", rng.below(30)).into_bytes();
+                            b.insert_with(&k, &value(rng), synced).unwrap();
+                            h2.insert_with(&k, &value(rng), synced).unwrap();
+                        }
+                    }
+                };
+            round(&mut rng, &mut kept, Some((&b, &h2)));
+            db.checkpoint().unwrap();
+            round(&mut rng, &mut kept, Some((&b, &h2)));
+            assert!(db.drop_tree("b").unwrap());
+            assert!(db.drop_hash_store("h2").unwrap());
+            let held = hold_handles.then_some((b, h2));
+            round(&mut rng, &mut kept, None);
+            if let Some(point) = point {
+                db.fail_checkpoints_at(point);
+                assert!(db.checkpoint().is_err(), "{what}");
+            }
+            let crashed = devices.crash();
+            drop((a, h, held, db));
+            // The first recovery crashed at each of its page syncs in turn, until one
+            // opens cleanly.
+            for fail_at in 0.. {
+                let run = tempfile::tempdir().unwrap();
+                copy_files(dir.path(), run.path());
+                let d = crashed.crash();
+                d.pages.fail_syncs_after(fail_at);
+                let clean = match d.open_with(run.path(), options.clone()) {
+                    Ok(db) => db.close().is_ok(),
+                    Err(_) => false,
+                };
+                let again = d.crash();
+                let db = again
+                    .open_with(run.path(), options.clone())
+                    .unwrap_or_else(|e| panic!("{what}, sync {fail_at}: {e}"));
+                check_kept_after_drops(&db, &kept, &format!("{what}, sync {fail_at}"));
+                recoveries += 1;
+                if clean {
+                    break;
+                }
+                assert!(fail_at < 100, "{what}: the open never succeeded");
+            }
+        }
+    }
+    eprintln!("drop then crash: {recoveries} recoveries checked");
+}

@@ -560,3 +560,134 @@ fn the_value_cache_takes_its_share_of_the_budget_once_a_long_value_is_stored() {
     assert_eq!(stats.tree_memory_bytes, budget);
     assert_eq!((stats.value_cache_hits, stats.value_cache_values), (0, 0));
 }
+
+/// Writes `count` long values of `len` bytes (version 1) under keys from `first`;
+/// returns their bytes and their extents' bytes.
+fn fill(put: impl Fn(&[u8], &[u8]), first: u64, count: u64, len: usize) -> (u64, u64) {
+    for k in first..first + count {
+        put(&long_key(k), &long_value(k, 1, len));
+    }
+    (count * len as u64, count * common::extent_bytes(len))
+}
+
+/// Dropping a keyspace gives its values back, a tree's and a hash store's alike. While
+/// a handle to the dropped keyspace lives it still reads them; once it is gone the
+/// store's live bytes fall by exactly the keyspace's values, and two checkpoints later
+/// their extents are free and the value files (and the directory) hold that much less.
+/// Then the same with a database closed right after the drop, before any checkpoint
+/// saw it: the open frees what the last checkpoint's snapshot still held for the
+/// dropped keyspace.
+#[test]
+fn a_dropped_keyspaces_values_come_back_and_the_directory_shrinks() {
+    use common::allocated_bytes;
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let keep = db.tree("keep").unwrap();
+    let kept = fill(|k, v| keep.insert(k, v).unwrap(), 0, 12, 200_001);
+    let gone = db.tree("gone").unwrap();
+    let tree_values = fill(|k, v| gone.insert(k, v).unwrap(), 0, 40, 300_000);
+    for k in 0..50 {
+        gone.insert(&long_key(1000 + k), b"short").unwrap();
+    }
+    let gone_hash = db
+        .hash_store_with("gone-hash", common::small_hash_options())
+        .unwrap();
+    let hash_values = fill(|k, v| gone_hash.insert(k, v).unwrap(), 0, 30, 400_003);
+    db.checkpoint().unwrap();
+    let before = db.stats();
+    assert_eq!(
+        before.value_store_live_bytes,
+        kept.0 + tree_values.0 + hash_values.0
+    );
+    let (dir_before, values_before) = (
+        allocated_bytes(dir.path(), ""),
+        allocated_bytes(dir.path(), "values-"),
+    );
+
+    assert!(db.drop_tree("gone").unwrap());
+    // The handle still reads what the tree held: its values stay until it goes.
+    assert_eq!(
+        gone.get(&long_key(7)).unwrap(),
+        Some(long_value(7, 1, 300_000))
+    );
+    assert_eq!(
+        db.stats().value_store_live_bytes,
+        before.value_store_live_bytes
+    );
+    drop(gone);
+    assert_eq!(
+        db.stats().value_store_live_bytes,
+        kept.0 + hash_values.0,
+        "the tree's values are freed once its last handle is gone"
+    );
+    drop(gone_hash);
+    assert!(db.drop_hash_store("gone-hash").unwrap());
+    let after_drops = db.stats();
+    assert_eq!(after_drops.value_store_live_bytes, kept.0);
+    assert_eq!(
+        after_drops.value_store_deferred_bytes,
+        tree_values.1 + hash_values.1
+    );
+    for _ in 0..2 {
+        db.checkpoint().unwrap();
+    }
+    let after = db.stats();
+    assert_eq!(after.value_store_deferred_bytes, 0);
+    assert_eq!(after.value_store_live_bytes, kept.0);
+    assert_eq!(after.value_store_allocated_bytes, kept.1);
+    let (dir_after, values_after) = (
+        allocated_bytes(dir.path(), ""),
+        allocated_bytes(dir.path(), "values-"),
+    );
+    let freed = tree_values.1 + hash_values.1;
+    eprintln!(
+        "drop: value files {values_before} -> {values_after} bytes, directory \
+         {dir_before} -> {dir_after} bytes, {freed} bytes of extents freed"
+    );
+    assert!(
+        values_after + freed <= values_before,
+        "the value files hold {values_after} bytes, {values_before} before the drops of \
+         {freed} bytes of extents"
+    );
+    assert!(dir_after + freed <= dir_before);
+    for k in 0..12 {
+        assert_eq!(
+            keep.get(&long_key(k)).unwrap(),
+            Some(long_value(k, 1, 200_001))
+        );
+    }
+
+    // Dropped, and closed before a checkpoint saw the drop.
+    let gone = db.tree("gone-again").unwrap();
+    let again = fill(|k, v| gone.insert(k, v).unwrap(), 0, 40, 500_000);
+    db.checkpoint().unwrap();
+    let values_before = allocated_bytes(dir.path(), "values-");
+    assert!(db.drop_tree("gone-again").unwrap());
+    drop((gone, keep));
+    db.close().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    assert_eq!(db.keyspaces(), ["keep"]);
+    let reopened = db.stats();
+    assert_eq!(reopened.value_store_live_bytes, kept.0);
+    assert_eq!(reopened.value_store_deferred_bytes, again.1);
+    for _ in 0..2 {
+        db.checkpoint().unwrap();
+    }
+    let after = db.stats();
+    assert_eq!(after.value_store_deferred_bytes, 0);
+    assert_eq!(after.value_store_allocated_bytes, kept.1);
+    let values_after = allocated_bytes(dir.path(), "values-");
+    eprintln!(
+        "drop, close, reopen: value files {values_before} -> {values_after} bytes, {} bytes \
+         of extents freed",
+        again.1
+    );
+    assert!(values_after + again.1 <= values_before);
+    let keep = db.tree("keep").unwrap();
+    for k in 0..12 {
+        assert_eq!(
+            keep.get(&long_key(k)).unwrap(),
+            Some(long_value(k, 1, 200_001))
+        );
+    }
+}

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::hash::checkpoint::{self as hash_checkpoint, F2Extents};
+use crate::storage::values::Backpressure;
 use crate::storage::{LOG_BLOCK_BYTES, PageNo, PinSet, ShadowStore};
 use crate::sync::atomic::Ordering;
 use crate::ticker::Ticker;
@@ -84,6 +85,11 @@ pub enum CheckpointCrashPoint {
     PanicAfterFlush = 7,
 }
 
+/// Whether `options` start the background checkpointer.
+pub(super) fn runs(options: &super::DbOptions) -> bool {
+    options.checkpoint_log_bytes > 0 || options.checkpoint_interval.is_some()
+}
+
 /// The longest a failing background checkpoint waits before it is tried again.
 const MAX_CHECKPOINT_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -93,7 +99,7 @@ const MAX_CHECKPOINT_BACKOFF: Duration = Duration::from_secs(5);
 /// not tried at all. A panic puts the database in its failure state.
 pub(super) fn start(shared: &Arc<Shared>) -> Option<Ticker> {
     let o = &shared.options;
-    if o.checkpoint_log_bytes == 0 && o.checkpoint_interval.is_none() {
+    if !runs(o) {
         return None;
     }
     let tick = o
@@ -115,14 +121,17 @@ pub(super) fn start(shared: &Arc<Shared>) -> Option<Ticker> {
     };
     let mut backoff = Duration::ZERO;
     let mut retry_at = Instant::now();
-    Ticker::start("bfdb-checkpointer", tick, on_panic, move |_| {
+    Ticker::start("bfdb-checkpointer", tick, on_panic, move |stopping| {
         let Some(shared) = weak.upgrade() else {
             return false;
         };
         if Instant::now() < retry_at || shared.journal.failure().is_some() {
             return true;
         }
-        if shared.checkpoint_due() {
+        // Freed values become reusable only two checkpoints after their free: while
+        // they are due, the checkpoints follow one another without waiting for a tick.
+        let mut due = shared.checkpoint_due();
+        while due {
             match shared.checkpoint(Merge::Older) {
                 Ok(()) => backoff = Duration::ZERO,
                 Err(e) => {
@@ -131,8 +140,10 @@ pub(super) fn start(shared: &Arc<Shared>) -> Option<Ticker> {
                     log::warn!(
                         "bfdb: a background checkpoint failed, tried again in {backoff:?}: {e}"
                     );
+                    break;
                 }
             }
+            due = !stopping() && shared.values_due();
         }
         true
     })
@@ -440,6 +451,15 @@ impl Shared {
 /// The least freed value bytes that make a background checkpoint due
 /// (`Shared::values_due`).
 const MIN_VALUE_TRIGGER_BYTES: u64 = 8 << 20;
+
+/// When writers of long values wait for the checkpoints to make freed values reusable
+/// (`ValueStore::make_room`): past twice the trigger, an eighth of the live bytes (at
+/// least 16 MiB) freed and not yet reusable.
+pub(super) const VALUE_BACKPRESSURE: Backpressure = Backpressure {
+    live_divisor: 8,
+    floor_bytes: 2 * MIN_VALUE_TRIGGER_BYTES,
+    max_wait: Duration::from_secs(1),
+};
 
 /// Why a checkpoint did not commit.
 enum Uncommitted {

@@ -218,8 +218,10 @@ impl Db {
 
     /// Drops tree keyspace `name` and everything in it; `false` if there was none.
     /// Handles to it still read what it held, and refuse writes with
-    /// [`Error::KeyspaceDropped`]. The drop is durable when the call returns. A hash
-    /// store is dropped with [`Db::drop_hash_store`].
+    /// [`Error::KeyspaceDropped`]. The drop is durable when the call returns. Its values
+    /// kept out of line are freed once the last handle to it is gone (or, after a crash
+    /// or a close, by the next open), their space reused or given back two checkpoints
+    /// later. A hash store is dropped with [`Db::drop_hash_store`].
     pub fn drop_tree(&self, name: &str) -> Result<bool> {
         self.shared.drop_keyspace(name, false)
     }
@@ -253,7 +255,8 @@ impl Db {
     /// Drops hash keyspace `name` and everything in it; `false` if there was none.
     /// Handles to it refuse writes with [`Error::KeyspaceDropped`]; their reads may fail
     /// once they need a log file the drop removed. The drop is durable when the call
-    /// returns.
+    /// returns. Its values kept out of line are freed as a tree's are
+    /// ([`Db::drop_tree`]).
     pub fn drop_hash_store(&self, name: &str) -> Result<bool> {
         self.shared.drop_keyspace(name, true)
     }

@@ -174,6 +174,7 @@ impl Db {
             values,
         };
         shared.restore(&manifest, &loaded, &mut recovery)?;
+        shared.free_dropped_values(&manifest);
         shared.replay(&recovered.records, &mut recovery)?;
         shared.settle_values(uncertain)?;
         shared.resume_hash_compactors();
@@ -551,7 +552,7 @@ impl Shared {
                             w.keyspace
                         ),
                     })?;
-                    self.values.mark_live(r)?;
+                    self.values.mark_live(r, w.keyspace)?;
                 }
                 w.target.write_unlogged(w.key, w.value)?;
                 applied += 1;
@@ -566,6 +567,23 @@ impl Shared {
 }
 
 impl Shared {
+    /// Frees the values of the keyspaces `manifest` does not name: a keyspace dropped
+    /// after the loaded checkpoint's capture still owns live extents in its snapshot.
+    /// No recovery reads its records again (its drop is durable in the manifest and
+    /// ids are never reused), so they go the way of any free: deferred, reusable once
+    /// the checkpoints kept now are gone (docs/design.md, "Dropped keyspaces").
+    fn free_dropped_values(&self, manifest: &Manifest) {
+        let named: std::collections::HashSet<u32> =
+            manifest.keyspaces.values().map(|e| e.id).collect();
+        let freed_bytes = self.values.drop_keyspaces(|k| !named.contains(&k));
+        if freed_bytes > 0 {
+            log::info!(
+                "bfdb: {}: {freed_bytes} bytes of values of dropped keyspaces freed",
+                self.dir.display()
+            );
+        }
+    }
+
     /// Lets the compactor threads of the hash stores the open recovered run: the replay
     /// and the settling of values are done.
     fn resume_hash_compactors(&self) {
@@ -591,7 +609,7 @@ impl Shared {
                 None => false,
             };
             if referenced {
-                self.values.mark_live(u.r)?;
+                self.values.mark_live(u.r, u.keyspace)?;
             } else {
                 self.values.free(u.r, u.keyspace, &u.key);
             }
@@ -626,7 +644,13 @@ fn open_values(
     // Short values are written behind their writers, a sixteenth of the memory budget
     // of them at most (256 KiB to 16 MiB) in memory at once.
     let limit = (options.config.memory_budget_bytes / 16).clamp(256 << 10, 16 << 20);
-    Ok((Arc::new(store.write_behind(limit)?), uncertain))
+    let mut store = store.write_behind(limit)?;
+    // Writers wait for the background checkpoints that make freed space reusable, if
+    // there are any.
+    if checkpointer::runs(options) {
+        store = store.with_backpressure(checkpointer::VALUE_BACKPRESSURE);
+    }
+    Ok((Arc::new(store), uncertain))
 }
 
 /// One write of the log as recovery replays it (`Shared::replay`).

@@ -31,6 +31,9 @@ impl KeyspaceValues {
 
 impl ValueHost for KeyspaceValues {
     fn write(&self, value: &[u8]) -> Result<Vec<u8>> {
+        // A tree writes its values holding nothing a checkpoint needs (a single write
+        // before its stripe and page lock, a batch before its stripes): it may wait.
+        self.store.make_room();
         Ok(self.store.write(value)?.encode().to_vec())
     }
 
@@ -80,5 +83,10 @@ impl ValueHost for KeyspaceValues {
 
     fn guard(&self) -> Option<crate::storage::ReadGuard> {
         self.store.holds_values().then(|| self.store.read_guard())
+    }
+
+    fn keyspace_dropped(&self) {
+        let keyspace = self.keyspace;
+        self.store.drop_keyspaces(|k| k == keyspace);
     }
 }

@@ -553,6 +553,18 @@ pub(crate) struct HashAttached {
     pub(crate) background_paused: AtomicBool,
 }
 
+impl Drop for HashAttached {
+    fn drop(&mut self) {
+        // The store (and its compactor thread) owns its attachment, so the last handle
+        // to it is gone: once the keyspace is dropped too, nothing reads or writes its
+        // values again (docs/design.md, "Dropped keyspaces").
+        if self.dropped.load(Ordering::Acquire) {
+            let keyspace = self.keyspace;
+            self.values.drop_keyspaces(|k| k == keyspace);
+        }
+    }
+}
+
 impl HashAttached {
     /// `e` with damage named as the issue asks of every file of a database: damage in a
     /// log's file (the log names the file and the address) gets the keyspace's name;
@@ -915,7 +927,7 @@ impl HashStore {
                 let old = self.inner.get(key)?;
                 let new = update(old.as_deref());
                 self.check_value(&new)?;
-                let reference = self.store_value(key, &new)?;
+                let reference = self.write_value(key, &new)?;
                 self.inner
                     .apply(key, Some(stored(&new, reference.as_deref())))?;
                 Ok(new)
@@ -928,7 +940,7 @@ impl HashStore {
                     let old = self.inner.get(key)?;
                     let new = update(old.as_deref());
                     self.check_value(&new)?;
-                    let logged = match self.store_value(key, &new)? {
+                    let logged = match self.write_value(key, &new)? {
                         Some(reference) => (reference, true),
                         None => (new.clone(), false),
                     };
@@ -1082,8 +1094,18 @@ impl HashStore {
     }
 
     /// Writes `value` to the value store if a record of `key` does not keep it itself
-    /// (it is longer than [`HashStore::inline_max`]): its reference if so.
+    /// (it is longer than [`HashStore::inline_max`]): its reference if so. It may first
+    /// wait for room (`ValueStore::make_room`): the caller holds no stripe or epoch.
     pub(crate) fn store_value(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>> {
+        if value.len() > self.inline_max(key.len()) {
+            self.inner.attached.values.make_room();
+        }
+        self.write_value(key, value)
+    }
+
+    /// [`HashStore::store_value`] without the wait: for a read-modify-write, which
+    /// writes its value holding its key's stripe (a checkpoint's quiesce waits for it).
+    fn write_value(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>> {
         if value.len() <= self.inline_max(key.len()) {
             return Ok(None);
         }

@@ -32,6 +32,17 @@
 //! Every other byte below the end of the address space is *free*: ranges coalesced and
 //! allocated best fit, the end growing when none fits and shrinking (the device giving
 //! the space back) when the top range is freed.
+//! A live extent also records its *owner*, the keyspace whose records reference it, so
+//! that a dropped keyspace's values can be freed without reading its index
+//! ([`ValueStore::drop_keyspaces`]).
+//!
+//! # Space
+//!
+//! The device holds the live and freed extents, the free space a release keeps written
+//! for reuse (the *slack*: a release punches holes in what is past it, and the store
+//! knows which free ranges are holes), and what is reserved ahead of the end. Freed
+//! extents wait for two checkpoints; a writer that outruns them waits for room
+//! ([`ValueStore::make_room`]).
 //!
 //! Invariants:
 //! - Extents never overlap, and every byte below the end is in exactly one extent or
@@ -87,9 +98,16 @@ mod tests;
 pub(crate) use cache::ValueCache;
 pub(crate) use snapshot::Uncertain;
 
-/// The least space reserved ahead of the writes at a time, and the least free space a
-/// release keeps written for reuse (`ValueStore::slack`).
-const RESERVE_STEP_BYTES: u64 = 16 << 20;
+/// The least space reserved ahead of the writes at a time (`ValueStore::reserve_step`).
+const RESERVE_STEP_BYTES: u64 = 2 << 20;
+/// The least free space a release keeps written for reuse (`ValueStore::slack`).
+const SLACK_FLOOR_BYTES: u64 = 8 << 20;
+/// The most holes a release punches under the store's lock (`punch_unpunched`).
+const PUNCHES_PER_RELEASE: usize = 256;
+/// Freed extents this long or longer are always punched by their release
+/// (`ValueStore::release`): writing into their hole again costs one block allocation
+/// for at least this many bytes. (The write-behind's longest extent too.)
+const PUNCHED_EXTENT_BYTES: u64 = 256 << 10;
 
 /// Bytes of an encoded [`ValueRef`].
 pub(crate) const REF_BYTES: usize = 16;
@@ -160,6 +178,15 @@ impl ValueRef {
     }
 }
 
+/// Space reserved ahead of the end at a time for a store whose address space ends at
+/// `end`: a 128th of it, at least [`RESERVE_STEP_BYTES`]. A write past a file's end
+/// allocates blocks under the file's exclusive lock; a step amortizes that over many
+/// writes (2 MiB: 256 values of 8 KiB), and what is reserved and not yet written counts
+/// in the directory's size, so steps stay small beside the file.
+fn reserve_step(end: u64) -> u64 {
+    (end / 128).max(RESERVE_STEP_BYTES)
+}
+
 /// Chunks of a value of `len` bytes that has a chunk table (0 if it has none).
 fn table_chunks(len: u32) -> u64 {
     if u64::from(len) > CHUNK_BYTES {
@@ -202,14 +229,25 @@ enum Extent {
     Grace { free_gen: u64 },
 }
 
-/// An extent's entry: its reference, its state, and — while a checkpoint's window is
-/// open, for the extents applied or freed in it — the key of the record.
+/// An extent's entry: its reference, its state, the keyspace whose records reference
+/// it, and — while a checkpoint's window is open, for the extents applied or freed in
+/// it — the key of the record.
 #[derive(Debug)]
 struct Entry {
     r: ValueRef,
     state: Extent,
+    /// The keyspace of the records that reference the extent: set when it becomes live
+    /// ([`ValueStore::applied`], [`ValueStore::mark_live`]), [`NO_OWNER`] until then
+    /// or if a snapshot of format 1 did not say. Kept after a free (no one reads it
+    /// then).
+    owner: u32,
     uncertain: Option<Box<Key>>,
 }
+
+/// The owner of an extent that no record has claimed (pending), or whose keyspace a
+/// snapshot of format 1 did not record: no keyspace has this id (`Db` keyspace ids
+/// stop one below it).
+pub(crate) const NO_OWNER: u32 = u32::MAX;
 
 /// The record's key of an uncertain extent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -267,6 +305,90 @@ impl FreeRanges {
     }
 }
 
+/// The free space below the end that holds no blocks on the device: ranges punched
+/// (a release's, recovery's `discard_free`) and not allocated since. Disjoint ranges
+/// that never touch, each inside one free range. What it does not know (space freed
+/// without a punch, gaps a restore or `claim` left) it counts as holding blocks, so
+/// the store may punch a range twice but never counts one as empty that is not.
+#[derive(Debug, Default)]
+struct Holes {
+    by_start: BTreeMap<u64, u64>,
+    bytes: u64,
+}
+
+impl Holes {
+    /// Adds `[start, start + len)`, merging it with the holes it touches or overlaps.
+    fn insert(&mut self, start: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let mut stop = start + len;
+        self.remove(start, stop);
+        let mut start = start;
+        if let Some((&s, &l)) = self.by_start.range(..start).next_back()
+            && s + l == start
+        {
+            self.by_start.remove(&s);
+            self.bytes -= l;
+            start = s;
+        }
+        if let Some(l) = self.by_start.remove(&stop) {
+            self.bytes -= l;
+            stop += l;
+        }
+        self.by_start.insert(start, stop - start);
+        self.bytes += stop - start;
+    }
+
+    /// Removes every byte of `[start, stop)` from the holes.
+    fn remove(&mut self, start: u64, stop: u64) {
+        if start >= stop {
+            return;
+        }
+        let first = match self.by_start.range(..start).next_back() {
+            Some((&s, &l)) if s + l > start => s,
+            _ => start,
+        };
+        let overlapping: Vec<(u64, u64)> = self
+            .by_start
+            .range(first..stop)
+            .map(|(&s, &l)| (s, l))
+            .collect();
+        for (s, l) in overlapping {
+            self.by_start.remove(&s);
+            self.bytes -= l;
+            if s < start {
+                self.by_start.insert(s, start - s);
+                self.bytes += start - s;
+            }
+            if s + l > stop {
+                self.by_start.insert(stop, s + l - stop);
+                self.bytes += s + l - stop;
+            }
+        }
+    }
+
+    /// The parts of `[start, stop)` that are not holes, in order.
+    fn gaps(&self, start: u64, stop: u64) -> Vec<(u64, u64)> {
+        let mut gaps = Vec::new();
+        let mut at = start;
+        let first = match self.by_start.range(..start).next_back() {
+            Some((&s, &l)) if s + l > start => s,
+            _ => start,
+        };
+        for (&s, &l) in self.by_start.range(first..stop) {
+            if s > at {
+                gaps.push((at, s - at));
+            }
+            at = at.max(s + l);
+        }
+        if at < stop {
+            gaps.push((at, stop - at));
+        }
+        gaps
+    }
+}
+
 /// Extent bytes per state (deferred counts grace too), and value bytes of live extents.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Totals {
@@ -321,6 +443,9 @@ struct State {
     /// Deferred extents by (free_gen, offset), for `release`.
     deferred: BTreeSet<(u64, u64)>,
     free: FreeRanges,
+    /// The free ranges' parts known to hold no blocks (`Holes`): the rest of the free
+    /// space is what the device still stores for nothing, which the slack bounds.
+    holes: Holes,
     /// The end of the address space.
     end: u64,
     /// Above this the device holds no bytes of ours (`u64::MAX`: not known, as after an
@@ -347,6 +472,7 @@ impl State {
             extents: BTreeMap::new(),
             deferred: BTreeSet::new(),
             free: FreeRanges::default(),
+            holes: Holes::default(),
             end: 0,
             device_end: u64::MAX,
             reserved: 0,
@@ -365,6 +491,8 @@ impl State {
             if len > bytes {
                 self.free.insert(start + bytes, len - bytes);
             }
+            // The write allocates whatever blocks a punch took.
+            self.holes.remove(start, start + bytes);
             return start;
         }
         // The top range never touches the end (it would have been given back), so
@@ -383,7 +511,14 @@ impl State {
         if start + len == self.end {
             self.free.remove(start);
             self.end = start;
+            self.holes.remove(start, u64::MAX);
         }
+    }
+
+    /// Free bytes below the end that the device still holds blocks for: free ranges
+    /// not known to be holes.
+    fn unpunched_bytes(&self) -> u64 {
+        self.free.bytes - self.holes.bytes
     }
 
     /// Takes `[start, start + len)` out of the free ranges and the space above the end
@@ -406,6 +541,7 @@ impl State {
             if below < s + l {
                 self.free.insert(below, s + l - below);
             }
+            self.holes.remove(start, below);
         }
         if stop > self.end {
             if start > self.end {
@@ -466,7 +602,12 @@ impl State {
     /// released and reused before a crash — and its range is taken from the free
     /// ranges and the space above the end. An overlapped pending or live extent of
     /// another reference is an error, and nothing changes.
-    fn adopt(&mut self, r: &ValueRef, cache: &ValueCache) -> std::result::Result<(), String> {
+    fn adopt(
+        &mut self,
+        r: &ValueRef,
+        owner: u32,
+        cache: &ValueCache,
+    ) -> std::result::Result<(), String> {
         let stop = r
             .extent_end()
             .ok_or_else(|| format!("{r:?} ends past 2^64"))?;
@@ -474,6 +615,7 @@ impl State {
             if entry.state != Extent::Live {
                 self.set_state(r.offset, Extent::Live);
             }
+            self.claim_owner(r.offset, owner);
             return Ok(());
         }
         let first = match self.extents.range(..=r.offset).next_back() {
@@ -505,9 +647,19 @@ impl State {
         self.insert(Entry {
             r: *r,
             state: Extent::Live,
+            owner,
             uncertain: None,
         });
         Ok(())
+    }
+
+    /// Records `owner` as the keyspace of the extent at `offset` if it has none yet.
+    fn claim_owner(&mut self, offset: u64, owner: u32) {
+        if let Some(entry) = self.extents.get_mut(&offset)
+            && entry.owner == NO_OWNER
+        {
+            entry.owner = owner;
+        }
     }
 
     fn stats(&self) -> ValueStoreStats {
@@ -604,18 +756,67 @@ pub(crate) struct ValueStore {
     /// Set once the store held a value (written, restored or recovered): until then no
     /// index holds a reference, and readers need no guard ([`ValueStore::holds_values`]).
     held: std::sync::atomic::AtomicBool,
-    /// The least slack (`ValueStore::slack`): [`RESERVE_STEP_BYTES`], or less in tests
+    /// The least slack (`ValueStore::slack`): [`SLACK_FLOOR_BYTES`], or less in tests
     /// that watch space come back block by block.
     slack_floor: u64,
     /// Write-behind of short extents (`stage.rs`), once started
     /// ([`ValueStore::write_behind`]); without it every write waits for its device write.
     #[cfg(not(feature = "shuttle"))]
     stager: Option<stage::Stager>,
+    /// How writers of new values are held back while freed extents wait for
+    /// checkpoints ([`ValueStore::make_room`]), once set
+    /// ([`ValueStore::with_backpressure`]).
+    #[cfg(not(feature = "shuttle"))]
+    room: Option<Room>,
     /// The bytes of recently read and written values (`cache.rs`): every whole read
     /// looks there first. Its capacity is the database's to set.
     cache: Arc<ValueCache>,
     /// Called once, when the store first holds a value ([`ValueStore::on_first_value`]).
     first_value: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+/// When writers of new values wait for freed extents to become reusable
+/// ([`ValueStore::make_room`]); under shuttle nothing waits and the policy goes unread.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "shuttle", allow(dead_code))]
+pub(crate) struct Backpressure {
+    /// A writer waits while the freed extents not yet reusable (deferred or in grace)
+    /// exceed the live bytes over this, or `floor_bytes` if that is more.
+    pub(crate) live_divisor: u64,
+    pub(crate) floor_bytes: u64,
+    /// The longest a writer waits: past it, it writes anyway (checkpoints that fail or
+    /// stopped must not stop the writers with them).
+    pub(crate) max_wait: std::time::Duration,
+}
+
+#[cfg_attr(feature = "shuttle", allow(dead_code))]
+impl Backpressure {
+    /// The freed bytes past which a writer waits, for `live_bytes` of live values.
+    pub(crate) fn limit_bytes(&self, live_bytes: u64) -> u64 {
+        (live_bytes / self.live_divisor).max(self.floor_bytes)
+    }
+}
+
+/// Writers waiting for room: a release wakes them.
+#[cfg(not(feature = "shuttle"))]
+struct Room {
+    policy: Backpressure,
+    /// Held while a writer checks the state and goes to sleep, and by a release that
+    /// wakes the writers, so no wake-up falls between the two.
+    waiting: parking_lot::Mutex<Releases>,
+    released: parking_lot::Condvar,
+}
+
+/// What writers waiting for room know of the releases.
+#[cfg(not(feature = "shuttle"))]
+#[derive(Default)]
+struct Releases {
+    /// Releases so far.
+    count: u64,
+    /// The count when a writer last waited its longest in vain: until the next release
+    /// no writer waits (checkpoints are failing or stopped; each writer waiting its
+    /// longest would make every write that slow).
+    gave_up_at: Option<u64>,
 }
 
 impl std::fmt::Debug for ValueStore {
@@ -641,9 +842,11 @@ impl ValueStore {
         let held = std::sync::atomic::AtomicBool::new(state.end > 0);
         ValueStore {
             held,
-            slack_floor: RESERVE_STEP_BYTES,
+            slack_floor: SLACK_FLOOR_BYTES,
             #[cfg(not(feature = "shuttle"))]
             stager: None,
+            #[cfg(not(feature = "shuttle"))]
+            room: None,
             device,
             segment_bytes,
             cache: Arc::new(ValueCache::new()),
@@ -674,7 +877,7 @@ impl ValueStore {
         let decoded = snapshot::decode(source, snapshot)?;
         let mut state = State::new(decoded.next_gen);
         let mut at = 0;
-        for (r, extent) in decoded.extents {
+        for (r, extent, owner) in decoded.extents {
             if r.offset > at {
                 state.free.insert(at, r.offset - at);
             }
@@ -684,6 +887,7 @@ impl ValueStore {
             state.insert(Entry {
                 r,
                 state: extent,
+                owner,
                 uncertain: None,
             });
         }
@@ -719,11 +923,10 @@ impl ValueStore {
             let r = ValueRef { offset, len, crc };
             let stop = offset + extent_bytes(len);
             if stop > state.reserved {
-                // Space ahead of the writes, in steps of an eighth of the file (at
-                // least RESERVE_STEP_BYTES): reserved under the lock, which allocations
-                // above it wait for.
+                // Space ahead of the writes, in steps (`reserve_step`): reserved under
+                // the lock, which allocations above it wait for.
                 let to = stop
-                    .max(state.reserved + self.slack(state.end))
+                    .max(state.reserved + reserve_step(state.end))
                     .next_multiple_of(IO_ALIGN_BYTES);
                 let from = state.reserved;
                 if let Err(e) = self.device.reserve(from, to - from) {
@@ -738,6 +941,7 @@ impl ValueStore {
             state.insert(Entry {
                 r,
                 state: Extent::Pending,
+                owner: NO_OWNER,
                 uncertain: None,
             });
             r
@@ -766,12 +970,13 @@ impl ValueStore {
             Some(Extent::Live) => {}
             Some(Extent::Deferred { .. } | Extent::Grace { .. }) => return,
             None => {
-                if let Err(why) = state.adopt(&r, &self.cache) {
+                if let Err(why) = state.adopt(&r, keyspace, &self.cache) {
                     log::warn!("value store: a record applied with an unknown value: {why}");
                     return;
                 }
             }
         }
+        state.claim_owner(r.offset, keyspace);
         state.note_key(r.offset, keyspace, key);
     }
 
@@ -807,21 +1012,50 @@ impl ValueStore {
         }
     }
 
-    /// Recovery replayed a record referencing `r`: whatever the store thought, the
-    /// extent is live (taken out of the free ranges, or the address space grown to
-    /// it). Freed extents it overlaps are dropped (the space was reused before the
-    /// crash). Not to run beside a [`ValueStore::release`].
+    /// Recovery replayed a record of `keyspace` referencing `r` (or found one that
+    /// references it): whatever the store thought, the extent is live, owned by
+    /// `keyspace` (taken out of the free ranges, or the address space grown to it).
+    /// Freed extents it overlaps are dropped (the space was reused before the crash).
+    /// Not to run beside a [`ValueStore::release`].
     ///
     /// A pending or live extent of another reference in its way means the log and the
     /// snapshot disagree: an [`Error::CorruptFile`] naming the value file, and nothing
     /// changes.
-    pub(crate) fn mark_live(&self, r: ValueRef) -> Result<()> {
+    pub(crate) fn mark_live(&self, r: ValueRef, keyspace: u32) -> Result<()> {
         self.note_held();
-        let result = self.state.lock().adopt(&r, &self.cache);
+        let result = self.state.lock().adopt(&r, keyspace, &self.cache);
         result.map_err(|why| Error::CorruptFile {
             path: self.file_of(r.offset),
             reason: format!("a recovered value reference does not fit the value file: {why}"),
         })
+    }
+
+    /// Frees every live extent whose keyspace `dropped` names, as [`ValueStore::free`]
+    /// would (deferred until a release, `free_gen` the next checkpoint's); returns the
+    /// value bytes freed. The database calls it once a dropped keyspace's last handle
+    /// is gone (no reader or writer of it is left, and the durable manifest no longer
+    /// names it, so no recovery reads its records), and recovery calls it for the
+    /// keyspaces its manifest does not name: their extents in the restored snapshot.
+    /// Extents of no known keyspace ([`NO_OWNER`]) are never freed here. Walks every
+    /// extent under the lock: a drop is rare, and an owner index would cost every
+    /// extent more memory.
+    pub(crate) fn drop_keyspaces(&self, dropped: impl Fn(u32) -> bool) -> u64 {
+        let mut state = self.state.lock();
+        let owned: Vec<u64> = state
+            .extents
+            .values()
+            .filter(|e| e.state == Extent::Live && e.owner != NO_OWNER && dropped(e.owner))
+            .map(|e| e.r.offset)
+            .collect();
+        let free_gen = state.next_gen;
+        let mut bytes = 0;
+        for offset in owned {
+            bytes += u64::from(state.extents[&offset].r.len);
+            state.set_state(offset, Extent::Deferred { free_gen });
+            // As at a free: no later read finds it.
+            self.cache.remove(offset);
+        }
+        bytes
     }
 
     /// A checkpoint of `generation` is about to quiesce: from now on frees are for the
@@ -872,29 +1106,38 @@ impl ValueStore {
         // Released space is given back to the device (holes punched) only past a slack
         // of free space kept written for reuse: a write into a hole allocates blocks
         // again (ext4 journals that, under the file's exclusive lock), while a write
-        // over freed bytes is a plain overwrite. So the file stays within the live
-        // bytes plus what waits for checkpoints plus the slack.
-        let punch = {
-            let state = self.state.lock();
-            let graced_bytes: u64 = graced.iter().map(|&(_, len)| len).sum();
-            state.free.bytes + graced_bytes > self.slack(state.totals.live_value)
-        };
+        // over freed bytes is a plain overwrite. That matters per write, so only short
+        // extents are kept: an extent of PUNCHED_EXTENT_BYTES or more is always
+        // punched (its next writer allocates once for that many bytes, a write of its
+        // own). So the file holds the live bytes, what waits for checkpoints, at most
+        // the slack of short extents' space and what is reserved ahead.
+        let slack = self.slack(self.state.lock().totals.live_value);
         let mut failure = None;
+        let mut punched = Vec::new();
         if !graced.is_empty() {
             self.readers.wait_for_earlier();
             // In grace the extents cannot be allocated: their holes are punched
-            // outside the lock, neighbours merged into one call.
+            // outside the lock, neighbours merged into one call: the long ones, and
+            // short ones as far as they do not fit in the slack.
             graced.sort_unstable();
-            let mut at = 0;
-            while at < graced.len() {
-                let (start, mut len) = graced[at];
-                at += 1;
-                while at < graced.len() && graced[at].0 == start + len {
-                    len += graced[at].1;
-                    at += 1;
+            let mut kept = self.state.lock().unpunched_bytes();
+            let mut runs: Vec<(u64, u64)> = Vec::new();
+            for &(start, len) in &graced {
+                if len < PUNCHED_EXTENT_BYTES && kept + len <= slack {
+                    kept += len;
+                    continue;
                 }
-                if punch && let Err(e) = self.device.discard(start, len) {
-                    failure.get_or_insert_with(|| self.io_error(start, e));
+                match runs.last_mut() {
+                    Some((s, l)) if *s + *l == start => *l += len,
+                    _ => runs.push((start, len)),
+                }
+            }
+            for (start, len) in runs {
+                match self.device.discard(start, len) {
+                    Ok(()) => punched.push((start, len)),
+                    Err(e) => {
+                        failure.get_or_insert_with(|| self.io_error(start, e));
+                    }
                 }
             }
         }
@@ -912,6 +1155,19 @@ impl ValueStore {
                 state.give_back(offset, len);
             }
         }
+        let end = state.end;
+        for (start, len) in punched.into_iter().filter(|&(start, _)| start < end) {
+            state.holes.insert(start, len.min(end - start));
+        }
+        // Free space past the slack that earlier releases kept written (for a store
+        // that since shrank, or that grew past its end while checkpoints lagged) is
+        // punched too: under the lock, since free ranges may be allocated, the highest
+        // first.
+        if failure.is_none()
+            && let Err((at, e)) = self.punch_unpunched(&mut state, slack)
+        {
+            failure = Some(self.io_error(at, e));
+        }
         // Cut under the lock: nothing is allocated above the end meanwhile. Space
         // reserved ahead stays while it is within the slack.
         if state.end.saturating_add(self.slack(state.end)) < state.device_end {
@@ -925,7 +1181,47 @@ impl ValueStore {
                 }
             }
         }
+        drop(state);
+        #[cfg(not(feature = "shuttle"))]
+        if let Some(room) = &self.room {
+            room.waiting.lock().count += 1;
+            room.released.notify_all();
+        }
         failure.map_or(Ok(()), Err)
+    }
+
+    /// Punches free space the device still holds until at most `keep` bytes of it are
+    /// left, from the highest free range down, in at most [`PUNCHES_PER_RELEASE`]
+    /// calls (it runs under the lock, which writers wait for: the rest waits for the
+    /// next release); the punched ranges become holes.
+    fn punch_unpunched(
+        &self,
+        state: &mut State,
+        keep: u64,
+    ) -> std::result::Result<(), (u64, io::Error)> {
+        let mut over = state.unpunched_bytes().saturating_sub(keep);
+        if over == 0 {
+            return Ok(());
+        }
+        let mut gaps = Vec::new();
+        for (&start, &len) in state.free.by_start.iter().rev() {
+            for (gap, gap_len) in state.holes.gaps(start, start + len).into_iter().rev() {
+                if over == 0 || gaps.len() == PUNCHES_PER_RELEASE {
+                    break;
+                }
+                let n = gap_len.min(over.next_multiple_of(IO_ALIGN_BYTES));
+                gaps.push((gap + gap_len - n, n));
+                over = over.saturating_sub(n);
+            }
+            if over == 0 || gaps.len() == PUNCHES_PER_RELEASE {
+                break;
+            }
+        }
+        for (start, len) in gaps {
+            self.device.discard(start, len).map_err(|e| (start, e))?;
+            state.holes.insert(start, len);
+        }
+        Ok(())
     }
 
     /// Gives the space of every free range, and everything above the end, back to the
@@ -934,10 +1230,12 @@ impl ValueStore {
     /// lost. It holds the lock throughout (nothing else runs during recovery).
     pub(crate) fn discard_free(&self) -> Result<()> {
         let mut state = self.state.lock();
-        for (&start, &len) in &state.free.by_start {
+        let free: Vec<(u64, u64)> = state.free.by_start.iter().map(|(&s, &l)| (s, l)).collect();
+        for (start, len) in free {
             self.device
                 .discard(start, len)
                 .map_err(|e| self.io_error(start, e))?;
+            state.holes.insert(start, len);
         }
         self.device
             .truncate_from(state.end)
@@ -947,11 +1245,11 @@ impl ValueStore {
         Ok(())
     }
 
-    /// Space kept allocated beyond need for a store of `bytes`: an eighth of it, at
-    /// least the floor (16 MiB). Reserved ahead of the end, and kept written among the
-    /// free ranges, it saves writes from allocating blocks (ext4 allocates under the
-    /// file's exclusive lock and journals it); it bounds what the value file holds past
-    /// its live values and those not reusable yet.
+    /// Free space of short extents kept written for reuse in a store of `bytes` live:
+    /// an eighth of it, at least the floor (8 MiB). Kept among the free ranges, it
+    /// saves writes from allocating blocks (ext4 allocates under the file's exclusive
+    /// lock and journals it); a release punches what is past it, and every long extent
+    /// (`ValueStore::release`).
     fn slack(&self, bytes: u64) -> u64 {
         (bytes / 8).max(self.slack_floor)
     }
@@ -975,8 +1273,57 @@ impl ValueStore {
         }
     }
 
+    /// Holds writers back by `policy` ([`ValueStore::make_room`]); under shuttle
+    /// nothing waits.
+    pub(crate) fn with_backpressure(self, policy: Backpressure) -> ValueStore {
+        #[cfg(not(feature = "shuttle"))]
+        {
+            let mut store = self;
+            store.room = Some(Room {
+                policy,
+                waiting: parking_lot::Mutex::new(Releases::default()),
+                released: parking_lot::Condvar::new(),
+            });
+            store
+        }
+        #[cfg(feature = "shuttle")]
+        {
+            let _ = policy;
+            self
+        }
+    }
+
+    /// Waits (up to the policy's longest wait) while the extents freed and not yet
+    /// reusable exceed the policy's limit: a writer of new values that outruns the
+    /// checkpoints that make freed space reusable would otherwise grow the value file
+    /// by what it writes meanwhile (a freed extent waits for two checkpoints). Call it
+    /// before [`ValueStore::write`] where the caller holds nothing a checkpoint needs
+    /// (no stripe, page lock or epoch guard): the wait is for a checkpoint's release.
+    /// A store that failed, or without a policy, does not wait, nor does anyone after
+    /// a writer waited its longest in vain, until the next release.
+    pub(crate) fn make_room(&self) {
+        #[cfg(not(feature = "shuttle"))]
+        if let Some(room) = &self.room {
+            let deadline = std::time::Instant::now() + room.policy.max_wait;
+            let mut waiting = room.waiting.lock();
+            loop {
+                let over = {
+                    let state = self.state.lock();
+                    state.failed.is_none()
+                        && state.totals.deferred > room.policy.limit_bytes(state.totals.live_value)
+                };
+                if !over || waiting.gave_up_at == Some(waiting.count) {
+                    return;
+                }
+                if room.released.wait_until(&mut waiting, deadline).timed_out() {
+                    waiting.gave_up_at = Some(waiting.count);
+                    return;
+                }
+            }
+        }
+    }
+
     /// This store with a slack floor of `floor` bytes instead of 16 MiB.
-    #[cfg(test)]
     #[cfg(all(test, not(feature = "shuttle")))]
     pub(crate) fn with_slack_floor(mut self, floor: u64) -> ValueStore {
         self.slack_floor = floor;
@@ -1561,5 +1908,24 @@ impl State {
         }
         assert_eq!(at, self.end, "the pieces end at the end");
         assert!(!previous_free, "a free range touches the end");
+        // Holes lie inside free ranges, apart from one another.
+        let mut hole_bytes = 0;
+        let mut previous_stop = None;
+        for (&start, &len) in &self.holes.by_start {
+            assert!(len > 0 && start.is_multiple_of(IO_ALIGN_BYTES));
+            assert!(len.is_multiple_of(IO_ALIGN_BYTES));
+            assert!(
+                previous_stop.is_none_or(|stop| stop < start),
+                "holes touch at {start}"
+            );
+            previous_stop = Some(start + len);
+            let (s, l) = self.free.holding(start).expect("a hole in a free range");
+            assert!(
+                start + len <= s + l,
+                "a hole past its free range at {start}"
+            );
+            hole_bytes += len;
+        }
+        assert_eq!(hole_bytes, self.holes.bytes);
     }
 }

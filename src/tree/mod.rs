@@ -155,6 +155,16 @@ pub(crate) struct Attached {
     pub(crate) values: Arc<dyn ValueHost>,
 }
 
+impl Drop for Attached {
+    fn drop(&mut self) {
+        // The tree owns its attachment, so the last handle to it is gone: once the
+        // keyspace is dropped too, nothing reads or writes its values again.
+        if self.dropped.load(Ordering::Acquire) {
+            self.values.keyspace_dropped();
+        }
+    }
+}
+
 impl Attached {
     /// The database the tree belongs to, as its journal's address.
     pub(crate) fn journal_id(&self) -> usize {

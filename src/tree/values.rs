@@ -82,6 +82,9 @@ pub(crate) trait ValueHost: Send + Sync {
     /// Whether the store ever held a value: until it does, no record references one,
     /// and writes and merges need not look for references to report.
     fn holds_values(&self) -> bool;
+    /// The keyspace was dropped from its database and its tree is gone: no record of
+    /// it is read or written again, and every value it references is unreachable.
+    fn keyspace_dropped(&self);
 }
 
 /// References to values that were made unreachable, collected while a page is being
@@ -263,6 +266,7 @@ mod tests {
         fn holds_values(&self) -> bool {
             true
         }
+        fn keyspace_dropped(&self) {}
     }
 
     fn xorshift(x: &mut u64) -> u64 {

@@ -459,3 +459,29 @@ pub fn with_crc(mut value: Vec<u8>, crc: u32) -> Vec<u8> {
     assert_eq!(crc_with(tail), crc);
     value
 }
+
+/// Bytes of the value store's extent for a value of `len` bytes: the value, a crc32c
+/// per 64 KiB chunk if it has more than one, rounded up to whole 4 KiB blocks.
+pub fn extent_bytes(len: usize) -> u64 {
+    let len = len as u64;
+    let table = if len > 65_536 {
+        4 * len.div_ceil(65_536)
+    } else {
+        0
+    };
+    (len + table).max(1).next_multiple_of(4096)
+}
+
+/// Bytes the files of `dir` whose names start with `prefix` hold on disk: their
+/// allocated blocks, as `du` counts them (holes punched and space never written are not
+/// counted; space reserved with `fallocate` is).
+pub fn allocated_bytes(dir: &std::path::Path, prefix: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        // A file removed meanwhile (a log segment retired) holds nothing.
+        .map(|e| e.metadata().map_or(0, |m| m.blocks() * 512))
+        .sum()
+}

@@ -12,14 +12,18 @@
 //!   reference (16 bytes: offset u64, len u32, crc u32)
 //!   state (u8): 1 = live, 2 = deferred (or in grace); + 0x80 if uncertain
 //!   free_gen (LEB128 varint)                         deferred only
+//!   owner (LEB128 varint, the keyspace id)             live only; version 2
 //!   keyspace (u32), key length (varint), key           uncertain only
 //! crc32c (u32) of every byte before it
 //! ```
 //!
-//! An extent costs 17 bytes live, 18-20 deferred, plus its key while uncertain: a
-//! million large values make a snapshot of 17-25 MB. Pending extents are not recorded:
-//! their records are either after the checkpoint's log position (recovery replays them
-//! and marks them live) or were never acknowledged.
+//! An extent costs 18-19 bytes live (keyspace ids below 16384), 18-20 deferred, plus
+//! its key while uncertain: a million large values make a snapshot of 18-25 MB.
+//! Pending extents are not recorded: their records are either after the checkpoint's
+//! log position (recovery replays them and marks them live) or were never
+//! acknowledged. Version 1 (before owners) is still read: its live extents have no
+//! owner ([`NO_OWNER`]), and a drop of their keyspace leaves them until a record
+//! claims them again (the replay, an uncertain extent's settling).
 //!
 //! Decoding accepts any bytes and reports what is wrong as
 //! [`Error::CorruptFile`](crate::error::Error::CorruptFile) (an unknown version as
@@ -29,13 +33,15 @@
 
 use std::path::Path;
 
-use super::{Extent, REF_BYTES, State, ValueRef};
+use super::{Extent, NO_OWNER, REF_BYTES, State, ValueRef};
 use crate::error::{Error, Result};
 use crate::storage::IO_ALIGN_BYTES;
 
 const MAGIC: [u8; 8] = *b"BFVALUES";
-/// The snapshot format this build writes and reads.
-const VERSION: u32 = 1;
+/// The snapshot format this build writes; it reads this and [`VERSION_NO_OWNERS`].
+const VERSION: u32 = 2;
+/// The format before live extents recorded their keyspace.
+const VERSION_NO_OWNERS: u32 = 1;
 const LIVE: u8 = 1;
 const DEFERRED: u8 = 2;
 const UNCERTAIN: u8 = 0x80;
@@ -59,11 +65,12 @@ pub(crate) struct Uncertain {
     pub(crate) freed: bool,
 }
 
-/// A decoded snapshot: the extents in ascending order, each ending below the end.
+/// A decoded snapshot: the extents in ascending order, each ending below the end, with
+/// their owners ([`NO_OWNER`] for a freed one or from version 1).
 #[derive(Debug)]
 pub(super) struct Decoded {
     pub(super) next_gen: u64,
-    pub(super) extents: Vec<(ValueRef, Extent)>,
+    pub(super) extents: Vec<(ValueRef, Extent, u32)>,
     pub(super) uncertain: Vec<Uncertain>,
 }
 
@@ -75,7 +82,7 @@ pub(super) fn encode(state: &mut State) -> Vec<u8> {
         .values()
         .filter(|e| e.state != Extent::Pending)
         .count();
-    let mut out = Vec::with_capacity(HEADER_BYTES + recorded * (REF_BYTES + 1) + 4);
+    let mut out = Vec::with_capacity(HEADER_BYTES + recorded * (REF_BYTES + 2) + 4);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&state.next_gen.to_le_bytes());
@@ -92,8 +99,9 @@ pub(super) fn encode(state: &mut State) -> Vec<u8> {
         };
         out.extend_from_slice(&entry.r.encode());
         out.push(kind | if uncertain.is_some() { UNCERTAIN } else { 0 });
-        if let Some(free_gen) = free_gen {
-            put_varint(&mut out, free_gen);
+        match free_gen {
+            Some(free_gen) => put_varint(&mut out, free_gen),
+            None => put_varint(&mut out, u64::from(entry.owner)),
         }
         if let Some(key) = uncertain {
             out.extend_from_slice(&key.keyspace.to_le_bytes());
@@ -126,11 +134,11 @@ pub(super) fn decode(source: &Path, bytes: &[u8]) -> Result<Decoded> {
         return Err(corrupt("wrong magic bytes".into()));
     }
     let version = r.u32().ok_or_else(truncated)?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_NO_OWNERS {
         return Err(Error::Incompatible {
             reason: format!(
                 "{}: value store snapshot format version {version}; this build reads \
-                 version {VERSION}",
+                 versions {VERSION_NO_OWNERS} and {VERSION}",
                 source.display()
             ),
         });
@@ -162,13 +170,23 @@ pub(super) fn decode(source: &Path, bytes: &[u8]) -> Result<Decoded> {
         }
         free_from = stop;
         let flags = r.u8().ok_or_else(truncated)?;
-        let state = match flags & !UNCERTAIN {
-            LIVE => Extent::Live,
-            DEFERRED => Extent::Deferred {
-                free_gen: r
+        let (state, owner) = match flags & !UNCERTAIN {
+            LIVE if version == VERSION_NO_OWNERS => (Extent::Live, NO_OWNER),
+            LIVE => {
+                let owner = r
                     .varint()
-                    .ok_or_else(|| corrupt(format!("extent {i}: bad free_gen")))?,
-            },
+                    .and_then(|o| u32::try_from(o).ok())
+                    .ok_or_else(|| corrupt(format!("extent {i}: bad owner")))?;
+                (Extent::Live, owner)
+            }
+            DEFERRED => (
+                Extent::Deferred {
+                    free_gen: r
+                        .varint()
+                        .ok_or_else(|| corrupt(format!("extent {i}: bad free_gen")))?,
+                },
+                NO_OWNER,
+            ),
             other => return Err(corrupt(format!("extent {i}: unknown state {other}"))),
         };
         if flags & UNCERTAIN != 0 {
@@ -185,7 +203,7 @@ pub(super) fn decode(source: &Path, bytes: &[u8]) -> Result<Decoded> {
                 freed: state != Extent::Live,
             });
         }
-        decoded.extents.push((v, state));
+        decoded.extents.push((v, state, owner));
     }
     if !r.bytes.is_empty() {
         return Err(corrupt(format!(

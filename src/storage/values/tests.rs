@@ -37,6 +37,17 @@ fn extents(store: &ValueStore) -> Vec<(ValueRef, Extent)> {
     state.extents.values().map(|e| (e.r, e.state)).collect()
 }
 
+/// The owner of every live extent, by offset.
+fn owners(store: &ValueStore) -> Vec<(u64, u32)> {
+    let state = store.state.lock();
+    state
+        .extents
+        .values()
+        .filter(|e| e.state == Extent::Live)
+        .map(|e| (e.r.offset, e.owner))
+        .collect()
+}
+
 fn state_of(store: &ValueStore, r: &ValueRef) -> Option<Extent> {
     store.state.lock().entry_of(r).map(|e| e.state)
 }
@@ -519,7 +530,7 @@ fn mark_live_takes_its_range_out_of_free_space_and_drops_freed_overlaps() {
         len: 100,
         crc: 7,
     };
-    store.mark_live(middle).unwrap();
+    store.mark_live(middle, 0).unwrap();
     assert_eq!(free_ranges(&store), [(BLOCK, BLOCK), (3 * BLOCK, BLOCK)]);
     store.check();
     // Above the end: the end grows over it, the gap is free.
@@ -529,7 +540,7 @@ fn mark_live_takes_its_range_out_of_free_space_and_drops_freed_overlaps() {
         len: 5000,
         crc: 8,
     };
-    store.mark_live(above).unwrap();
+    store.mark_live(above, 0).unwrap();
     assert_eq!(store.stats().end_bytes, end + 4 * BLOCK);
     assert_eq!(free_ranges(&store).last(), Some(&(end, 2 * BLOCK)));
     store.check();
@@ -541,7 +552,7 @@ fn mark_live_takes_its_range_out_of_free_space_and_drops_freed_overlaps() {
         len: 10,
         crc: 9,
     };
-    store.mark_live(over).unwrap();
+    store.mark_live(over, 0).unwrap();
     assert_eq!(state_of(&store, &refs[4]), None);
     assert_eq!(state_of(&store, &over), Some(Extent::Live));
     store.check();
@@ -552,7 +563,7 @@ fn mark_live_takes_its_range_out_of_free_space_and_drops_freed_overlaps() {
         len: 9000,
         crc: 1,
     };
-    let e = store.mark_live(clash).unwrap_err();
+    let e = store.mark_live(clash, 0).unwrap_err();
     assert!(
         matches!(&e, Error::CorruptFile { reason, .. } if reason.contains("overlaps")),
         "{e:?}"
@@ -560,7 +571,7 @@ fn mark_live_takes_its_range_out_of_free_space_and_drops_freed_overlaps() {
     assert_eq!(extents(&store), before);
     // Any state of its own reference becomes live; so does `applied` of one unknown.
     store.free(refs[0], 0, b"k");
-    store.mark_live(refs[0]).unwrap();
+    store.mark_live(refs[0], 0).unwrap();
     assert_eq!(state_of(&store, &refs[0]), Some(Extent::Live));
     let unknown = ValueRef {
         offset: BLOCK,
@@ -628,6 +639,61 @@ fn frees_are_for_the_next_checkpoint_and_those_in_a_window_are_uncertain() {
     store.release(8).unwrap();
     assert_eq!((state_of(&store, &b), state_of(&store, &c)), (None, None));
     store.check();
+}
+
+/// A dropped keyspace's live extents are freed as any free is (deferred for the next
+/// checkpoint, then released); other keyspaces' extents, pending ones and those already
+/// freed stay as they are. Owners survive a snapshot, so a restored store frees the
+/// same extents for a keyspace its database no longer names.
+#[test]
+fn dropping_a_keyspace_frees_exactly_the_live_extents_it_owns() {
+    let store = ValueStore::open(Arc::new(MemBlocks::new()), 4).with_slack_floor(0);
+    let live_in = |keyspace: u32, len: usize, tag: u64| {
+        let r = store.write(&value(len, tag)).unwrap();
+        store.applied(r, keyspace, b"k");
+        r
+    };
+    let mine = [live_in(1, 3000, 1), live_in(1, 70_000, 2)];
+    let theirs = live_in(2, 5000, 3);
+    let pending = store.write(&value(4000, 4)).unwrap();
+    let freed = live_in(1, 6000, 5);
+    store.free(freed, 1, b"k");
+    let (restored, _) = ValueStore::restore(
+        Arc::new(MemBlocks::new()),
+        Path::new("c"),
+        &store.snapshot(),
+    )
+    .unwrap();
+    assert_eq!(owners(&restored), owners(&store));
+    assert_eq!(
+        owners(&store),
+        [(mine[0].offset, 1), (mine[1].offset, 1), (theirs.offset, 2)]
+    );
+    let live_before = store.stats().live_bytes;
+    assert_eq!(store.drop_keyspaces(|k| k == 1), 73_000);
+    assert_eq!(store.stats().live_bytes, live_before - 73_000);
+    for r in &mine {
+        assert_eq!(state_of(&store, r), Some(Extent::Deferred { free_gen: 4 }));
+    }
+    assert_eq!(state_of(&store, &theirs), Some(Extent::Live));
+    assert_eq!(state_of(&store, &pending), Some(Extent::Pending));
+    assert_eq!(
+        state_of(&store, &freed),
+        Some(Extent::Deferred { free_gen: 4 })
+    );
+    assert_eq!(
+        store.drop_keyspaces(|k| k == 1),
+        0,
+        "nothing is freed twice"
+    );
+    store.release(4).unwrap();
+    assert_eq!(store.stats().deferred_bytes, 0);
+    assert_eq!(state_of(&store, &mine[1]), None);
+    store.check();
+    // Recovery from the snapshot taken before the drop, with keyspace 1 gone.
+    assert_eq!(restored.drop_keyspaces(|k| k != 2), 73_000);
+    assert_eq!(owners(&restored), [(theirs.offset, 2)]);
+    restored.check();
 }
 
 #[test]
@@ -766,8 +832,23 @@ fn snapshots_with_a_valid_checksum_but_bad_contents_are_refused() {
     .concat();
     let (store, _) = restore(ok).unwrap();
     assert_eq!(store.state.lock().next_gen, 9);
+    // Version 1 has no owners; version 2 gives each live extent's as a varint.
+    assert_eq!(owners(&store), [(0, NO_OWNER), (BLOCK, NO_OWNER)]);
+    let owned = [header(2, 2 * BLOCK, 2), extent(0, 10, 1), vec![5]].concat();
+    let owned = [owned, extent(BLOCK, 10, 1), vec![0x80, 0x01]].concat();
+    let (store, _) = restore(owned).unwrap();
+    assert_eq!(owners(&store), [(0, 5), (BLOCK, 128)]);
+    let too_big = [
+        header(2, BLOCK, 1),
+        extent(0, 10, 1),
+        vec![0x80; 4],
+        vec![0x10],
+    ]
+    .concat();
+    assert!(reason(too_big).contains("bad owner"));
+    assert!(reason([header(2, BLOCK, 1), extent(0, 10, 1)].concat()).contains("bad owner"));
     assert!(matches!(
-        restore(header(2, 0, 0)),
+        restore(header(3, 0, 0)),
         Err(Error::Incompatible { .. })
     ));
     let mut magic = header(1, 0, 0);
@@ -839,7 +920,7 @@ fn restore_then_discard_free_gives_back_what_no_replayed_record_claims() {
     store.sync().unwrap();
     drop(store);
     let (store, _) = ValueStore::restore(files(), Path::new("c"), &snapshot).unwrap();
-    store.mark_live(b).unwrap();
+    store.mark_live(b, 0).unwrap();
     store.discard_free().unwrap();
     store.check();
     assert_eq!(read_all(&store, &a).unwrap(), value(30_000, 1));
@@ -862,11 +943,14 @@ fn restore_then_discard_free_gives_back_what_no_replayed_record_claims() {
 enum Op {
     /// Write a value of this many bytes.
     Write(usize),
-    /// Apply, abort, free or mark live the n-th reference written (modulo their number).
-    Apply(usize),
+    /// Apply, abort, free or mark live the n-th reference written (modulo their number);
+    /// apply and mark live for one of three keyspaces.
+    Apply(usize, u32),
     Abort(usize),
     Free(usize),
-    MarkLive(usize),
+    MarkLive(usize, u32),
+    /// Drop a keyspace: free every live extent it owns.
+    DropKeyspace(u32),
     /// Release with the oldest kept checkpoint this far below the newest.
     Release(u64),
     /// Open the next checkpoint's window; or take its snapshot and check a restore.
@@ -877,10 +961,11 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => prop_oneof![0usize..9000, Just(65_536), 65_537usize..140_000].prop_map(Op::Write),
-        3 => any::<usize>().prop_map(Op::Apply),
+        3 => (any::<usize>(), 0u32..3).prop_map(|(n, k)| Op::Apply(n, k)),
         1 => any::<usize>().prop_map(Op::Abort),
         3 => any::<usize>().prop_map(Op::Free),
-        1 => any::<usize>().prop_map(Op::MarkLive),
+        1 => (any::<usize>(), 0u32..3).prop_map(|(n, k)| Op::MarkLive(n, k)),
+        1 => (0u32..3).prop_map(Op::DropKeyspace),
         2 => (0u64..3).prop_map(Op::Release),
         1 => Just(Op::OpenWindow),
         1 => Just(Op::Snapshot),
@@ -899,6 +984,8 @@ enum Model {
 fn run_model(ops: Vec<Op>) {
     let (device, store) = mem();
     let mut written: Vec<(ValueRef, u64, Model)> = Vec::new();
+    // The keyspace that first made each written reference live: its owner for good.
+    let mut owner: Vec<Option<u32>> = Vec::new();
     let (mut next_gen, mut generation) = (1u64, 0u64);
     for (step, op) in ops.into_iter().enumerate() {
         let pick = |n: usize| (!written.is_empty()).then(|| n % written.len());
@@ -907,16 +994,18 @@ fn run_model(ops: Vec<Op>) {
                 let tag = step as u64;
                 let r = store.write(&value(len, tag)).unwrap();
                 written.push((r, tag, Model::Pending));
+                owner.push(None);
             }
-            Op::Apply(n) => {
+            Op::Apply(n, keyspace) => {
                 // Only references the store still holds: an applied reference is
                 // never one whose extent was reused.
                 if let Some(i) = pick(n)
                     && written[i].2 != Model::Gone
                 {
-                    store.applied(written[i].0, 0, b"k");
-                    if written[i].2 == Model::Pending {
+                    store.applied(written[i].0, keyspace, b"k");
+                    if matches!(written[i].2, Model::Pending | Model::Live) {
                         written[i].2 = Model::Live;
+                        owner[i].get_or_insert(keyspace);
                     }
                 }
             }
@@ -936,14 +1025,26 @@ fn run_model(ops: Vec<Op>) {
                     }
                 }
             }
-            Op::MarkLive(n) => {
+            Op::MarkLive(n, keyspace) => {
                 // Recovery's view: a held reference (any state) becomes live.
                 if let Some(i) = pick(n)
                     && written[i].2 != Model::Gone
                 {
-                    store.mark_live(written[i].0).unwrap();
+                    store.mark_live(written[i].0, keyspace).unwrap();
                     written[i].2 = Model::Live;
+                    owner[i].get_or_insert(keyspace);
                 }
+            }
+            Op::DropKeyspace(keyspace) => {
+                let freed = store.drop_keyspaces(|k| k == keyspace);
+                let mut expected = 0;
+                for (w, o) in written.iter_mut().zip(&owner) {
+                    if w.2 == Model::Live && *o == Some(keyspace) {
+                        w.2 = Model::Deferred(next_gen);
+                        expected += u64::from(w.0.len);
+                    }
+                }
+                assert_eq!(freed, expected, "value bytes the drop freed");
             }
             Op::Release(behind) => {
                 let oldest = generation.saturating_sub(behind);
@@ -973,6 +1074,7 @@ fn run_model(ops: Vec<Op>) {
                     })
                     .collect();
                 assert_eq!(extents(&restored), recorded);
+                assert_eq!(owners(&restored), owners(&store));
             }
         }
         store.check();
@@ -992,6 +1094,14 @@ fn run_model(ops: Vec<Op>) {
             .collect();
         expected.sort_by_key(|(r, _)| r.offset);
         assert_eq!(extents(&store), expected, "after step {step}");
+        let mut expected_owners: Vec<(u64, u32)> = written
+            .iter()
+            .zip(&owner)
+            .filter(|(w, _)| w.2 == Model::Live)
+            .map(|(w, o)| (w.0.offset, o.expect("a live reference has an owner")))
+            .collect();
+        expected_owners.sort_unstable();
+        assert_eq!(owners(&store), expected_owners, "owners after step {step}");
         // Checked now and then: a clobbered extent stays clobbered.
         for &(r, tag, m) in written.iter().filter(|_| step % 8 == 7) {
             if m != Model::Gone {
@@ -1042,6 +1152,112 @@ fn freed_space_within_the_slack_stays_written_for_reuse() {
     );
     assert_eq!(live(&store, 7000, 3).offset, a.offset);
     store.check();
+}
+
+/// A release punches the holes of long extents (256 KiB or more) always, and of short
+/// ones only past the slack of free space kept written (an eighth of the live bytes
+/// here); free space kept before past a slack that since shrank is punched too.
+/// Punched space is known as holes, which the next writes there take back.
+#[test]
+fn releases_punch_long_extents_and_short_ones_past_the_slack() {
+    let device = Arc::new(MemBlocks::new());
+    let store = ValueStore::open(device.clone(), 1).with_slack_floor(0);
+    const EXTENT: u64 = 16 * BLOCK; // a value of 64 KiB
+    let refs: Vec<ValueRef> = (0..64).map(|i| live(&store, 65_536, i)).collect();
+    let long = live(&store, 300_000, 64);
+    // Above them one stays live: the end stays where it is.
+    live(&store, 65_536, 65);
+    let unpunched = || store.state.lock().unpunched_bytes();
+    let held = || device.block_count() as u64 * BLOCK;
+    let slack = || store.slack(store.stats().live_bytes);
+    let before = held();
+    // Four short ones freed apart, within the slack: kept written. The long one is
+    // punched.
+    for r in [refs[3], refs[9], refs[15], refs[21], long] {
+        store.free(r, 0, b"k");
+    }
+    store.release(1).unwrap();
+    assert!(4 * EXTENT <= slack());
+    assert_eq!(unpunched(), 4 * EXTENT);
+    assert_eq!(held(), before - long.extent_bytes());
+    store.check();
+    // Twenty-three more: as many as fit in the slack are kept, the others punched.
+    for r in &refs[41..] {
+        store.free(*r, 0, b"k");
+    }
+    store.release(1).unwrap();
+    let kept = slack() / EXTENT * EXTENT;
+    assert_eq!(unpunched(), kept);
+    assert_eq!(held(), before - long.extent_bytes() - (27 * EXTENT - kept));
+    store.check();
+    // Eighteen more, and the slack is less than what was kept: all eighteen are
+    // punched, and of what was kept what is past the slack.
+    for r in refs[22..41].iter().filter(|r| r.offset != refs[30].offset) {
+        store.free(*r, 0, b"k");
+    }
+    store.release(1).unwrap();
+    assert!(unpunched() <= slack() && unpunched() + BLOCK > slack());
+    store.check();
+    // Writes take holes back: what they allocate is no hole any more.
+    let holes_before = store.state.lock().holes.bytes;
+    let again: Vec<ValueRef> = (0..32).map(|i| live(&store, 65_536, 100 + i)).collect();
+    let state = store.state.lock();
+    for r in &again {
+        assert!(state.holes.gaps(r.offset, r.offset + EXTENT) == [(r.offset, EXTENT)]);
+    }
+    assert!(state.holes.bytes < holes_before);
+    drop(state);
+    store.check();
+}
+
+/// A writer waits for room while the freed extents not yet reusable exceed the policy's
+/// limit, until a release wakes it, or until its longest wait is over; below the limit
+/// it does not wait.
+#[test]
+fn writers_wait_for_room_until_a_release_or_their_longest_wait() {
+    let policy = |max_wait| Backpressure {
+        live_divisor: 2,
+        floor_bytes: 0,
+        max_wait,
+    };
+    let store = Arc::new(
+        ValueStore::open(Arc::new(MemBlocks::new()), 1)
+            .with_backpressure(policy(std::time::Duration::from_secs(600))),
+    );
+    let refs: Vec<ValueRef> = (0..4).map(|i| live(&store, 8000, i)).collect();
+    store.make_room();
+    // One value live (a limit of 4000 bytes), three freed: 24 KiB wait.
+    for r in &refs[1..] {
+        store.free(*r, 0, b"k");
+    }
+    let (done_tx, done_rx) = mpsc::channel();
+    let writer = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || {
+            store.make_room();
+            done_tx.send(()).unwrap();
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(done_rx.try_recv().is_err(), "the writer did not wait");
+    store.release(1).unwrap();
+    done_rx.recv().unwrap();
+    writer.join().unwrap();
+    // Past the longest wait a writer goes on even if nothing was released, and until
+    // the next release no writer waits.
+    let store = ValueStore::open(Arc::new(MemBlocks::new()), 1)
+        .with_backpressure(policy(std::time::Duration::from_millis(100)));
+    let refs: Vec<ValueRef> = (0..2).map(|i| live(&store, 8000, i)).collect();
+    store.free(refs[0], 0, b"k");
+    store.make_room();
+    for _ in 0..100 {
+        store.make_room();
+    }
+    assert_eq!(store.stats().deferred_bytes, 2 * BLOCK);
+    let room = store.room.as_ref().unwrap();
+    assert_eq!(room.waiting.lock().gave_up_at, Some(0));
+    store.release(1).unwrap();
+    assert_eq!(room.waiting.lock().count, 1);
 }
 
 /// Values written behind read back whole before and after their writes reach the
@@ -1114,11 +1330,11 @@ fn a_crash_keeps_the_values_written_behind_before_the_last_sync() {
     let crashed = Arc::new(device.crash());
     let after = ValueStore::open(crashed, 1);
     for (r, v) in &synced {
-        after.mark_live(*r).unwrap();
+        after.mark_live(*r, 0).unwrap();
         assert_eq!(read_all(&after, r).unwrap(), *v);
     }
     for (r, v) in &unsynced {
-        after.mark_live(*r).unwrap();
+        after.mark_live(*r, 0).unwrap();
         if let Ok(got) = read_all(&after, r) {
             assert_eq!(got, *v, "a value after the sync came back mixed");
         }
@@ -1236,7 +1452,7 @@ fn abort_and_mark_live_over_freed_extents_drop_their_entries() {
         len: 100,
         crc: 7,
     };
-    store.mark_live(over).unwrap();
+    store.mark_live(over, 0).unwrap();
     assert!(!store.cache().holds(r.offset));
     store.check();
 }
