@@ -116,6 +116,11 @@ pub(crate) const CHUNK_BYTES: u64 = 64 * 1024;
 /// The most bytes one device read or write of the store moves (and the size of its
 /// buffer).
 pub(crate) const IO_PIECE_BYTES: u64 = 1 << 20;
+/// The most bytes of one value's device reads or writes in flight together: pieces of
+/// up to [`IO_PIECE_BYTES`] submitted in one io_uring batch (a 1 MiB value and its
+/// chunk table go to the device at once; a longer value in groups of this many bytes).
+/// The thread keeps one buffer this large for them (`io_buffer`).
+pub(crate) const IN_FLIGHT_BYTES: u64 = 4 << 20;
 /// Bytes of a value file's segment: large enough that a database holds few files,
 /// small enough that a shrinking end gives whole files back.
 pub(crate) const SEGMENT_BYTES: u64 = 256 << 20;
@@ -127,6 +132,7 @@ const NO_FILE: &str = "<value store device>";
 const _: () = assert!(CHUNK_BYTES.is_multiple_of(IO_ALIGN_BYTES));
 const _: () = assert!(IO_PIECE_BYTES.is_multiple_of(CHUNK_BYTES));
 const _: () = assert!(SEGMENT_BYTES.is_multiple_of(IO_PIECE_BYTES));
+const _: () = assert!(IN_FLIGHT_BYTES.is_multiple_of(IO_PIECE_BYTES));
 
 /// Where a value lives: what an index keeps instead of the value's bytes.
 ///
@@ -1584,20 +1590,116 @@ impl ValueStore {
         self.write_extent(r, value, table)
     }
 
+    /// Writes value `r`'s extent (the value, its chunk table, zeros to the block) to
+    /// the device, [`IN_FLIGHT_BYTES`] in flight at a time.
     fn write_extent(&self, r: &ValueRef, value: &[u8], table: &[u8]) -> Result<()> {
         let size = r.extent_bytes();
-        let mut buf = io_buffer(size.min(IO_PIECE_BYTES) as usize);
+        let mut buf = io_buffer(size.min(IN_FLIGHT_BYTES) as usize);
         let mut at = 0;
         while at < size {
-            let n = self.piece_bytes(r.offset + at, size - at);
-            let piece = &mut buf.as_mut()[..n as usize];
-            fill_piece(piece, at, value, table);
-            self.device
-                .write(r.offset + at, piece)
-                .map_err(|e| self.io_error(r.offset + at, e))?;
-            at += n;
+            let group = self.group(r.offset + at, size - at);
+            let bytes = &mut buf.as_mut()[..group.bytes as usize];
+            fill_piece(bytes, at, value, table);
+            self.write_group(&group, bytes)?;
+            at += group.bytes;
         }
         Ok(())
+    }
+
+    /// The pieces of the next group of device accesses at `address`, of at most
+    /// `remaining` bytes: up to [`IN_FLIGHT_BYTES`], each piece as
+    /// [`ValueStore::piece_bytes`] allows.
+    fn group(&self, address: u64, remaining: u64) -> Group {
+        let stop = address + remaining.min(IN_FLIGHT_BYTES);
+        let mut pieces = Vec::new();
+        let mut at = address;
+        while at < stop {
+            let n = self.piece_bytes(at, stop - at);
+            pieces.push((at, n));
+            at += n;
+        }
+        Group {
+            address,
+            bytes: stop - address,
+            pieces,
+        }
+    }
+
+    /// Reads `group` into `bytes` (its length): its pieces in one io_uring batch where
+    /// the device gives their files, else (or if the batch fails) one at a time, which
+    /// reports a real failure with its file.
+    fn read_group(&self, group: &Group, bytes: &mut [u8]) -> Result<()> {
+        if let Some(targets) = self.targets(group, |a, n| self.device.read_target(a, n)) {
+            let mut reads = Vec::with_capacity(targets.len());
+            let mut rest = &mut *bytes;
+            for ((file, offset), &(_, n)) in targets.iter().zip(&group.pieces) {
+                let (piece, tail) = rest.split_at_mut(n as usize);
+                reads.push(super::uring::ReadAt {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(&**file),
+                    offset: *offset,
+                    buf: piece,
+                });
+                rest = tail;
+            }
+            if super::uring::submit_reads(false, &mut reads).is_ok() {
+                return Ok(());
+            }
+        }
+        for &(at, n) in &group.pieces {
+            let from = (at - group.address) as usize;
+            self.device
+                .read(at, &mut bytes[from..from + n as usize])
+                .map_err(|e| self.io_error(at, e))?;
+        }
+        Ok(())
+    }
+
+    /// Writes `bytes` (the group's length) as `group`: as [`ValueStore::read_group`]
+    /// reads. Writing a piece again after a failed batch is harmless: nothing refers to
+    /// the extent until the write returns.
+    fn write_group(&self, group: &Group, bytes: &[u8]) -> Result<()> {
+        #[cfg(not(feature = "shuttle"))]
+        if let Some(targets) = self.targets(group, |a, n| self.device.write_target(a, n)) {
+            let writes: Vec<super::uring::WriteAt<'_>> = targets
+                .iter()
+                .zip(&group.pieces)
+                .map(|((file, offset), &(at, n))| {
+                    let from = (at - group.address) as usize;
+                    super::uring::WriteAt {
+                        fd: std::os::fd::AsRawFd::as_raw_fd(&**file),
+                        offset: *offset,
+                        buf: &bytes[from..from + n as usize],
+                    }
+                })
+                .collect();
+            if super::uring::submit_writes(false, &writes).is_ok() {
+                return Ok(());
+            }
+        }
+        for &(at, n) in &group.pieces {
+            let from = (at - group.address) as usize;
+            self.device
+                .write(at, &bytes[from..from + n as usize])
+                .map_err(|e| self.io_error(at, e))?;
+        }
+        Ok(())
+    }
+
+    /// The files and offsets of `group`'s pieces by `target`, if it has more than one
+    /// piece and the device gives every one: a single piece goes through the device.
+    fn targets(
+        &self,
+        group: &Group,
+        target: impl Fn(u64, usize) -> Option<(Arc<std::fs::File>, u64)>,
+    ) -> Option<Vec<(Arc<std::fs::File>, u64)>> {
+        if group.pieces.len() < 2 {
+            return None;
+        }
+        group
+            .pieces
+            .iter()
+            .map(|&(at, n)| target(at, n as usize))
+            .collect()
     }
 
     /// Reads `[offset, stop)` of the one-chunk value `r`: all of it, checked.
@@ -1618,8 +1720,12 @@ impl ValueStore {
     /// Reads `[offset, stop)` of the chunked value `r`: its table, then each chunk the
     /// range touches, each checked before any of its bytes go to `out`.
     fn read_chunks(&self, r: &ValueRef, offset: u64, stop: u64, out: &mut Vec<u8>) -> Result<()> {
-        let table = self.read_table(r)?;
         let len = u64::from(r.len);
+        let table_bytes = 4 * table_chunks(r.len);
+        if offset == 0 && stop == len && len + table_bytes <= IN_FLIGHT_BYTES {
+            return self.read_whole_chunked(r, out);
+        }
+        let table = self.read_table(r)?;
         let first = offset / CHUNK_BYTES;
         let span = (
             first * CHUNK_BYTES,
@@ -1662,6 +1768,36 @@ impl ValueStore {
         })
     }
 
+    /// Reads the chunked value `r` whole: the value and its chunk table as one span
+    /// (one group of reads in flight together), the table checked against `r.crc` and
+    /// every chunk against the table before `out` holds the value.
+    fn read_whole_chunked(&self, r: &ValueRef, out: &mut Vec<u8>) -> Result<()> {
+        let len = r.len as usize;
+        let table_bytes = 4 * table_chunks(r.len);
+        out.reserve(len + table_bytes as usize);
+        self.read_span(r.offset, len as u64 + table_bytes, |bytes| {
+            out.extend_from_slice(bytes);
+            Ok(())
+        })?;
+        let (value, table) = out.split_at(len);
+        if crc32c::crc32c(table) != r.crc {
+            let at = r.offset + len as u64;
+            return Err(self.corrupt(r, at, "the chunk table fails its checksum"));
+        }
+        let chunks = value
+            .chunks(CHUNK_BYTES as usize)
+            .zip(table.chunks_exact(4));
+        for (i, (chunk, want)) in chunks.enumerate() {
+            let want = u32::from_le_bytes(want.try_into().expect("chunks of 4 bytes"));
+            if crc32c::crc32c(chunk) != want {
+                let at = r.offset + i as u64 * CHUNK_BYTES;
+                return Err(self.corrupt(r, at, &format!("chunk {i} fails its checksum")));
+            }
+        }
+        out.truncate(len);
+        Ok(())
+    }
+
     /// The chunk table of `r`, checked against `r.crc`.
     fn read_table(&self, r: &ValueRef) -> Result<Vec<u32>> {
         let bytes_len = 4 * table_chunks(r.len);
@@ -1680,8 +1816,8 @@ impl ValueStore {
             .collect())
     }
 
-    /// Reads the `len` bytes at `address` through aligned pieces, handing `sink` the
-    /// asked bytes of each piece in order.
+    /// Reads the `len` bytes at `address` through aligned pieces in groups in flight
+    /// together, handing `sink` the asked bytes of each group in order.
     fn read_span(
         &self,
         address: u64,
@@ -1702,17 +1838,15 @@ impl ValueStore {
         let align = self.device.read_align();
         let stop = address + len;
         let (first, last) = (address - address % align, stop.next_multiple_of(align));
-        let mut buf = io_buffer((last - first).min(IO_PIECE_BYTES) as usize);
+        let mut buf = io_buffer((last - first).min(IN_FLIGHT_BYTES) as usize);
         let mut at = first;
         while at < last {
-            let n = self.piece_bytes(at, last - at);
-            let piece = &mut buf.as_mut()[..n as usize];
-            self.device
-                .read(at, piece)
-                .map_err(|e| self.io_error(at, e))?;
-            let (from, to) = (address.max(at), stop.min(at + n));
-            sink(&piece[(from - at) as usize..(to - at) as usize])?;
-            at += n;
+            let group = self.group(at, last - at);
+            let bytes = &mut buf.as_mut()[..group.bytes as usize];
+            self.read_group(&group, bytes)?;
+            let (from, to) = (address.max(at), stop.min(at + group.bytes));
+            sink(&bytes[(from - at) as usize..(to - at) as usize])?;
+            at += group.bytes;
         }
         Ok(())
     }
@@ -1760,24 +1894,33 @@ impl ValueStore {
 }
 
 thread_local! {
-    /// The thread's buffer for IO pieces of a mebibyte (`io_buffer`): a buffer that
-    /// large is a mapping of its own, which a fresh allocation per read faults in and
-    /// zeroes (17% of the CPU of 1 MiB reads, profiled).
+    /// The thread's buffer for IO groups of a mebibyte or more (`io_buffer`): a buffer
+    /// that large is a mapping of its own, which a fresh allocation per read faults in
+    /// and zeroes (17% of the CPU of 1 MiB reads, profiled). It grows to the largest
+    /// group the thread moved, at most [`IN_FLIGHT_BYTES`].
     static IO_BUFFER: std::cell::Cell<Option<AlignedBuf>> = const { std::cell::Cell::new(None) };
 }
 
-/// An aligned buffer of at least `len` bytes for one read or write: the thread's
-/// mebibyte buffer when the piece needs one (given back when dropped), else a fresh
-/// small one.
+/// An aligned buffer of at least `len` bytes (at most [`IN_FLIGHT_BYTES`]) for one
+/// group of reads or writes: the thread's buffer when the group needs a mebibyte or
+/// more (given back when dropped), else a fresh small one.
 fn io_buffer(len: usize) -> PieceBuf {
     if len < IO_PIECE_BYTES as usize {
         return PieceBuf(Some(AlignedBuf::new(len)), false);
     }
-    let cached = IO_BUFFER.with(std::cell::Cell::take);
-    PieceBuf(
-        Some(cached.unwrap_or_else(|| AlignedBuf::new(IO_PIECE_BYTES as usize))),
-        true,
-    )
+    let cached = IO_BUFFER
+        .with(std::cell::Cell::take)
+        .filter(|buf| buf.as_ref().len() >= len);
+    let fresh = || AlignedBuf::new(len.next_multiple_of(IO_PIECE_BYTES as usize));
+    PieceBuf(Some(cached.unwrap_or_else(fresh)), true)
+}
+
+/// A group of device accesses (`ValueStore::group`): `bytes` from `address`, as
+/// `pieces` of (address, bytes), none crossing a segment's end.
+struct Group {
+    address: u64,
+    bytes: u64,
+    pieces: Vec<(u64, u64)>,
 }
 
 /// A buffer from [`io_buffer`]; the thread's mebibyte buffer goes back when dropped.
