@@ -23,11 +23,21 @@ fn options() -> DbOptions {
         .checkpoint_on_close(false)
 }
 
-/// Point reads and `get_many` agree with `want`.
+/// Point reads, `get_many` and parts of values agree with `want`.
 fn check(h: &HashStore, want: &HashMap<Vec<u8>, Vec<u8>>) {
     for (k, v) in want {
         assert!(h.get(k).unwrap().as_ref() == Some(v), "get {k:?}");
+        let len = v.len() as u64;
+        // Parts at the start, across the first chunk boundary, through the end and
+        // past it.
+        for (offset, n) in [(0, 10), (65_530, 20), (len / 2, 100_000), (len + 3, 5)] {
+            let part = h.get_part(k, offset, n).unwrap().expect("present");
+            let from = (offset as usize).min(v.len());
+            let to = (from + n).min(v.len());
+            assert!(part == v[from..to], "get_part {k:?} {offset}+{n} of {len}");
+        }
     }
+    assert_eq!(h.get_part(b"absent", 0, 1).unwrap(), None);
     let keys: Vec<&Vec<u8>> = want.keys().collect();
     for chunk in keys.chunks(16) {
         let got = h.get_many(chunk).unwrap();

@@ -816,6 +816,29 @@ impl HashStore {
         self.inner.get(key)
     }
 
+    /// Bytes `offset..offset + len` of the value stored under `key`, as far as the value
+    /// reaches (fewer bytes, or none, past its end); `None` if the key is absent. A
+    /// value kept out of line is read only in the part asked for (and its checksums),
+    /// so a part of a value of many MiB costs about its own bytes.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = bfdb::Db::open(dir.path(), bfdb::DbOptions::default())?;
+    /// let blobs = db.hash_store("blobs")?;
+    /// let big: Vec<u8> = (0..4_000_000u32).map(|i| i as u8).collect();
+    /// blobs.insert(b"video", &big)?;
+    /// let part = blobs.get_part(b"video", 1_000_000, 16)?.unwrap();
+    /// assert_eq!(part, &big[1_000_000..1_000_016]);
+    /// assert_eq!(blobs.get_part(b"video", 3_999_990, 100)?.unwrap().len(), 10);
+    /// assert_eq!(blobs.get_part(b"nothing", 0, 1)?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn get_part(&self, key: &[u8], offset: u64, len: usize) -> Result<Option<Vec<u8>>> {
+        self.check_key(key)?;
+        self.inner.attached.journal.check_readable()?;
+        self.inner.get_part(key, offset, len)
+    }
+
     /// The values stored under `keys`, in the order of `keys`. The answers see any
     /// [`WriteBatch`](crate::WriteBatch) that writes some of `keys` whole or not at
     /// all.
@@ -1201,6 +1224,31 @@ impl Inner {
         let _guard = self.value_guard();
         let found = self.with_guard(|g| self.f2.read(g, key))?;
         self.resolve(found)
+    }
+
+    /// Bytes `offset..offset + len` of `key`'s value, as [`HashStore::get_part`] says:
+    /// found as `get` finds it, then cut, or read in part from the value store.
+    fn get_part(&self, key: &[u8], offset: u64, len: usize) -> Result<Option<Vec<u8>>> {
+        let _guard = self.value_guard();
+        let Some(found) = self.with_guard(|g| self.f2.read(g, key))? else {
+            return Ok(None);
+        };
+        // The part's bounds within a value of `total` bytes.
+        let bounds = |total: u64| {
+            let end = offset.saturating_add(len as u64).min(total);
+            (offset.min(end), end)
+        };
+        if !found.out_of_line {
+            let (start, end) = bounds(found.bytes.len() as u64);
+            return Ok(Some(found.bytes[start as usize..end as usize].to_vec()));
+        }
+        let r = self.reference(&found.bytes)?;
+        let (start, end) = bounds(u64::from(r.len));
+        let mut part = Vec::new();
+        self.attached
+            .values
+            .read_range(&r, start, (end - start) as usize, &mut part)?;
+        Ok(Some(part))
     }
 
     /// What the records of `keys` hold, their device reads in flight together (the
