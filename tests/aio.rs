@@ -367,12 +367,10 @@ fn async_hash_reads_race_a_writer_and_match_the_sync_api() {
 /// limit), of keys whose records are in memory and on disk, answer the whole values.
 #[test]
 fn async_hash_reads_answer_values_kept_out_of_line() {
+    let _reads = VALUE_READS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir();
     let (_db, store) = loaded_hash(&dir, 2000);
-    let long = |i: u64| -> Vec<u8> {
-        let len = 2049 + (i as usize * 7919) % 200_000;
-        (0..len).map(|j| (i as usize * 31 + j / 7) as u8).collect()
-    };
+    let long = long_value;
     for i in (0..2000).step_by(5) {
         store
             .insert_with(&key(i), &long(i), bfdb::Durability::Unlogged)
@@ -391,4 +389,88 @@ fn async_hash_reads_answer_values_kept_out_of_line() {
             assert!(reader.get(&key(i)).await.unwrap() == Some(want), "key {i}");
         }
     });
+}
+
+/// Held by the tests that read values kept out of line: one of them makes every such
+/// read of the process wait (`Db::delay_value_reads_for_test`).
+static VALUE_READS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A value longer than the inline limit, of `i`'s own bytes and length.
+fn long_value(i: u64) -> Vec<u8> {
+    let len = 2049 + (i as usize * 7919) % 200_000;
+    (0..len).map(|j| (i as usize * 31 + j / 7) as u8).collect()
+}
+
+/// Async point reads of a database tree's values kept out of line, in leaves in memory
+/// and on disk, answer the whole values. And a read that found a value's reference
+/// before an overwrite freed it answers the old value whole, though three checkpoints
+/// and writes of values of its length follow while it waits: its guard, taken before
+/// the lookup, keeps the extent from reuse until it has read (with no guard the extent
+/// was reused under it, and the read failed its checksum).
+#[test]
+fn async_tree_reads_answer_values_kept_out_of_line_and_keep_them_from_reuse() {
+    let _reads = VALUE_READS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir();
+    let options = bfdb::DbOptions::default()
+        .config(Config {
+            memory_budget_bytes: 1 << 20,
+            huge_pages: false,
+            // Every read of a long value goes to the device.
+            value_cache_percent: 0,
+            ..Config::default()
+        })
+        .checkpoint_on_close(false);
+    let db = bfdb::Db::open(dir.path().join("db"), options).unwrap();
+    let t = db.tree("t").unwrap();
+    let want = |i: u64| {
+        if i.is_multiple_of(5) {
+            long_value(i)
+        } else {
+            value(i, 0)
+        }
+    };
+    for i in 0..3000u64 {
+        t.insert(&key(i), &want(i)).unwrap();
+    }
+    db.checkpoint().unwrap();
+    tokio_uring::start(async {
+        let reader = AsyncTree::new(Arc::clone(&t));
+        for i in 0..3000u64 {
+            assert!(
+                reader.get(&key(i)).await.unwrap() == Some(want(i)),
+                "key {i}"
+            );
+        }
+    });
+
+    let old = long_value(0);
+    let read_late = std::thread::scope(|s| {
+        // The reader finds the reference, then waits 300 ms before reading it.
+        bfdb::Db::delay_value_reads_for_test(std::time::Duration::from_millis(300));
+        let reader = s.spawn(|| {
+            tokio_uring::start(async {
+                let reader = AsyncTree::new(Arc::clone(&t));
+                reader.get(&key(0)).await.unwrap().unwrap()
+            })
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        t.insert(&key(0), &long_value(1)).unwrap();
+        for _ in 0..3 {
+            db.checkpoint().unwrap();
+        }
+        // Values of the old one's length, other bytes: the first free extents go to
+        // them.
+        for j in 0..20u8 {
+            let mut other = old.clone();
+            other[0] ^= j + 1;
+            t.insert(&key(100_000 + u64::from(j)), &other).unwrap();
+        }
+        let read = reader.join().unwrap();
+        bfdb::Db::delay_value_reads_for_test(std::time::Duration::ZERO);
+        read
+    });
+    assert!(
+        read_late == old,
+        "the reader answers the value it found whole"
+    );
 }

@@ -43,6 +43,11 @@ impl ValueHost for KeyspaceValues {
         self.store.read(&r, out)
     }
 
+    #[cfg(feature = "tokio-uring")]
+    fn on_ring(&self, reference: &[u8]) -> Result<Option<(Arc<ValueStore>, ValueRef)>> {
+        Ok(Some((Arc::clone(&self.store), self.decode(reference)?)))
+    }
+
     fn read_many(&self, references: &[Vec<u8>], outs: &mut [Vec<u8>]) -> Result<()> {
         let refs: Vec<ValueRef> = references
             .iter()

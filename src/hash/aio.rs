@@ -29,6 +29,13 @@ use crate::storage;
 /// read that needs the disk awaits it, so a runtime thread with many read tasks keeps
 /// as many disk reads in flight.
 ///
+/// In a [`Db`](crate::Db) that holds values kept out of line, a read holds the value
+/// store's read guard from its lookup until it has read the value, across its awaits,
+/// and a checkpoint's release of freed values waits for such guards: do not block a
+/// runtime thread on [`Db::checkpoint`](crate::Db::checkpoint) or
+/// [`Db::close`](crate::Db::close) while reads of that thread are pending (the
+/// database's background checkpoints run on their own thread).
+///
 /// ```no_run
 /// use std::sync::Arc;
 ///
@@ -91,8 +98,7 @@ impl AsyncHashStore {
             };
             if reads.is_empty() {
                 let found = rounds.answers().pop().expect("one key, one answer");
-                // (A value out of line is one synchronous read of the value store.)
-                return self.store.resolve(found);
+                return self.store.resolve_on_ring(found).await;
             }
             f2.count_batch_round(reads.len());
             for read in &mut reads {

@@ -1163,11 +1163,25 @@ impl HashStore {
         self.inner.value_guard()
     }
 
-    /// What a read found, with a value out of line read from the value store (under a
-    /// guard of [`HashStore::value_guard`] taken before the lookup).
+    /// What a read found, with a value out of line read from the value store on the
+    /// runtime's ring ([`ValueStore::read_on_ring`]), under a guard of
+    /// [`HashStore::value_guard`] taken before the lookup.
     #[cfg(feature = "tokio-uring")]
-    pub(crate) fn resolve(&self, found: Option<LogValue>) -> Result<Option<Vec<u8>>> {
-        self.inner.resolve(found)
+    pub(crate) async fn resolve_on_ring(&self, found: Option<LogValue>) -> Result<Option<Vec<u8>>> {
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        if !found.out_of_line {
+            return Ok(Some(found.bytes));
+        }
+        let r = self.inner.reference(&found.bytes)?;
+        let mut value = Vec::new();
+        self.inner
+            .attached
+            .values
+            .read_on_ring(&r, &mut value)
+            .await?;
+        Ok(Some(value))
     }
 
     /// The attachment to the database.

@@ -1450,6 +1450,74 @@ impl ValueStore {
         Ok(())
     }
 
+    /// Reads the whole value `r` into `out` as [`ValueStore::read`] does, with the
+    /// device reads awaited on the tokio-uring runtime's ring: the pieces of its extent
+    /// (up to [`IN_FLIGHT_BYTES`]) in flight together, each on a duplicate of its
+    /// segment file's descriptor, so the thread runs other tasks meanwhile. A value
+    /// waiting to be written, longer than that or on a device without files is read
+    /// with `read`, blocking; so is one whose ring read failed or does not check, which
+    /// reports the real error. Call it under a [`ReadGuard`], as `read`; must be
+    /// awaited inside a tokio-uring runtime.
+    #[cfg(feature = "tokio-uring")]
+    pub(crate) async fn read_on_ring(&self, r: &ValueRef, out: &mut Vec<u8>) -> Result<()> {
+        let Some(pieces) = self.ring_pieces(r) else {
+            return self.read(r, out);
+        };
+        // (The test hook blocks the thread, as it does in `read`.)
+        let delay = READ_DELAY_MICROS.load(std::sync::atomic::Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
+        if self.cache.get(r, out) {
+            return Ok(());
+        }
+        let reads: Vec<_> = pieces
+            .into_iter()
+            .map(|(file, offset, len)| {
+                tokio_uring::spawn(async move { super::read_on_ring(&file, offset, len).await })
+            })
+            .collect();
+        out.clear();
+        let mut failed = false;
+        for read in reads {
+            match read.await {
+                Ok(Ok(bytes)) if !failed => out.extend_from_slice(bytes.as_ref()),
+                _ => failed = true,
+            }
+        }
+        if failed || out.len() < r.len as usize || self.check_extent(r, out).is_err() {
+            return self.read(r, out);
+        }
+        out.truncate(r.len as usize);
+        self.cache.insert(r, out);
+        Ok(())
+    }
+
+    /// The files, offsets and lengths of the pieces of value `r`'s extent, for
+    /// [`ValueStore::read_on_ring`]: `None` unless the extent is one group on the
+    /// device's files and not waiting to be written.
+    #[cfg(feature = "tokio-uring")]
+    fn ring_pieces(&self, r: &ValueRef) -> Option<Vec<(Arc<std::fs::File>, u64, usize)>> {
+        let size = r.extent_bytes();
+        if size > IN_FLIGHT_BYTES {
+            return None;
+        }
+        if let Some(stager) = &self.stager
+            && stager.find(r.offset, size).is_some()
+        {
+            return None;
+        }
+        let group = self.group(r.offset, size);
+        group
+            .pieces
+            .iter()
+            .map(|&(at, n)| {
+                let (file, offset) = self.device.read_target(at, n as usize)?;
+                Some((file, offset, n as usize))
+            })
+            .collect()
+    }
+
     /// Where value `r` can be read whole by a batch of [`ValueStore::read_many`]: its
     /// file and offset, if it is one chunk or less and not waiting to be written.
     fn batch_target(&self, r: &ValueRef) -> Option<(Arc<std::fs::File>, u64)> {
@@ -1779,7 +1847,24 @@ impl ValueStore {
             out.extend_from_slice(bytes);
             Ok(())
         })?;
-        let (value, table) = out.split_at(len);
+        self.check_extent(r, out)?;
+        out.truncate(len);
+        Ok(())
+    }
+
+    /// Checks `bytes`, value `r` followed by at least its chunk table: a one-chunk
+    /// value against `r.crc`, a longer one's table against `r.crc` and every chunk
+    /// against the table.
+    fn check_extent(&self, r: &ValueRef, bytes: &[u8]) -> Result<()> {
+        let len = r.len as usize;
+        let table_bytes = 4 * table_chunks(r.len) as usize;
+        let (value, table) = (&bytes[..len], &bytes[len..len + table_bytes]);
+        if table_bytes == 0 {
+            return match crc32c::crc32c(value) == r.crc {
+                true => Ok(()),
+                false => Err(self.corrupt(r, r.offset, "the value fails its checksum")),
+            };
+        }
         if crc32c::crc32c(table) != r.crc {
             let at = r.offset + len as u64;
             return Err(self.corrupt(r, at, "the chunk table fails its checksum"));
@@ -1794,7 +1879,6 @@ impl ValueStore {
                 return Err(self.corrupt(r, at, &format!("chunk {i} fails its checksum")));
             }
         }
-        out.truncate(len);
         Ok(())
     }
 

@@ -43,6 +43,13 @@ const ASYNC_ATTEMPTS: usize = 4;
 /// Made from an `Arc<Tree>`, which other threads may keep using (writes included) at the
 /// same time. Like tokio-uring's own types it is not `Send`: make one per runtime thread.
 ///
+/// In a [`Db`](crate::Db) that holds values kept out of line, a read holds the value
+/// store's read guard from its lookup until it has read the value, across its awaits,
+/// and a checkpoint's release of freed values waits for such guards: do not block a
+/// runtime thread on [`Db::checkpoint`](crate::Db::checkpoint) or
+/// [`Db::close`](crate::Db::close) while reads of that thread are pending (the
+/// database's background checkpoints run on their own thread).
+///
 /// ```no_run
 /// use std::sync::Arc;
 ///
@@ -90,30 +97,44 @@ impl AsyncTree {
     }
 
     /// The value stored under `key`, if any; as [`Tree::get`], with the leaf-page read
-    /// (when one is needed) awaited on the runtime's ring.
+    /// (when one is needed) and the read of a value kept out of line awaited on the
+    /// runtime's ring.
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let core = self.core();
         core.check_key(key)?;
+        // Before the lookup, until an out-of-line value it finds is read: its extent is
+        // not reused meanwhile (the guard is `Send`, so it may live across the awaits).
+        let _guard = core.value_guard();
         let mut promote = None;
         let mut out = Vec::new();
+        let mut found = None;
         for _ in 0..ASYNC_ATTEMPTS {
             out.clear();
             let ticket = match core.probe(key, &mut out)? {
-                Probe::Done(found) => return Ok(core.resolve(found, &mut out)?.then_some(out)),
+                Probe::Done(done) => {
+                    found = Some(done);
+                    break;
+                }
                 Probe::Leaf(ticket) => ticket,
             };
             let promote = *promote.get_or_insert_with(|| core.promote_point_read(key));
             let Some(page) = self.read_leaf(&ticket).await? else {
                 continue;
             };
-            if let Some(found) = core.finish_read(key, &ticket, &page, &mut out, promote)? {
-                return Ok(core.resolve(found, &mut out)?.then_some(out));
+            if let Some(done) = core.finish_read(key, &ticket, &page, &mut out, promote)? {
+                found = Some(done);
+                break;
             }
             bump(&core.counters.stale_leaf_reads);
         }
-        out.clear();
-        let found = core.get(key, &mut out)?;
-        Ok(core.resolve(found, &mut out)?.then_some(out))
+        let found = match found {
+            Some(found) => found,
+            None => {
+                out.clear();
+                core.get(key, &mut out)?
+            }
+        };
+        Ok(core.resolve_on_ring(found, &mut out).await?.then_some(out))
     }
 
     /// An async cursor over the records whose keys lie in `range`, in key order (forward

@@ -25,6 +25,8 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::storage::ReadGuard;
+#[cfg(feature = "tokio-uring")]
+use crate::storage::{ValueRef, ValueStore};
 
 use super::Core;
 use super::read::Found;
@@ -63,6 +65,13 @@ pub(crate) trait ValueHost: Send + Sync {
             self.read(reference, out)?;
         }
         Ok(())
+    }
+    /// The store and the decoded reference, for a read of the value `reference` names
+    /// on the async runtime's ring ([`ValueStore::read_on_ring`]); `None` (the default)
+    /// where the host has no such store, and the async read uses [`ValueHost::read`].
+    #[cfg(feature = "tokio-uring")]
+    fn on_ring(&self, _reference: &[u8]) -> Result<Option<(Arc<ValueStore>, ValueRef)>> {
+        Ok(None)
     }
     /// Sets `out` to the bytes `offset..offset + len` of the value `reference` names, as
     /// far as the value reaches (empty past its end), reading only those (and what
@@ -148,6 +157,21 @@ impl Core {
                 Ok(true)
             }
         }
+    }
+
+    /// [`Core::resolve`] for the async API: an out-of-line value is read on the
+    /// runtime's ring where the store allows ([`ValueHost::on_ring`]).
+    #[cfg(feature = "tokio-uring")]
+    pub(super) async fn resolve_on_ring(&self, found: Found, out: &mut Vec<u8>) -> Result<bool> {
+        if !matches!(found, Found::External) {
+            return self.resolve(found, out);
+        }
+        let reference = std::mem::take(out);
+        match self.host()?.on_ring(&reference)? {
+            Some((store, r)) => store.read_on_ring(&r, out).await?,
+            None => self.host()?.read(&reference, out)?,
+        }
+        Ok(true)
     }
 
     /// Resolves the out-of-line values `get_many` found: `externals` holds each one's
