@@ -186,12 +186,16 @@ pub struct Config {
     /// neighbour is chosen by a per-page fill hint, so a full one is not read. Default
     /// on.
     pub leaf_redistribution: bool,
-    /// For a [`Db`](crate::Db): the percent of its memory budget (of what its hash
-    /// stores leave) that caches the bytes of values kept out of line, once the database
-    /// holds one; the trees' pool gets that much less. Reads of a cached value copy it
-    /// from memory instead of reading the value file. Until the database holds a value
-    /// longer than [`max_inline_value_bytes`](Config::max_inline_value_bytes) the cache
-    /// takes nothing. Default 25; 0 turns the cache off; at most 90.
+    /// For a [`Db`](crate::Db): the most of its memory budget, in percent (of what its
+    /// hash stores leave), that caches the bytes of values kept out of line; the trees'
+    /// pool gets the rest. Reads of a cached value copy it from memory instead of
+    /// reading the value file. The cache's share follows the data: the fraction of the
+    /// stored bytes kept out of line (against the trees' leaf pages), up to this, so a
+    /// database of a few long values among many short records keeps most of its pool,
+    /// and one of large values gives most of the budget to their bytes. Until the
+    /// database holds a value longer than
+    /// [`max_inline_value_bytes`](Config::max_inline_value_bytes) the cache takes
+    /// nothing. Default 80; 0 turns the cache off; at most 90.
     pub value_cache_percent: u8,
 }
 
@@ -212,7 +216,7 @@ impl Default for Config {
             huge_pages: true,
             background_eviction: true,
             leaf_redistribution: true,
-            value_cache_percent: 25,
+            value_cache_percent: 80,
         }
     }
 }

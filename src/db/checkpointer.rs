@@ -128,6 +128,7 @@ pub(super) fn start(shared: &Arc<Shared>) -> Option<Ticker> {
         if Instant::now() < retry_at || shared.journal.failure().is_some() {
             return true;
         }
+        shared.rebalance_memory();
         // Freed values become reusable only two checkpoints after their free: while
         // they are due, the checkpoints follow one another without waiting for a tick.
         let mut due = shared.checkpoint_due();
@@ -150,9 +151,34 @@ pub(super) fn start(shared: &Arc<Shared>) -> Option<Ticker> {
 }
 
 impl Shared {
+    /// Moves the budget between the trees' pool and the value cache by where the
+    /// stored bytes lie (`db/memory.rs`): the value store's live bytes against the
+    /// trees' leaf pages. Nothing while the store never held a value.
+    pub(super) fn rebalance_memory(&self) {
+        if !self.values.holds_values() {
+            return;
+        }
+        let leaf_bytes: u64 = self
+            .catalog
+            .read()
+            .keyspaces
+            .values()
+            .map(|ks| match ks {
+                Keyspace::Tree { shadow, .. } => {
+                    crate::storage::PageStore::stats(&**shadow).live_pages
+                        * crate::storage::PAGE_SIZE as u64
+                }
+                Keyspace::Hash(_) => 0,
+            })
+            .sum();
+        let value_bytes = self.values.stats().live_bytes;
+        self.budget.set_stored(value_bytes, leaf_bytes);
+    }
+
     /// Takes a checkpoint (the protocol is argued in `docs/design.md`, "Checkpoints").
     pub(super) fn checkpoint(&self, merge: Merge) -> Result<()> {
         let out = self.checkpoint_once(merge);
+        self.rebalance_memory();
         if let Err(Error::Poisoned { cause }) = &out {
             // A keyspace that cannot write its pages or logs never reaches a
             // checkpoint again: nothing unlogged can become durable.

@@ -135,8 +135,9 @@ impl Db {
             Arc::clone(values.cache()),
             options.config.value_cache_percent,
         ));
-        // The cache takes its share of the budget once the store holds a value: now,
-        // if the checkpoint's store does; else at the first write or replayed value.
+        // The cache may have a share of the budget once the store holds a value: now,
+        // if the checkpoint's store does; else from the first write or replayed value
+        // (`Shared::rebalance_memory` sets it, by the bytes stored).
         let weak = Arc::downgrade(&budget);
         values.on_first_value(Box::new(move || {
             if let Some(budget) = weak.upgrade() {
@@ -217,6 +218,8 @@ impl Db {
                 tree.set_flush_on_drop(true);
             }
         }
+        // The value cache's share of the budget, by what the database holds.
+        shared.rebalance_memory();
         let shared = Arc::new(shared);
         let checkpointer = checkpointer::start(&shared);
         Ok(Db {

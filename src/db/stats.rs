@@ -100,9 +100,10 @@ pub struct DbStats {
     /// ([`HashStoreStats::memory_budget_bytes`](crate::HashStoreStats::memory_budget_bytes)
     /// summed).
     pub hash_memory_bytes: u64,
-    /// The part of the budget the value cache was given
-    /// ([`Config::value_cache_percent`](crate::Config::value_cache_percent) of what the
-    /// hash stores leave, once the database holds a value kept out of line; 0 before).
+    /// The part of the budget the value cache was given: of what the hash stores leave,
+    /// the fraction of the stored bytes kept out of line, up to
+    /// [`Config::value_cache_percent`](crate::Config::value_cache_percent), once the
+    /// database holds such a value (0 before); it moves with the data.
     pub value_cache_capacity_bytes: u64,
     /// The rest: bytes the tree keyspaces' mini-pages may take in their one pool.
     pub tree_memory_bytes: u64,
