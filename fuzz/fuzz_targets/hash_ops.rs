@@ -160,6 +160,14 @@ enum Op {
         bad: u8,
         level: Level,
     },
+    /// Reads `len` bytes of the key's value from `offset` (from `u64::MAX - offset` when
+    /// `far`).
+    GetPart {
+        key: KeyArg,
+        offset: u16,
+        len: u16,
+        far: bool,
+    },
     Checkpoint,
     /// Drops the database and opens it again; with `checkpoint`, a checkpoint is taken
     /// first, so that nothing is lost.
@@ -382,6 +390,19 @@ impl Harness {
         assert_eq!(got.as_ref(), self.live.get(key), "get of key {key:?}");
     }
 
+    fn get_part(&self, key: &[u8], offset: u64, len: usize) {
+        let got = self.store().get_part(key, offset, len);
+        if !self.key_ok(key) {
+            return self.expect_bad_key("get_part", key, got);
+        }
+        let got = got.unwrap_or_else(|e| panic!("get_part of key {key:?}: {e}"));
+        let want = self.live.get(key).map(|v| {
+            let from = usize::try_from(offset).unwrap_or(usize::MAX).min(v.len());
+            v[from..from.saturating_add(len).min(v.len())].to_vec()
+        });
+        assert_eq!(got, want, "get_part of key {key:?}, {len} bytes from {offset}");
+    }
+
     fn get_many(&self, keys: &[Vec<u8>]) {
         let got = self.store().get_many(keys);
         if let Some(bad) = keys.iter().find(|k| !self.key_ok(k)) {
@@ -590,6 +611,18 @@ fuzz_target!(|input: Input| {
                     })
                     .collect();
                 h.batch(&writes, level);
+            }
+            &Op::GetPart {
+                key,
+                offset,
+                len,
+                far,
+            } => {
+                let offset = match far {
+                    true => u64::MAX - u64::from(offset),
+                    false => u64::from(offset),
+                };
+                h.get_part(&key_bytes(key, max_key_bytes), offset, usize::from(len));
             }
             Op::Checkpoint => h.checkpoint(),
             Op::Reopen { checkpoint } => h.reopen(*checkpoint),

@@ -1502,6 +1502,7 @@ impl ValueStore {
         if size > IN_FLIGHT_BYTES {
             return None;
         }
+        #[cfg(not(feature = "shuttle"))]
         if let Some(stager) = &self.stager
             && stager.find(r.offset, size).is_some()
         {
