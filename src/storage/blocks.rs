@@ -841,7 +841,7 @@ pub(crate) struct AlignedBuf {
 }
 
 /// The size from which an [`AlignedBuf`] is a mapping of its own.
-const OWN_MAPPING_BYTES: usize = 64 << 10;
+pub(crate) const OWN_MAPPING_BYTES: usize = 64 << 10;
 
 impl AlignedBuf {
     /// `bytes` zeroed bytes (more than zero).

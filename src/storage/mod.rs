@@ -65,7 +65,9 @@ pub use aio::{AsyncPageReader, ReadPath};
 pub(crate) use backend::{ActiveBackend, IoRequest, IoUringUse, OpenError, open_with_fallback};
 #[cfg(test)]
 pub(crate) use blocks::MemBlocks;
-pub(crate) use blocks::{AlignedBuf, BlockDevice, IO_ALIGN_BYTES, Retaining, SegmentFiles};
+pub(crate) use blocks::{
+    AlignedBuf, BlockDevice, IO_ALIGN_BYTES, OWN_MAPPING_BYTES, Retaining, SegmentFiles,
+};
 pub(crate) use file::name_path;
 pub use file::{
     FREE_LIST_ENTRIES_PER_PAGE, FileOptions, FileStore, IoEngine, PathIoError, SyncCrashPoint,
