@@ -436,6 +436,18 @@ mod tests {
     use crate::tree::Tree;
     use crate::tree::node::NodeRef;
 
+    /// A tree of 4 KiB keys in 16 KiB leaves (inner nodes of 32 KiB), 1 MiB of pool.
+    fn long_key_tree() -> Tree {
+        Tree::in_memory(Config {
+            max_key_bytes: 4096,
+            leaf_page_size_bytes: 16384,
+            memory_budget_bytes: 1 << 20,
+            background_eviction: false,
+            ..Config::default()
+        })
+        .unwrap()
+    }
+
     /// `split_inner` parts by bytes, into as many nodes as fit (issue #34): thirty
     /// short separators and then fourteen of 4 KiB sharing no prefix, between
     /// unbounded fences. Two parts would each hold seven long separators and a fence
@@ -444,14 +456,7 @@ mod tests {
     /// the next part's separator its lowest key, within `inner_parts_bound`.
     #[test]
     fn split_inner_parts_separators_of_kilobytes_into_more_than_two_nodes() {
-        let tree = Tree::in_memory(Config {
-            max_key_bytes: 4096,
-            leaf_page_size_bytes: 16384,
-            memory_budget_bytes: 1 << 20,
-            background_eviction: false,
-            ..Config::default()
-        })
-        .unwrap();
+        let tree = long_key_tree();
         let core = &tree.core;
         assert_eq!(core.inner_size_bytes, 32768);
         let mut entries: Vec<(Vec<u8>, u64)> = vec![(Vec::new(), 1)];
@@ -499,14 +504,7 @@ mod tests {
     /// evictor's room check had allowed for (a panic found by `tests/long_keys.rs`).
     #[test]
     fn split_inner_balances_separators_by_their_bytes_past_the_fence_prefix() {
-        let tree = Tree::in_memory(Config {
-            max_key_bytes: 4096,
-            leaf_page_size_bytes: 16384,
-            memory_budget_bytes: 1 << 20,
-            background_eviction: false,
-            ..Config::default()
-        })
-        .unwrap();
+        let tree = long_key_tree();
         let core = &tree.core;
         let prefix = vec![b'p'; 2500];
         let key = |tail: &[u8]| [&prefix[..], tail].concat();
