@@ -269,7 +269,7 @@ fn wait_for_go_ahead() -> Result<(), String> {
 
 fn open_options(options: &Options, spec: &EngineSpec) -> Result<OpenOptions, String> {
     Ok(OpenOptions {
-        budget_bytes: options.memory_mib << 20,
+        budget_bytes: options.memory_mib_of(&spec.name) << 20,
         dir: options.dir.clone().ok_or("the child needs --dir")?,
         direct_io: options.direct_io,
         in_memory: options.in_memory,

@@ -212,6 +212,17 @@ pub struct Options {
     /// (thread stacks, histograms, inner nodes and the mapping table, the binary).
     #[arg(long, default_value_t = 64)]
     pub cgroup_allowance_mib: u64,
+    /// With --cgroup: cap every child at this many MiB instead (the same memory for
+    /// every engine, whatever its budget), so that engines that leave their reads to
+    /// the OS page cache get no more memory than the others.
+    #[arg(long)]
+    pub memory_cap_mib: Option<u64>,
+    /// One engine's memory budget in MiB, if not --memory-mib: `ENGINE=MIB` (an
+    /// --engines name, without a durability level), repeated for more. With
+    /// --memory-cap-mib, the cap less what the engine holds outside its budget, so
+    /// that each engine fits the same cap.
+    #[arg(long = "engine-memory-mib", value_parser = parse_engine_memory)]
+    pub engine_memory_mib: Vec<(String, u64)>,
     /// Directory for results.csv, load.csv, summary.txt and the PNG charts: <family>.png
     /// per workload family and vs-bftree-<N>threads.png (default target/ycsb/<UTC
     /// timestamp>).
@@ -262,6 +273,28 @@ fn main() {
     }
 }
 
+/// Parses `ENGINE=MIB` of --engine-memory-mib.
+fn parse_engine_memory(text: &str) -> Result<(String, u64), String> {
+    let (engine, mib) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text}: expected ENGINE=MIB"))?;
+    let mib = mib
+        .parse()
+        .map_err(|e| format!("{text}: {mib:?} is not a number of MiB: {e}"))?;
+    Ok((engine.to_string(), mib))
+}
+
+impl Options {
+    /// The memory budget of engine `name` in MiB.
+    pub fn memory_mib_of(&self, name: &str) -> u64 {
+        self.engine_memory_mib
+            .iter()
+            .rev()
+            .find(|(engine, _)| engine == name)
+            .map_or(self.memory_mib, |&(_, mib)| mib)
+    }
+}
+
 fn validate(options: &Options) -> Result<(), String> {
     if options.key_bytes < 8 {
         return Err("--key-bytes must be at least 8 (keys carry a 64-bit scrambled index)".into());
@@ -282,6 +315,13 @@ fn validate(options: &Options) -> Result<(), String> {
         keygen::Zipf::new(size.records, options.theta)?;
     }
     let specs = engine_specs(options)?;
+    for (engine, _) in &options.engine_memory_mib {
+        if !specs.iter().any(|s| &s.name == engine) {
+            return Err(format!(
+                "--engine-memory-mib names {engine}, which is not among --engines"
+            ));
+        }
+    }
     for (i, spec) in specs.iter().enumerate() {
         spec.check(options.in_memory)?;
         if specs[..i]
@@ -612,7 +652,9 @@ fn parent(options: &Options) -> Result<(), String> {
         options.threads,
         options.scan_length,
         if options.direct_io { "on" } else { "off" },
-        if options.cgroup {
+        if let (true, Some(cap)) = (options.cgroup, options.memory_cap_mib) {
+            format!("on (limit {cap} MiB for every engine)")
+        } else if options.cgroup {
             format!(
                 "on (limit = budget + {} MiB allowance)",
                 options.cgroup_allowance_mib
@@ -704,7 +746,7 @@ fn run_size(
     let _ = writeln!(
         text,
         "records: {} × ({} B key + {} B value) = {} MiB raw, loaded in {} key order; \
-         budget {} MiB; {regime}",
+         budget {} MiB{}; {regime}",
         size.records,
         options.key_bytes,
         size.value_bytes,
@@ -713,7 +755,12 @@ fn run_size(
             InsertOrder::Hashed => "random (hashed)",
             InsertOrder::Ordered => "ascending (ordered)",
         },
-        options.memory_mib
+        options.memory_mib,
+        options
+            .engine_memory_mib
+            .iter()
+            .map(|(engine, mib)| format!(", {engine} {mib} MiB"))
+            .collect::<String>()
     );
     print!("\n{text}");
     let header_len = text.len();
@@ -732,7 +779,10 @@ fn run_size(
         let dir = base.join(&plain);
         let _ = std::fs::remove_dir_all(&dir);
         let cgroup = if options.cgroup {
-            let limit = budget_bytes + (options.cgroup_allowance_mib << 20);
+            let limit = options.memory_cap_mib.map_or(
+                (options.memory_mib_of(&spec.name) + options.cgroup_allowance_mib) << 20,
+                |cap| cap << 20,
+            );
             match Cgroup::create(&plain, limit) {
                 Ok(g) => Some(g),
                 Err(e) => {
