@@ -384,7 +384,8 @@ fn batched_reads_put_their_disk_reads_in_flight_together_and_answer_as_single_re
         stats.cold_disk_reads > 0 && stats.chunk_disk_reads > 0,
         "{stats:?}"
     );
-    assert!(stats.batched_reads > 4 * stats.batch_rounds, "{stats:?}");
+    // The batches kept several reads in flight while they waited.
+    assert!(stats.batch_in_flight > 4 * stats.batch_waits, "{stats:?}");
 }
 
 #[test]

@@ -46,7 +46,7 @@ use super::cold::ColdLog;
 use super::epoch::{Epoch, EpochGuard, EpochHandle};
 use super::hlog::{Addresses, HlogOptions, LogExtent};
 use super::hot::{HotLog, HotRead, Update};
-use super::pending::{ReadBatch, Rounds, read_ahead, read_now};
+use super::pending::{ReadBatch, pipelined, read_ahead};
 use super::record::{DiskRecord, LogValue};
 use crate::error::Result;
 use crate::storage::BlockDevice;
@@ -120,10 +120,11 @@ pub(crate) struct F2Stats {
     pub(crate) read_cache_invalidations: u64,
     /// Records read from disk the admission filter did not let into the read cache.
     pub(crate) read_cache_not_admitted: u64,
-    /// Device reads that batched reads ([`F2::get_many`]) had in flight together, and
-    /// the rounds that issued them.
+    /// Device reads that batched reads ([`F2::get_many`]) made, the times they waited
+    /// for the device, and the reads in flight at those waits, summed.
     pub(crate) batched_reads: u64,
-    pub(crate) batch_rounds: u64,
+    pub(crate) batch_waits: u64,
+    pub(crate) batch_in_flight: u64,
     /// Rebuilds of the hot index at its size, which gave back overflow buckets.
     pub(crate) hot_index_rebuilds: u64,
     /// Device reads compactions read ahead in batches, the rounds that issued them,
@@ -153,7 +154,8 @@ struct Counters {
     throttled_writes: AtomicU64,
     compaction_failures: AtomicU64,
     batched_reads: AtomicU64,
-    batch_rounds: AtomicU64,
+    batch_waits: AtomicU64,
+    batch_in_flight: AtomicU64,
     hot_index_rebuilds: AtomicU64,
     compaction_read_ahead_reads: AtomicU64,
     compaction_read_ahead_rounds: AtomicU64,
@@ -404,7 +406,8 @@ impl F2 {
             throttled_writes: load(&c.throttled_writes),
             compaction_failures: load(&c.compaction_failures),
             batched_reads: load(&c.batched_reads),
-            batch_rounds: load(&c.batch_rounds),
+            batch_waits: load(&c.batch_waits),
+            batch_in_flight: load(&c.batch_in_flight),
             hot_index_rebuilds: load(&c.hot_index_rebuilds),
             compaction_read_ahead_reads: load(&c.compaction_read_ahead_reads),
             compaction_read_ahead_rounds: load(&c.compaction_read_ahead_rounds),
@@ -456,32 +459,27 @@ impl F2 {
             .collect())
     }
 
-    /// [`F2::read`] of every key of `keys` on a guard of `handle`'s epoch, with the
-    /// device reads of all of them in flight together: rounds of [`super::pending`],
-    /// each round's reads one io_uring batch on this thread (read where they are, on
-    /// devices without files).
+    /// [`F2::read`] of every key of `keys` on guards of `handle`'s epoch, with the
+    /// device reads of all of them in flight together in this thread's read window
+    /// ([`pipelined`]; read where they are, on devices without files).
     pub(crate) fn read_many<K: AsRef<[u8]>>(
         &self,
         handle: &mut EpochHandle<'_>,
         keys: &[K],
     ) -> Result<Vec<Option<LogValue>>> {
-        let mut rounds = Rounds::new(keys.len());
-        loop {
-            let mut reads = rounds.round(handle, keys, |g, key| self.read(g, key))?;
-            if reads.is_empty() {
-                return Ok(rounds.answers());
-            }
-            self.count_batch_round(reads.len());
-            read_now(&mut reads);
-            rounds.complete(reads);
-        }
+        let (answers, done) = pipelined(handle, keys, |g, key| self.read(g, key))?;
+        bump(&self.counters.batched_reads, done.reads);
+        bump(&self.counters.batch_waits, done.waits);
+        bump(&self.counters.batch_in_flight, done.in_flight);
+        Ok(answers)
     }
 
-    /// Counts a round of a batch that put `reads` device reads in flight (here, or in
-    /// the async form).
+    /// Counts a round of the async form that put `reads` device reads in flight and
+    /// waited for them.
     pub(crate) fn count_batch_round(&self, reads: usize) {
-        bump(&self.counters.batch_rounds, 1);
+        bump(&self.counters.batch_waits, 1);
         bump(&self.counters.batched_reads, reads as u64);
+        bump(&self.counters.batch_in_flight, reads as u64);
     }
 
     /// The cold log's answer for `key`, looked up again if a cold truncation ran
@@ -2102,8 +2100,12 @@ mod tests {
             store.cold().index().chunks().log().record_reads() > 0,
             "{stats:?}"
         );
-        // More than one read in flight per round, on average.
-        assert!(stats.batched_reads > 2 * stats.batch_rounds, "{stats:?}");
+        // Memory devices read where they are asked: the reads went through the batches,
+        // none waited in flight (tests/hash_store.rs measures the depth on files).
+        assert!(
+            stats.batched_reads > 0 && stats.batch_waits == 0,
+            "{stats:?}"
+        );
     }
 
     #[test]

@@ -2,15 +2,17 @@
 //! (FASTER's pending operations and `CompletePending`), so that one thread keeps many
 //! device reads in flight instead of one.
 //!
-//! A batch runs in *rounds*. In a round every unfinished operation runs from its start
-//! under a guard made by [`EpochHandle::protect_batched`]. When a chain walk reaches a
-//! record below HEAD, [`HybridLog::fetch`] asks the round's [`ReadBatch`]: a record an
-//! earlier round read is decoded from the bytes read; any other is noted as wanted, and
-//! the operation stops with the *pending signal*, an error value that never leaves the
-//! batch ([`Rounds`] consumes it). Between rounds the wanted reads go to the device
-//! together — on segment files as one io_uring batch ([`read_now`]), or awaited on a
-//! tokio-uring runtime — and the next round runs the operations again, each at least one
-//! device read further along.
+//! An operation runs from its start under a guard made by
+//! [`EpochHandle::protect_batched`]. When a chain walk reaches a record below HEAD,
+//! [`HybridLog::fetch`] asks the batch's [`ReadBatch`]: a record read earlier is decoded
+//! from the bytes read; any other is noted as wanted, and the operation stops with the
+//! *pending signal*, an error value that never leaves the batch ([`pipelined`] and
+//! [`Rounds`] consume it). [`pipelined`] (`get_many`) puts each wanted read into the
+//! thread's [`ReadWindow`] at once and runs an operation again as soon as its read
+//! completes, so the window stays full while operations wait; [`Rounds`] (the async
+//! read of one key) and [`read_ahead`] (compaction) run every open operation in rounds,
+//! a round's reads going to the device together — on segment files as one io_uring
+//! batch ([`read_now`]), or awaited on a tokio-uring runtime.
 //!
 //! Why an operation runs again from its start rather than resuming where it stopped:
 //! its memory work (index probe, in-memory part of the chain) costs little beside a
@@ -21,15 +23,16 @@
 //! is checked by `fetch` each time, before the batch is asked.
 //!
 //! Invariants this module owns:
-//! - The pending signal is made only under a batched guard, and [`Rounds::round`], the
-//!   only maker of such guards, turns it back into "not finished".
+//! - The pending signal is made only under a batched guard, and the makers of such
+//!   guards ([`pipelined`], [`Rounds::round`], [`read_ahead`]) turn it back into "not
+//!   finished".
 //! - A read is set up under the guard whose holder saw its address at or above BEGIN: a
 //!   device without files reads it right then; for a segment file the read takes the
 //!   open file ([`BlockDevice::read_target`]), whose bytes a truncation cannot take away
 //!   (unlinking keeps an open file's data), so it may run after the guard is dropped.
 //! - Every batch ends: a read that failed is simply not kept (its operation asks again),
-//!   and after [`MAX_ROUNDS`] rounds the unfinished operations run on the blocking
-//!   path, which reports errors and falls back as a single read does.
+//!   and an operation run more than [`MAX_ROUNDS`] times runs on the blocking path,
+//!   which reports errors and falls back as a single read does.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -40,8 +43,7 @@ use super::epoch::{EpochGuard, EpochHandle};
 use super::hlog::{FIRST_READ_BYTES, HybridLog};
 use super::record::DiskRecord;
 use crate::error::{Error, Result};
-use crate::storage::AlignedBuf;
-use crate::storage::BlockDevice;
+use crate::storage::{AlignedBuf, BlockDevice, ReadWindow};
 use crate::sync::Mutex;
 
 /// Rounds a batch runs before its unfinished operations take the blocking path. An
@@ -86,6 +88,8 @@ struct BatchState {
     blocking_misses: bool,
     /// Records read on the spot that way.
     misses: u64,
+    /// The operation running now, whose wants these are ([`pipelined`]).
+    current: usize,
 }
 
 /// Bytes read from a log's device at `start`.
@@ -99,6 +103,8 @@ struct ReadBytes {
 /// A read an operation asked for: `len` bytes at `start` of a log's device, for the
 /// record at `address`.
 struct Want {
+    /// The operation that asked (its index in the batch).
+    op: usize,
     log: usize,
     address: u64,
     start: u64,
@@ -167,7 +173,9 @@ impl ReadBatch {
             return log.read_from_device(address);
         }
         let (start, len) = log.device_span(address, need);
+        let op = state.current;
         state.wanted.push(Want {
+            op,
             log: log.id(),
             address,
             start,
@@ -391,5 +399,150 @@ impl<T> Rounds<T> {
             .into_iter()
             .map(|a| a.expect("every operation finished"))
             .collect()
+    }
+}
+
+/// What [`pipelined`] did, for the store's counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Pipelined {
+    /// Device reads it put in the thread's window.
+    pub(crate) reads: u64,
+    /// Times it waited for the device.
+    pub(crate) waits: u64,
+    /// The reads in the window at each wait, summed: `in_flight / waits` is the mean
+    /// queue depth the batch kept.
+    pub(crate) in_flight: u64,
+}
+
+/// A read in the window, by its tag: the record it is for and the operations waiting
+/// for it.
+struct Flight {
+    log: usize,
+    address: u64,
+    start: u64,
+    ops: Vec<usize>,
+}
+
+/// Runs `op(guard, key)` for each key of `keys` with the device reads of all of them
+/// in flight together in this thread's [`ReadWindow`], and answers in the keys' order.
+///
+/// Unlike [`Rounds`], the window never empties while an operation waits: each time a
+/// read completes, the operations waiting for it run again at once (from their start,
+/// as in a round: the module docs say why) under a batched guard, and the reads they
+/// ask for next join the window, submitted with the wait for the next completion in
+/// one `io_uring_enter`. An operation run more than [`MAX_ROUNDS`] times takes the
+/// blocking path, so a failing read ends in its error and the batch ends. The thread
+/// holds no guard while it waits.
+pub(crate) fn pipelined<K: AsRef<[u8]>, T>(
+    handle: &mut EpochHandle<'_>,
+    keys: &[K],
+    op: impl Fn(&EpochGuard<'_, '_>, &[u8]) -> Result<T>,
+) -> Result<(Vec<T>, Pipelined)> {
+    let batch = ReadBatch::default();
+    let mut window = ReadWindow::new();
+    let mut answers: Vec<Option<T>> = (0..keys.len()).map(|_| None).collect();
+    let mut runs = vec![0usize; keys.len()];
+    let mut ready: Vec<usize> = (0..keys.len()).rev().collect();
+    let mut blocking = Vec::new();
+    let mut flights: HashMap<u64, Flight> = HashMap::new();
+    let mut flying: HashMap<(usize, u64), u64> = HashMap::new();
+    let mut next_tag = 0u64;
+    let mut done = Pipelined::default();
+    loop {
+        if !ready.is_empty() {
+            let guard = handle.protect_batched(&batch);
+            while let Some(i) = ready.pop() {
+                runs[i] += 1;
+                if runs[i] > MAX_ROUNDS {
+                    blocking.push(i);
+                    continue;
+                }
+                batch.state.lock().current = i;
+                match op(&guard, keys[i].as_ref()) {
+                    Ok(answer) => answers[i] = Some(answer),
+                    Err(e) if is_pending(&e) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let wanted = std::mem::take(&mut batch.state.lock().wanted);
+            for want in wanted {
+                // A record already in flight: the operation waits for that read (if it
+                // needs more bytes than it brings, it asks again after).
+                if let Some(tag) = flying.get(&(want.log, want.address)) {
+                    let flight = flights.get_mut(tag).expect("a flying read has a flight");
+                    flight.ops.push(want.op);
+                    continue;
+                }
+                let mut buf = AlignedBuf::new(want.len);
+                let Some((file, offset)) = want.device.read_target(want.start, want.len) else {
+                    // A device without files: read here, under the guard (a failed
+                    // read is not kept: the operation asks again).
+                    if want.device.read(want.start, buf.as_mut()).is_ok() {
+                        batch.keep(want.log, want.address, want.start, buf);
+                    }
+                    done.reads += 1;
+                    ready.push(want.op);
+                    continue;
+                };
+                let tag = next_tag;
+                next_tag += 1;
+                flying.insert((want.log, want.address), tag);
+                flights.insert(
+                    tag,
+                    Flight {
+                        log: want.log,
+                        address: want.address,
+                        start: want.start,
+                        ops: vec![want.op],
+                    },
+                );
+                window.add(file, offset, buf, tag);
+                done.reads += 1;
+            }
+        }
+        if !blocking.is_empty() {
+            let guard = handle.protect();
+            for i in blocking.drain(..) {
+                answers[i] = Some(op(&guard, keys[i].as_ref())?);
+            }
+        }
+        if !ready.is_empty() {
+            window.submit();
+            continue;
+        }
+        if window.len() == 0 {
+            break;
+        }
+        done.waits += 1;
+        done.in_flight += window.len() as u64;
+        // Half the window at a time: the next submission carries as many reads.
+        for finished in window.wait(window.len() / 2) {
+            let flight = flights.remove(&finished.tag).expect("a read of this batch");
+            flying.remove(&(flight.log, flight.address));
+            if finished.result.is_ok() {
+                batch.keep(flight.log, flight.address, flight.start, finished.buf);
+            }
+            ready.extend(flight.ops);
+        }
+    }
+    let answers = answers
+        .into_iter()
+        .map(|a| a.expect("every operation finished"))
+        .collect();
+    Ok((answers, done))
+}
+
+impl ReadBatch {
+    /// Keeps `bytes`, read at `start` of log `log`'s device for the record at
+    /// `address`, for the operations that run next.
+    fn keep(&self, log: usize, address: u64, start: u64, bytes: AlignedBuf) {
+        self.state.lock().read.insert(
+            (log, address),
+            ReadBytes {
+                start,
+                bytes,
+                counted: false,
+            },
+        );
     }
 }

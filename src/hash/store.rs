@@ -622,12 +622,13 @@ pub struct HashStoreStats {
     /// Cold-index chunks read from disk.
     pub chunk_disk_reads: u64,
     /// Disk reads that batched reads ([`HashStore::get_many`] and the async reads of
-    /// `bfdb::aio::AsyncHashStore`) had in flight together, counted in the three above
-    /// too.
+    /// `bfdb::aio::AsyncHashStore`) made, counted in the three above too.
     pub batched_reads: u64,
-    /// Rounds of batched reads: each put its reads in flight at once, so
-    /// `batched_reads / batch_rounds` is their mean queue depth per thread.
-    pub batch_rounds: u64,
+    /// Times batched reads waited for the disk, with reads in flight.
+    pub batch_waits: u64,
+    /// The reads in flight at each of those waits, summed: `batch_in_flight /
+    /// batch_waits` is the mean queue depth a batch kept on its thread.
+    pub batch_in_flight: u64,
     /// Rebuilds of the hot index at its size, which gave back the overflow buckets its
     /// chains no longer needed (keys that moved to the cold log left them behind).
     pub hot_index_rebuilds: u64,
@@ -844,10 +845,11 @@ impl HashStore {
     /// all.
     ///
     /// The reads the keys need from disk are in flight together (F2's pending reads):
-    /// every key is looked up in memory first, then the records and index chunks they
-    /// lack are read as one io_uring batch, and the lookups go on from there, round
-    /// after round. A batch of a few dozen keys of which many miss memory keeps as many
-    /// reads at the disk, where [`HashStore::get`] keeps one.
+    /// every key is looked up in memory first, the records and index chunks they lack
+    /// go to the disk together on io_uring, and each lookup goes on as soon as its read
+    /// completes, its next read joining those still in flight. A batch of a few dozen
+    /// keys of which many miss memory keeps about as many reads at the disk, where
+    /// [`HashStore::get`] keeps one.
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
@@ -1013,7 +1015,8 @@ impl HashStore {
             cold_disk_reads: f2.cold().log().record_reads(),
             chunk_disk_reads: f2.cold().index().chunks().log().record_reads(),
             batched_reads: s.batched_reads,
-            batch_rounds: s.batch_rounds,
+            batch_waits: s.batch_waits,
+            batch_in_flight: s.batch_in_flight,
             hot_index_rebuilds: s.hot_index_rebuilds,
             read_cache_hits: s.read_cache_hits,
             read_cache_inserts: s.read_cache_inserts,

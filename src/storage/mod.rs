@@ -57,6 +57,7 @@ mod shadow;
 mod sim;
 pub mod uring;
 pub(crate) mod values;
+mod window;
 
 #[cfg(feature = "tokio-uring")]
 pub(crate) use aio::read_on_ring;
@@ -80,6 +81,7 @@ pub use sim::{SimBlocks, SimCounts, SimFault, SimOp, SimPages, SimStore};
 pub(crate) use values::{
     READ_DELAY_MICROS, ReadGuard, ValueCache, ValueRef, ValueStore, value_files,
 };
+pub(crate) use window::ReadWindow;
 
 /// A page store a database keeps a keyspace's pages in: besides page IO, it makes page
 /// writes durable without persisting its own allocation state, and takes the set of

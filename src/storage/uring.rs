@@ -9,10 +9,10 @@
 //! # Rings
 //!
 //! Every thread owns its rings in a `thread_local!`, created on first use and closed
-//! when the thread exits: one plain ring and, only if some store asks for it, one
-//! SQPOLL ring. A ring is never shared between threads, so no lock or `RefCell` guards
-//! it, and any number of threads can do IO at once (a fixed pool of shared rings fails
-//! when threads outnumber it). The ring is *taken out* of its thread-local slot for the
+//! when the thread exits: one plain ring, only if some store asks for it one SQPOLL
+//! ring, and one for the thread's read windows ([`super::window`]). A ring is never
+//! shared between threads, so no lock or `RefCell` guards it, and any number of threads
+//! can do IO at once (a fixed pool of shared rings fails when threads outnumber it). The ring is *taken out* of its thread-local slot for the
 //! duration of a batch and put back afterwards; a re-entrant use on the same thread
 //! (which bfdb never does) would build a second ring instead of failing.
 //!
@@ -61,7 +61,7 @@ const ENTER_GETEVENTS: u32 = 1;
 
 /// How often one request is retried after `EAGAIN` or `EINTR` before its error is
 /// returned.
-const MAX_RETRIES: u32 = 64;
+pub(super) const MAX_RETRIES: u32 = 64;
 
 /// Which way a batch moves bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,8 +73,10 @@ pub(crate) enum Direction {
 }
 
 thread_local! {
-    /// This thread's plain ring (index 0) and SQPOLL ring (index 1), built lazily.
-    static RINGS: [Cell<Option<IoUring>>; 2] = const { [Cell::new(None), Cell::new(None)] };
+    /// This thread's plain ring (index 0), SQPOLL ring (index 1) and read window's ring
+    /// (index 2, [`super::window`]), built lazily.
+    static RINGS: [Cell<Option<IoUring>>; 3] =
+        const { [Cell::new(None), Cell::new(None), Cell::new(None)] };
 
     /// Set by [`simulate_io_uring_disabled_for_test`]: ring setup fails on this thread.
     static SIMULATE_DISABLED: Cell<bool> = const { Cell::new(false) };
@@ -213,6 +215,26 @@ fn with_ring<T>(sqpoll: bool, f: impl FnOnce(&mut IoUring) -> (T, RingState)) ->
         });
     }
     Ok(out)
+}
+
+/// The slot of the read window's ring in [`RINGS`].
+const WINDOW_SLOT: usize = 2;
+
+/// This thread's read-window ring, taken out of its slot (built if there is none), or
+/// `None` if io_uring cannot be had here.
+pub(super) fn take_window_ring() -> Option<IoUring> {
+    match RINGS.try_with(|r| r[WINDOW_SLOT].take()).ok().flatten() {
+        Some(ring) => Some(ring),
+        None => new_ring(false).ok(),
+    }
+}
+
+/// Puts a clean read-window ring back in its slot for the thread's next window.
+pub(super) fn put_window_ring(ring: IoUring) {
+    let _ = RINGS.try_with(|r| {
+        let previous = r[WINDOW_SLOT].replace(Some(ring));
+        drop(previous);
+    });
 }
 
 /// Progress of one request of a batch.
@@ -505,43 +527,49 @@ impl Batch<'_> {
         Ok(p.done_bytes < len)
     }
 
-    /// After `io_uring_enter` failed unexpectedly: waits until every entry the kernel
-    /// took has completed, so that no buffer of this batch is still in its hands when
-    /// the batch returns. Entries still queued were never taken; the ring is closed
-    /// with them (its state is unknown), so they never run.
+    /// After `io_uring_enter` failed unexpectedly: see [`drain`].
     fn drain(&self, ring: &mut IoUring, outstanding: &mut usize) {
-        loop {
-            let mut reaped = 0;
-            for _ in ring.completion() {
-                reaped += 1;
-            }
-            *outstanding -= reaped;
-            let mut sq = ring.submission();
-            sq.sync();
-            let queued = sq.len();
-            drop(sq);
-            // In a SQPOLL ring the kernel thread may still take queued entries, so
-            // wait for those too.
-            let waiting_for = if ring.params().is_setup_sqpoll() {
-                *outstanding
-            } else {
-                outstanding.saturating_sub(queued)
-            };
-            if waiting_for == 0 {
-                return;
-            }
-            // Wait for one completion without submitting anything: entries never taken
-            // must stay untaken. Deferred task work runs only in such a wait. If even
-            // this fails, sleep: non-deferred task work runs on the way back from the
-            // sleep's system call.
-            // SAFETY: no submission and no argument pointer; the call only waits.
-            let waited = unsafe {
-                ring.submitter()
-                    .enter::<libc::sigset_t>(0, 1, ENTER_GETEVENTS, None)
-            };
-            if waited.is_err() {
-                std::thread::sleep(std::time::Duration::from_micros(100));
-            }
+        drain(ring, outstanding);
+    }
+}
+
+/// Waits until every entry the kernel took of the `outstanding` pushed into `ring`
+/// has completed, discarding their completions, so that no buffer is still in the
+/// kernel's hands when the caller frees it. Entries still queued were never taken;
+/// after a failure the ring is closed with them (its state is unknown), so they never
+/// run.
+pub(super) fn drain(ring: &mut IoUring, outstanding: &mut usize) {
+    loop {
+        let mut reaped = 0;
+        for _ in ring.completion() {
+            reaped += 1;
+        }
+        *outstanding -= reaped;
+        let mut sq = ring.submission();
+        sq.sync();
+        let queued = sq.len();
+        drop(sq);
+        // In a SQPOLL ring the kernel thread may still take queued entries, so
+        // wait for those too.
+        let waiting_for = if ring.params().is_setup_sqpoll() {
+            *outstanding
+        } else {
+            outstanding.saturating_sub(queued)
+        };
+        if waiting_for == 0 {
+            return;
+        }
+        // Wait for one completion without submitting anything: entries never taken
+        // must stay untaken. Deferred task work runs only in such a wait. If even
+        // this fails, sleep: non-deferred task work runs on the way back from the
+        // sleep's system call.
+        // SAFETY: no submission and no argument pointer; the call only waits.
+        let waited = unsafe {
+            ring.submitter()
+                .enter::<libc::sigset_t>(0, 1, ENTER_GETEVENTS, None)
+        };
+        if waited.is_err() {
+            std::thread::sleep(std::time::Duration::from_micros(100));
         }
     }
 }
