@@ -54,6 +54,21 @@ const UNPROTECTED: u64 = 0;
 /// every slot is taken.
 const SEGMENT_SLOTS: usize = 32;
 
+thread_local! {
+    /// The slot of a table's first segment this thread last registered in (a hint only:
+    /// the slot is claimed by compare-and-swap like any other).
+    static SLOT_HINT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Claims `slot` for a new handle if no live handle owns it.
+fn claim(slot: &Slot) -> bool {
+    !slot.in_use.load(Ordering::Relaxed)
+        && slot
+            .in_use
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+}
+
 /// A trigger action: run once, on some thread, when its epoch is safe.
 pub(crate) type Action = Box<dyn FnOnce() + Send + 'static>;
 
@@ -156,25 +171,40 @@ impl Epoch {
 
     /// Reserves a slot in the epoch table for the calling thread. The slot is released
     /// when the handle is dropped.
+    ///
+    /// The thread first tries the slot of the first segment it last got (a hint kept per
+    /// thread): a thread that registers for each operation takes the same slot again,
+    /// its cache line already its own, instead of reading other threads' slots on its
+    /// way to a free one.
     pub(crate) fn register(&self) -> EpochHandle<'_> {
+        let hint = SLOT_HINT.try_with(Cell::get).unwrap_or(0);
+        if let Some(slot) = self.table.slots.get(hint)
+            && claim(slot)
+        {
+            return self.handle(slot);
+        }
         let mut segment = &self.table;
+        let mut first = true;
         loop {
-            for slot in &segment.slots {
-                if !slot.in_use.load(Ordering::Relaxed)
-                    && slot
-                        .in_use
-                        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                        .is_ok()
-                {
-                    debug_assert_eq!(slot.local_epoch.load(Ordering::Relaxed), UNPROTECTED);
-                    return EpochHandle {
-                        epoch: self,
-                        slot,
-                        _not_sync: PhantomData,
-                    };
+            for (i, slot) in segment.slots.iter().enumerate() {
+                if claim(slot) {
+                    if first {
+                        let _ = SLOT_HINT.try_with(|h| h.set(i));
+                    }
+                    return self.handle(slot);
                 }
             }
             segment = segment.next.get_or_init(|| Box::new(Segment::new()));
+            first = false;
+        }
+    }
+
+    fn handle<'a>(&'a self, slot: &'a Slot) -> EpochHandle<'a> {
+        debug_assert_eq!(slot.local_epoch.load(Ordering::Relaxed), UNPROTECTED);
+        EpochHandle {
+            epoch: self,
+            slot,
+            _not_sync: PhantomData,
         }
     }
 
@@ -601,6 +631,31 @@ mod tests {
         assert_eq!(epoch.current(), 3);
         // The Arc cycle is broken: the closure holding `e` has run and been dropped.
         assert_eq!(Arc::strong_count(&epoch), 1);
+    }
+
+    #[test]
+    fn a_thread_registers_in_the_slot_it_had_last_and_live_handles_never_share_one() {
+        let epoch = Epoch::new();
+        let (took, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|s| {
+            let other = s.spawn(|| {
+                let handle = epoch.register();
+                took.wait();
+                release.wait();
+                drop(handle);
+            });
+            took.wait();
+            // Two live handles of one thread: two slots, neither the other thread's.
+            let twice = (epoch.register(), epoch.register());
+            assert!(!std::ptr::eq(twice.0.slot, twice.1.slot));
+            drop(twice);
+            let mine: *const Slot = epoch.register().slot;
+            release.wait();
+            other.join().unwrap();
+            // With a lower slot free again, the thread still takes the one it had.
+            assert!(std::ptr::eq(epoch.register().slot, mine));
+            assert_eq!(epoch.registered_threads(), 0);
+        });
     }
 
     #[test]
