@@ -476,6 +476,7 @@ impl F2 {
 
     /// Counts a round of the async form that put `reads` device reads in flight and
     /// waited for them.
+    #[cfg(feature = "tokio-uring")]
     pub(crate) fn count_batch_round(&self, reads: usize) {
         bump(&self.counters.batch_waits, 1);
         bump(&self.counters.batched_reads, reads as u64);

@@ -334,7 +334,8 @@ impl ReadBatch {
 }
 
 /// The operations of one batch, run in rounds (module docs): `op(guard, key)` for each
-/// key, answers in the keys' order.
+/// key, answers in the keys' order. For the async read (`hash/aio.rs`).
+#[cfg(feature = "tokio-uring")]
 pub(crate) struct Rounds<T> {
     answers: Vec<Option<T>>,
     /// The keys whose operation has not finished.
@@ -343,6 +344,7 @@ pub(crate) struct Rounds<T> {
     rounds: usize,
 }
 
+#[cfg(feature = "tokio-uring")]
 impl<T> Rounds<T> {
     /// Operations for `keys` keys, none run yet.
     pub(crate) fn new(keys: usize) -> Rounds<T> {
