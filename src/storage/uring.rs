@@ -10,11 +10,12 @@
 //!
 //! Every thread owns its rings in a `thread_local!`, created on first use and closed
 //! when the thread exits: one plain ring, only if some store asks for it one SQPOLL
-//! ring, and one for the thread's read windows ([`super::window`]). A ring is never
+//! ring, and one for the thread's read windows (`storage/window.rs`). A ring is never
 //! shared between threads, so no lock or `RefCell` guards it, and any number of threads
-//! can do IO at once (a fixed pool of shared rings fails when threads outnumber it). The ring is *taken out* of its thread-local slot for the
-//! duration of a batch and put back afterwards; a re-entrant use on the same thread
-//! (which bfdb never does) would build a second ring instead of failing.
+//! can do IO at once (a fixed pool of shared rings fails when threads outnumber it).
+//! The ring is *taken out* of its thread-local slot for the duration of a batch and put
+//! back afterwards; a re-entrant use on the same thread (which bfdb never does) would
+//! build a second ring instead of failing.
 //!
 //! One ring serves every store a thread touches, so each submission entry carries its
 //! store's file descriptor. Registered files are not used: a registration lives in a
