@@ -634,3 +634,58 @@ fn parts_of_the_memory_set_in_the_options_are_used_and_kept_across_a_reopen() {
         Err(Error::InvalidConfig(_))
     ));
 }
+
+#[test]
+fn batched_reads_of_a_cold_log_cut_short_under_the_store_end_in_an_error() {
+    // The cold log's files lose their tails while the store runs (another process, a
+    // failing disk): batched reads of its records reach the end of the file. Every
+    // batch ends — in answers that match the model, or in an error — and no batch
+    // answers a key the store holds as absent.
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let store = db.hash_store_with("h", tiny()).unwrap();
+    let keys = 3_000u64;
+    let value = |i: u64| format!("value of {i} ").repeat(4).into_bytes();
+    for i in 0..keys {
+        store
+            .insert_with(&key(i), &value(i), Durability::Unlogged)
+            .unwrap();
+    }
+    db.checkpoint().unwrap();
+    assert!(
+        store.stats().cold_log_bytes > 64 << 10,
+        "{:?}",
+        store.stats()
+    );
+    let mut cut = 0;
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("hs-") && name.contains("-cold") {
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.set_len(4096).unwrap();
+            cut += 1;
+        }
+    }
+    assert!(cut > 0, "no cold log file in {:?}", dir.path());
+    let mut errors = 0;
+    for start in (0..keys).step_by(32) {
+        let names: Vec<Vec<u8>> = (start..(start + 32).min(keys)).map(key).collect();
+        match store.get_many(&names) {
+            Ok(got) => {
+                for (i, found) in (start..).zip(&got) {
+                    assert_eq!(found.as_ref(), Some(&value(i)), "key {i}");
+                }
+            }
+            Err(e) => {
+                // The record past the file's new end is reported with the file's name.
+                assert!(
+                    matches!(&e, Error::CorruptFile { path, .. } if path.to_string_lossy().contains("-cold")),
+                    "{e:?}"
+                );
+                errors += 1;
+            }
+        }
+    }
+    assert!(errors > 0, "every batch was answered from a cut log");
+}
