@@ -349,6 +349,26 @@ fn kinds_limits_and_drops_are_checked() {
     );
 }
 
+/// The value of key `i` in [`store_on_disk`]: 13 to 100 bytes.
+fn disk_value(i: u64) -> Vec<u8> {
+    format!("value of {i} ")
+        .repeat(1 + i as usize % 7)
+        .into_bytes()
+}
+
+/// A database in `dir` with a [`tiny`] hash store "h" holding keys `0..keys` with their
+/// [`disk_value`]s, written unlogged: most of them on disk, in the cold log.
+fn store_on_disk(dir: &std::path::Path, keys: u64) -> (Db, Arc<bfdb::HashStore>) {
+    let db = Db::open(dir, options()).unwrap();
+    let store = db.hash_store_with("h", tiny()).unwrap();
+    for i in 0..keys {
+        store
+            .insert_with(&key(i), &disk_value(i), Durability::Unlogged)
+            .unwrap();
+    }
+    (db, store)
+}
+
 #[test]
 fn batched_reads_put_their_disk_reads_in_flight_together_and_answer_as_single_reads() {
     // Records on disk in segment files (most in the cold log), read in batches of 32
@@ -356,19 +376,8 @@ fn batched_reads_put_their_disk_reads_in_flight_together_and_answer_as_single_re
     // its reads went to the disk several at a time (io_uring, or the device's own read
     // where the files refuse it).
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options()).unwrap();
-    let store = db.hash_store_with("h", tiny()).unwrap();
-    let keys = 3_000u64;
-    let value = |i: u64| {
-        format!("value of {i} ")
-            .repeat(1 + i as usize % 7)
-            .into_bytes()
-    };
-    for i in 0..keys {
-        store
-            .insert_with(&key(i), &value(i), Durability::Unlogged)
-            .unwrap();
-    }
+    let (keys, value) = (3_000u64, disk_value);
+    let (_db, store) = store_on_disk(dir.path(), keys);
     let mut rng = Rng(seed("hash_get_many"));
     for batch in 0..60 {
         let ids: Vec<u64> = (0..32).map(|_| rng.below(keys * 4 / 3)).collect();
@@ -642,15 +651,8 @@ fn batched_reads_of_a_cold_log_cut_short_under_the_store_end_in_an_error() {
     // batch ends — in answers that match the model, or in an error — and no batch
     // answers a key the store holds as absent.
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options()).unwrap();
-    let store = db.hash_store_with("h", tiny()).unwrap();
-    let keys = 3_000u64;
-    let value = |i: u64| format!("value of {i} ").repeat(4).into_bytes();
-    for i in 0..keys {
-        store
-            .insert_with(&key(i), &value(i), Durability::Unlogged)
-            .unwrap();
-    }
+    let (keys, value) = (3_000u64, disk_value);
+    let (db, store) = store_on_disk(dir.path(), keys);
     db.checkpoint().unwrap();
     assert!(
         store.stats().cold_log_bytes > 64 << 10,

@@ -416,11 +416,9 @@ pub(crate) struct Pipelined {
     pub(crate) in_flight: u64,
 }
 
-/// A read in the window, by its tag: the record it is for and the operations waiting
-/// for it.
+/// A read in the window, by the record it is for: where it starts and the operations
+/// waiting for it.
 struct Flight {
-    log: usize,
-    address: u64,
     start: u64,
     ops: Vec<usize>,
 }
@@ -446,9 +444,10 @@ pub(crate) fn pipelined<K: AsRef<[u8]>, T>(
     let mut runs = vec![0usize; keys.len()];
     let mut ready: Vec<usize> = (0..keys.len()).rev().collect();
     let mut blocking = Vec::new();
-    let mut flights: HashMap<u64, Flight> = HashMap::new();
-    let mut flying: HashMap<(usize, u64), u64> = HashMap::new();
-    let mut next_tag = 0u64;
+    // The reads in the window by record (log, address); a read's tag is its record's
+    // index in `tags`.
+    let mut flights: HashMap<(usize, u64), Flight> = HashMap::new();
+    let mut tags: Vec<(usize, u64)> = Vec::new();
     let mut done = Pipelined::default();
     loop {
         if !ready.is_empty() {
@@ -470,8 +469,7 @@ pub(crate) fn pipelined<K: AsRef<[u8]>, T>(
             for want in wanted {
                 // A record already in flight: the operation waits for that read (if it
                 // needs more bytes than it brings, it asks again after).
-                if let Some(tag) = flying.get(&(want.log, want.address)) {
-                    let flight = flights.get_mut(tag).expect("a flying read has a flight");
+                if let Some(flight) = flights.get_mut(&(want.log, want.address)) {
                     flight.ops.push(want.op);
                     continue;
                 }
@@ -486,19 +484,15 @@ pub(crate) fn pipelined<K: AsRef<[u8]>, T>(
                     ready.push(want.op);
                     continue;
                 };
-                let tag = next_tag;
-                next_tag += 1;
-                flying.insert((want.log, want.address), tag);
                 flights.insert(
-                    tag,
+                    (want.log, want.address),
                     Flight {
-                        log: want.log,
-                        address: want.address,
                         start: want.start,
                         ops: vec![want.op],
                     },
                 );
-                window.add(file, offset, buf, tag);
+                window.add(file, offset, buf, tags.len() as u64);
+                tags.push((want.log, want.address));
                 done.reads += 1;
             }
         }
@@ -519,10 +513,12 @@ pub(crate) fn pipelined<K: AsRef<[u8]>, T>(
         done.in_flight += window.len() as u64;
         // Half the window at a time: the next submission carries as many reads.
         for finished in window.wait(window.len() / 2) {
-            let flight = flights.remove(&finished.tag).expect("a read of this batch");
-            flying.remove(&(flight.log, flight.address));
+            let (log, address) = tags[finished.tag as usize];
+            let flight = flights
+                .remove(&(log, address))
+                .expect("a read of this batch");
             if finished.result.is_ok() {
-                batch.keep(flight.log, flight.address, flight.start, finished.buf);
+                batch.keep(log, address, flight.start, finished.buf);
             }
             ready.extend(flight.ops);
         }
