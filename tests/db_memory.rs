@@ -194,6 +194,87 @@ fn a_poisoned_keyspace_does_not_stall_the_others() {
     }
 }
 
+/// A keyspace whose leaf pages cannot be read holds dirty mini-pages that no eviction
+/// can merge. The writers of another keyspace, whose allocations evict them from the
+/// shared pool's head, must hear why there is no room (their own keyspace's evictions
+/// never fail), not retry forever; once the disk reads again, every write goes through.
+#[test]
+fn a_keyspace_that_cannot_read_its_leaf_pages_fails_the_others_writes_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, pages) = (Arc::new(SimLog::new(11)), Arc::new(SimPages::new(11)));
+    let options = options().config(Config {
+        memory_budget_bytes: BUDGET,
+        huge_pages: false,
+        background_eviction: false,
+        ..Config::default()
+    });
+    let db = Db::open_simulated(dir.path(), options, log, pages.clone()).unwrap();
+    let (unreadable, other) = (db.tree("unreadable").unwrap(), db.tree("other").unwrap());
+    // Leaf pages on disk for the first keyspace, then dirty records over them that fill
+    // the pool: merging any of them reads a leaf page.
+    for i in 0..6_000 {
+        unreadable
+            .insert_with(&key(0, i), &value(0, i), Durability::Unlogged)
+            .unwrap();
+    }
+    db.checkpoint().unwrap();
+    for i in 0..3_000 {
+        unreadable
+            .insert_with(&key(0, i), &value(1, i), Durability::Unlogged)
+            .unwrap();
+    }
+    let names = pages.names();
+    assert_eq!(names.len(), 2, "{names:?}");
+    pages.store(&names[0]).fail_reads_after(0);
+    let (done, finished) = std::sync::mpsc::channel();
+    let writer = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut outcome = (Vec::new(), 0);
+            for i in 0..3_000 {
+                match other.insert_with(&key(2, i), &value(2, i), Durability::Unlogged) {
+                    Ok(()) => outcome.0.push(i),
+                    Err(e) => {
+                        assert!(
+                            matches!(e, Error::Io(_)) && e.to_string().contains("EIO"),
+                            "write {i}: {e}"
+                        );
+                        outcome.1 += 1;
+                    }
+                }
+            }
+            done.send(()).unwrap();
+            outcome
+        });
+        // A hang is the failure this test is for: report it rather than wait forever.
+        if finished
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .is_err()
+        {
+            eprintln!("the other keyspace's writes hung behind unmergeable mini-pages");
+            std::process::abort();
+        }
+        writer.join().unwrap()
+    });
+    let (acked, refused) = writer;
+    assert!(
+        refused > 0,
+        "no write needed the unreadable keyspace's room"
+    );
+    pages.store(&names[0]).clear_faults();
+    for i in 0..3_000 {
+        other
+            .insert_with(&key(3, i), &value(3, i), Durability::Unlogged)
+            .unwrap();
+    }
+    for &i in &acked {
+        assert_eq!(other.get(&key(2, i)).unwrap(), Some(value(2, i)), "key {i}");
+    }
+    for i in 0..6_000 {
+        let want = if i < 3_000 { value(1, i) } else { value(0, i) };
+        assert_eq!(unreadable.get(&key(0, i)).unwrap(), Some(want), "key {i}");
+    }
+}
+
 #[test]
 fn keyspaces_written_dropped_and_created_concurrently_keep_their_records() {
     let dir = tempfile::tempdir().unwrap();

@@ -148,9 +148,9 @@ impl Core {
                 EvictDecision::Evicted
             }
             Err(Op::Fail(e)) => {
-                // The dirty records stay in memory; writers that need room learn why.
-                *self.evict_error.lock() = Some(e.to_string());
-                self.evict_failures.fetch_add(1, Ordering::Release);
+                // The dirty records stay in memory; writers that need room, of any tree
+                // in the pool, learn why.
+                self.pool.note_evict_failure(&e);
                 EvictDecision::Busy
             }
             Err(Op::Restart) | Err(Op::WouldBlock) => EvictDecision::Busy,

@@ -29,8 +29,8 @@ use std::thread::Thread;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::pool::{AllocError, Block, EvictDecision, Evictor, Pool};
-use crate::sync::RwLock;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Mutex, RwLock};
 
 use super::admission::Doorkeeper;
 use super::leaf::MiniHeader;
@@ -55,6 +55,12 @@ pub(crate) struct TreePool {
     /// The second-miss filter of point reads (`admission.rs`), sized by the pool: one
     /// for every member, so that it does not grow with the number of trees.
     pub(super) doorkeeper: Doorkeeper,
+    /// Evictions of dirty mini-pages that failed with an operating error (a leaf page
+    /// that could not be read or written), and the last one's message. Pool-wide: a
+    /// writer evicts every member's blocks, and must learn of a failure in whichever
+    /// tree owned the block that held the head, or it would retry for room forever.
+    evict_failures: AtomicU64,
+    evict_error: Mutex<Option<String>>,
 }
 
 /// The writers' side of the background evictor (see `background.rs`).
@@ -83,7 +89,26 @@ impl TreePool {
             wake: Wake::default(),
             background_reclaimed: AtomicU64::new(0),
             doorkeeper: Doorkeeper::new(config.memory_budget_bytes),
+            evict_failures: AtomicU64::new(0),
+            evict_error: Mutex::new(None),
         })
+    }
+
+    /// Notes an eviction that failed with `e`: its dirty records stay in memory.
+    pub(super) fn note_evict_failure(&self, e: &Error) {
+        *self.evict_error.lock() = Some(e.to_string());
+        self.evict_failures.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many evictions have failed so far ([`TreePool::evict_failure_since`]).
+    pub(super) fn evict_failures(&self) -> u64 {
+        self.evict_failures.load(Ordering::Acquire)
+    }
+
+    /// The last failure's message if an eviction failed after `evict_failures` read
+    /// `seen`: the reason a writer that found no room cannot get any.
+    pub(super) fn evict_failure_since(&self, seen: u64) -> Option<String> {
+        (self.evict_failures() != seen).then(|| self.evict_error.lock().clone().unwrap_or_default())
     }
 
     /// Reserves a member slot, for a tree about to be built.

@@ -214,9 +214,6 @@ struct Core {
     /// For a keyspace of a `Db`: its page file and name, which an error about a damaged
     /// leaf page names (`Core::damaged`). Set once, when the tree is attached.
     place: std::sync::OnceLock<(std::path::PathBuf, String)>,
-    /// Evictions of dirty mini-pages that failed with an operating error, and the last.
-    evict_failures: AtomicU64,
-    evict_error: Mutex<Option<String>>,
     /// Wakes the background evictor, if it runs.
     background: signal::Signal,
     /// Pages given an open-end mirror, oldest first, at most `OPEN_ENDS_MAX`.
@@ -419,8 +416,6 @@ impl Tree {
             on_failure: std::sync::OnceLock::new(),
             write_failed: AtomicBool::new(false),
             place: std::sync::OnceLock::new(),
-            evict_failures: AtomicU64::new(0),
-            evict_error: Mutex::new(None),
             background: signal::Signal::default(),
             open_ends: Mutex::new(std::collections::VecDeque::new()),
             id: NEXT_TREE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),

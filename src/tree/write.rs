@@ -10,7 +10,6 @@
 
 use crate::error::{Error, Result};
 use crate::storage::PageNo;
-use crate::sync::atomic::Ordering;
 
 use super::leaf::{self, MINI_HEADER_BYTES, MiniHeader};
 use super::mapping::{self, DirtyStamp, Location, MappingTable};
@@ -66,7 +65,7 @@ impl Core {
     ) -> Result<()> {
         let (value, record_type) = record.unwrap_or((&[][..], RecordType::Tombstone));
         debug_assert!(record_type.is_dirty());
-        let evict_failures = self.evict_failures.load(Ordering::Acquire);
+        let evict_failures = self.pool.evict_failures();
         loop {
             self.check_writable()?;
             let (path, mut page) = self.lock_leaf_of(key, MappingTable::write);
@@ -106,9 +105,9 @@ impl Core {
                     bump(&self.counters.restarts);
                     self.help_evict();
                     // Room cannot be made while evicting dirty mini-pages fails (say, their
-                    // leaf pages cannot be read): report it instead of spinning.
-                    if self.evict_failures.load(Ordering::Acquire) != evict_failures {
-                        let why = self.evict_error.lock().clone().unwrap_or_default();
+                    // leaf pages cannot be read), whichever tree's they are: report it
+                    // instead of spinning.
+                    if let Some(why) = self.pool.evict_failure_since(evict_failures) {
                         return Err(Error::Io(std::io::Error::other(format!(
                             "no room for the write: evicting a dirty mini-page failed: {why}"
                         ))));
