@@ -108,6 +108,7 @@ pub use config::{Backend, Config};
 pub use db::fuzz_decode_files;
 pub use db::{CheckpointCrashPoint, Db, DbOptions, DbStats, LostLog, RecoveryStats, WriteBatch};
 pub use error::{Error, Result};
+pub use hash::f2::ColdLayout;
 pub use hash::store::{HashStore, HashStoreOptions, HashStoreStats};
 pub use journal::Durability;
 #[cfg(feature = "tokio-uring")]

@@ -413,6 +413,8 @@ fn seeds(test: &str) -> Vec<u64> {
 /// What the runs of `crash_run` of each kind of keys did, in the order of `Keys`:
 /// hot→cold compactions of the hash store, and the trees' leaf and inner splits.
 static HASH_COMPACTIONS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+/// Cold→cold compactions of the hash store: with long keys, merges of its cold runs.
+static HASH_MERGES: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 static LEAF_SPLITS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 static INNER_SPLITS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
@@ -435,6 +437,7 @@ fn crash_run(seed: u64, ops: usize, keys: Keys, arm: impl FnOnce(&Db, &Devices))
         .stats();
     let k = keys as usize;
     HASH_COMPACTIONS[k].fetch_add(hash_stats.hot_cold_compactions, Ordering::Relaxed);
+    HASH_MERGES[k].fetch_add(hash_stats.cold_cold_compactions, Ordering::Relaxed);
     for name in &KEYSPACES[..HASH] {
         let stats = db.tree(name).unwrap().stats();
         LEAF_SPLITS[k].fetch_add(stats.leaf_splits, Ordering::Relaxed);
@@ -507,12 +510,18 @@ fn crash_at_every_sync(test: &str, keys: Keys) {
     let k = keys as usize;
     let compactions = HASH_COMPACTIONS[k].load(Ordering::Relaxed);
     let leaf_splits = LEAF_SPLITS[k].load(Ordering::Relaxed);
+    let merges = HASH_MERGES[k].load(Ordering::Relaxed);
     assert!(compactions > 0, "the hash store never compacted");
+    if keys.hash_options().cold_layout == bfdb::ColdLayout::Runs {
+        assert!(merges > 0, "the hash store's cold runs were never merged");
+    }
     assert!(leaf_splits > 0, "no leaf page split");
     eprintln!(
         "crash at every sync ({keys:?} keys): {points} crash points, {writes_checked} writes \
-         replayed and checked, 0 lost; the hash store compacted {compactions} times, the \
-         trees split {leaf_splits} leaf pages and {} inner nodes",
+         replayed and checked, 0 lost; the hash store compacted {compactions} times into \
+         its cold tier ({:?}) and {merges} times within it, the trees split {leaf_splits} \
+         leaf pages and {} inner nodes",
+        keys.hash_options().cold_layout,
         INNER_SPLITS[k].load(Ordering::Relaxed)
     );
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bfdb::{Config, Db, DbOptions, Durability, Error, HashStoreOptions, WriteBatch};
+use bfdb::{ColdLayout, Config, Db, DbOptions, Durability, Error, HashStoreOptions, WriteBatch};
 
 mod common;
 use common::{Rng, seed};
@@ -63,6 +63,15 @@ fn wait_until(limit: Duration, done: impl Fn() -> bool) {
 
 #[test]
 fn random_operations_match_a_hash_map_across_compactions_and_reopens() {
+    random_operations_across_reopens(ColdLayout::Log);
+}
+
+#[test]
+fn random_operations_match_a_hash_map_across_merges_of_cold_runs_and_reopens() {
+    random_operations_across_reopens(ColdLayout::Runs);
+}
+
+fn random_operations_across_reopens(layout: ColdLayout) {
     let seed = seed("hash_store_model");
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().unwrap();
@@ -71,12 +80,12 @@ fn random_operations_match_a_hash_map_across_compactions_and_reopens() {
     let (mut hot_cold, mut cold_cold) = (0, 0);
     for round in 0..4 {
         let db = Db::open(dir.path(), options()).unwrap();
-        let store = db.hash_store_with("h", tiny()).unwrap();
+        let store = db.hash_store_with("h", tiny().cold_layout(layout)).unwrap();
         check_all(
             &store,
             &model,
             keys,
-            &format!("seed {seed}, after reopen {round}"),
+            &format!("seed {seed}, {layout:?}, after reopen {round}"),
         );
         for step in 0..10_000u64 {
             // Skewed keys: a hot set updated often, a long tail that goes cold.

@@ -209,6 +209,7 @@ pub trait Engine: Send + Sync {
 pub const ENGINE_NAMES: &[&str] = &[
     "bfdb",
     "bfdb-hash",
+    "bfdb-hash-runs",
     "bfdb-tree",
     "bftree",
     "btreemap",
@@ -234,7 +235,7 @@ pub fn blob_threshold_bytes() -> u64 {
 /// Engines that can be opened again on the files a run left (`--recovery`).
 pub fn reopens(name: &str, in_memory: bool) -> bool {
     match name {
-        "bfdb" | "bfdb-hash" => !in_memory,
+        "bfdb" | "bfdb-hash" | "bfdb-hash-runs" => !in_memory,
         "rocksdb" | "rocksdb-blob" | "sled" | "fjall" | "fjall-blob" | "redb" => true,
         _ => false,
     }
@@ -243,7 +244,7 @@ pub fn reopens(name: &str, in_memory: bool) -> bool {
 /// Whether the engine has range scans. Hash engines answer point operations only: the
 /// driver skips the workloads with scans (scan, YCSB E) for them.
 pub fn scans(name: &str) -> bool {
-    !matches!(name, "bfdb-hash" | "oxifaster")
+    !matches!(name, "bfdb-hash" | "bfdb-hash-runs" | "oxifaster")
 }
 
 /// Whether the driver runs `workload` on the engine: every workload, except those with
@@ -254,7 +255,7 @@ pub fn runs_workload(name: &str, workload: crate::keygen::Workload) -> bool {
 
 /// Whether the engine has a mode that keeps its records in memory (`--in-memory`).
 fn has_in_memory_mode(name: &str) -> bool {
-    !matches!(name, "bfdb-hash" | "oxifaster")
+    !matches!(name, "bfdb-hash" | "bfdb-hash-runs" | "oxifaster")
 }
 
 /// Opens the engine called `name`.
@@ -264,7 +265,8 @@ pub fn open(name: &str, options: &OpenOptions) -> EngineResult<Box<dyn Engine>> 
     match name {
         "bfdb" if options.in_memory => Ok(Box::new(Bfdb::open(options)?)),
         "bfdb" => Ok(Box::new(BfdbDb::open(options)?)),
-        "bfdb-hash" => Ok(Box::new(BfdbHash::open(options)?)),
+        "bfdb-hash" => Ok(Box::new(BfdbHash::open(options, bfdb::ColdLayout::Log)?)),
+        "bfdb-hash-runs" => Ok(Box::new(BfdbHash::open(options, bfdb::ColdLayout::Runs)?)),
         "bfdb-tree" => Ok(Box::new(Bfdb::open(options)?)),
         "bftree" => Ok(Box::new(BfTree::open(options)?)),
         "btreemap" => Ok(Box::new(LockedBTreeMap::default())),
@@ -599,7 +601,7 @@ struct BfdbHash {
 }
 
 impl BfdbHash {
-    fn open(options: &OpenOptions) -> EngineResult<BfdbHash> {
+    fn open(options: &OpenOptions, cold_layout: bfdb::ColdLayout) -> EngineResult<BfdbHash> {
         let durability = bfdb_durability(options.durability);
         // The hash store's memory comes out of the Db's budget; the Db's trees (none
         // here) keep the least the Config allows.
@@ -616,7 +618,8 @@ impl BfdbHash {
             .memory_bytes(options.budget_bytes.saturating_sub(tree_pool_bytes))
             .expected_keys(options.records.max(1))
             .hot_log_disk_bytes(hot_log_disk_bytes)
-            .compaction_threads(options.hash_compaction_threads);
+            .compaction_threads(options.hash_compaction_threads)
+            .cold_layout(cold_layout);
         if let Some(bytes) = options.hash_read_cache_bytes {
             hash_options = hash_options.read_cache_bytes(bytes);
         }
@@ -633,7 +636,7 @@ impl BfdbHash {
              read cache, log pages) out of the Db's budget, its trees {} KiB (the least \
              the Db allows); \
              expected_keys {}, read cache {}, hot log disk {:.1} MiB, cold log disk {} MiB, \
-             {} compaction threads; {io}",
+             {} compaction threads, cold tier {:?}; {io}",
             bfdb_level_text(options.durability),
             hash_options.memory_bytes.unwrap_or(0) as f64 / (1 << 20) as f64,
             tree_pool_bytes >> 10,
@@ -645,6 +648,7 @@ impl BfdbHash {
             hash_options.hot_log_disk_bytes as f64 / (1 << 20) as f64,
             hash_options.cold_log_disk_bytes >> 20,
             hash_options.compaction_threads,
+            hash_options.cold_layout,
         );
         Ok(BfdbHash {
             store,

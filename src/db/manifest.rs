@@ -53,6 +53,7 @@ use std::ops::Bound;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::hash::f2::ColdLayout;
 use crate::hash::store::{HashLayout, HashStoreOptions, RECORD_FORMAT};
 use crate::wal::{Cursor, LogPosition};
 
@@ -84,6 +85,13 @@ impl KeyspaceKind {
             // adds the pages per leaf.
             KeyspaceKind::Tree { leaf_pages: 1 } => 1,
             KeyspaceKind::Tree { .. } => 5,
+            // Kind 6: a hash store whose cold tier is runs (`ColdLayout::Runs`).
+            KeyspaceKind::Hash(layout)
+                if layout.record_format == RECORD_FORMAT
+                    && layout.options.cold_layout == ColdLayout::Runs =>
+            {
+                6
+            }
             KeyspaceKind::Hash(layout) if layout.record_format == RECORD_FORMAT => 4,
             // An entry of an earlier build keeps its kind: its files keep their format.
             KeyspaceKind::Hash(_) => 3,
@@ -267,7 +275,7 @@ impl Manifest {
                     }
                     KeyspaceKind::Tree { leaf_pages }
                 }
-                2..=4 => {
+                2..=4 | 6 => {
                     let mut n = [0u64; 4];
                     for v in &mut n {
                         *v = r.u64().ok_or_else(truncated)?;
@@ -291,9 +299,13 @@ impl Manifest {
                             .hot_log_disk_bytes(n[2])
                             .cold_log_disk_bytes(n[3])
                             .compaction_threads(threads)
-                            .with_parts(parts),
+                            .with_parts(parts)
+                            .cold_layout(match code {
+                                6 => ColdLayout::Runs,
+                                _ => ColdLayout::Log,
+                            }),
                         page_bits: bits,
-                        record_format: if code == 4 { RECORD_FORMAT } else { 1 },
+                        record_format: if code >= 4 { RECORD_FORMAT } else { 1 },
                     };
                     layout
                         .check()
@@ -427,7 +439,22 @@ mod tests {
                 ),
             },
         );
-        m.next_id = 7;
+        m.keyspaces.insert(
+            "runs".to_string(),
+            KeyspaceEntry {
+                id: 7,
+                kind: KeyspaceKind::Hash(
+                    HashLayout::new(
+                        HashStoreOptions::default()
+                            .memory_bytes(4 << 20)
+                            .cold_layout(ColdLayout::Runs),
+                        4096,
+                    )
+                    .unwrap(),
+                ),
+            },
+        );
+        m.next_id = 8;
         m.max_key_bytes = 512;
         m.max_value_bytes = 2048;
         m.checkpoints = vec![

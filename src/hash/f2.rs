@@ -43,11 +43,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::cold::ColdLog;
+use super::cold_runs::ColdRuns;
 use super::epoch::{Epoch, EpochGuard, EpochHandle};
 use super::hlog::{Addresses, HlogOptions, LogExtent};
 use super::hot::{HotLog, HotRead, Update};
 use super::pending::{ReadBatch, pipelined, read_ahead};
 use super::record::{DiskRecord, LogValue};
+use super::runs::RunRecord;
 use crate::error::Result;
 use crate::storage::BlockDevice;
 use crate::sync::Mutex;
@@ -81,6 +83,43 @@ pub(crate) struct F2Options {
     /// Copy into the read cache only keys read from disk twice lately
     /// ([`super::read_cache::ReadCache::admit`]); F2 copies every one.
     pub(crate) read_cache_admission: bool,
+    /// How the cold tier is laid out.
+    pub(crate) cold_layout: ColdLayout,
+}
+
+/// How a hash store lays out its cold tier: the records that compaction moves out of
+/// the hot log ([`HashStoreOptions::cold_layout`](crate::HashStoreOptions::cold_layout)).
+///
+/// ```
+/// use bfdb::{ColdLayout, HashStoreOptions};
+///
+/// let options = HashStoreOptions::default().cold_layout(ColdLayout::Runs);
+/// assert_eq!(options.cold_layout, ColdLayout::Runs);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ColdLayout {
+    /// The F2 paper's: a cold log, an index of hash chunks kept in a log of its own on
+    /// disk (under a byte of memory per key), and cold-to-cold compaction. A cold read
+    /// reads the key's chunk and then walks a chain of records (about 2.5 device reads
+    /// measured), and each record compaction moves cold reads and rewrites its chunk.
+    #[default]
+    Log,
+    /// Runs of records sorted by key hash, with each 4 KiB page's first hash kept in
+    /// memory (a quarter of a byte per key of 8 + 100 bytes, plus a 10-bit filter per
+    /// key not yet merged): a cold read is one device read, compaction writes the
+    /// records it moves as one sorted run, and runs are merged sequentially. No chunk
+    /// index; the memory the log layout gives the cold and chunk logs goes to the hot
+    /// log instead.
+    Runs,
+}
+
+/// The cold tier of an [`F2`] store, in its layout (one per store: the size of the
+/// larger variant does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Cold {
+    Log(ColdLog),
+    Runs(ColdRuns),
 }
 
 /// Counters of what compaction did.
@@ -206,7 +245,7 @@ impl Drop for Held<'_> {
 pub(crate) struct F2 {
     epoch: Arc<Epoch>,
     hot: HotLog,
-    cold: ColdLog,
+    cold: Cold,
     options: F2Options,
     /// Cold truncations so far (the false-absence check).
     cold_truncations: AtomicU64,
@@ -228,6 +267,9 @@ pub(crate) struct F2 {
     /// after a compaction pass failed (it may have copied records it did not
     /// truncate). Until then a dropped record is its reference's only holder.
     shared_references: std::sync::atomic::AtomicBool,
+    /// In the runs layout, the live records the running hot→cold pass found, with
+    /// their hot-log addresses: written as one delta when the pass has them all.
+    pass_records: Mutex<Vec<(u64, RunRecord)>>,
 }
 
 /// What a store does with a value out of line that no record holds any more: the
@@ -280,13 +322,16 @@ impl F2 {
                 super::hot::Keying::Hashed,
             )?
             .admitting(options.read_cache_admission),
-            cold: ColdLog::recover(
-                options.cold_keys,
-                (options.cold_log, devices.cold, extents.cold),
-                (options.chunk_log, devices.chunks, extents.chunks),
-                buckets(extents.chunk_buckets)?,
-                Arc::clone(&epoch),
-            )?,
+            cold: match options.cold_layout {
+                ColdLayout::Log => Cold::Log(ColdLog::recover(
+                    options.cold_keys,
+                    (options.cold_log, devices.cold, extents.cold),
+                    (options.chunk_log, devices.chunks, extents.chunks),
+                    buckets(extents.chunk_buckets)?,
+                    Arc::clone(&epoch),
+                )?),
+                ColdLayout::Runs => Cold::Runs(ColdRuns::recover(devices.cold, extents.cold)?),
+            },
             epoch,
             options,
             cold_truncations: AtomicU64::new(0),
@@ -296,6 +341,7 @@ impl F2 {
             dropped_references: Mutex::new(Vec::new()),
             on_unreachable: std::sync::OnceLock::new(),
             shared_references: std::sync::atomic::AtomicBool::new(true),
+            pass_records: Mutex::new(Vec::new()),
         })
     }
 
@@ -306,11 +352,28 @@ impl F2 {
     /// are not captured (the write-ahead log replays them).
     pub(crate) fn checkpoint(&self, guard: &mut EpochGuard<'_, '_>) -> Result<F2Extents> {
         let _one = self.one_compaction(guard);
-        let chunks = self.cold.index().chunks();
-        let cold_tail = self.cold.log().flush_all(guard)?;
-        let chunks_tail = chunks.log().flush_all(guard)?;
-        self.cold.log().sync()?;
-        chunks.log().sync()?;
+        let (cold, chunks, chunk_buckets) = match &self.cold {
+            Cold::Log(cold) => {
+                let chunks = cold.index().chunks();
+                let cold_tail = cold.log().flush_all(guard)?;
+                let chunks_tail = chunks.log().flush_all(guard)?;
+                cold.log().sync()?;
+                chunks.log().sync()?;
+                let extent = |log: &super::hlog::HybridLog, tail| LogExtent {
+                    begin: log.addresses().begin,
+                    tail,
+                };
+                (
+                    extent(cold.log(), cold_tail),
+                    extent(chunks.log(), chunks_tail),
+                    chunks.index_buckets(guard) as u64,
+                )
+            }
+            Cold::Runs(runs) => {
+                runs.sync()?;
+                (runs.extent(), LogExtent::default(), 0)
+            }
+        };
         let hot_tail = self.hot.log().flush_all(guard)?;
         self.hot.log().sync()?;
         // Every record below the hot tail was linked at an index size no larger than
@@ -327,15 +390,9 @@ impl F2 {
                 tail: hot_tail,
             },
             hot_buckets: self.hot.index_buckets(guard) as u64,
-            cold: LogExtent {
-                begin: self.cold.log().addresses().begin,
-                tail: cold_tail,
-            },
-            chunks: LogExtent {
-                begin: chunks.log().addresses().begin,
-                tail: chunks_tail,
-            },
-            chunk_buckets: chunks.index_buckets(guard) as u64,
+            cold,
+            chunks,
+            chunk_buckets,
         })
     }
 
@@ -350,14 +407,17 @@ impl F2 {
                 options.read_cache_memory_bytes,
             )?
             .admitting(options.read_cache_admission),
-            cold: ColdLog::new(
-                options.cold_keys,
-                options.cold_log,
-                devices.cold,
-                options.chunk_log,
-                devices.chunks,
-                Arc::clone(&epoch),
-            )?,
+            cold: match options.cold_layout {
+                ColdLayout::Log => Cold::Log(ColdLog::new(
+                    options.cold_keys,
+                    options.cold_log,
+                    devices.cold,
+                    options.chunk_log,
+                    devices.chunks,
+                    Arc::clone(&epoch),
+                )?),
+                ColdLayout::Runs => Cold::Runs(ColdRuns::new(devices.cold)),
+            },
             epoch,
             options,
             cold_truncations: AtomicU64::new(0),
@@ -367,6 +427,7 @@ impl F2 {
             dropped_references: Mutex::new(Vec::new()),
             on_unreachable: std::sync::OnceLock::new(),
             shared_references: std::sync::atomic::AtomicBool::new(false),
+            pass_records: Mutex::new(Vec::new()),
         })
     }
 
@@ -378,8 +439,26 @@ impl F2 {
         &self.hot
     }
 
+    /// The cold log and its index, in the log layout.
+    pub(crate) fn cold_log(&self) -> Option<&ColdLog> {
+        match &self.cold {
+            Cold::Log(cold) => Some(cold),
+            Cold::Runs(_) => None,
+        }
+    }
+
+    /// The cold runs, in the runs layout.
+    pub(crate) fn cold_runs(&self) -> Option<&ColdRuns> {
+        match &self.cold {
+            Cold::Log(_) => None,
+            Cold::Runs(runs) => Some(runs),
+        }
+    }
+
+    /// The cold log, in the log layout (tests of that layout).
+    #[cfg(test)]
     pub(crate) fn cold(&self) -> &ColdLog {
-        &self.cold
+        self.cold_log().expect("a store in the cold log layout")
     }
 
     pub(crate) fn stats(&self) -> F2Stats {
@@ -486,9 +565,14 @@ impl F2 {
     /// The cold log's answer for `key`, looked up again if a cold truncation ran
     /// meanwhile and it found nothing (the false-absence anomaly).
     fn cold_get(&self, guard: &EpochGuard<'_, '_>, key: &[u8]) -> Result<Option<LogValue>> {
+        let cold = match &self.cold {
+            Cold::Log(cold) => cold,
+            // No false absence to guard against (`cold_runs.rs`).
+            Cold::Runs(runs) => return Ok(runs.read(guard, key)?.flatten()),
+        };
         loop {
             let truncations = self.cold_truncations.load(Ordering::SeqCst);
-            match self.cold.read(guard, key)? {
+            match cold.read(guard, key)? {
                 Some(found) => return Ok(found),
                 None if self.cold_truncations.load(Ordering::SeqCst) == truncations => {
                     return Ok(None);
@@ -544,32 +628,62 @@ impl F2 {
     /// The longest value a record of a key of `key_len` bytes holds in both logs (a
     /// compaction copies hot records to the cold log).
     pub(crate) fn max_inline_value_bytes(&self, key_len: usize) -> usize {
-        let page = self
-            .hot
-            .log()
-            .page_bytes()
-            .min(self.cold.log().page_bytes());
+        let page = match &self.cold {
+            Cold::Log(cold) => self.hot.log().page_bytes().min(cold.log().page_bytes()),
+            // A run unit holds any record a hot page does.
+            Cold::Runs(_) => self.hot.log().page_bytes(),
+        };
         (page as usize).saturating_sub(super::record::record_size_bytes(key_len, 0))
     }
 
     /// Bytes of the hot log and of the cold log (TAIL - BEGIN).
     pub(crate) fn log_sizes(&self) -> (u64, u64) {
-        let (hot, cold) = (self.hot.log().addresses(), self.cold.log().addresses());
-        (hot.tail - hot.begin, cold.tail - cold.begin)
+        let hot = self.hot.log().addresses();
+        let cold = match &self.cold {
+            Cold::Log(cold) => {
+                let a = cold.log().addresses();
+                a.tail - a.begin
+            }
+            Cold::Runs(runs) => runs.size_bytes(),
+        };
+        (hot.tail - hot.begin, cold)
     }
 
     /// Compacts each log that is past its budget's threshold (the hot log first, into
     /// the cold log; then the cold log into itself); returns whether any was. The
     /// caller holds nothing from under `guard`.
     pub(crate) fn maybe_compact(&self, guard: &mut EpochGuard<'_, '_>) -> Result<bool> {
-        let o = &self.options;
         let mut compacted = false;
+        if let Cold::Runs(runs) = &self.cold {
+            // The runs are merged when their deltas call for it, not by size.
+            compacted = self.maybe_compact_hot(guard)?;
+            if runs.wants_merge() {
+                self.compact(guard, Tier::Cold, 0, 0)?;
+                compacted = true;
+            }
+            return Ok(compacted);
+        }
         for tier in [Tier::Hot, Tier::Cold, Tier::Chunks] {
+            compacted |= self.maybe_compact_tier(guard, tier)?;
+        }
+        Ok(compacted)
+    }
+
+    /// [`F2::maybe_compact`]'s pass over the hot log.
+    fn maybe_compact_hot(&self, guard: &mut EpochGuard<'_, '_>) -> Result<bool> {
+        self.maybe_compact_tier(guard, Tier::Hot)
+    }
+
+    /// Compacts `tier`'s log if it is past its budget's threshold, unless the last pass
+    /// freed nothing and the log has not grown since (below).
+    fn maybe_compact_tier(&self, guard: &mut EpochGuard<'_, '_>, tier: Tier) -> Result<bool> {
+        let o = &self.options;
+        {
             let budget = self.budget_of(tier);
             let a = self.log_of(tier).addresses();
             let size = a.tail - a.begin;
             if size <= budget * o.compact_at_percent / 100 {
-                continue;
+                return Ok(false);
             }
             // A log whose live records fill its threshold cannot shrink: after a pass
             // that freed nothing, the next waits until the log has grown by another
@@ -578,7 +692,7 @@ impl F2 {
             let futile = &self.futile_at[tier as usize];
             let at = futile.load(Ordering::Relaxed);
             if at > 0 && size >= at && size < at + budget * o.compact_percent / 100 {
-                continue;
+                return Ok(false);
             }
             let until = a.begin + (budget * o.compact_percent / 100).max(1);
             // Past its whole budget a log holds writers back: its pass reads ahead as
@@ -593,9 +707,8 @@ impl F2 {
             let after = self.log_of(tier).addresses();
             let after = after.tail - after.begin;
             futile.store(if after >= size { after } else { 0 }, Ordering::Relaxed);
-            compacted = true;
         }
-        Ok(compacted)
+        Ok(true)
     }
 
     /// Compacts all of the hot log into the cold log, then all of the cold log into
@@ -608,9 +721,12 @@ impl F2 {
             self.hot.log().flush_all(guard)?
         };
         self.compact_hot(guard, hot_tail)?;
-        let cold_tail = {
-            let _one = self.one_compaction(guard);
-            self.cold.log().flush_all(guard)?
+        let cold_tail = match &self.cold {
+            Cold::Log(cold) => {
+                let _one = self.one_compaction(guard);
+                cold.log().flush_all(guard)?
+            }
+            Cold::Runs(_) => 0,
         };
         self.compact_cold(guard, cold_tail)?;
         Ok(())
@@ -623,7 +739,12 @@ impl F2 {
 
     /// The BEGIN of the hot log, the cold log and the chunk log.
     pub(crate) fn log_begins(&self) -> [u64; 3] {
-        [Tier::Hot, Tier::Cold, Tier::Chunks].map(|t| self.log_of(t).addresses().begin)
+        match &self.cold {
+            Cold::Log(_) => {
+                [Tier::Hot, Tier::Cold, Tier::Chunks].map(|t| self.log_of(t).addresses().begin)
+            }
+            Cold::Runs(runs) => [self.hot.log().addresses().begin, runs.extent().begin, 0],
+        }
     }
 
     /// The disk budget of `tier`'s log.
@@ -631,7 +752,10 @@ impl F2 {
         match tier {
             Tier::Hot => self.options.hot_log_budget_bytes,
             Tier::Cold => self.options.cold_log_budget_bytes,
-            Tier::Chunks => self.cold.index().log_budget_bytes(),
+            Tier::Chunks => match &self.cold {
+                Cold::Log(cold) => cold.index().log_budget_bytes(),
+                Cold::Runs(_) => 0,
+            },
         }
     }
 
@@ -650,7 +774,8 @@ impl F2 {
         self.compact(guard, Tier::Hot, until, READ_AHEAD_RECORDS)
     }
 
-    /// Cold→cold compaction of the cold log below `until` (as for `compact_hot`).
+    /// Cold→cold compaction of the cold log below `until` (as for `compact_hot`); in the
+    /// runs layout, a merge of every run into one (`until` does not matter).
     pub(crate) fn compact_cold(&self, guard: &mut EpochGuard<'_, '_>, until: u64) -> Result<u64> {
         self.compact(guard, Tier::Cold, until, READ_AHEAD_RECORDS)
     }
@@ -678,13 +803,29 @@ impl F2 {
     ) -> Result<u64> {
         let _one = self.one_compaction(guard);
         let started = std::time::Instant::now();
+        if let (Cold::Runs(runs), Tier::Cold | Tier::Chunks) = (&self.cold, tier) {
+            self.merge_runs(guard, runs)?;
+            bump(
+                &self.counters.compaction_nanos,
+                started.elapsed().as_nanos() as u64,
+            );
+            return Ok(runs.extent().begin);
+        }
         let log = self.log_of(tier);
         let a = log.addresses();
         let end = Self::compaction_end(a, until, log.page_bytes());
         self.dropped_references.lock().clear();
-        if let Err(e) = self.copy_live(guard, tier, a.begin, end, group) {
+        self.pass_records.lock().clear();
+        let copied = self
+            .copy_live(guard, tier, a.begin, end, group)
+            .and_then(|()| match &self.cold {
+                Cold::Runs(runs) => self.write_delta(runs),
+                Cold::Log(_) => Ok(()),
+            });
+        if let Err(e) = copied {
             // Records it copied stay at their sources too, until a pass truncates them.
             self.shared_references.store(true, Ordering::SeqCst);
+            self.pass_records.lock().clear();
             return Err(e);
         }
         if end <= a.begin {
@@ -720,6 +861,54 @@ impl F2 {
             started.elapsed().as_nanos() as u64,
         );
         Ok(end)
+    }
+
+    /// In the runs layout, writes the live records the hot→cold pass gathered as one
+    /// delta run (each key once: of two records of a key, the newer) and publishes it,
+    /// before the pass moves the hot log's BEGIN.
+    fn write_delta(&self, runs: &ColdRuns) -> Result<()> {
+        let mut gathered = std::mem::take(&mut *self.pass_records.lock());
+        let _held = Held::new(
+            &self.counters,
+            gathered.iter().map(|(_, r)| r.key.len() as u64 + 64).sum(),
+        );
+        // Newest first within a key, so that dedup keeps it.
+        gathered.sort_unstable_by(|(a, ra), (b, rb)| {
+            (ra.hash, &ra.key, std::cmp::Reverse(*a)).cmp(&(
+                rb.hash,
+                &rb.key,
+                std::cmp::Reverse(*b),
+            ))
+        });
+        gathered.dedup_by(|later, first| later.1.key == first.1.key);
+        let records: Vec<RunRecord> = gathered.into_iter().map(|(_, r)| r).collect();
+        bump(&self.counters.records_copied, records.len() as u64);
+        runs.add_delta(records)
+    }
+
+    /// A merge of every cold run into one base (the runs layout's cold→cold
+    /// compaction): the versions it drops that hold a value out of line are reported
+    /// once the base is the set, if no other record holds their value.
+    fn merge_runs(&self, guard: &mut EpochGuard<'_, '_>, runs: &ColdRuns) -> Result<()> {
+        self.dropped_references.lock().clear();
+        let mut dropped = 0;
+        let merged = runs.merge(guard, &mut |old: RunRecord| {
+            dropped += 1;
+            if let Some(value) = old.value
+                && value.out_of_line
+            {
+                self.dropped_references.lock().push((old.key, value.bytes));
+            }
+        });
+        if let Err(e) = merged {
+            self.dropped_references.lock().clear();
+            return Err(e);
+        }
+        bump(&self.counters.records_dropped, dropped);
+        bump(&self.counters.cold_cold_compactions, 1);
+        // The old runs are out of the set: only the hot log and the base can hold a
+        // reference now.
+        self.report_unreachable(guard, Tier::Cold, 0..0)
     }
 
     /// Rebuilds the hot index at its size if its overflow buckets grew by more than a
@@ -882,8 +1071,10 @@ impl F2 {
         };
         let mut held = std::collections::HashSet::new();
         self.hot.references_held(guard, key, hot_floor, &mut held)?;
-        self.cold
-            .references_held(guard, key, cold_floor, &mut held)?;
+        match &self.cold {
+            Cold::Log(cold) => cold.references_held(guard, key, cold_floor, &mut held)?,
+            Cold::Runs(runs) => runs.references_held(guard, key, &mut held)?,
+        }
         Ok(held)
     }
 
@@ -963,11 +1154,13 @@ impl F2 {
         }
     }
 
+    /// The log `tier` compacts: in the runs layout, only the hot log has one.
     fn log_of(&self, tier: Tier) -> &super::hlog::HybridLog {
-        match tier {
-            Tier::Hot => self.hot.log(),
-            Tier::Cold => self.cold.log(),
-            Tier::Chunks => self.cold.index().chunks().log(),
+        match (tier, &self.cold) {
+            (Tier::Hot, _) => self.hot.log(),
+            (Tier::Cold, Cold::Log(cold)) => cold.log(),
+            (Tier::Chunks, Cold::Log(cold)) => cold.index().chunks().log(),
+            (_, Cold::Runs(_)) => unreachable!("the runs layout has no cold logs"),
         }
     }
 
@@ -1000,8 +1193,10 @@ impl F2 {
             }
             let value = (!record.header.is_tombstone()).then_some(record.value.as_slice());
             debug_assert!(!record.out_of_line, "a chunk is never out of line");
-            if self
-                .cold
+            let Cold::Log(cold) = &self.cold else {
+                unreachable!("the runs layout has no chunk log");
+            };
+            if cold
                 .index()
                 .copy_if_newest(guard, &record.key, value, address)?
             {
@@ -1059,10 +1254,29 @@ impl F2 {
         if group.is_empty() {
             return Ok(());
         }
+        let cold = match &self.cold {
+            Cold::Log(cold) => cold,
+            Cold::Runs(_) => {
+                // Gathered for the pass's delta: no device read.
+                let mut pass = self.pass_records.lock();
+                for (address, record) in group.drain(..) {
+                    let value = record.log_value();
+                    pass.push((
+                        address,
+                        RunRecord {
+                            hash: super::hot::hash_key(&record.key).0,
+                            key: record.key,
+                            value,
+                        },
+                    ));
+                }
+                return Ok(());
+            }
+        };
         let batch = ReadBatch::default();
         let conditional = matches!(tier, Tier::Cold);
         let ahead = read_ahead(guard, &batch, group.len(), |g, i| {
-            self.cold.look_ahead(g, &group[i].1.key, conditional)
+            cold.look_ahead(g, &group[i].1.key, conditional)
         });
         let c = &self.counters;
         bump(&c.compaction_read_ahead_reads, ahead.reads);
@@ -1072,12 +1286,10 @@ impl F2 {
         for (address, record) in group.drain(..) {
             let value = record.log_value();
             let copied = if conditional {
-                self.cold
-                    .insert_if_newest(&mut batched, &record.key, value.as_ref(), address)?
+                cold.insert_if_newest(&mut batched, &record.key, value.as_ref(), address)?
                     .is_some()
             } else {
-                self.cold
-                    .insert_value(&mut batched, &record.key, value.as_ref())?;
+                cold.insert_value(&mut batched, &record.key, value.as_ref())?;
                 true
             };
             if !copied {
@@ -1131,6 +1343,19 @@ mod tests {
         }
     }
 
+    std::thread_local! {
+        /// The cold layout of the stores this thread's tests make (`tiny_options`).
+        static LAYOUT: std::cell::Cell<ColdLayout> = const { std::cell::Cell::new(ColdLayout::Log) };
+    }
+
+    /// Runs `test` with its stores in the runs layout.
+    fn in_runs_layout<T>(test: impl FnOnce() -> T) -> T {
+        LAYOUT.set(ColdLayout::Runs);
+        let answer = test();
+        LAYOUT.set(ColdLayout::Log);
+        answer
+    }
+
     /// A store whose logs keep a few pages each, and a read cache of four: compaction
     /// and eviction run all the time.
     fn tiny() -> F2 {
@@ -1165,6 +1390,7 @@ mod tests {
             hot_log: pages(4),
             cold_log: pages(3),
             chunk_log: pages(3),
+            cold_layout: LAYOUT.get(),
             hot_log_budget_bytes: 16 * 4096,
             cold_log_budget_bytes,
             compact_at_percent: 80,
@@ -1196,10 +1422,14 @@ mod tests {
         while !done.load(std::sync::atomic::Ordering::Acquire) {
             let hot = store.hot().log().addresses().begin;
             store.compact_hot(&mut guard, hot + 4096).unwrap();
-            let cold = store.cold().log().addresses().begin;
-            store.compact_cold(&mut guard, cold + 4096).unwrap();
-            let chunks = store.cold().index().chunks().log().addresses().begin;
-            store.compact_chunks(&mut guard, chunks + 4096).unwrap();
+            if let Some(cold) = store.cold_log() {
+                let begin = cold.log().addresses().begin;
+                store.compact_cold(&mut guard, begin + 4096).unwrap();
+                let chunks = cold.index().chunks().log().addresses().begin;
+                store.compact_chunks(&mut guard, chunks + 4096).unwrap();
+            } else if store.cold_runs().is_some_and(|r| r.wants_merge()) {
+                store.compact_cold(&mut guard, 0).unwrap();
+            }
             guard.refresh();
             std::thread::yield_now();
         }
@@ -1261,6 +1491,15 @@ mod tests {
 
     #[test]
     fn a_checkpoint_recovers_what_it_captured_while_compactions_go_on() {
+        checkpoint_recovers_what_it_captured();
+    }
+
+    #[test]
+    fn a_checkpoint_of_cold_runs_recovers_what_it_captured_while_compactions_go_on() {
+        in_runs_layout(checkpoint_recovers_what_it_captured);
+    }
+
+    fn checkpoint_recovers_what_it_captured() {
         let mut disk = Durable::new();
         let mut store = F2::new(Durable::options(), disk.devices()).unwrap();
         let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
@@ -1318,11 +1557,22 @@ mod tests {
         }
         assert_eq!(recoveries, 6);
         assert!(cold_cold > 0);
-        assert!(chunk > 0, "the chunk log never compacted");
+        if store.cold_log().is_some() {
+            assert!(chunk > 0, "the chunk log never compacted");
+        }
     }
 
     #[test]
     fn random_operations_match_a_hash_map_through_both_compactions() {
+        random_operations_match_a_hash_map();
+    }
+
+    #[test]
+    fn random_operations_match_a_hash_map_through_deltas_and_merges_of_cold_runs() {
+        in_runs_layout(random_operations_match_a_hash_map);
+    }
+
+    fn random_operations_match_a_hash_map() {
         let store = tiny();
         let mut handle = store.epoch().register();
         let mut guard = handle.protect();
@@ -1385,6 +1635,15 @@ mod tests {
             "{stats:?}"
         );
         assert!(store.hot().stats().disk_reads > 0);
+        if let Some(runs) = store.cold_runs() {
+            let r = runs.stats();
+            assert!(
+                r.deltas_added > 10 && r.merges > 3 && r.unit_reads > 0,
+                "{r:?}"
+            );
+            assert!(r.runs <= 8, "{r:?}");
+            return;
+        }
         // Every cold insert rewrote a chunk; the chunk log stays within its budget
         // (plus the pass that runs past its threshold) by compacting into itself.
         assert!(stats.chunk_compactions > 3, "{stats:?}");
@@ -1675,6 +1934,16 @@ mod tests {
     }
 
     #[test]
+    fn references_in_cold_runs_are_reported_once_when_their_last_record_goes() {
+        in_runs_layout(|| references_are_reported_once_when_their_last_record_goes(false));
+    }
+
+    #[test]
+    fn references_in_cold_runs_are_reported_once_with_records_sharing_them() {
+        in_runs_layout(|| references_are_reported_once_when_their_last_record_goes(true));
+    }
+
+    #[test]
     fn a_write_that_fails_did_not_apply_even_when_its_throttling_compaction_fails() {
         // A writer past the budget compacts; make every device read fail meanwhile, so
         // that compaction fails. Each write (of a key never written before) must then
@@ -1926,6 +2195,11 @@ mod tests {
     }
 
     #[test]
+    fn counts_stay_exact_while_hot_to_cold_passes_and_merges_of_cold_runs_run() {
+        in_runs_layout(counts_stay_exact_while_both_compactions_run);
+    }
+
+    #[test]
     fn counts_stay_exact_while_both_compactions_run() {
         // FASTER's count store under F2: read-modify-writes of skewed keys from three
         // threads while a fourth keeps compacting both logs; no increment is lost or
@@ -2057,6 +2331,11 @@ mod tests {
     }
 
     #[test]
+    fn batched_reads_match_a_hash_map_through_deltas_and_merges_of_cold_runs() {
+        in_runs_layout(batched_reads_match_a_hash_map_through_both_compactions);
+    }
+
+    #[test]
     fn batched_reads_match_a_hash_map_through_both_compactions() {
         // Skewed writes and deletes, compacting as they go, so that most keys end up on
         // disk in the hot or the cold log; every so often a batch of up to 24 keys,
@@ -2096,11 +2375,14 @@ mod tests {
             stats.hot_cold_compactions > 10 && stats.cold_cold_compactions > 3,
             "{stats:?}"
         );
-        assert!(store.cold().log().record_reads() > 0, "{stats:?}");
-        assert!(
-            store.cold().index().chunks().log().record_reads() > 0,
-            "{stats:?}"
-        );
+        match (store.cold_log(), store.cold_runs()) {
+            (Some(cold), _) => {
+                assert!(cold.log().record_reads() > 0, "{stats:?}");
+                assert!(cold.index().chunks().log().record_reads() > 0, "{stats:?}");
+            }
+            (None, Some(runs)) => assert!(runs.stats().unit_reads > 0, "{:?}", runs.stats()),
+            (None, None) => unreachable!(),
+        }
         // Memory devices read where they are asked: the reads went through the batches,
         // none waited in flight (tests/hash_store.rs measures the depth on files).
         assert!(
@@ -2267,6 +2549,7 @@ mod tests {
             compaction_threads: 2,
             read_cache_memory_bytes: 0,
             read_cache_admission: false,
+            cold_layout: ColdLayout::Log,
         };
         let devices = F2Devices {
             hot: Arc::new(MemBlocks::new()),

@@ -47,6 +47,7 @@ pub(crate) mod aio;
 pub(crate) mod bucket;
 pub(crate) mod checkpoint;
 pub(crate) mod cold;
+pub(crate) mod cold_runs;
 pub(crate) mod epoch;
 pub(crate) mod f2;
 pub(crate) mod hlog;
@@ -55,6 +56,7 @@ pub(crate) mod index;
 pub(crate) mod pending;
 pub(crate) mod read_cache;
 pub(crate) mod record;
+pub(crate) mod runs;
 pub(crate) mod store;
 
 #[cfg(all(test, feature = "shuttle"))]

@@ -185,6 +185,44 @@ impl ReadBatch {
         Err(pending())
     }
 
+    /// The `len` bytes at `address` of `device` (named `source` among the batch's reads,
+    /// as a log is by its id; a cold run's unit, say): `use_bytes` runs on them if an
+    /// earlier round read them; otherwise they are noted as wanted and the pending signal
+    /// answers (after [`read_ahead`], they are read on the spot instead). The caller saw
+    /// the address valid under its guard, and the bytes there never change.
+    pub(crate) fn bytes_at<R>(
+        &self,
+        source: usize,
+        device: &Arc<dyn BlockDevice>,
+        address: u64,
+        len: usize,
+        use_bytes: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        let mut state = self.state.lock();
+        if let Some(read) = state.read.get(&(source, address))
+            && read.bytes.as_ref().len() >= len
+        {
+            return Ok(use_bytes(&read.bytes.as_ref()[..len]));
+        }
+        if state.blocking_misses {
+            state.misses += 1;
+            drop(state);
+            let mut buf = AlignedBuf::new(len);
+            device.read(address, buf.as_mut())?;
+            return Ok(use_bytes(buf.as_ref()));
+        }
+        let op = state.current;
+        state.wanted.push(Want {
+            op,
+            log: source,
+            address,
+            start: address,
+            len,
+            device: Arc::clone(device),
+        });
+        Err(pending())
+    }
+
     /// Takes the round's wanted reads, one per record (the longest asked for), with
     /// their files; a device without files reads them right away. Called under the
     /// guard of the round whose operations asked.

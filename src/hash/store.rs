@@ -37,7 +37,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::f2::{F2, F2Devices, F2Extents, F2Options};
+use super::f2::{ColdLayout, F2, F2Devices, F2Extents, F2Options};
 use super::hlog::HlogOptions;
 use super::hot::Update;
 use super::read_cache::ReadCache;
@@ -127,6 +127,11 @@ pub struct HashStoreOptions {
     /// Bytes for the page frames of the cold index's chunk log instead of a
     /// forty-eighth of the memory (at least three pages are kept). `None` by default.
     pub chunk_log_memory_bytes: Option<u64>,
+    /// How the cold tier is laid out. Default [`ColdLayout::Log`]. In
+    /// [`ColdLayout::Runs`] there are no cold and chunk log pages and no chunk table:
+    /// their shares of the memory go to the hot log (`cold_log_memory_bytes` and
+    /// `chunk_log_memory_bytes` are refused), and `cold_log_disk_bytes` bounds the runs.
+    pub cold_layout: ColdLayout,
 }
 
 impl Default for HashStoreOptions {
@@ -141,6 +146,7 @@ impl Default for HashStoreOptions {
             read_cache_bytes: None,
             cold_log_memory_bytes: None,
             chunk_log_memory_bytes: None,
+            cold_layout: ColdLayout::Log,
         }
     }
 }
@@ -200,6 +206,12 @@ impl HashStoreOptions {
         self
     }
 
+    /// Sets [`HashStoreOptions::cold_layout`].
+    pub fn cold_layout(mut self, layout: ColdLayout) -> Self {
+        self.cold_layout = layout;
+        self
+    }
+
     /// The parts set instead of the paper's shares, in the order of the fields.
     pub(crate) fn parts(&self) -> [Option<u64>; 4] {
         [
@@ -241,6 +253,13 @@ impl HashStoreOptions {
                 "a hash store's parts {parts:?} (hot index, read cache, cold log, chunk \
                  log) add up to more than its memory_bytes {memory}"
             ));
+        }
+        if self.cold_layout == ColdLayout::Runs
+            && (self.cold_log_memory_bytes.is_some() || self.chunk_log_memory_bytes.is_some())
+        {
+            return bad(
+                "a hash store in the runs layout has no cold or chunk log pages to size".into(),
+            );
         }
         if self.expected_keys == 0 || self.expected_keys > 1 << 40 {
             return bad(format!(
@@ -313,7 +332,12 @@ impl HashLayout {
             let fit = (memory / 16).max(1).ilog2();
             fit.clamp(least, MAX_PAGE_BITS.max(least)) as u8
         };
-        let split = Split::of(memory, options.expected_keys, options.parts());
+        let split = Split::of(
+            memory,
+            options.expected_keys,
+            options.parts(),
+            options.cold_layout,
+        );
         if split.hot_log < 4 * (1 << least) {
             return Err(Error::InvalidConfig(format!(
                 "a hash store's memory_bytes {memory} leave its hot log {} bytes once the \
@@ -391,7 +415,7 @@ impl HashLayout {
         let parts = o.parts().map(|part| {
             part.map(|bytes| (u128::from(bytes) * u128::from(memory) / u128::from(recorded)) as u64)
         });
-        let split = Split::of(memory, o.expected_keys, parts);
+        let split = Split::of(memory, o.expected_keys, parts, o.cold_layout);
         if split.hot_log >> self.page_bits[0] < 3 {
             return Err(Error::InvalidConfig(format!(
                 "{memory} bytes of memory leave the hash store's hot log {} bytes once the \
@@ -435,6 +459,7 @@ impl HashLayout {
             cold_keys: o.expected_keys,
             hot_log: log(hot_log, self.page_bits[0]),
             cold_log: log(split.cold_log, self.page_bits[1]),
+            cold_layout: o.cold_layout,
             chunk_log: log(split.chunk_log, self.page_bits[2]),
             hot_log_budget_bytes: o.hot_log_disk_bytes,
             cold_log_budget_bytes: o.cold_log_disk_bytes,
@@ -470,8 +495,10 @@ struct Split {
 
 impl Split {
     /// The split of `memory`, with the parts `parts` gives (hot index, read cache, cold
-    /// log, chunk log) instead of the paper's shares.
-    fn of(memory: u64, expected_keys: u64, parts: [Option<u64>; 4]) -> Split {
+    /// log, chunk log) instead of the paper's shares. In the runs layout the cold tier
+    /// has no log pages or chunk table: the hot log has their shares (the runs' fences
+    /// and filters are not counted here).
+    fn of(memory: u64, expected_keys: u64, parts: [Option<u64>; 4], layout: ColdLayout) -> Split {
         use super::index::{IndexOptions, KEYS_PER_BUCKET};
         let sixth = memory / 6;
         let small = memory / 48;
@@ -482,11 +509,18 @@ impl Split {
         let buckets = (1u64 << fits.ilog2())
             .min(IndexOptions::for_keys(expected_keys).buckets as u64)
             .max(256);
-        let chunks = super::cold::ColdIndex::chunks_for(expected_keys);
-        let chunk_table = IndexOptions::for_keys(chunks).buckets as u64 * 64;
         let read_cache = read_cache.unwrap_or(sixth);
-        let cold_log = cold_log.unwrap_or(small);
-        let chunk_log = chunk_log.unwrap_or(small);
+        let (chunk_table, cold_log, chunk_log) = match layout {
+            ColdLayout::Log => {
+                let chunks = super::cold::ColdIndex::chunks_for(expected_keys);
+                (
+                    IndexOptions::for_keys(chunks).buckets as u64 * 64,
+                    cold_log.unwrap_or(small),
+                    chunk_log.unwrap_or(small),
+                )
+            }
+            ColdLayout::Runs => (0, 0, 0),
+        };
         let fixed = buckets * 64 + read_cache + chunk_table + cold_log + chunk_log;
         Split {
             hot_keys: buckets * KEYS_PER_BUCKET,
@@ -989,17 +1023,39 @@ impl HashStore {
         let f2 = &self.inner.f2;
         let s = f2.stats();
         let hot = f2.hot().stats();
-        let (h, c) = (f2.hot().log().addresses(), f2.cold().log().addresses());
-        let k = f2.cold().index().chunks().log().addresses();
+        let h = f2.hot().log().addresses();
+        let (cold_bytes, chunk_bytes) = match f2.cold_log() {
+            Some(cold) => {
+                let (c, k) = (
+                    cold.log().addresses(),
+                    cold.index().chunks().log().addresses(),
+                );
+                (c.tail - c.begin, k.tail - k.begin)
+            }
+            None => (f2.log_sizes().1, 0),
+        };
         let memory = self.inner.with_guard(|g| {
-            let (table, chunk_frames) = f2.cold().index().memory_bytes(g);
+            let cold = match (f2.cold_log(), f2.cold_runs()) {
+                (Some(cold), _) => {
+                    let (table, chunk_frames) = cold.index().memory_bytes(g);
+                    table + chunk_frames + cold.log().memory_bytes()
+                }
+                (None, Some(runs)) => runs.memory_bytes(),
+                (None, None) => 0,
+            };
             Ok(f2.hot().index_size_bytes(g) as u64
-                + table
-                + chunk_frames
+                + cold
                 + f2.hot().log().memory_bytes()
-                + f2.hot().read_cache().map_or(0, |c| c.memory_bytes())
-                + f2.cold().log().memory_bytes())
+                + f2.hot().read_cache().map_or(0, |c| c.memory_bytes()))
         });
+        let (cold_disk_reads, chunk_disk_reads) = match (f2.cold_log(), f2.cold_runs()) {
+            (Some(cold), _) => (
+                cold.log().record_reads(),
+                cold.index().chunks().log().record_reads(),
+            ),
+            (None, Some(runs)) => (runs.stats().unit_reads, 0),
+            (None, None) => (0, 0),
+        };
         HashStoreStats {
             hot_cold_compactions: s.hot_cold_compactions,
             cold_cold_compactions: s.cold_cold_compactions,
@@ -1012,8 +1068,8 @@ impl HashStore {
             in_place_updates: hot.in_place_updates,
             appended_records: hot.appended_records,
             hot_disk_reads: hot.disk_reads,
-            cold_disk_reads: f2.cold().log().record_reads(),
-            chunk_disk_reads: f2.cold().index().chunks().log().record_reads(),
+            cold_disk_reads,
+            chunk_disk_reads,
             batched_reads: s.batched_reads,
             batch_waits: s.batch_waits,
             batch_in_flight: s.batch_in_flight,
@@ -1028,8 +1084,8 @@ impl HashStore {
             compacted_bytes: s.compacted_bytes,
             compaction_buffer_peak_bytes: s.compaction_buffer_peak_bytes,
             hot_log_bytes: h.tail - h.begin,
-            cold_log_bytes: c.tail - c.begin,
-            chunk_log_bytes: k.tail - k.begin,
+            cold_log_bytes: cold_bytes,
+            chunk_log_bytes: chunk_bytes,
             memory_bytes: memory.unwrap_or(0),
             memory_budget_bytes: self.inner.memory_budget_bytes,
         }

@@ -1,0 +1,1192 @@
+//! Hash-ordered runs: the cold tier laid out so that a key's record is found with one
+//! device read and under half a byte of memory per key (issue #35, item 3).
+//!
+//! F2 keeps cold records in a log and finds them through a two-level index whose hash
+//! chunks live on disk: a cold miss reads the key's chunk, then walks a chain that may
+//! pass through other keys' records (about 2.5 reads per miss measured), and every record
+//! compaction moves cold costs a read-modify-write of its chunk. A run instead holds
+//! records sorted by key hash (then key) in pages of 4 KiB, and the first hash of each
+//! page — its fence — stays in memory: 8 bytes a page, about a quarter of a byte per key
+//! of 8 + 100 bytes. A lookup binary-searches the fences and reads the one unit that can
+//! hold the key. Runs are written sequentially and never changed, and a set of them
+//! (newest first) is merged into one, sequentially, instead of updating an index record by
+//! record. A run that is not the last level (a *delta*) also keeps a Bloom filter of its
+//! keys' hashes in memory (10 bits a key), so a lookup reads only the runs that may hold
+//! the key.
+//!
+//! ## On the device
+//!
+//! A run occupies `[start, end)` of a [`BlockDevice`]'s address space, page aligned:
+//!
+//! ```text
+//!  start                                                               end
+//!    │ data units (pages of records)  │ fences │ filter │ footer (1 page) │
+//! ```
+//!
+//! - A **unit** is one page, or several when one record (a long key) or the records of
+//!   one hash do not fit in a page. Its first 8 bytes are a header: the CRC-32C of the
+//!   unit's bytes from offset 4 to its end (`u32`), the count of records (`u16`) and the
+//!   unit's span in pages (`u16`); the records follow, zero bytes after them.
+//! - A **record** is a 16-byte header — the key's hash (`u64`), the key's length (`u16`),
+//!   flags (`u8`: 1 a tombstone, 2 a value kept out of line as its reference), a zero
+//!   byte, the value's length (`u32`) — then the key and the value. Records are in
+//!   strictly increasing (hash, key) order across the run, and the records of one hash
+//!   are never split between units (so a hash's records are in exactly one unit).
+//! - **Fences**: one `u64` per data page, the hash of the first record of the page's
+//!   unit (a unit's later pages repeat it: two equal neighbouring fences mean one unit).
+//!   Because a unit's first hash is above every hash of the unit before it, the unit
+//!   that may hold hash `h` is the one of the last page whose fence is at most `h`.
+//! - **Filter**: a delta's Bloom filter, its bits as `u64` words.
+//! - **Footer**: magic, format version, counts and the CRC-32C of the fence and filter
+//!   pages, then its own CRC. Opening a run reads the footer and the pages before it;
+//!   the data pages are read only by lookups and merges.
+//!
+//! A run's bytes never change after [`RunWriter::finish`]; a run stops being used when a
+//! merge has replaced it, and its space is given back by truncating the device below the
+//! oldest run still in use.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+
+use super::record::LogValue;
+use crate::error::{Error, Result};
+use crate::storage::{AlignedBuf, BlockDevice, IO_ALIGN_BYTES};
+
+/// A run's page: the unit of fences, and of device reads.
+pub(crate) const PAGE_BYTES: usize = 4096;
+/// A unit's header: CRC-32C, record count, span in pages.
+const UNIT_HEADER_BYTES: usize = 8;
+/// A record's header: hash, key length, flags, a zero byte, value length.
+pub(crate) const RECORD_HEADER_BYTES: usize = 16;
+/// The most pages one unit may span (a `u16`, and what the writer buffers at once).
+const MAX_UNIT_PAGES: usize = 1024;
+const FLAG_TOMBSTONE: u8 = 1;
+const FLAG_OUT_OF_LINE: u8 = 2;
+const FOOTER_MAGIC: u64 = u64::from_le_bytes(*b"bfdbRUN\0");
+const FORMAT_VERSION: u32 = 1;
+/// A delta's filter: bits per key and probes per lookup (about 1% false positives).
+const FILTER_BITS_PER_KEY: u64 = 10;
+const FILTER_PROBES: u32 = 7;
+/// Pages a writer gathers before one device write, and a merge reads of a run at once.
+const IO_CHUNK_PAGES: usize = 64;
+
+/// A record of a run: its key's hash, the key, and the value as the record holds it
+/// (`None`: a tombstone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RunRecord {
+    pub(crate) hash: u64,
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Option<LogValue>,
+}
+
+impl RunRecord {
+    /// The record's bytes in a unit.
+    fn encoded_bytes(&self) -> usize {
+        RECORD_HEADER_BYTES + self.key.len() + self.value.as_ref().map_or(0, |v| v.bytes.len())
+    }
+
+    /// Whether `self` sorts before `(hash, key)`.
+    fn cmp_to(&self, hash: u64, key: &[u8]) -> Ordering {
+        (self.hash, self.key.as_slice()).cmp(&(hash, key))
+    }
+}
+
+/// Whether a run holds every version that matters of its keys (the base, where a
+/// tombstone can be dropped) or is a delta over older runs (which keeps tombstones and a
+/// filter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RunKind {
+    Base,
+    Delta,
+}
+
+// ---------------------------------------------------------------------------------------
+// The Bloom filter of a delta
+// ---------------------------------------------------------------------------------------
+
+/// A Bloom filter over key hashes, probed with double hashing from the hash's halves.
+#[derive(Debug)]
+struct Filter {
+    words: Box<[u64]>,
+}
+
+impl Filter {
+    fn with_keys(keys: u64) -> Filter {
+        let bits = (keys.max(1) * FILTER_BITS_PER_KEY).next_multiple_of(64);
+        Filter {
+            words: vec![0; (bits / 64) as usize].into_boxed_slice(),
+        }
+    }
+
+    fn bits(&self) -> u64 {
+        self.words.len() as u64 * 64
+    }
+
+    /// The bit positions of `hash`. The hash's bits already decide the fence search and
+    /// nothing else here, so its halves serve as the two hashes of double hashing.
+    fn probes(&self, hash: u64) -> impl Iterator<Item = u64> + use<> {
+        let bits = self.bits();
+        let (a, b) = (hash, hash.rotate_left(32) | 1);
+        (0..u64::from(FILTER_PROBES)).map(move |i| a.wrapping_add(i.wrapping_mul(b)) % bits)
+    }
+
+    fn insert(&mut self, hash: u64) {
+        for bit in self.probes(hash) {
+            self.words[(bit / 64) as usize] |= 1 << (bit % 64);
+        }
+    }
+
+    fn may_contain(&self, hash: u64) -> bool {
+        self.probes(hash)
+            .all(|bit| self.words[(bit / 64) as usize] & (1 << (bit % 64)) != 0)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Units
+// ---------------------------------------------------------------------------------------
+
+/// The CRC a unit's header holds: of its bytes from offset 4 on.
+fn unit_crc(unit: &[u8]) -> u32 {
+    crc32c::crc32c(&unit[4..])
+}
+
+/// The span in pages of the unit whose first page is `page`, from its header (unchecked).
+fn unit_span(page: &[u8]) -> usize {
+    usize::from(u16::from_le_bytes([page[6], page[7]]))
+}
+
+/// The records of `unit` (its whole span), checked: the CRC, each record within the
+/// unit, flags known, records in increasing order. `Err` says what is wrong.
+fn decode_unit(unit: &[u8]) -> std::result::Result<Vec<RunRecord>, String> {
+    let mut records = Vec::new();
+    for_each_record(unit, |r| {
+        records.push(r.to_owned());
+        true
+    })?;
+    Ok(records)
+}
+
+/// A record of a unit, borrowed from the unit's bytes.
+struct RecordRef<'a> {
+    hash: u64,
+    key: &'a [u8],
+    flags: u8,
+    value: &'a [u8],
+}
+
+impl RecordRef<'_> {
+    fn value(&self) -> Option<LogValue> {
+        (self.flags & FLAG_TOMBSTONE == 0).then(|| LogValue {
+            bytes: self.value.to_vec(),
+            out_of_line: self.flags & FLAG_OUT_OF_LINE != 0,
+        })
+    }
+
+    fn to_owned(&self) -> RunRecord {
+        RunRecord {
+            hash: self.hash,
+            key: self.key.to_vec(),
+            value: self.value(),
+        }
+    }
+}
+
+/// Checks `unit` and calls `f` on its records in order until `f` answers false.
+fn for_each_record<'a>(
+    unit: &'a [u8],
+    mut f: impl FnMut(&RecordRef<'a>) -> bool,
+) -> std::result::Result<(), String> {
+    if unit.len() < PAGE_BYTES || !unit.len().is_multiple_of(PAGE_BYTES) {
+        return Err(format!("a run unit of {} bytes", unit.len()));
+    }
+    let span = unit_span(unit);
+    if span * PAGE_BYTES != unit.len() {
+        return Err(format!(
+            "a run unit of {span} pages read as {} bytes",
+            unit.len()
+        ));
+    }
+    let stored = u32::from_le_bytes(unit[0..4].try_into().expect("4 bytes"));
+    if stored != unit_crc(unit) {
+        return Err("a run unit failed its checksum".into());
+    }
+    let count = usize::from(u16::from_le_bytes([unit[4], unit[5]]));
+    let mut at = UNIT_HEADER_BYTES;
+    let mut previous: Option<(u64, &[u8])> = None;
+    for i in 0..count {
+        let Some(header) = unit.get(at..at + RECORD_HEADER_BYTES) else {
+            return Err(format!("record {i} of a run unit starts past its end"));
+        };
+        let hash = u64::from_le_bytes(header[0..8].try_into().expect("8 bytes"));
+        let key_len = usize::from(u16::from_le_bytes([header[8], header[9]]));
+        let flags = header[10];
+        let value_len = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes")) as usize;
+        if flags & !(FLAG_TOMBSTONE | FLAG_OUT_OF_LINE) != 0 || header[11] != 0 {
+            return Err(format!(
+                "record {i} of a run unit has unknown flags {flags:#x}"
+            ));
+        }
+        let key_at = at + RECORD_HEADER_BYTES;
+        let end = key_at + key_len + value_len;
+        if end > unit.len() {
+            return Err(format!("record {i} of a run unit runs past its end"));
+        }
+        let record = RecordRef {
+            hash,
+            key: &unit[key_at..key_at + key_len],
+            flags,
+            value: &unit[key_at + key_len..end],
+        };
+        if previous.is_some_and(|p| p >= (hash, record.key)) {
+            return Err(format!("record {i} of a run unit is out of order"));
+        }
+        previous = Some((hash, record.key));
+        if !f(&record) {
+            return Ok(());
+        }
+        at = end;
+    }
+    Ok(())
+}
+
+/// What a unit holds for `key` (of hash `hash`): `None` if no record, `Some(None)` a
+/// tombstone, else the value. `Err` if the unit does not check.
+pub(crate) fn find_in_unit(
+    unit: &[u8],
+    hash: u64,
+    key: &[u8],
+) -> std::result::Result<Option<Option<LogValue>>, String> {
+    let mut found = None;
+    for_each_record(unit, |r| match (r.hash, r.key).cmp(&(hash, key)) {
+        Ordering::Less => true,
+        Ordering::Equal => {
+            found = Some(r.value());
+            false
+        }
+        Ordering::Greater => false,
+    })?;
+    Ok(found)
+}
+
+// ---------------------------------------------------------------------------------------
+// A run in memory
+// ---------------------------------------------------------------------------------------
+
+/// A run as the cold tier keeps it in memory: where it lies, its fences and its filter.
+#[derive(Debug)]
+pub(crate) struct Run {
+    start: u64,
+    end: u64,
+    kind: RunKind,
+    records: u64,
+    /// The first hash of each data page's unit.
+    fences: Box<[u64]>,
+    filter: Option<Filter>,
+}
+
+/// Where a unit lies: its device address and length in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct UnitAt {
+    pub(crate) address: u64,
+    pub(crate) len: usize,
+}
+
+impl Run {
+    /// The run's extent on its device.
+    pub(crate) fn extent(&self) -> (u64, u64) {
+        (self.start, self.end)
+    }
+
+    pub(crate) fn kind(&self) -> RunKind {
+        self.kind
+    }
+
+    /// Records in the run, tombstones included.
+    pub(crate) fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Data pages (the bytes a full read of its records takes, over 4 KiB).
+    pub(crate) fn data_pages(&self) -> u64 {
+        self.fences.len() as u64
+    }
+
+    /// The memory the run's fences and filter take.
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        let filter = self.filter.as_ref().map_or(0, |f| f.words.len() * 8);
+        (self.fences.len() * 8 + filter + std::mem::size_of::<Run>()) as u64
+    }
+
+    /// False if the run holds no record of `hash` (by its filter; a base always may).
+    pub(crate) fn may_contain(&self, hash: u64) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.may_contain(hash))
+    }
+
+    /// The unit that holds the records of `hash` if the run has any: `None` if the hash is
+    /// below the first fence (or the run is empty).
+    pub(crate) fn locate(&self, hash: u64) -> Option<UnitAt> {
+        let fences = &self.fences;
+        let after = fences.partition_point(|&f| f <= hash);
+        if after == 0 {
+            return None;
+        }
+        let mut first = after - 1;
+        while first > 0 && fences[first - 1] == fences[first] {
+            first -= 1;
+        }
+        let mut last = after;
+        while last < fences.len() && fences[last] == fences[first] {
+            last += 1;
+        }
+        Some(UnitAt {
+            address: self.start + (first * PAGE_BYTES) as u64,
+            len: (last - first) * PAGE_BYTES,
+        })
+    }
+
+    /// Looks `key` (of hash `hash`) up in the run with a blocking read: `None` if the run
+    /// holds no record of it, `Some(None)` a tombstone.
+    pub(crate) fn get(
+        &self,
+        device: &dyn BlockDevice,
+        hash: u64,
+        key: &[u8],
+    ) -> Result<Option<Option<LogValue>>> {
+        if !self.may_contain(hash) {
+            return Ok(None);
+        }
+        let Some(unit) = self.locate(hash) else {
+            return Ok(None);
+        };
+        let mut buf = AlignedBuf::new(unit.len);
+        read_split(device, unit.address, buf.as_mut())?;
+        find_in_unit(buf.as_ref(), hash, key).map_err(|why| corrupt(device, unit.address, &why))
+    }
+
+    /// Reads back the run that ends at `end` of `device`, its start found from its
+    /// footer and at or above `floor` (see [`Run::open`]).
+    pub(crate) fn open_ending_at(device: &dyn BlockDevice, end: u64, floor: u64) -> Result<Run> {
+        let page = PAGE_BYTES as u64;
+        if end < floor + page || !end.is_multiple_of(page) {
+            return Err(corrupt(device, end, "no whole run page ends here"));
+        }
+        let footer_at = end - page;
+        let mut footer = AlignedBuf::new(PAGE_BYTES);
+        read_split(device, footer_at, footer.as_mut())?;
+        let footer =
+            Footer::decode(footer.as_ref()).map_err(|why| corrupt(device, footer_at, &why))?;
+        let pages = footer.data_pages + footer.fence_pages + footer.filter_pages + 1;
+        match end.checked_sub(pages * page) {
+            Some(start) if start >= floor => Run::open(device, start, end),
+            _ => Err(corrupt(
+                device,
+                footer_at,
+                &format!("a run of {pages} pages ending at {end} starts below {floor}"),
+            )),
+        }
+    }
+
+    /// Reads the run back from `[start, end)` of `device`: its footer, fences and filter,
+    /// checked. The data pages are not read.
+    pub(crate) fn open(device: &dyn BlockDevice, start: u64, end: u64) -> Result<Run> {
+        let page = PAGE_BYTES as u64;
+        if !start.is_multiple_of(page) || !end.is_multiple_of(page) || end < start + page {
+            return Err(corrupt(
+                device,
+                start,
+                &format!("a run at [{start}, {end}) is not whole pages"),
+            ));
+        }
+        let footer_at = end - page;
+        let mut footer = AlignedBuf::new(PAGE_BYTES);
+        read_split(device, footer_at, footer.as_mut())?;
+        let footer =
+            Footer::decode(footer.as_ref()).map_err(|why| corrupt(device, footer_at, &why))?;
+        let meta_pages = footer.fence_pages + footer.filter_pages;
+        let expected_end = start + (footer.data_pages + meta_pages + 1) * page;
+        if expected_end != end {
+            return Err(corrupt(
+                device,
+                footer_at,
+                &format!(
+                    "a run's footer gives it {expected_end} - {start} bytes, not {end} - {start}"
+                ),
+            ));
+        }
+        let meta_at = start + footer.data_pages * page;
+        let mut meta = AlignedBuf::new((meta_pages * page).max(page) as usize);
+        let meta_bytes = &mut meta.as_mut()[..(meta_pages * page) as usize];
+        read_split(device, meta_at, meta_bytes)?;
+        if crc32c::crc32c(meta_bytes) != footer.meta_crc {
+            return Err(corrupt(
+                device,
+                meta_at,
+                "a run's fences or filter failed their checksum",
+            ));
+        }
+        let fence_bytes = &meta_bytes[..(footer.data_pages * 8) as usize];
+        let fences: Box<[u64]> = fence_bytes
+            .chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+            .collect();
+        if fences.windows(2).any(|w| w[0] > w[1]) {
+            return Err(corrupt(device, meta_at, "a run's fences are out of order"));
+        }
+        let filter = (footer.filter_words > 0).then(|| {
+            let at = (footer.fence_pages * page) as usize;
+            Filter {
+                words: meta_bytes[at..at + (footer.filter_words * 8) as usize]
+                    .chunks_exact(8)
+                    .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+                    .collect(),
+            }
+        });
+        let kind = if filter.is_some() {
+            RunKind::Delta
+        } else {
+            RunKind::Base
+        };
+        Ok(Run {
+            start,
+            end,
+            kind,
+            records: footer.records,
+            fences,
+            filter,
+        })
+    }
+
+    /// The run's records in order, read sequentially.
+    pub(crate) fn scan<'d>(&self, device: &'d dyn BlockDevice) -> RunScan<'d> {
+        RunScan {
+            device,
+            start: self.start,
+            pages: self.fences.len(),
+            next_page: 0,
+            pending: VecDeque::new(),
+        }
+    }
+}
+
+/// The error for a run's bytes at `address` that do not check, naming their file.
+pub(crate) fn corrupt(device: &dyn BlockDevice, address: u64, why: &str) -> Error {
+    let reason = format!("cold run at address {address}: {why}");
+    match device.file_of(address) {
+        Some(path) => Error::CorruptFile { path, reason },
+        None => Error::Corrupted {
+            page: address,
+            reason,
+        },
+    }
+}
+
+/// Whether `len` bytes at `address` lie in one of the device's segments (one read).
+pub(crate) fn within_segment(device: &dyn BlockDevice, address: u64, len: usize) -> bool {
+    piece(device, address, len) == len
+}
+
+/// Reads `buf` at `address`, split where the device's segments end.
+pub(crate) fn read_split(device: &dyn BlockDevice, address: u64, buf: &mut [u8]) -> Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let at = address + done as u64;
+        let len = piece(device, at, buf.len() - done);
+        device.read(at, &mut buf[done..done + len])?;
+        done += len;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` at `address`, split where the device's segments end.
+fn write_split(device: &dyn BlockDevice, address: u64, bytes: &[u8]) -> Result<()> {
+    let mut done = 0;
+    while done < bytes.len() {
+        let at = address + done as u64;
+        let len = piece(device, at, bytes.len() - done);
+        device.write(at, &bytes[done..done + len])?;
+        done += len;
+    }
+    Ok(())
+}
+
+/// How much of an access of `len` bytes at `address` stays within one segment.
+fn piece(device: &dyn BlockDevice, address: u64, len: usize) -> usize {
+    match device.segment_bytes() {
+        Some(segment) => len.min((segment - address % segment) as usize),
+        None => len,
+    }
+}
+
+/// A run's last page.
+struct Footer {
+    data_pages: u64,
+    fence_pages: u64,
+    filter_pages: u64,
+    filter_words: u64,
+    records: u64,
+    meta_crc: u32,
+}
+
+impl Footer {
+    const BYTES: usize = 64;
+
+    fn encode(&self, page: &mut [u8]) {
+        page.fill(0);
+        page[0..8].copy_from_slice(&FOOTER_MAGIC.to_le_bytes());
+        page[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        page[12..16].copy_from_slice(&self.meta_crc.to_le_bytes());
+        page[16..24].copy_from_slice(&self.data_pages.to_le_bytes());
+        page[24..32].copy_from_slice(&self.fence_pages.to_le_bytes());
+        page[32..40].copy_from_slice(&self.filter_pages.to_le_bytes());
+        page[40..48].copy_from_slice(&self.filter_words.to_le_bytes());
+        page[48..56].copy_from_slice(&self.records.to_le_bytes());
+        let crc = crc32c::crc32c(&page[..Footer::BYTES - 4]);
+        page[Footer::BYTES - 4..Footer::BYTES].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    fn decode(page: &[u8]) -> std::result::Result<Footer, String> {
+        let u64_at = |at: usize| u64::from_le_bytes(page[at..at + 8].try_into().expect("8"));
+        let u32_at = |at: usize| u32::from_le_bytes(page[at..at + 4].try_into().expect("4"));
+        if u64_at(0) != FOOTER_MAGIC {
+            return Err("no run footer where one should end the run".into());
+        }
+        if u32_at(Footer::BYTES - 4) != crc32c::crc32c(&page[..Footer::BYTES - 4]) {
+            return Err("a run's footer failed its checksum".into());
+        }
+        let version = u32_at(8);
+        if version != FORMAT_VERSION {
+            return Err(format!(
+                "a run of format version {version}; this build reads {FORMAT_VERSION}"
+            ));
+        }
+        let footer = Footer {
+            meta_crc: u32_at(12),
+            data_pages: u64_at(16),
+            fence_pages: u64_at(24),
+            filter_pages: u64_at(32),
+            filter_words: u64_at(40),
+            records: u64_at(48),
+        };
+        let page = PAGE_BYTES as u64;
+        let fits = footer.data_pages.checked_mul(8).map(|b| b.div_ceil(page))
+            == Some(footer.fence_pages)
+            && footer.filter_words.checked_mul(8).map(|b| b.div_ceil(page))
+                == Some(footer.filter_pages)
+            && footer.data_pages < 1 << 40;
+        if !fits {
+            return Err("a run's footer gives inconsistent sizes".into());
+        }
+        Ok(footer)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Writing a run
+// ---------------------------------------------------------------------------------------
+
+/// Writes a run at `start` of a device from records given in increasing (hash, key)
+/// order. Nothing names the run until [`RunWriter::finish`] returns it, and the caller
+/// syncs the device before anything durable names it.
+pub(crate) struct RunWriter<'d> {
+    device: &'d dyn BlockDevice,
+    start: u64,
+    kind: RunKind,
+    /// Pages written to the device so far.
+    written_pages: u64,
+    /// Whole units not written yet, `IO_CHUNK_PAGES` at most (or one larger unit).
+    out: Vec<u8>,
+    /// The unit being filled: its bytes (a whole number of pages), records and first
+    /// hash.
+    unit: Vec<u8>,
+    unit_used: usize,
+    unit_records: usize,
+    unit_first_hash: u64,
+    last: Option<(u64, Vec<u8>)>,
+    fences: Vec<u64>,
+    filter: Option<Filter>,
+    records: u64,
+}
+
+impl<'d> RunWriter<'d> {
+    /// A writer of a run at `start` (page aligned). A delta's filter is sized for
+    /// `expected_records` (more records only raise its false positives).
+    pub(crate) fn new(
+        device: &'d dyn BlockDevice,
+        start: u64,
+        kind: RunKind,
+        expected_records: u64,
+    ) -> RunWriter<'d> {
+        assert!(
+            start.is_multiple_of(IO_ALIGN_BYTES),
+            "a run starts on a page"
+        );
+        RunWriter {
+            device,
+            start,
+            kind,
+            written_pages: 0,
+            out: Vec::with_capacity(IO_CHUNK_PAGES * PAGE_BYTES),
+            unit: vec![0; PAGE_BYTES],
+            unit_used: UNIT_HEADER_BYTES,
+            unit_records: 0,
+            unit_first_hash: 0,
+            last: None,
+            fences: Vec::new(),
+            filter: (kind == RunKind::Delta).then(|| Filter::with_keys(expected_records)),
+            records: 0,
+        }
+    }
+
+    /// Appends a record; records come in strictly increasing (hash, key) order.
+    pub(crate) fn push(&mut self, record: &RunRecord) -> Result<()> {
+        let value = record.value.as_ref();
+        let value_len = value.map_or(0, |v| v.bytes.len());
+        if let Some((hash, key)) = &self.last
+            && record.cmp_to(*hash, key) != Ordering::Greater
+        {
+            panic!(
+                "run records out of order: {:?} after {hash}/{key:?}",
+                record.hash
+            );
+        }
+        let bytes = record.encoded_bytes();
+        if UNIT_HEADER_BYTES + bytes > MAX_UNIT_PAGES * PAGE_BYTES
+            || record.key.len() > usize::from(u16::MAX)
+            || u32::try_from(value_len).is_err()
+        {
+            return Err(Error::Unsupported(format!(
+                "a cold record of {bytes} bytes (key {} bytes) does not fit a run unit",
+                record.key.len()
+            )));
+        }
+        let same_hash = self.last.as_ref().is_some_and(|(h, _)| *h == record.hash);
+        if self.unit_used + bytes > self.unit.len() {
+            if self.unit_records > 0 && !same_hash {
+                self.close_unit()?;
+            }
+            // Grow the unit (a long record, or one more record of the unit's last hash).
+            let need = (self.unit_used + bytes).next_multiple_of(PAGE_BYTES);
+            if need > MAX_UNIT_PAGES * PAGE_BYTES {
+                return Err(Error::Unsupported(format!(
+                    "the cold records of one hash take more than {MAX_UNIT_PAGES} pages"
+                )));
+            }
+            self.unit.resize(need, 0);
+        }
+        if self.unit_records == 0 {
+            self.unit_first_hash = record.hash;
+        }
+        let at = self.unit_used;
+        let header = &mut self.unit[at..at + RECORD_HEADER_BYTES];
+        header[0..8].copy_from_slice(&record.hash.to_le_bytes());
+        header[8..10].copy_from_slice(&(record.key.len() as u16).to_le_bytes());
+        header[10] = match value {
+            None => FLAG_TOMBSTONE,
+            Some(v) if v.out_of_line => FLAG_OUT_OF_LINE,
+            Some(_) => 0,
+        };
+        header[11] = 0;
+        header[12..16].copy_from_slice(&(value_len as u32).to_le_bytes());
+        let key_at = at + RECORD_HEADER_BYTES;
+        self.unit[key_at..key_at + record.key.len()].copy_from_slice(&record.key);
+        if let Some(v) = value {
+            let value_at = key_at + record.key.len();
+            self.unit[value_at..value_at + value_len].copy_from_slice(&v.bytes);
+        }
+        self.unit_used += bytes;
+        self.unit_records += 1;
+        if self.unit_records > usize::from(u16::MAX) {
+            return Err(Error::Unsupported(
+                "more than 65,535 cold records of one hash".into(),
+            ));
+        }
+        self.records += 1;
+        if let Some(filter) = &mut self.filter {
+            filter.insert(record.hash);
+        }
+        self.last = Some((record.hash, record.key.clone()));
+        Ok(())
+    }
+
+    /// Ends the unit being filled: its header, its fences, its bytes to the output.
+    fn close_unit(&mut self) -> Result<()> {
+        if self.unit_records == 0 {
+            return Ok(());
+        }
+        let span = self.unit.len() / PAGE_BYTES;
+        self.unit[4..6].copy_from_slice(&(self.unit_records as u16).to_le_bytes());
+        self.unit[6..8].copy_from_slice(&(span as u16).to_le_bytes());
+        let crc = unit_crc(&self.unit);
+        self.unit[0..4].copy_from_slice(&crc.to_le_bytes());
+        self.fences
+            .extend(std::iter::repeat_n(self.unit_first_hash, span));
+        if self.out.len() + self.unit.len() > IO_CHUNK_PAGES * PAGE_BYTES {
+            self.flush()?;
+        }
+        self.out.extend_from_slice(&self.unit);
+        self.unit.clear();
+        self.unit.resize(PAGE_BYTES, 0);
+        self.unit_used = UNIT_HEADER_BYTES;
+        self.unit_records = 0;
+        Ok(())
+    }
+
+    /// Writes the gathered units.
+    fn flush(&mut self) -> Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let mut buf = AlignedBuf::new(self.out.len());
+        buf.as_mut().copy_from_slice(&self.out);
+        let at = self.start + self.written_pages * PAGE_BYTES as u64;
+        write_split(self.device, at, buf.as_ref())?;
+        self.written_pages += (self.out.len() / PAGE_BYTES) as u64;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Writes the rest of the records, the fences, the filter and the footer; the run
+    /// ends at the returned run's `extent().1`. The device is not synced.
+    pub(crate) fn finish(mut self) -> Result<Run> {
+        self.close_unit()?;
+        self.flush()?;
+        let page = PAGE_BYTES as u64;
+        let data_pages = self.fences.len() as u64;
+        let fence_pages = (data_pages * 8).div_ceil(page);
+        let filter_words = self.filter.as_ref().map_or(0, |f| f.words.len() as u64);
+        let filter_pages = (filter_words * 8).div_ceil(page);
+        let meta_len = ((fence_pages + filter_pages) * page) as usize;
+        let mut meta = AlignedBuf::new(meta_len + PAGE_BYTES);
+        let bytes = meta.as_mut();
+        for (i, fence) in self.fences.iter().enumerate() {
+            bytes[i * 8..i * 8 + 8].copy_from_slice(&fence.to_le_bytes());
+        }
+        if let Some(filter) = &self.filter {
+            let at = (fence_pages * page) as usize;
+            for (i, word) in filter.words.iter().enumerate() {
+                bytes[at + i * 8..at + i * 8 + 8].copy_from_slice(&word.to_le_bytes());
+            }
+        }
+        let footer = Footer {
+            data_pages,
+            fence_pages,
+            filter_pages,
+            filter_words,
+            records: self.records,
+            meta_crc: crc32c::crc32c(&bytes[..meta_len]),
+        };
+        footer.encode(&mut bytes[meta_len..]);
+        let meta_at = self.start + data_pages * page;
+        write_split(self.device, meta_at, meta.as_ref())?;
+        let end = meta_at + meta.as_ref().len() as u64;
+        Ok(Run {
+            start: self.start,
+            end,
+            kind: self.kind,
+            records: self.records,
+            fences: self.fences.into_boxed_slice(),
+            filter: self.filter,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading a run in order, and merging runs
+// ---------------------------------------------------------------------------------------
+
+/// A run's records in order, read `IO_CHUNK_PAGES` at a time.
+pub(crate) struct RunScan<'d> {
+    device: &'d dyn BlockDevice,
+    start: u64,
+    pages: usize,
+    next_page: usize,
+    pending: VecDeque<RunRecord>,
+}
+
+impl RunScan<'_> {
+    /// The next record, `None` at the run's end.
+    pub(crate) fn next_record(&mut self) -> Result<Option<RunRecord>> {
+        while self.pending.is_empty() && self.next_page < self.pages {
+            self.read_chunk()?;
+        }
+        Ok(self.pending.pop_front())
+    }
+
+    /// Reads the next chunk of whole units and decodes their records.
+    fn read_chunk(&mut self) -> Result<()> {
+        let mut pages = IO_CHUNK_PAGES.min(self.pages - self.next_page);
+        let mut buf = AlignedBuf::new(pages * PAGE_BYTES);
+        let at = self.start + (self.next_page * PAGE_BYTES) as u64;
+        read_split(self.device, at, buf.as_mut())?;
+        // A unit longer than the chunk: read it whole.
+        let first_span = unit_span(buf.as_ref());
+        if first_span > pages && self.next_page + first_span <= self.pages {
+            pages = first_span;
+            buf = AlignedBuf::new(pages * PAGE_BYTES);
+            read_split(self.device, at, buf.as_mut())?;
+        }
+        let bytes = buf.as_ref();
+        let mut page = 0;
+        while page < pages {
+            let unit_at = at + (page * PAGE_BYTES) as u64;
+            let span = unit_span(&bytes[page * PAGE_BYTES..]);
+            if span == 0 || self.next_page + page + span > self.pages {
+                return Err(corrupt(
+                    self.device,
+                    unit_at,
+                    &format!("a run unit spans {span} pages"),
+                ));
+            }
+            if page + span > pages {
+                break; // continued in the next chunk
+            }
+            let unit = &bytes[page * PAGE_BYTES..(page + span) * PAGE_BYTES];
+            let records = decode_unit(unit).map_err(|why| corrupt(self.device, unit_at, &why))?;
+            self.pending.extend(records);
+            page += span;
+        }
+        self.next_page += page;
+        Ok(())
+    }
+}
+
+/// One input's head in a merge: ordered by (hash, key), then newest input first, as a
+/// min-heap entry.
+struct Head {
+    record: RunRecord,
+    input: usize,
+}
+
+impl PartialEq for Head {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Head {}
+impl PartialOrd for Head {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Head {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Reversed: `BinaryHeap` is a max-heap.
+        (other.record.hash, &other.record.key, other.input).cmp(&(
+            self.record.hash,
+            &self.record.key,
+            self.input,
+        ))
+    }
+}
+
+/// Merges `inputs` (newest first) into one run written at `at`: of the records of one
+/// key the newest is kept, the others are handed to `superseded` (so that what they
+/// reference out of line can be released); into a base (`kind`), a newest record that is
+/// a tombstone is dropped too, as nothing older remains for it to hide.
+pub(crate) fn merge(
+    device: &dyn BlockDevice,
+    inputs: &[Arc<Run>],
+    at: u64,
+    kind: RunKind,
+    superseded: &mut dyn FnMut(RunRecord),
+) -> Result<Run> {
+    let expected = inputs.iter().map(|r| r.records()).sum();
+    let mut writer = RunWriter::new(device, at, kind, expected);
+    let mut scans: Vec<RunScan<'_>> = inputs.iter().map(|r| r.scan(device)).collect();
+    let mut heads = BinaryHeap::with_capacity(scans.len());
+    for (input, scan) in scans.iter_mut().enumerate() {
+        if let Some(record) = scan.next_record()? {
+            heads.push(Head { record, input });
+        }
+    }
+    while let Some(Head { record, input }) = heads.pop() {
+        if let Some(next) = scans[input].next_record()? {
+            heads.push(Head {
+                record: next,
+                input,
+            });
+        }
+        // Older versions of the same key come out next.
+        while heads
+            .peek()
+            .is_some_and(|h| h.record.hash == record.hash && h.record.key == record.key)
+        {
+            let Head {
+                record: old,
+                input: old_input,
+            } = heads.pop().expect("peeked");
+            if let Some(next) = scans[old_input].next_record()? {
+                heads.push(Head {
+                    record: next,
+                    input: old_input,
+                });
+            }
+            superseded(old);
+        }
+        if kind == RunKind::Base && record.value.is_none() {
+            continue;
+        }
+        writer.push(&record)?;
+    }
+    writer.finish()
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::hash::hot::hash_key;
+    use crate::storage::MemBlocks;
+
+    fn record(key: &[u8], value: Option<&[u8]>) -> RunRecord {
+        RunRecord {
+            hash: hash_key(key).0,
+            key: key.to_vec(),
+            value: value.map(|v| LogValue::inline(v.to_vec())),
+        }
+    }
+
+    fn sorted(mut records: Vec<RunRecord>) -> Vec<RunRecord> {
+        records.sort_by(|a, b| (a.hash, &a.key).cmp(&(b.hash, &b.key)));
+        records
+    }
+
+    fn write(device: &dyn BlockDevice, at: u64, kind: RunKind, records: &[RunRecord]) -> Run {
+        let mut writer = RunWriter::new(device, at, kind, records.len() as u64);
+        for r in records {
+            writer.push(r).unwrap();
+        }
+        writer.finish().unwrap()
+    }
+
+    fn key(i: u64) -> Vec<u8> {
+        format!("key{i:08}").into_bytes()
+    }
+
+    #[test]
+    fn a_run_finds_every_key_with_one_read_and_a_quarter_byte_of_fences_per_key() {
+        let device = MemBlocks::with_segments(256 << 10);
+        let records = sorted(
+            (0..20_000)
+                .map(|i| record(&key(i), Some(&[i as u8; 100])))
+                .collect(),
+        );
+        let run = write(&device, 8 << 10, RunKind::Base, &records);
+        let fence_bytes = run.data_pages() * 8;
+        // 8 + 100-byte records, 16-byte headers: 32 to a page.
+        assert!(
+            fence_bytes * 4 <= records.len() as u64,
+            "{fence_bytes} bytes of fences for {} keys",
+            records.len()
+        );
+        let (_, read_before) = device.io_bytes();
+        for r in &records {
+            let unit = run.locate(r.hash).unwrap();
+            assert_eq!(unit.len, PAGE_BYTES, "one page per lookup");
+            let found = run.get(&device, r.hash, &r.key).unwrap();
+            assert_eq!(found, Some(r.value.clone()), "{:?}", r.key);
+        }
+        let (_, read_after) = device.io_bytes();
+        assert_eq!(
+            read_after - read_before,
+            (records.len() * PAGE_BYTES) as u64
+        );
+        for i in 20_000..21_000 {
+            let k = key(i);
+            assert_eq!(run.get(&device, hash_key(&k).0, &k).unwrap(), None);
+        }
+        // Reopened from its extent, the run answers the same.
+        let (start, end) = run.extent();
+        let opened = Run::open(&device, start, end).unwrap();
+        assert_eq!(opened.fences, run.fences);
+        assert_eq!(opened.kind(), RunKind::Base);
+        assert_eq!(opened.records(), 20_000);
+        let mut scan = opened.scan(&device);
+        for r in &records {
+            assert_eq!(scan.next_record().unwrap().as_ref(), Some(r));
+        }
+        assert_eq!(scan.next_record().unwrap(), None);
+    }
+
+    #[test]
+    fn long_records_and_one_hashs_records_stay_in_one_unit() {
+        let device = MemBlocks::with_segments(64 << 10);
+        // Records sharing a hash (forced) and records longer than a page, around
+        // ordinary ones; a segment of 16 pages makes units straddle segments.
+        let mut records = Vec::new();
+        for i in 0..400u64 {
+            let k = key(i);
+            let mut r = record(&k, Some(&vec![i as u8; (i as usize * 37) % 300]));
+            if i % 50 == 0 {
+                r.key = vec![b'L'; 5_000 + i as usize];
+                r.hash = hash_key(&r.key).0;
+            }
+            if i % 7 == 0 {
+                r.hash = 42 << 40; // one hash, many keys
+                r.value = Some(LogValue::inline(vec![7; 900]));
+            }
+            if i % 11 == 0 {
+                r.value = None;
+            }
+            records.push(r);
+        }
+        let records = sorted(records);
+        let run = write(&device, 0, RunKind::Delta, &records);
+        for r in &records {
+            assert!(run.may_contain(r.hash));
+            let got = run.get(&device, r.hash, &r.key).unwrap();
+            assert_eq!(got, Some(r.value.clone()), "{} bytes of key", r.key.len());
+        }
+        let shared = run.locate(42 << 40).unwrap();
+        assert!(shared.len > PAGE_BYTES, "{shared:?}");
+        let (start, end) = run.extent();
+        let opened = Run::open(&device, start, end).unwrap();
+        assert_eq!(opened.kind(), RunKind::Delta);
+        let mut scan = opened.scan(&device);
+        let mut n = 0;
+        while let Some(r) = scan.next_record().unwrap() {
+            assert_eq!(r, records[n]);
+            n += 1;
+        }
+        assert_eq!(n, records.len());
+    }
+
+    #[test]
+    fn a_deltas_filter_skips_most_absent_keys() {
+        let device = MemBlocks::new();
+        let records = sorted((0..10_000).map(|i| record(&key(i), Some(b"v"))).collect());
+        let run = write(&device, 0, RunKind::Delta, &records);
+        let false_positives = (10_000..110_000)
+            .filter(|&i| run.may_contain(hash_key(&key(i)).0))
+            .count();
+        // 10 bits a key: about 1%.
+        assert!(false_positives < 2_000, "{false_positives} of 100,000");
+        assert!(records.iter().all(|r| run.may_contain(r.hash)));
+    }
+
+    /// Merges of deltas into a base, checked against a map at every step: the newest
+    /// version of each key wins, a base keeps no tombstone, and every version that lost
+    /// is handed back exactly once.
+    #[test]
+    fn merged_runs_answer_as_a_map_of_the_newest_versions() {
+        let device = MemBlocks::with_segments(128 << 10);
+        let mut model: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
+        let mut runs: Vec<Arc<Run>> = Vec::new(); // newest first
+        let mut tail = 0u64;
+        let mut rng = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut versions_written = 0u64;
+        let mut versions_superseded = 0u64;
+        for round in 0..12u64 {
+            let mut delta: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
+            for _ in 0..1_500 {
+                let k = key(next() % 4_000);
+                let v =
+                    (next() % 5 != 0).then(|| format!("{round}-{}", next() % 1000).into_bytes());
+                delta.insert(k, v);
+            }
+            let records = sorted(delta.iter().map(|(k, v)| record(k, v.as_deref())).collect());
+            versions_written += records.len() as u64;
+            let run = write(&device, tail, RunKind::Delta, &records);
+            tail = run.extent().1;
+            runs.insert(0, Arc::new(run));
+            model.extend(delta);
+            if round % 4 == 3 {
+                let mut dropped = Vec::new();
+                let base = merge(&device, &runs, tail, RunKind::Base, &mut |r| {
+                    dropped.push(r)
+                })
+                .unwrap();
+                versions_superseded += dropped.len() as u64;
+                // Every superseded version is an older one of a key a newer run holds.
+                for d in &dropped {
+                    assert!(model.contains_key(&d.key));
+                }
+                tail = base.extent().1;
+                device.truncate_before(base.extent().0).unwrap();
+                runs = vec![Arc::new(base)];
+                let live = model.values().filter(|v| v.is_some()).count() as u64;
+                assert_eq!(runs[0].records(), live, "round {round}");
+            }
+            for i in 0..4_000 {
+                let k = key(i);
+                let hash = hash_key(&k).0;
+                let mut got = None;
+                for run in &runs {
+                    if let Some(found) = run.get(&device, hash, &k).unwrap() {
+                        got = Some(found);
+                        break;
+                    }
+                }
+                let got = got.flatten().map(LogValue::into_bytes);
+                let want = model.get(&k).cloned().flatten();
+                assert_eq!(got, want, "round {round}, key {i}");
+            }
+        }
+        // Versions written = versions kept (or dropped tombstones) + versions superseded.
+        let live = model.values().filter(|v| v.is_some()).count() as u64;
+        assert!(versions_superseded > 0 && versions_written >= live + versions_superseded);
+    }
+
+    #[test]
+    fn damaged_run_bytes_are_refused_never_answered() {
+        let device = MemBlocks::new();
+        let records = sorted(
+            (0..2_000)
+                .map(|i| record(&key(i), Some(b"value")))
+                .collect(),
+        );
+        let run = write(&device, 0, RunKind::Delta, &records);
+        let (start, end) = run.extent();
+        // A flipped bit in a data page: lookups there fail, others answer.
+        let mut page = AlignedBuf::new(PAGE_BYTES);
+        device.read(PAGE_BYTES as u64, page.as_mut()).unwrap();
+        page.as_mut()[100] ^= 1;
+        device.write(PAGE_BYTES as u64, page.as_ref()).unwrap();
+        let mut refused = 0;
+        for r in &records {
+            match run.get(&device, r.hash, &r.key) {
+                Ok(found) => assert_eq!(found, Some(r.value.clone())),
+                Err(e) => {
+                    assert!(e.to_string().contains("checksum"), "{e}");
+                    refused += 1;
+                }
+            }
+        }
+        assert!(refused > 0);
+        let mut scan = run.scan(&device);
+        let failed = loop {
+            match scan.next_record() {
+                Ok(Some(_)) => continue,
+                Ok(None) => break false,
+                Err(_) => break true,
+            }
+        };
+        assert!(failed, "a scan through the damaged page must fail");
+        // A damaged footer, or a wrong extent, does not open.
+        let mut footer = AlignedBuf::new(PAGE_BYTES);
+        device
+            .read(end - PAGE_BYTES as u64, footer.as_mut())
+            .unwrap();
+        footer.as_mut()[20] ^= 4;
+        device
+            .write(end - PAGE_BYTES as u64, footer.as_ref())
+            .unwrap();
+        assert!(Run::open(&device, start, end).is_err());
+        footer.as_mut()[20] ^= 4;
+        device
+            .write(end - PAGE_BYTES as u64, footer.as_ref())
+            .unwrap();
+        assert!(Run::open(&device, start, end).is_ok());
+        assert!(Run::open(&device, start, end + PAGE_BYTES as u64).is_err());
+        assert!(Run::open(&device, start + PAGE_BYTES as u64, end).is_err());
+    }
+}
