@@ -34,7 +34,7 @@ use super::epoch::EpochGuard;
 use super::hlog::LogExtent;
 use super::hot::hash_key;
 use super::record::LogValue;
-use super::runs::{self, Run, RunKind, RunRecord, RunWriter};
+use super::runs::{self, Gathered, Run, RunKind, RunRecord};
 use crate::error::Result;
 use crate::storage::{AlignedBuf, BlockDevice};
 use crate::sync::RwLock;
@@ -185,25 +185,16 @@ impl ColdRuns {
         Ok(())
     }
 
-    /// Writes `records` (live records leaving the hot log, each key once) as a delta
-    /// run at the tail and puts it at the front of the set. The caller runs the store's
-    /// one compaction.
-    pub(crate) fn add_delta(&self, mut records: Vec<RunRecord>) -> Result<()> {
-        if records.is_empty() {
-            return Ok(());
+    /// Writes the `gathered` records (live records leaving the hot log; of two of one
+    /// key the newer) as a delta run at the tail and puts it at the front of the set.
+    /// Returns the records written. The caller runs the store's one compaction.
+    pub(crate) fn add_delta(&self, gathered: Gathered) -> Result<u64> {
+        if gathered.len() == 0 {
+            return Ok(0);
         }
-        records.sort_unstable_by(|a, b| (a.hash, &a.key).cmp(&(b.hash, &b.key)));
         let at = self.tail.load(Ordering::Acquire);
-        let mut writer = RunWriter::new(
-            self.device.as_ref(),
-            at,
-            RunKind::Delta,
-            records.len() as u64,
-        );
-        for record in &records {
-            writer.push(record)?;
-        }
-        let run = Arc::new(writer.finish()?);
+        let (run, written) = gathered.write_run(self.device.as_ref(), at, RunKind::Delta)?;
+        let run = Arc::new(run);
         self.tail.store(run.extent().1, Ordering::Release);
         let mut set = self.set.write();
         let mut runs = Vec::with_capacity(set.len() + 1);
@@ -211,7 +202,7 @@ impl ColdRuns {
         runs.extend(set.iter().cloned());
         *set = Arc::new(runs);
         self.deltas_added.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(written)
     }
 
     /// Whether the deltas are many enough, or large enough beside the base, to merge.

@@ -49,7 +49,7 @@ use super::hlog::{Addresses, HlogOptions, LogExtent};
 use super::hot::{HotLog, HotRead, Update};
 use super::pending::{ReadBatch, pipelined, read_ahead};
 use super::record::{DiskRecord, LogValue};
-use super::runs::RunRecord;
+use super::runs::{Gathered, RunRecord};
 use crate::error::Result;
 use crate::storage::BlockDevice;
 use crate::sync::Mutex;
@@ -269,7 +269,7 @@ pub(crate) struct F2 {
     shared_references: std::sync::atomic::AtomicBool,
     /// In the runs layout, the live records the running hot→cold pass found, with
     /// their hot-log addresses: written as one delta when the pass has them all.
-    pass_records: Mutex<Vec<(u64, RunRecord)>>,
+    pass_records: Mutex<Gathered>,
 }
 
 /// What a store does with a value out of line that no record holds any more: the
@@ -341,7 +341,7 @@ impl F2 {
             dropped_references: Mutex::new(Vec::new()),
             on_unreachable: std::sync::OnceLock::new(),
             shared_references: std::sync::atomic::AtomicBool::new(true),
-            pass_records: Mutex::new(Vec::new()),
+            pass_records: Mutex::new(Gathered::default()),
         })
     }
 
@@ -427,7 +427,7 @@ impl F2 {
             dropped_references: Mutex::new(Vec::new()),
             on_unreachable: std::sync::OnceLock::new(),
             shared_references: std::sync::atomic::AtomicBool::new(false),
-            pass_records: Mutex::new(Vec::new()),
+            pass_records: Mutex::new(Gathered::default()),
         })
     }
 
@@ -815,7 +815,7 @@ impl F2 {
         let a = log.addresses();
         let end = Self::compaction_end(a, until, log.page_bytes());
         self.dropped_references.lock().clear();
-        self.pass_records.lock().clear();
+        *self.pass_records.lock() = Gathered::default();
         let copied = self
             .copy_live(guard, tier, a.begin, end, group)
             .and_then(|()| match &self.cold {
@@ -825,7 +825,7 @@ impl F2 {
         if let Err(e) = copied {
             // Records it copied stay at their sources too, until a pass truncates them.
             self.shared_references.store(true, Ordering::SeqCst);
-            self.pass_records.lock().clear();
+            *self.pass_records.lock() = Gathered::default();
             return Err(e);
         }
         if end <= a.begin {
@@ -867,23 +867,11 @@ impl F2 {
     /// delta run (each key once: of two records of a key, the newer) and publishes it,
     /// before the pass moves the hot log's BEGIN.
     fn write_delta(&self, runs: &ColdRuns) -> Result<()> {
-        let mut gathered = std::mem::take(&mut *self.pass_records.lock());
-        let _held = Held::new(
-            &self.counters,
-            gathered.iter().map(|(_, r)| r.key.len() as u64 + 64).sum(),
-        );
-        // Newest first within a key, so that dedup keeps it.
-        gathered.sort_unstable_by(|(a, ra), (b, rb)| {
-            (ra.hash, &ra.key, std::cmp::Reverse(*a)).cmp(&(
-                rb.hash,
-                &rb.key,
-                std::cmp::Reverse(*b),
-            ))
-        });
-        gathered.dedup_by(|later, first| later.1.key == first.1.key);
-        let records: Vec<RunRecord> = gathered.into_iter().map(|(_, r)| r).collect();
-        bump(&self.counters.records_copied, records.len() as u64);
-        runs.add_delta(records)
+        let gathered = std::mem::take(&mut *self.pass_records.lock());
+        let _held = Held::new(&self.counters, gathered.memory_bytes());
+        let written = runs.add_delta(gathered)?;
+        bump(&self.counters.records_copied, written);
+        Ok(())
     }
 
     /// A merge of every cold run into one base (the runs layout's cold→cold
@@ -1260,15 +1248,8 @@ impl F2 {
                 // Gathered for the pass's delta: no device read.
                 let mut pass = self.pass_records.lock();
                 for (address, record) in group.drain(..) {
-                    let value = record.log_value();
-                    pass.push((
-                        address,
-                        RunRecord {
-                            hash: super::hot::hash_key(&record.key).0,
-                            key: record.key,
-                            value,
-                        },
-                    ));
+                    let hash = super::hot::hash_key(&record.key).0;
+                    pass.push(hash, &record.key, record.log_value().as_ref(), address);
                 }
                 return Ok(());
             }
@@ -2255,6 +2236,75 @@ mod tests {
                 "{stats:?}"
             );
         }
+    }
+
+    /// Cold reads racing merges of the cold runs and the hot→cold passes that feed them:
+    /// 2,000 keys, every one present throughout, are read one by one and in batches by
+    /// two threads while a third rewrites them (each write keeps its key present, with
+    /// a value naming the key) and compacts, so that the set of runs a read takes is
+    /// replaced under it again and again. A read never answers "absent", nor another
+    /// key's value.
+    #[test]
+    fn cold_reads_racing_merges_of_cold_runs_never_miss_a_present_key() {
+        in_runs_layout(|| {
+            let store = tiny();
+            let keys = 2_000u64;
+            let value = |k: u64, n: u64| format!("{k}:{n}").into_bytes();
+            {
+                let mut handle = store.epoch().register();
+                let mut guard = handle.protect();
+                for k in 0..keys {
+                    store
+                        .upsert(&mut guard, &key(k), Some(&value(k, 0)))
+                        .unwrap();
+                    store.maybe_compact(&mut guard).unwrap();
+                }
+            }
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let check = |k: u64, got: Option<Vec<u8>>| {
+                let got = got.unwrap_or_else(|| panic!("key {k} answered absent"));
+                let text = String::from_utf8(got).unwrap();
+                assert!(text.starts_with(&format!("{k}:")), "key {k} read {text:?}");
+            };
+            std::thread::scope(|s| {
+                for t in 0..2u64 {
+                    let (store, done, check) = (&store, &done, &check);
+                    s.spawn(move || {
+                        let mut handle = store.epoch().register();
+                        let mut batches = store.epoch().register();
+                        let mut rng = Rng(100 + t);
+                        while !done.load(std::sync::atomic::Ordering::Acquire) {
+                            let k = rng.below(keys);
+                            let got = {
+                                let guard = handle.protect();
+                                store.get(&guard, &key(k)).unwrap()
+                            };
+                            check(k, got);
+                            let ks: Vec<u64> = (0..16).map(|_| rng.below(keys)).collect();
+                            let names: Vec<Vec<u8>> = ks.iter().map(|&k| key(k)).collect();
+                            let got = store.get_many(&mut batches, &names).unwrap();
+                            for (&k, v) in ks.iter().zip(got) {
+                                check(k, v);
+                            }
+                        }
+                    });
+                }
+                let mut handle = store.epoch().register();
+                let mut guard = handle.protect();
+                let mut rng = Rng(7);
+                for n in 1..=30_000u64 {
+                    let k = rng.skewed(keys);
+                    store
+                        .upsert(&mut guard, &key(k), Some(&value(k, n)))
+                        .unwrap();
+                    store.maybe_compact(&mut guard).unwrap();
+                    guard.refresh();
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            });
+            let runs = store.cold_runs().expect("the runs layout").stats();
+            assert!(runs.merges > 5 && runs.unit_reads > 1_000, "{runs:?}");
+        });
     }
 
     #[test]

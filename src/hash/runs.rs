@@ -80,18 +80,6 @@ pub(crate) struct RunRecord {
     pub(crate) value: Option<LogValue>,
 }
 
-impl RunRecord {
-    /// The record's bytes in a unit.
-    fn encoded_bytes(&self) -> usize {
-        RECORD_HEADER_BYTES + self.key.len() + self.value.as_ref().map_or(0, |v| v.bytes.len())
-    }
-
-    /// Whether `self` sorts before `(hash, key)`.
-    fn cmp_to(&self, hash: u64, key: &[u8]) -> Ordering {
-        (self.hash, self.key.as_slice()).cmp(&(hash, key))
-    }
-}
-
 /// Whether a run holds every version that matters of its keys (the base, where a
 /// tombstone can be dropped) or is a delta over older runs (which keeps tombstones and a
 /// filter).
@@ -641,27 +629,38 @@ impl<'d> RunWriter<'d> {
 
     /// Appends a record; records come in strictly increasing (hash, key) order.
     pub(crate) fn push(&mut self, record: &RunRecord) -> Result<()> {
-        let value = record.value.as_ref();
-        let value_len = value.map_or(0, |v| v.bytes.len());
-        if let Some((hash, key)) = &self.last
-            && record.cmp_to(*hash, key) != Ordering::Greater
+        let value = record
+            .value
+            .as_ref()
+            .map(|v| (v.bytes.as_slice(), v.out_of_line));
+        self.push_parts(record.hash, &record.key, value)
+    }
+
+    /// [`RunWriter::push`] of a record given by its parts: its hash, key, and value
+    /// (`None` a tombstone; with whether it is out of line).
+    pub(crate) fn push_parts(
+        &mut self,
+        hash: u64,
+        key: &[u8],
+        value: Option<(&[u8], bool)>,
+    ) -> Result<()> {
+        let value_len = value.map_or(0, |(v, _)| v.len());
+        if let Some((last_hash, last_key)) = &self.last
+            && (hash, key) <= (*last_hash, last_key.as_slice())
         {
-            panic!(
-                "run records out of order: {:?} after {hash}/{key:?}",
-                record.hash
-            );
+            panic!("run records out of order: {hash}/{key:?} after {last_hash}/{last_key:?}");
         }
-        let bytes = record.encoded_bytes();
+        let bytes = RECORD_HEADER_BYTES + key.len() + value_len;
         if UNIT_HEADER_BYTES + bytes > MAX_UNIT_PAGES * PAGE_BYTES
-            || record.key.len() > usize::from(u16::MAX)
+            || key.len() > usize::from(u16::MAX)
             || u32::try_from(value_len).is_err()
         {
             return Err(Error::Unsupported(format!(
                 "a cold record of {bytes} bytes (key {} bytes) does not fit a run unit",
-                record.key.len()
+                key.len()
             )));
         }
-        let same_hash = self.last.as_ref().is_some_and(|(h, _)| *h == record.hash);
+        let same_hash = self.last.as_ref().is_some_and(|(h, _)| *h == hash);
         if self.unit_used + bytes > self.unit.len() {
             if self.unit_records > 0 && !same_hash {
                 self.close_unit()?;
@@ -676,25 +675,10 @@ impl<'d> RunWriter<'d> {
             self.unit.resize(need, 0);
         }
         if self.unit_records == 0 {
-            self.unit_first_hash = record.hash;
+            self.unit_first_hash = hash;
         }
         let at = self.unit_used;
-        let header = &mut self.unit[at..at + RECORD_HEADER_BYTES];
-        header[0..8].copy_from_slice(&record.hash.to_le_bytes());
-        header[8..10].copy_from_slice(&(record.key.len() as u16).to_le_bytes());
-        header[10] = match value {
-            None => FLAG_TOMBSTONE,
-            Some(v) if v.out_of_line => FLAG_OUT_OF_LINE,
-            Some(_) => 0,
-        };
-        header[11] = 0;
-        header[12..16].copy_from_slice(&(value_len as u32).to_le_bytes());
-        let key_at = at + RECORD_HEADER_BYTES;
-        self.unit[key_at..key_at + record.key.len()].copy_from_slice(&record.key);
-        if let Some(v) = value {
-            let value_at = key_at + record.key.len();
-            self.unit[value_at..value_at + value_len].copy_from_slice(&v.bytes);
-        }
+        encode_record(&mut self.unit[at..at + bytes], hash, key, value);
         self.unit_used += bytes;
         self.unit_records += 1;
         if self.unit_records > usize::from(u16::MAX) {
@@ -704,9 +688,16 @@ impl<'d> RunWriter<'d> {
         }
         self.records += 1;
         if let Some(filter) = &mut self.filter {
-            filter.insert(record.hash);
+            filter.insert(hash);
         }
-        self.last = Some((record.hash, record.key.clone()));
+        match &mut self.last {
+            Some((last_hash, last_key)) => {
+                *last_hash = hash;
+                last_key.clear();
+                last_key.extend_from_slice(key);
+            }
+            None => self.last = Some((hash, key.to_vec())),
+        }
         Ok(())
     }
 
@@ -789,6 +780,158 @@ impl<'d> RunWriter<'d> {
             fences: self.fences.into_boxed_slice(),
             filter: self.filter,
         })
+    }
+}
+
+/// Writes the record (`hash`, `key`, `value`) into `out`, exactly its encoded length.
+fn encode_record(out: &mut [u8], hash: u64, key: &[u8], value: Option<(&[u8], bool)>) {
+    let value_len = value.map_or(0, |(v, _)| v.len());
+    debug_assert_eq!(out.len(), RECORD_HEADER_BYTES + key.len() + value_len);
+    out[0..8].copy_from_slice(&hash.to_le_bytes());
+    out[8..10].copy_from_slice(&(key.len() as u16).to_le_bytes());
+    out[10] = match value {
+        None => FLAG_TOMBSTONE,
+        Some((_, true)) => FLAG_OUT_OF_LINE,
+        Some((_, false)) => 0,
+    };
+    out[11] = 0;
+    out[12..16].copy_from_slice(&(value_len as u32).to_le_bytes());
+    let key_end = RECORD_HEADER_BYTES + key.len();
+    out[RECORD_HEADER_BYTES..key_end].copy_from_slice(key);
+    if let Some((v, _)) = value {
+        out[key_end..].copy_from_slice(v);
+    }
+}
+
+/// A value as [`RunWriter::push_parts`] takes it: its bytes and whether they are a
+/// reference to a value out of line.
+type ValueParts<'a> = (&'a [u8], bool);
+
+/// The parts of a record encoded by [`encode_record`]: hash, key, value.
+fn record_parts(bytes: &[u8]) -> (u64, &[u8], Option<ValueParts<'_>>) {
+    let hash = u64::from_le_bytes(bytes[0..8].try_into().expect("8 bytes"));
+    let key_len = usize::from(u16::from_le_bytes([bytes[8], bytes[9]]));
+    let key = &bytes[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + key_len];
+    let value = (bytes[10] & FLAG_TOMBSTONE == 0).then(|| {
+        (
+            &bytes[RECORD_HEADER_BYTES + key_len..],
+            bytes[10] & FLAG_OUT_OF_LINE != 0,
+        )
+    });
+    (hash, key, value)
+}
+
+/// The buffers [`Gathered`] encodes records into: each its own mapping, given back when
+/// the gathering is dropped.
+const GATHER_CHUNK_BYTES: usize = 4 << 20;
+
+/// Records gathered for one run in any order (what a hot→cold pass collects from its
+/// threads before it writes its delta), encoded as a run holds them in large buffers,
+/// with an index to sort them by. Owned records (two heap blocks each) left the
+/// compaction threads' allocator arenas holding tens of MiB after every pass.
+#[derive(Default)]
+pub(crate) struct Gathered {
+    chunks: Vec<AlignedBuf>,
+    /// Bytes used in the last chunk.
+    used: usize,
+    entries: Vec<GatheredEntry>,
+    bytes: u64,
+}
+
+/// Where a gathered record is, and the order it sorts in.
+struct GatheredEntry {
+    hash: u64,
+    /// Orders two records of one key: the higher is kept (a hot-log address).
+    source: u64,
+    chunk: u32,
+    offset: u32,
+    len: u32,
+}
+
+impl Gathered {
+    /// Adds a record of `key` (`value` `None`: a tombstone); of two records of one key,
+    /// the one of the higher `source` goes into the run.
+    pub(crate) fn push(&mut self, hash: u64, key: &[u8], value: Option<&LogValue>, source: u64) {
+        let value = value.map(|v| (v.bytes.as_slice(), v.out_of_line));
+        let len = RECORD_HEADER_BYTES + key.len() + value.map_or(0, |(v, _)| v.len());
+        let room = self
+            .chunks
+            .last()
+            .map_or(0, |c| c.as_ref().len() - self.used);
+        if len > room {
+            self.chunks.push(AlignedBuf::new(
+                GATHER_CHUNK_BYTES.max(len.next_multiple_of(PAGE_BYTES)),
+            ));
+            self.used = 0;
+        }
+        let chunk = self.chunks.len() - 1;
+        let offset = self.used;
+        encode_record(
+            &mut self.chunks[chunk].as_mut()[offset..offset + len],
+            hash,
+            key,
+            value,
+        );
+        self.used += len;
+        self.bytes += len as u64;
+        self.entries.push(GatheredEntry {
+            hash,
+            source,
+            chunk: chunk as u32,
+            offset: offset as u32,
+            len: len as u32,
+        });
+    }
+
+    /// Records gathered (two of one key count twice).
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The memory the gathering holds.
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        (self.chunks.len() * GATHER_CHUNK_BYTES
+            + self.entries.capacity() * std::mem::size_of::<GatheredEntry>()) as u64
+    }
+
+    fn record(&self, e: &GatheredEntry) -> &[u8] {
+        let at = e.offset as usize;
+        &self.chunks[e.chunk as usize].as_ref()[at..at + e.len as usize]
+    }
+
+    /// Writes the records as a run of `kind` at `at` of `device`, sorted, one per key
+    /// (the highest source's). Returns the run and how many records it holds.
+    pub(crate) fn write_run(
+        mut self,
+        device: &dyn BlockDevice,
+        at: u64,
+        kind: RunKind,
+    ) -> Result<(Run, u64)> {
+        let mut entries = std::mem::take(&mut self.entries);
+        entries.sort_unstable_by(|a, b| {
+            let (ka, kb) = (
+                record_parts(self.record(a)).1,
+                record_parts(self.record(b)).1,
+            );
+            (a.hash, ka, std::cmp::Reverse(a.source)).cmp(&(
+                b.hash,
+                kb,
+                std::cmp::Reverse(b.source),
+            ))
+        });
+        let mut writer = RunWriter::new(device, at, kind, entries.len() as u64);
+        let mut last: Option<(u64, &[u8])> = None;
+        let mut written = 0;
+        for e in &entries {
+            let (hash, key, value) = record_parts(self.record(e));
+            if last == Some((hash, key)) {
+                continue; // an older record of the key just written
+            }
+            last = Some((hash, key));
+            writer.push_parts(hash, key, value)?;
+            written += 1;
+        }
+        Ok((writer.finish()?, written))
     }
 }
 
@@ -1052,6 +1195,46 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, records.len());
+    }
+
+    #[test]
+    fn gathered_records_are_written_sorted_one_per_key_the_highest_sources() {
+        let device = MemBlocks::new();
+        let mut gathered = Gathered::default();
+        // Keys in reverse order, each twice: the higher source last for even keys,
+        // first for odd ones; a few longer than a gathering chunk's page.
+        for i in (0..3_000u64).rev() {
+            let k = key(i);
+            let hash = hash_key(&k).0;
+            let long = vec![b'x'; if i % 500 == 0 { 9_000 } else { 20 }];
+            let old = LogValue::inline(format!("old {i}").into_bytes());
+            let new = LogValue {
+                bytes: [format!("new {i}").as_bytes(), &long].concat(),
+                out_of_line: i % 3 == 0,
+            };
+            let (first, second) = match i % 2 {
+                0 => ((Some(&old), 10 * i), (Some(&new), 10 * i + 5)),
+                _ => ((Some(&new), 10 * i + 5), (Some(&old), 10 * i)),
+            };
+            gathered.push(hash, &k, first.0, first.1);
+            gathered.push(hash, &k, second.0, second.1);
+        }
+        gathered.push(hash_key(b"gone").0, b"gone", None, 1);
+        assert_eq!(gathered.len(), 6_001);
+        let (run, written) = gathered.write_run(&device, 0, RunKind::Delta).unwrap();
+        assert_eq!((written, run.records()), (3_001, 3_001));
+        let mut scan = run.scan(&device);
+        let mut last = None;
+        while let Some(r) = scan.next_record().unwrap() {
+            assert!(last < Some((r.hash, r.key.clone())), "out of order");
+            last = Some((r.hash, r.key.clone()));
+            if r.key == b"gone" {
+                assert_eq!(r.value, None);
+                continue;
+            }
+            let v = r.value.unwrap();
+            assert!(v.bytes.starts_with(b"new "), "{:?}", String::from_utf8_lossy(&r.key));
+        }
     }
 
     #[test]

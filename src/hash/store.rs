@@ -623,9 +623,11 @@ impl HashAttached {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HashStoreStats {
-    /// Hot→cold compactions: the oldest part of the hot log moved to the cold log.
+    /// Hot→cold compactions: the oldest part of the hot log moved to the cold tier (in
+    /// [`ColdLayout::Runs`], written as one sorted delta run).
     pub hot_cold_compactions: u64,
-    /// Cold→cold compactions: the oldest part of the cold log copied to its tail.
+    /// Cold→cold compactions: the oldest part of the cold log copied to its tail; in
+    /// [`ColdLayout::Runs`], merges of every cold run into one.
     pub cold_cold_compactions: u64,
     /// Compactions of the cold index's chunk log (each cold insert rewrites its key's
     /// chunk at that log's tail; a compaction copies the chunks' newest versions from
@@ -651,9 +653,10 @@ pub struct HashStoreStats {
     pub appended_records: u64,
     /// Records read from disk in the hot log.
     pub hot_disk_reads: u64,
-    /// Records read from disk in the cold log.
+    /// Records read from disk in the cold log; in [`ColdLayout::Runs`], units of cold
+    /// runs read by lookups (one per run a lookup could not rule out).
     pub cold_disk_reads: u64,
-    /// Cold-index chunks read from disk.
+    /// Cold-index chunks read from disk (none in [`ColdLayout::Runs`]).
     pub chunk_disk_reads: u64,
     /// Disk reads that batched reads ([`HashStore::get_many`] and the async reads of
     /// `bfdb::aio::AsyncHashStore`) made, counted in the three above too.
@@ -697,7 +700,8 @@ pub struct HashStoreStats {
     pub compaction_buffer_peak_bytes: u64,
     /// Bytes of the hot log (from BEGIN to TAIL).
     pub hot_log_bytes: u64,
-    /// Bytes of the cold log (from BEGIN to TAIL).
+    /// Bytes of the cold log (from BEGIN to TAIL); in [`ColdLayout::Runs`], of the cold
+    /// runs.
     pub cold_log_bytes: u64,
     /// Bytes of the cold index's chunk log (from BEGIN to TAIL).
     pub chunk_log_bytes: u64,
