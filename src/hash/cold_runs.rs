@@ -1,109 +1,275 @@
-//! The cold tier as a set of hash-ordered runs (`runs.rs`) on the cold log's device: the
-//! layout of [`super::f2::ColdLayout::Runs`], which replaces F2's cold log, its chunk
-//! index and cold→cold compaction.
+//! The cold tier as hash-ordered runs (`runs.rs`) on the cold log's device: the layout
+//! of [`super::f2::ColdLayout::Runs`], which replaces F2's cold log, its chunk index and
+//! cold→cold compaction.
 //!
-//! - **Reads** take the current set (newest run first) and look the key up in each run
-//!   whose filter may hold it: one device read of one unit per run that may, which for
-//!   a key in the base and no delta is one read. A batched read asks its
-//!   [`ReadBatch`] for the unit, as a log's record is asked for.
+//! The hash space is cut into `2^partition_bits` **partitions** by the hash's top bits
+//! (more for more expected keys, so that a partition's base is tens of MiB). Each has its
+//! own runs: deltas, newest first, then at most one base.
+//!
+//! - **Reads** take the current set and look the key up in each run of its partition
+//!   whose filter may hold it: one device read of one unit per run that may, which for a
+//!   key in the base and no delta is one read. A batched read asks its [`ReadBatch`] for
+//!   the unit, as a log's record is asked for.
 //! - **Hot→cold compaction** gathers the live records of the hot log's oldest part (the
-//!   lookups in memory that decide liveness are F2's), and [`ColdRuns::add_delta`]
-//!   writes them, sorted, as one delta run at the device's tail and puts it at the
-//!   front of the set; only then does the hot log's BEGIN move. No device read.
-//! - **Merging** ([`ColdRuns::merge`]) reads every run sequentially and writes one base
-//!   at the tail: the newest version of each key, tombstones dropped. The set becomes
-//!   that base, and the device is truncated below it once every thread that could read
-//!   the old runs has refreshed (an epoch action, as a log's truncation).
+//!   lookups in memory that decide liveness are F2's), and [`ColdRuns::add_deltas`]
+//!   writes them, sorted, as one delta per partition at the device's tail and puts each
+//!   at the front of its partition; only then does the hot log's BEGIN move. No device
+//!   read.
+//! - **Merging** ([`ColdRuns::merge`]) one partition at a time: its runs read
+//!   sequentially, one base written at the tail with the newest version of each key and
+//!   no tombstones. A merge is a partition's worth of IO (a 64th of the tier at 20M
+//!   keys), so the one compaction a store runs at a time is never held for long.
 //!
-//! The runs always tile `[BEGIN, TAIL)` of the device: each is written at the tail,
-//! and a merge's base is written after every run it replaces, all of which lie below
-//! it. So a checkpoint records the tier as that extent, and recovery finds the runs by
-//! reading footers down from TAIL ([`ColdRuns::recover`]).
+//! **Space.** Runs a merge replaced are *dead*. They may still be read by a thread that
+//! took the set before, and a kept checkpoint of the database may name them, so each is
+//! discarded (a hole punched, [`BlockDevice::discard`]) only once both are past: the
+//! epoch action of a discard runs after every thread refreshed, and it is registered
+//! only when the oldest kept checkpoint was taken after the run died
+//! ([`ColdRuns::release_dead`]). The device is truncated below the oldest live run.
 //!
-//! Reads need no false-absence check (F2 §5.4): a merge replaces the set whole with runs
-//! that answer every key as before, and a reader keeps the set it took, whose bytes a
-//! truncation leaves until it refreshes; a hot→cold pass publishes its delta before the
+//! **Checkpoints** ([`ColdRuns::checkpoint`]) append a *directory* at the tail: the
+//! partition bits and every live run's partition and extent, with a footer of their
+//! own. The checkpoint records the tier's extent (the oldest live run's start to the
+//! directory's end); recovery reads the directory at its end ([`ColdRuns::recover`]).
+//! Runs written after the checkpoint are not in it; recovery's tail is the directory's
+//! end, so later writes overwrite them.
+//!
+//! Reads need no false-absence check (F2 §5.4): a merge replaces its partition's runs
+//! with a base that answers every key as they did, and a reader keeps the set it took,
+//! whose bytes stay until it refreshes; a hot→cold pass publishes its deltas before the
 //! hot log's BEGIN moves, and a read looks at the cold tier after its hot walk, so a
-//! read that missed a record truncated from the hot log finds it in the delta.
+//! read that missed a record truncated from the hot log finds it in a delta.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::epoch::EpochGuard;
+use super::epoch::{Epoch, EpochGuard};
 use super::hlog::LogExtent;
 use super::hot::hash_key;
 use super::record::LogValue;
-use super::runs::{self, Gathered, Run, RunKind, RunRecord};
+use super::runs::{self, Gathered, PAGE_BYTES, Run, RunKind, RunRecord};
 use crate::error::Result;
 use crate::storage::{AlignedBuf, BlockDevice};
-use crate::sync::RwLock;
+use crate::sync::{Mutex, RwLock};
 
-/// Deltas at which the set is merged, whatever their size: each is a read per lookup
-/// that its filter lets through (about 1% of absent keys).
+/// Deltas at which a partition is merged, whatever their size: each is a read per
+/// lookup that its filter lets through (about 1% of absent keys).
 const MAX_DELTAS: usize = 8;
 
-/// The set is merged once its deltas hold this fraction of its base's data pages: a
-/// merge rewrites the base, so the write amplification of a record moved cold is about
-/// the inverse (8), all of it sequential.
+/// A partition is merged once its deltas hold this fraction of its base's data pages:
+/// a merge rewrites the base, so a record moved cold is written about this many times
+/// more, all of it sequentially.
 const DELTA_FRACTION_DIVISOR: u64 = 8;
+
+/// Keys per partition the partition count aims at: a base of about 30 MiB of 8 + 100-byte
+/// records.
+const KEYS_PER_PARTITION: u64 = 256 << 10;
+
+/// The most partitions a tier has.
+const MAX_PARTITION_BITS: u32 = 10;
+
+/// The partition bits for a store that expects `keys` keys.
+pub(crate) fn partition_bits_for(keys: u64) -> u32 {
+    (keys / KEYS_PER_PARTITION)
+        .max(1)
+        .ilog2()
+        .min(MAX_PARTITION_BITS)
+}
+
+/// The runs of one partition: deltas newest first, then its base if it has one.
+#[derive(Clone, Default)]
+struct Partition {
+    runs: Vec<Arc<Run>>,
+}
+
+impl Partition {
+    fn deltas(&self) -> impl Iterator<Item = &Arc<Run>> {
+        self.runs.iter().filter(|r| r.kind() == RunKind::Delta)
+    }
+
+    fn base_pages(&self) -> u64 {
+        self.runs
+            .iter()
+            .filter(|r| r.kind() == RunKind::Base)
+            .map(|r| r.data_pages())
+            .sum()
+    }
+
+    /// How much a merge is due: above zero once the deltas are many or large enough.
+    fn merge_due(&self) -> Option<u64> {
+        let deltas = self.deltas().count();
+        let delta_pages: u64 = self.deltas().map(|r| r.data_pages()).sum();
+        let base = self.base_pages();
+        let due =
+            deltas >= MAX_DELTAS || (deltas > 0 && delta_pages * DELTA_FRACTION_DIVISOR >= base);
+        // The most due first: the most delta data beyond the fraction, then the most
+        // deltas.
+        due.then(|| (delta_pages * DELTA_FRACTION_DIVISOR).saturating_sub(base) + deltas as u64)
+    }
+}
+
+/// The runs of every partition at one moment.
+#[derive(Clone, Default)]
+pub(crate) struct RunSet {
+    bits: u32,
+    partitions: Vec<Partition>,
+}
+
+impl RunSet {
+    fn empty(bits: u32) -> RunSet {
+        RunSet {
+            bits,
+            partitions: vec![Partition::default(); 1 << bits],
+        }
+    }
+
+    fn partition_of(&self, hash: u64) -> usize {
+        partition_of(hash, self.bits)
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Arc<Run>> {
+        self.partitions.iter().flat_map(|p| p.runs.iter())
+    }
+}
+
+/// The partition of `hash` among `2^bits`: its top bits.
+fn partition_of(hash: u64, bits: u32) -> usize {
+    match bits {
+        0 => 0,
+        b => (hash >> (64 - b)) as usize,
+    }
+}
+
+/// A run a merge replaced, and the tail when it did: discarded once every kept
+/// checkpoint was taken at a later tail.
+struct Dead {
+    start: u64,
+    end: u64,
+    died_at: u64,
+}
 
 /// The cold tier of a store in the runs layout.
 pub(crate) struct ColdRuns {
     device: Arc<dyn BlockDevice>,
-    /// The runs, newest first. Replaced whole by the one compaction a store runs at a
-    /// time; a reader clones the `Arc` and reads its runs under its epoch guard.
-    set: RwLock<Arc<Vec<Arc<Run>>>>,
-    /// The oldest run's start and the newest's end (where the next run goes).
-    begin: AtomicU64,
+    epoch: Arc<Epoch>,
+    /// Replaced whole by the one compaction a store runs at a time; a reader clones the
+    /// `Arc` and reads its runs under its epoch guard.
+    set: RwLock<Arc<RunSet>>,
+    /// Where the next run goes.
     tail: AtomicU64,
-    /// Units read by lookups (blocking or batched), and lookups a filter answered.
+    /// Runs (and directories) no longer live, not yet discarded.
+    dead: Mutex<Vec<Dead>>,
+    /// The extent of the directory the last checkpoint (or the recovery) wrote or
+    /// read: it dies when the next checkpoint writes its own.
+    last_directory: Mutex<Option<(u64, u64)>>,
+    /// Units read by lookups (blocking or batched), and run lookups a filter answered.
     unit_reads: AtomicU64,
     filter_skips: AtomicU64,
     merges: AtomicU64,
     deltas_added: AtomicU64,
+    discarded_bytes: AtomicU64,
 }
 
 impl ColdRuns {
-    /// An empty tier on `device`, whose address space is unused.
-    pub(crate) fn new(device: Arc<dyn BlockDevice>) -> ColdRuns {
-        ColdRuns::with_runs(device, Vec::new(), LogExtent { begin: 0, tail: 0 })
+    /// An empty tier on `device`, whose address space is unused, of `2^partition_bits`
+    /// partitions.
+    pub(crate) fn new(
+        device: Arc<dyn BlockDevice>,
+        epoch: Arc<Epoch>,
+        partition_bits: u32,
+    ) -> ColdRuns {
+        ColdRuns::with_set(
+            device,
+            epoch,
+            RunSet::empty(partition_bits),
+            0,
+            Vec::new(),
+            None,
+        )
     }
 
-    fn with_runs(device: Arc<dyn BlockDevice>, runs: Vec<Arc<Run>>, extent: LogExtent) -> ColdRuns {
+    fn with_set(
+        device: Arc<dyn BlockDevice>,
+        epoch: Arc<Epoch>,
+        set: RunSet,
+        tail: u64,
+        dead: Vec<Dead>,
+        last_directory: Option<(u64, u64)>,
+    ) -> ColdRuns {
         ColdRuns {
             device,
-            set: RwLock::new(Arc::new(runs)),
-            begin: AtomicU64::new(extent.begin),
-            tail: AtomicU64::new(extent.tail),
+            epoch,
+            set: RwLock::new(Arc::new(set)),
+            tail: AtomicU64::new(tail),
+            dead: Mutex::new(dead),
+            last_directory: Mutex::new(last_directory),
             unit_reads: AtomicU64::new(0),
             filter_skips: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             deltas_added: AtomicU64::new(0),
+            discarded_bytes: AtomicU64::new(0),
         }
     }
 
-    /// The tier a checkpoint recorded as `extent`: its runs, found by reading their
-    /// footers from the extent's end down to its start.
-    pub(crate) fn recover(device: Arc<dyn BlockDevice>, extent: LogExtent) -> Result<ColdRuns> {
-        let mut runs = Vec::new();
-        let mut end = extent.tail;
-        while end > extent.begin {
-            let run = Run::open_ending_at(device.as_ref(), end, extent.begin)?;
-            end = run.extent().0;
-            runs.push(Arc::new(run));
+    /// The tier a checkpoint recorded as `extent`: the runs its directory, which ends
+    /// the extent, names. An empty extent is an empty tier of `partition_bits`.
+    pub(crate) fn recover(
+        device: Arc<dyn BlockDevice>,
+        epoch: Arc<Epoch>,
+        extent: LogExtent,
+        partition_bits: u32,
+    ) -> Result<ColdRuns> {
+        if extent.tail == 0 {
+            return Ok(ColdRuns::new(device, epoch, partition_bits));
         }
-        if end != extent.begin {
-            return Err(runs::corrupt(
-                device.as_ref(),
-                end,
-                &format!(
-                    "the cold runs end at {end}, below the checkpoint's start {}",
-                    extent.begin
-                ),
-            ));
+        let directory = Directory::read(device.as_ref(), extent.tail)?;
+        let mut set = RunSet::empty(directory.bits);
+        let mut live: Vec<(u64, u64)> = vec![(directory.start, extent.tail)];
+        for entry in &directory.entries {
+            if entry.start < extent.begin || entry.partition >= set.partitions.len() {
+                return Err(runs::corrupt(
+                    device.as_ref(),
+                    directory.start,
+                    &format!(
+                        "the cold runs' directory names a run at {} of partition {} \
+                         (extent from {}, {} partitions)",
+                        entry.start,
+                        entry.partition,
+                        extent.begin,
+                        set.partitions.len()
+                    ),
+                ));
+            }
+            let run = Run::open(device.as_ref(), entry.start, entry.end)?;
+            live.push(run.extent());
+            set.partitions[entry.partition].runs.push(Arc::new(run));
         }
-        Ok(ColdRuns::with_runs(device, runs, extent))
+        // The directory lists each partition's runs newest first already. What lies
+        // between the live runs is dead (runs replaced since the checkpoint before):
+        // discarded once a checkpoint after this recovery is the oldest kept.
+        live.sort_unstable();
+        let mut dead = Vec::new();
+        let mut at = extent.begin;
+        for (start, end) in live {
+            if start > at {
+                dead.push(Dead {
+                    start: at,
+                    end: start,
+                    died_at: extent.tail,
+                });
+            }
+            at = at.max(end);
+        }
+        let last = Some((directory.start, extent.tail));
+        Ok(ColdRuns::with_set(
+            device,
+            epoch,
+            set,
+            extent.tail,
+            dead,
+            last,
+        ))
     }
 
     /// Names the tier among the sources of a batch's reads.
@@ -111,8 +277,8 @@ impl ColdRuns {
         self as *const ColdRuns as usize
     }
 
-    /// The runs now, newest first.
-    pub(crate) fn runs(&self) -> Arc<Vec<Arc<Run>>> {
+    /// The runs now.
+    pub(crate) fn runs(&self) -> Arc<RunSet> {
         Arc::clone(&self.set.read())
     }
 
@@ -125,7 +291,8 @@ impl ColdRuns {
         key: &[u8],
     ) -> Result<Option<Option<LogValue>>> {
         let hash = hash_key(key).0;
-        for run in self.runs().iter() {
+        let set = self.runs();
+        for run in &set.partitions[set.partition_of(hash)].runs {
             if let Some(found) = self.read_run(guard, run, hash, key)? {
                 return Ok(Some(found));
             }
@@ -175,7 +342,8 @@ impl ColdRuns {
         held: &mut HashSet<Vec<u8>>,
     ) -> Result<()> {
         let hash = hash_key(key).0;
-        for run in self.runs().iter() {
+        let set = self.runs();
+        for run in &set.partitions[set.partition_of(hash)].runs {
             if let Some(Some(value)) = self.read_run(guard, run, hash, key)?
                 && value.out_of_line
             {
@@ -186,108 +354,213 @@ impl ColdRuns {
     }
 
     /// Writes the `gathered` records (live records leaving the hot log; of two of one
-    /// key the newer) as a delta run at the tail and puts it at the front of the set.
-    /// Returns the records written. The caller runs the store's one compaction.
-    pub(crate) fn add_delta(&self, gathered: Gathered) -> Result<u64> {
+    /// key the newer) as one delta per partition at the tail and puts each at the front
+    /// of its partition. Returns the records written. The caller runs the store's one
+    /// compaction.
+    pub(crate) fn add_deltas(&self, gathered: Gathered) -> Result<u64> {
         if gathered.len() == 0 {
             return Ok(0);
         }
         let at = self.tail.load(Ordering::Acquire);
-        let (run, written) = gathered.write_run(self.device.as_ref(), at, RunKind::Delta)?;
-        let run = Arc::new(run);
-        self.tail.store(run.extent().1, Ordering::Release);
+        let bits = self.runs().bits;
+        let (deltas, written) =
+            gathered.write_runs(self.device.as_ref(), at, RunKind::Delta, |h| {
+                partition_of(h, bits)
+            })?;
         let mut set = self.set.write();
-        let mut runs = Vec::with_capacity(set.len() + 1);
-        runs.push(run);
-        runs.extend(set.iter().cloned());
-        *set = Arc::new(runs);
-        self.deltas_added.fetch_add(1, Ordering::Relaxed);
+        let mut next = RunSet::clone(&set);
+        for (partition, run) in deltas {
+            self.tail.fetch_max(run.extent().1, Ordering::AcqRel);
+            next.partitions[partition].runs.insert(0, Arc::new(run));
+            self.deltas_added.fetch_add(1, Ordering::Relaxed);
+        }
+        *set = Arc::new(next);
         Ok(written)
     }
 
-    /// Whether the deltas are many enough, or large enough beside the base, to merge.
-    pub(crate) fn wants_merge(&self) -> bool {
-        let runs = self.runs();
-        let deltas: Vec<&Arc<Run>> = runs.iter().filter(|r| r.kind() == RunKind::Delta).collect();
-        let base_pages: u64 = runs
+    /// The partition most due for a merge, if any is.
+    pub(crate) fn next_merge(&self) -> Option<usize> {
+        let set = self.runs();
+        set.partitions
             .iter()
-            .filter(|r| r.kind() == RunKind::Base)
-            .map(|r| r.data_pages())
-            .sum();
-        let delta_pages: u64 = deltas.iter().map(|r| r.data_pages()).sum();
-        deltas.len() >= MAX_DELTAS
-            || (!deltas.is_empty() && delta_pages * DELTA_FRACTION_DIVISOR >= base_pages)
+            .enumerate()
+            .filter_map(|(i, p)| p.merge_due().map(|due| (due, i)))
+            .max()
+            .map(|(_, i)| i)
     }
 
-    /// Merges every run into one base written at the tail, hands each record version it
-    /// drops as superseded to `superseded`, makes the base the set, and gives the old
-    /// runs' space back once no thread can still read them. The caller runs the store's
-    /// one compaction; `guard` is its own.
+    /// The partitions that have a delta: those a merge of everything merges.
+    pub(crate) fn partitions_with_deltas(&self) -> Vec<usize> {
+        let set = self.runs();
+        (0..set.partitions.len())
+            .filter(|&i| set.partitions[i].deltas().next().is_some())
+            .collect()
+    }
+
+    /// The start of the oldest live run (or of the last directory, or the tail): the
+    /// tier's BEGIN, below which nothing is needed.
+    pub(crate) fn lowest(&self) -> u64 {
+        let directory = self.last_directory.lock().map(|(start, _)| start);
+        self.runs()
+            .all()
+            .map(|r| r.extent().0)
+            .chain(directory)
+            .min()
+            .unwrap_or_else(|| self.tail.load(Ordering::Acquire))
+    }
+
+    /// Merges the runs of `partition` into one base written at the tail, hands each
+    /// record version it drops as superseded to `superseded`, makes the base the
+    /// partition's one run, and notes the old runs dead (see the module docs for when
+    /// their space goes). The caller runs the store's one compaction; `guard` is its own.
     pub(crate) fn merge(
         &self,
         guard: &mut EpochGuard<'_, '_>,
+        partition: usize,
         superseded: &mut dyn FnMut(RunRecord),
     ) -> Result<()> {
-        let old = self.runs();
+        let old = self.runs().partitions[partition].runs.clone();
         if old.is_empty() {
             return Ok(());
         }
         let at = self.tail.load(Ordering::Acquire);
-        let base = Arc::new(runs::merge(
-            self.device.as_ref(),
-            &old,
-            at,
-            RunKind::Base,
-            superseded,
-        )?);
-        let (start, end) = base.extent();
+        let base = runs::merge(self.device.as_ref(), &old, at, RunKind::Base, superseded)?;
+        let end = base.extent().1;
         self.tail.store(end, Ordering::Release);
-        *self.set.write() = Arc::new(vec![base]);
-        self.begin.store(start, Ordering::Release);
-        let device = Arc::clone(&self.device);
-        guard.bump_with_action(move || {
-            if let Err(e) = device.truncate_before(start) {
-                log::warn!("bfdb: giving back merged cold runs below {start}: {e}");
+        {
+            let mut set = self.set.write();
+            let mut next = RunSet::clone(&set);
+            // A base of no records (every key deleted) is left out.
+            next.partitions[partition].runs = match base.records() {
+                0 => Vec::new(),
+                _ => vec![Arc::new(base)],
+            };
+            if next.partitions[partition].runs.is_empty() {
+                self.dead.lock().push(Dead {
+                    start: at,
+                    end,
+                    died_at: end,
+                });
             }
-        });
+            *set = Arc::new(next);
+        }
+        self.dead.lock().extend(old.iter().map(|r| {
+            let (start, end_of_run) = r.extent();
+            Dead {
+                start,
+                end: end_of_run,
+                died_at: end,
+            }
+        }));
+        self.truncate_below_live(guard);
         self.merges.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// The tier's extent on its device, as a checkpoint records it.
-    pub(crate) fn extent(&self) -> LogExtent {
-        LogExtent {
-            begin: self.begin.load(Ordering::Acquire),
-            tail: self.tail.load(Ordering::Acquire),
+    /// Truncates the device below the oldest live run (a floor of the database's kept
+    /// checkpoints may hold it back: `Retaining`), once every thread has refreshed.
+    fn truncate_below_live(&self, guard: &mut EpochGuard<'_, '_>) {
+        let lowest = self.lowest();
+        self.dead.lock().retain(|d| d.end > lowest);
+        let device = Arc::clone(&self.device);
+        guard.bump_with_action(move || {
+            if let Err(e) = device.truncate_before(lowest) {
+                log::warn!("bfdb: giving back cold runs below {lowest}: {e}");
+            }
+        });
+    }
+
+    /// Discards the dead runs that no kept checkpoint can name: those that died at or
+    /// below `floor`, the lowest tail of the kept checkpoints' records of this tier
+    /// (`F2Extents::chunks.begin` in this layout), once every thread has refreshed.
+    pub(crate) fn release_dead(&self, floor: u64) {
+        let released: Vec<Dead> = {
+            let mut dead = self.dead.lock();
+            let (go, stay): (Vec<Dead>, Vec<Dead>) =
+                dead.drain(..).partition(|d| d.died_at <= floor);
+            *dead = stay;
+            go
+        };
+        if released.is_empty() {
+            return;
         }
+        let bytes: u64 = released.iter().map(|d| d.end - d.start).sum();
+        self.discarded_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let device = Arc::clone(&self.device);
+        self.epoch.bump_with_action(move || {
+            for d in released {
+                if let Err(e) = device.discard(d.start, d.end - d.start) {
+                    log::warn!(
+                        "bfdb: giving back cold runs at [{}, {}): {e}",
+                        d.start,
+                        d.end
+                    );
+                }
+            }
+        });
     }
 
-    /// Bytes of the device the runs take.
+    /// Appends a directory of the live runs at the tail and syncs the device: what a
+    /// checkpoint records is the returned extent (the oldest live run's start, or the
+    /// directory's, to the directory's end). The directory before it dies now. The
+    /// caller runs the store's one compaction.
+    pub(crate) fn checkpoint(&self) -> Result<LogExtent> {
+        let set = self.runs();
+        let at = self.tail.load(Ordering::Acquire);
+        let directory = Directory {
+            bits: set.bits,
+            start: at,
+            entries: set
+                .partitions
+                .iter()
+                .enumerate()
+                .flat_map(|(partition, p)| {
+                    p.runs.iter().map(move |r| DirectoryEntry {
+                        partition,
+                        start: r.extent().0,
+                        end: r.extent().1,
+                    })
+                })
+                .collect(),
+        };
+        let end = directory.write(self.device.as_ref())?;
+        self.device.sync()?;
+        self.tail.store(end, Ordering::Release);
+        if let Some((start, old_end)) = self.last_directory.lock().replace((at, end)) {
+            self.dead.lock().push(Dead {
+                start,
+                end: old_end,
+                died_at: end,
+            });
+        }
+        let begin = set.all().map(|r| r.extent().0).min().unwrap_or(at);
+        Ok(LogExtent { begin, tail: end })
+    }
+
+    /// Bytes of the device from the oldest live run to the tail.
     pub(crate) fn size_bytes(&self) -> u64 {
-        let e = self.extent();
-        e.tail - e.begin
-    }
-
-    /// Makes every run written so far durable.
-    pub(crate) fn sync(&self) -> Result<()> {
-        Ok(self.device.sync()?)
+        // The set first: every run of a set was below the tail before the set was
+        // published (a compaction running meanwhile only raises the tail).
+        let lowest = self.lowest();
+        self.tail.load(Ordering::Acquire).saturating_sub(lowest)
     }
 
     /// The memory the runs' fences and filters take.
     pub(crate) fn memory_bytes(&self) -> u64 {
-        self.runs().iter().map(|r| r.memory_bytes()).sum()
+        self.runs().all().map(|r| r.memory_bytes()).sum()
     }
 
     pub(crate) fn stats(&self) -> ColdRunsStats {
-        let runs = self.runs();
+        let set = self.runs();
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ColdRunsStats {
-            runs: runs.len() as u64,
-            records: runs.iter().map(|r| r.records()).sum(),
+            runs: set.all().count() as u64,
+            records: set.all().map(|r| r.records()).sum(),
             unit_reads: load(&self.unit_reads),
             filter_skips: load(&self.filter_skips),
             merges: load(&self.merges),
             deltas_added: load(&self.deltas_added),
+            discarded_bytes: load(&self.discarded_bytes),
         }
     }
 }
@@ -301,7 +574,126 @@ pub(crate) struct ColdRunsStats {
     /// Units read by lookups, and run lookups a delta's filter answered without a read.
     pub(crate) unit_reads: u64,
     pub(crate) filter_skips: u64,
-    /// Merges into a base, and deltas written by hot→cold passes.
+    /// Merges of a partition into a base, and deltas written by hot→cold passes.
     pub(crate) merges: u64,
     pub(crate) deltas_added: u64,
+    /// Bytes of dead runs given back (holes punched).
+    pub(crate) discarded_bytes: u64,
+}
+
+// ---------------------------------------------------------------------------------------
+// The directory a checkpoint appends
+// ---------------------------------------------------------------------------------------
+
+/// The live runs at a checkpoint: entries of 24 bytes (start, end, partition as `u32`,
+/// four zero bytes), in pages, then a footer page: magic, version, partition bits, entry
+/// count, the CRC-32C of the entry pages and its own.
+struct Directory {
+    bits: u32,
+    /// Where it starts on the device.
+    start: u64,
+    /// Each partition's runs in its order (newest first).
+    entries: Vec<DirectoryEntry>,
+}
+
+struct DirectoryEntry {
+    partition: usize,
+    start: u64,
+    end: u64,
+}
+
+const DIRECTORY_MAGIC: u64 = u64::from_le_bytes(*b"bfdbRDIR");
+const DIRECTORY_VERSION: u32 = 1;
+const DIRECTORY_ENTRY_BYTES: usize = 24;
+
+impl Directory {
+    /// Writes the directory at `self.start`; returns its end.
+    fn write(&self, device: &dyn BlockDevice) -> Result<u64> {
+        let entry_bytes = self.entries.len() * DIRECTORY_ENTRY_BYTES;
+        let entry_pages = entry_bytes.div_ceil(PAGE_BYTES);
+        let mut buf = AlignedBuf::new((entry_pages + 1) * PAGE_BYTES);
+        let bytes = buf.as_mut();
+        for (i, e) in self.entries.iter().enumerate() {
+            let at = i * DIRECTORY_ENTRY_BYTES;
+            bytes[at..at + 8].copy_from_slice(&e.start.to_le_bytes());
+            bytes[at + 8..at + 16].copy_from_slice(&e.end.to_le_bytes());
+            bytes[at + 16..at + 20].copy_from_slice(&(e.partition as u32).to_le_bytes());
+        }
+        let entries_crc = crc32c::crc32c(&bytes[..entry_pages * PAGE_BYTES]);
+        let footer = &mut bytes[entry_pages * PAGE_BYTES..];
+        footer[0..8].copy_from_slice(&DIRECTORY_MAGIC.to_le_bytes());
+        footer[8..12].copy_from_slice(&DIRECTORY_VERSION.to_le_bytes());
+        footer[12..16].copy_from_slice(&self.bits.to_le_bytes());
+        footer[16..24].copy_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        footer[24..28].copy_from_slice(&entries_crc.to_le_bytes());
+        let crc = crc32c::crc32c(&footer[..28]);
+        footer[28..32].copy_from_slice(&crc.to_le_bytes());
+        runs::write_split(device, self.start, buf.as_ref())?;
+        Ok(self.start + buf.as_ref().len() as u64)
+    }
+
+    /// Reads the directory that ends at `end`, checked.
+    fn read(device: &dyn BlockDevice, end: u64) -> Result<Directory> {
+        let page = PAGE_BYTES as u64;
+        let bad = |at: u64, why: &str| runs::corrupt(device, at, why);
+        if end < page || !end.is_multiple_of(page) {
+            return Err(bad(end, "no cold runs' directory can end here"));
+        }
+        let footer_at = end - page;
+        let mut footer = AlignedBuf::new(PAGE_BYTES);
+        runs::read_split(device, footer_at, footer.as_mut())?;
+        let f = footer.as_ref();
+        let u64_at = |at: usize| u64::from_le_bytes(f[at..at + 8].try_into().expect("8"));
+        let u32_at = |at: usize| u32::from_le_bytes(f[at..at + 4].try_into().expect("4"));
+        if u64_at(0) != DIRECTORY_MAGIC {
+            return Err(bad(
+                footer_at,
+                "no cold runs' directory where the extent ends",
+            ));
+        }
+        if u32_at(28) != crc32c::crc32c(&f[..28]) {
+            return Err(bad(
+                footer_at,
+                "the cold runs' directory failed its checksum",
+            ));
+        }
+        if u32_at(8) != DIRECTORY_VERSION {
+            return Err(bad(
+                footer_at,
+                &format!("a cold runs' directory of version {}", u32_at(8)),
+            ));
+        }
+        let bits = u32_at(12);
+        let count = u64_at(16);
+        if bits > MAX_PARTITION_BITS || count > (1 << 32) {
+            return Err(bad(footer_at, "a cold runs' directory out of range"));
+        }
+        let entry_pages = (count * DIRECTORY_ENTRY_BYTES as u64).div_ceil(page);
+        let start = footer_at
+            .checked_sub(entry_pages * page)
+            .ok_or_else(|| bad(footer_at, "a cold runs' directory starts below 0"))?;
+        let mut entries_buf = AlignedBuf::new((entry_pages * page).max(page) as usize);
+        let entry_bytes = &mut entries_buf.as_mut()[..(entry_pages * page) as usize];
+        runs::read_split(device, start, entry_bytes)?;
+        if crc32c::crc32c(entry_bytes) != u32_at(24) {
+            return Err(bad(
+                start,
+                "the cold runs' directory entries failed their checksum",
+            ));
+        }
+        let entries = entry_bytes
+            .chunks_exact(DIRECTORY_ENTRY_BYTES)
+            .take(count as usize)
+            .map(|e| DirectoryEntry {
+                start: u64::from_le_bytes(e[0..8].try_into().expect("8")),
+                end: u64::from_le_bytes(e[8..16].try_into().expect("8")),
+                partition: u32::from_le_bytes(e[16..20].try_into().expect("4")) as usize,
+            })
+            .collect();
+        Ok(Directory {
+            bits,
+            start,
+            entries,
+        })
+    }
 }

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::cold::ColdLog;
-use super::cold_runs::ColdRuns;
+use super::cold_runs::{ColdRuns, partition_bits_for};
 use super::epoch::{Epoch, EpochGuard, EpochHandle};
 use super::hlog::{Addresses, HlogOptions, LogExtent};
 use super::hot::{HotLog, HotRead, Update};
@@ -330,7 +330,12 @@ impl F2 {
                     buckets(extents.chunk_buckets)?,
                     Arc::clone(&epoch),
                 )?),
-                ColdLayout::Runs => Cold::Runs(ColdRuns::recover(devices.cold, extents.cold)?),
+                ColdLayout::Runs => Cold::Runs(ColdRuns::recover(
+                    devices.cold,
+                    Arc::clone(&epoch),
+                    extents.cold,
+                    partition_bits_for(options.cold_keys),
+                )?),
             },
             epoch,
             options,
@@ -370,8 +375,14 @@ impl F2 {
                 )
             }
             Cold::Runs(runs) => {
-                runs.sync()?;
-                (runs.extent(), LogExtent::default(), 0)
+                // The directory's end is also the moment `release_dead` compares with:
+                // recorded as the chunk log's extent, which this layout has no use for.
+                let cold = runs.checkpoint()?;
+                let moment = LogExtent {
+                    begin: cold.tail,
+                    tail: cold.tail,
+                };
+                (cold, moment, 0)
             }
         };
         let hot_tail = self.hot.log().flush_all(guard)?;
@@ -416,7 +427,11 @@ impl F2 {
                     devices.chunks,
                     Arc::clone(&epoch),
                 )?),
-                ColdLayout::Runs => Cold::Runs(ColdRuns::new(devices.cold)),
+                ColdLayout::Runs => Cold::Runs(ColdRuns::new(
+                    devices.cold,
+                    Arc::clone(&epoch),
+                    partition_bits_for(options.cold_keys),
+                )),
             },
             epoch,
             options,
@@ -657,7 +672,7 @@ impl F2 {
         if let Cold::Runs(runs) = &self.cold {
             // The runs are merged when their deltas call for it, not by size.
             compacted = self.maybe_compact_hot(guard)?;
-            if runs.wants_merge() {
+            if runs.next_merge().is_some() {
                 self.compact(guard, Tier::Cold, 0, 0)?;
                 compacted = true;
             }
@@ -726,10 +741,26 @@ impl F2 {
                 let _one = self.one_compaction(guard);
                 cold.log().flush_all(guard)?
             }
-            Cold::Runs(_) => 0,
+            Cold::Runs(runs) => {
+                for partition in runs.partitions_with_deltas() {
+                    let _one = self.one_compaction(guard);
+                    self.merge_runs(guard, runs, partition)?;
+                }
+                return Ok(());
+            }
         };
         self.compact_cold(guard, cold_tail)?;
         Ok(())
+    }
+
+    /// Gives back the space of cold runs that died before every kept checkpoint
+    /// (`floor`: the lowest `chunks.begin` of their records of this store, which the
+    /// runs layout sets to the cold tier's tail at the checkpoint). The log layout
+    /// gives its space back by truncation alone.
+    pub(crate) fn release_cold(&self, floor: u64) {
+        if let Cold::Runs(runs) = &self.cold {
+            runs.release_dead(floor);
+        }
     }
 
     /// The disk budgets of the hot log, the cold log and the chunk log.
@@ -743,7 +774,7 @@ impl F2 {
             Cold::Log(_) => {
                 [Tier::Hot, Tier::Cold, Tier::Chunks].map(|t| self.log_of(t).addresses().begin)
             }
-            Cold::Runs(runs) => [self.hot.log().addresses().begin, runs.extent().begin, 0],
+            Cold::Runs(runs) => [self.hot.log().addresses().begin, runs.lowest(), 0],
         }
     }
 
@@ -804,12 +835,14 @@ impl F2 {
         let _one = self.one_compaction(guard);
         let started = std::time::Instant::now();
         if let (Cold::Runs(runs), Tier::Cold | Tier::Chunks) = (&self.cold, tier) {
-            self.merge_runs(guard, runs)?;
+            if let Some(partition) = runs.next_merge() {
+                self.merge_runs(guard, runs, partition)?;
+            }
             bump(
                 &self.counters.compaction_nanos,
                 started.elapsed().as_nanos() as u64,
             );
-            return Ok(runs.extent().begin);
+            return Ok(0);
         }
         let log = self.log_of(tier);
         let a = log.addresses();
@@ -869,7 +902,7 @@ impl F2 {
     fn write_delta(&self, runs: &ColdRuns) -> Result<()> {
         let gathered = std::mem::take(&mut *self.pass_records.lock());
         let _held = Held::new(&self.counters, gathered.memory_bytes());
-        let written = runs.add_delta(gathered)?;
+        let written = runs.add_deltas(gathered)?;
         bump(&self.counters.records_copied, written);
         Ok(())
     }
@@ -877,10 +910,15 @@ impl F2 {
     /// A merge of every cold run into one base (the runs layout's cold→cold
     /// compaction): the versions it drops that hold a value out of line are reported
     /// once the base is the set, if no other record holds their value.
-    fn merge_runs(&self, guard: &mut EpochGuard<'_, '_>, runs: &ColdRuns) -> Result<()> {
+    fn merge_runs(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        runs: &ColdRuns,
+        partition: usize,
+    ) -> Result<()> {
         self.dropped_references.lock().clear();
         let mut dropped = 0;
-        let merged = runs.merge(guard, &mut |old: RunRecord| {
+        let merged = runs.merge(guard, partition, &mut |old: RunRecord| {
             dropped += 1;
             if let Some(value) = old.value
                 && value.out_of_line
@@ -1367,7 +1405,11 @@ mod tests {
     ) -> F2Options {
         F2Options {
             hot_keys: 512,
-            cold_keys: 4096,
+            // In the runs layout the expected keys set the partitions only: sixteen here.
+            cold_keys: match LAYOUT.get() {
+                ColdLayout::Log => 4096,
+                ColdLayout::Runs => 16 << 18,
+            },
             hot_log: pages(4),
             cold_log: pages(3),
             chunk_log: pages(3),
@@ -1408,7 +1450,7 @@ mod tests {
                 store.compact_cold(&mut guard, begin + 4096).unwrap();
                 let chunks = cold.index().chunks().log().addresses().begin;
                 store.compact_chunks(&mut guard, chunks + 4096).unwrap();
-            } else if store.cold_runs().is_some_and(|r| r.wants_merge()) {
+            } else if store.cold_runs().is_some_and(|r| r.next_merge().is_some()) {
                 store.compact_cold(&mut guard, 0).unwrap();
             }
             guard.refresh();
@@ -1543,6 +1585,68 @@ mod tests {
         }
     }
 
+    /// The runs a merge replaced are discarded once no kept checkpoint names them, and
+    /// only then: with the database's rule (the two newest checkpoints kept, each
+    /// retire giving the floors of those two), a recovery from the older kept one finds
+    /// every run its directory names whole, after merges discarded many others.
+    #[test]
+    fn dead_cold_runs_are_discarded_only_once_no_kept_checkpoint_names_them() {
+        in_runs_layout(|| {
+            let mut disk = Durable::new();
+            let store = F2::new(Durable::options(), disk.devices()).unwrap();
+            let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+            // The kept checkpoints, with what each captured.
+            type Captured = HashMap<Vec<u8>, Vec<u8>>;
+            let mut kept: Vec<(F2Extents, Captured)> = Vec::new();
+            let mut rng = Rng(31);
+            for round in 0..8u64 {
+                let mut handle = store.epoch().register();
+                let mut guard = handle.protect();
+                for step in 0..4_000u64 {
+                    let k = key(rng.skewed(1_500));
+                    // After the first round one partition's keys are left alone, so its
+                    // base stays low on the device and the runs that die above it are
+                    // given back by discarding, not by truncation.
+                    if round > 0 && super::super::hot::hash_key(&k).0 >> 60 == 0 {
+                        continue;
+                    }
+                    let v = format!("{round}-{step}").into_bytes();
+                    store.upsert(&mut guard, &k, Some(&v)).unwrap();
+                    model.insert(k, v);
+                    store.maybe_compact(&mut guard).unwrap();
+                }
+                let extents = store.checkpoint(&mut guard).unwrap();
+                kept.push((extents, model.clone()));
+                if kept.len() > 2 {
+                    kept.remove(0);
+                }
+                let recorded: Vec<&F2Extents> = kept.iter().map(|(e, _)| e).collect();
+                let floors = crate::hash::checkpoint::floors(&recorded);
+                for (device, floor) in disk.floors.iter().zip(floors) {
+                    device.retain_from(floor).unwrap();
+                }
+                store.release_cold(floors[2]);
+                guard.refresh();
+            }
+            let runs = store.cold_runs().unwrap().stats();
+            assert!(runs.merges > 10 && runs.discarded_bytes > 0, "{runs:?}");
+            drop(store);
+            let (extents, captured) = &kept[0];
+            disk.reopen(extents);
+            let store = F2::recover(Durable::options(), disk.devices(), extents).unwrap();
+            let mut handle = store.epoch().register();
+            let guard = handle.protect();
+            for i in 0..1_500 {
+                let k = key(i);
+                assert_eq!(
+                    store.get(&guard, &k).unwrap(),
+                    captured.get(&k).cloned(),
+                    "key {i}"
+                );
+            }
+        });
+    }
+
     #[test]
     fn random_operations_match_a_hash_map_through_both_compactions() {
         random_operations_match_a_hash_map();
@@ -1622,7 +1726,8 @@ mod tests {
                 r.deltas_added > 10 && r.merges > 3 && r.unit_reads > 0,
                 "{r:?}"
             );
-            assert!(r.runs <= 8, "{r:?}");
+            // Sixteen partitions, each a base and its deltas (merged at eight).
+            assert!(r.runs <= 16 * 9, "{r:?}");
             return;
         }
         // Every cold insert rewrote a chunk; the chunk log stays within its budget
@@ -2225,9 +2330,11 @@ mod tests {
                     .collect();
                 let (store, done) = (&store, &done);
                 s.spawn(move || compact_until(store, done));
-                let out = workers.into_iter().map(|h| h.join().unwrap()).collect();
+                // The compactor stops even if a worker panicked (else the scope waits
+                // for it forever).
+                let joined: Vec<_> = workers.into_iter().map(|h| h.join()).collect();
                 done.store(true, std::sync::atomic::Ordering::Release);
-                out
+                joined.into_iter().map(|r| r.unwrap()).collect()
             });
             check_counts(&store, &expected, keys, round);
             let stats = store.stats();
@@ -2364,9 +2471,11 @@ mod tests {
                     .collect();
                 let (store, done) = (&store, &done);
                 s.spawn(move || compact_until(store, done));
-                let out = workers.into_iter().map(|h| h.join().unwrap()).collect();
+                // The compactor stops even if a worker panicked (else the scope waits
+                // for it forever).
+                let joined: Vec<_> = workers.into_iter().map(|h| h.join()).collect();
                 done.store(true, std::sync::atomic::Ordering::Release);
-                out
+                joined.into_iter().map(|r| r.unwrap()).collect()
             });
             check_counts(&store, &expected, keys, round);
             let stats = store.stats();

@@ -353,29 +353,6 @@ impl Run {
         find_in_unit(buf.as_ref(), hash, key).map_err(|why| corrupt(device, unit.address, &why))
     }
 
-    /// Reads back the run that ends at `end` of `device`, its start found from its
-    /// footer and at or above `floor` (see [`Run::open`]).
-    pub(crate) fn open_ending_at(device: &dyn BlockDevice, end: u64, floor: u64) -> Result<Run> {
-        let page = PAGE_BYTES as u64;
-        if end < floor + page || !end.is_multiple_of(page) {
-            return Err(corrupt(device, end, "no whole run page ends here"));
-        }
-        let footer_at = end - page;
-        let mut footer = AlignedBuf::new(PAGE_BYTES);
-        read_split(device, footer_at, footer.as_mut())?;
-        let footer =
-            Footer::decode(footer.as_ref()).map_err(|why| corrupt(device, footer_at, &why))?;
-        let pages = footer.data_pages + footer.fence_pages + footer.filter_pages + 1;
-        match end.checked_sub(pages * page) {
-            Some(start) if start >= floor => Run::open(device, start, end),
-            _ => Err(corrupt(
-                device,
-                footer_at,
-                &format!("a run of {pages} pages ending at {end} starts below {floor}"),
-            )),
-        }
-    }
-
     /// Reads the run back from `[start, end)` of `device`: its footer, fences and filter,
     /// checked. The data pages are not read.
     pub(crate) fn open(device: &dyn BlockDevice, start: u64, end: u64) -> Result<Run> {
@@ -488,7 +465,7 @@ pub(crate) fn read_split(device: &dyn BlockDevice, address: u64, buf: &mut [u8])
 }
 
 /// Writes `bytes` at `address`, split where the device's segments end.
-fn write_split(device: &dyn BlockDevice, address: u64, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_split(device: &dyn BlockDevice, address: u64, bytes: &[u8]) -> Result<()> {
     let mut done = 0;
     while done < bytes.len() {
         let at = address + done as u64;
@@ -899,14 +876,18 @@ impl Gathered {
         &self.chunks[e.chunk as usize].as_ref()[at..at + e.len as usize]
     }
 
-    /// Writes the records as a run of `kind` at `at` of `device`, sorted, one per key
-    /// (the highest source's). Returns the run and how many records it holds.
-    pub(crate) fn write_run(
+    /// Writes the records as runs of `kind` from `at` of `device` on, one after another:
+    /// one run per partition of the hash space that has records (`partition_of` says
+    /// which; it must not decrease as the hash grows), each sorted, one record per key
+    /// (the highest source's). Returns the runs with their partitions, and how many
+    /// records they hold.
+    pub(crate) fn write_runs(
         mut self,
         device: &dyn BlockDevice,
         at: u64,
         kind: RunKind,
-    ) -> Result<(Run, u64)> {
+        partition_of: impl Fn(u64) -> usize,
+    ) -> Result<(Vec<(usize, Run)>, u64)> {
         let mut entries = std::mem::take(&mut self.entries);
         entries.sort_unstable_by(|a, b| {
             let (ka, kb) = (
@@ -919,19 +900,31 @@ impl Gathered {
                 std::cmp::Reverse(b.source),
             ))
         });
-        let mut writer = RunWriter::new(device, at, kind, entries.len() as u64);
-        let mut last: Option<(u64, &[u8])> = None;
-        let mut written = 0;
+        // Of the records of one key, the first (the highest source's) only.
+        let mut kept: Vec<&GatheredEntry> = Vec::with_capacity(entries.len());
         for e in &entries {
-            let (hash, key, value) = record_parts(self.record(e));
-            if last == Some((hash, key)) {
-                continue; // an older record of the key just written
+            let (hash, key, _) = record_parts(self.record(e));
+            let repeat = kept.last().is_some_and(|last| {
+                let (h, k, _) = record_parts(self.record(last));
+                (h, k) == (hash, key)
+            });
+            if !repeat {
+                kept.push(e);
             }
-            last = Some((hash, key));
-            writer.push_parts(hash, key, value)?;
-            written += 1;
         }
-        Ok((writer.finish()?, written))
+        let mut runs = Vec::new();
+        let mut at = at;
+        for part in kept.chunk_by(|a, b| partition_of(a.hash) == partition_of(b.hash)) {
+            let mut writer = RunWriter::new(device, at, kind, part.len() as u64);
+            for e in part {
+                let (hash, key, value) = record_parts(self.record(e));
+                writer.push_parts(hash, key, value)?;
+            }
+            let run = writer.finish()?;
+            at = run.extent().1;
+            runs.push((partition_of(part[0].hash), run));
+        }
+        Ok((runs, kept.len() as u64))
     }
 }
 
@@ -1221,7 +1214,11 @@ mod tests {
         }
         gathered.push(hash_key(b"gone").0, b"gone", None, 1);
         assert_eq!(gathered.len(), 6_001);
-        let (run, written) = gathered.write_run(&device, 0, RunKind::Delta).unwrap();
+        let (mut runs, written) = gathered
+            .write_runs(&device, 0, RunKind::Delta, |_| 0)
+            .unwrap();
+        let (_, run) = runs.pop().unwrap();
+        assert!(runs.is_empty());
         assert_eq!((written, run.records()), (3_001, 3_001));
         let mut scan = run.scan(&device);
         let mut last = None;
@@ -1233,7 +1230,11 @@ mod tests {
                 continue;
             }
             let v = r.value.unwrap();
-            assert!(v.bytes.starts_with(b"new "), "{:?}", String::from_utf8_lossy(&r.key));
+            assert!(
+                v.bytes.starts_with(b"new "),
+                "{:?}",
+                String::from_utf8_lossy(&r.key)
+            );
         }
     }
 

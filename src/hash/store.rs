@@ -1278,6 +1278,9 @@ impl HashStore {
         for (device, floor) in self.inner.floors.iter().zip(floors) {
             device.retain_from(floor).map_err(Error::Io)?;
         }
+        // In the runs layout the third floor is the oldest kept checkpoint's moment
+        // (`F2::checkpoint`): runs that died before it are given back.
+        self.inner.f2.release_cold(floors[2]);
         Ok(())
     }
 }
