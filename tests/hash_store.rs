@@ -454,6 +454,50 @@ fn unlogged_writes_alone_bring_checkpoints_that_let_old_log_segments_go() {
 }
 
 #[test]
+fn merges_of_cold_runs_bring_the_checkpoints_that_let_their_dead_runs_go() {
+    // Unlogged overwrites of 200,000 keys in cold runs: each merge replaces the runs of
+    // the tier's one partition (25 MB), and a run replaced may be named by a kept
+    // checkpoint, so its space goes only after checkpoints. Unlogged writes bring none
+    // by the log's size, and the hot log's freed segments (a tenth of its 16 MiB per
+    // pass) bring one only every ten passes, while a merge follows every other pass;
+    // the dead runs must bring their own, so that the files hold about the live
+    // runs, not every run written since.
+    let keys = 200_000u64;
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let store = db
+        .hash_store_with(
+            "h",
+            HashStoreOptions::default()
+                .memory_bytes(256 << 10)
+                .expected_keys(keys)
+                .hot_log_disk_bytes(16 << 20)
+                .cold_layout(ColdLayout::Runs),
+        )
+        .unwrap();
+    let value = [7u8; 100];
+    for round in 0..3u64 {
+        for i in 0..keys {
+            store
+                .insert_with(&key(i), &value, Durability::Unlogged)
+                .unwrap();
+        }
+        let stats = store.stats();
+        assert!(stats.cold_runs > 0, "round {round}: {stats:?}");
+    }
+    let stats = store.stats();
+    assert!(stats.cold_cold_compactions > 3, "{stats:?}");
+    let bounded =
+        |s: &bfdb::HashStoreStats| s.cold_runs_dead_bytes <= (s.cold_runs_bytes / 8).max(4 << 20);
+    wait_until(Duration::from_secs(60), || bounded(&store.stats()));
+    let stats = store.stats();
+    assert!(bounded(&stats), "{stats:?} {:?}", db.stats());
+    for i in (0..keys).step_by(97) {
+        assert_eq!(store.get(&key(i)).unwrap().as_deref(), Some(&value[..]));
+    }
+}
+
+#[test]
 fn a_log_full_of_live_records_is_not_compacted_over_and_over() {
     // 3,500 live records of 128 bytes fill the cold log past its threshold (80%
     // of 512 KiB): compacting it frees nothing, so once writes stop the compactor must

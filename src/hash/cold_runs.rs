@@ -62,6 +62,10 @@ const MAX_DELTAS: usize = 8;
 /// more, all of it sequentially.
 const DELTA_FRACTION_DIVISOR: u64 = 8;
 
+/// The least bytes of dead runs that bring a checkpoint (`dead_past_share`): small
+/// stores need none for their few pages.
+const MIN_DEAD_TRIGGER_BYTES: u64 = 4 << 20;
+
 /// Keys per partition the partition count aims at: a base of about 30 MiB of 8 + 100-byte
 /// records.
 const KEYS_PER_PARTITION: u64 = 256 << 10;
@@ -550,10 +554,20 @@ impl ColdRuns {
         self.runs().all().map(|r| r.memory_bytes()).sum()
     }
 
+    /// Whether the dead runs not given back yet take more than an eighth of the live
+    /// runs' bytes (and at least [`MIN_DEAD_TRIGGER_BYTES`]): the database then takes
+    /// checkpoints, after which they can go (`release_dead`).
+    pub(crate) fn dead_past_share(&self) -> bool {
+        let s = self.stats();
+        s.dead_bytes > (s.live_bytes / 8).max(MIN_DEAD_TRIGGER_BYTES)
+    }
+
     pub(crate) fn stats(&self) -> ColdRunsStats {
         let set = self.runs();
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ColdRunsStats {
+            live_bytes: set.all().map(|r| r.extent().1 - r.extent().0).sum(),
+            dead_bytes: self.dead.lock().iter().map(|d| d.end - d.start).sum(),
             runs: set.all().count() as u64,
             records: set.all().map(|r| r.records()).sum(),
             unit_reads: load(&self.unit_reads),
@@ -579,6 +593,9 @@ pub(crate) struct ColdRunsStats {
     pub(crate) deltas_added: u64,
     /// Bytes of dead runs given back (holes punched).
     pub(crate) discarded_bytes: u64,
+    /// Bytes of the live runs, and of the dead ones not given back yet.
+    pub(crate) live_bytes: u64,
+    pub(crate) dead_bytes: u64,
 }
 
 // ---------------------------------------------------------------------------------------

@@ -705,8 +705,18 @@ pub struct HashStoreStats {
     pub cold_log_bytes: u64,
     /// Bytes of the cold index's chunk log (from BEGIN to TAIL).
     pub chunk_log_bytes: u64,
+    /// In [`ColdLayout::Runs`], the cold runs in use (0 in the log layout).
+    pub cold_runs: u64,
+    /// In [`ColdLayout::Runs`], the bytes of the cold runs in use.
+    pub cold_runs_bytes: u64,
+    /// In [`ColdLayout::Runs`], the bytes of runs that merges replaced and that are not
+    /// given back yet: a kept checkpoint of the database may name them. Once they pass
+    /// an eighth of the live runs (and 4 MiB), the database takes checkpoints until they
+    /// can go.
+    pub cold_runs_dead_bytes: u64,
     /// Bytes of memory of the hot index, the chunk table, the read cache and the three
-    /// logs' page frames together.
+    /// logs' page frames together (in [`ColdLayout::Runs`], the runs' fences and
+    /// filters instead of the cold logs' frames and the chunk table).
     pub memory_bytes: u64,
     /// Bytes of its database's memory budget the store was given when the database
     /// opened (or when it was created): its recorded
@@ -1052,6 +1062,7 @@ impl HashStore {
                 + f2.hot().log().memory_bytes()
                 + f2.hot().read_cache().map_or(0, |c| c.memory_bytes()))
         });
+        let runs = f2.cold_runs().map(|r| r.stats()).unwrap_or_default();
         let (cold_disk_reads, chunk_disk_reads) = match (f2.cold_log(), f2.cold_runs()) {
             (Some(cold), _) => (
                 cold.log().record_reads(),
@@ -1090,6 +1101,9 @@ impl HashStore {
             hot_log_bytes: h.tail - h.begin,
             cold_log_bytes: cold_bytes,
             chunk_log_bytes: chunk_bytes,
+            cold_runs: runs.runs,
+            cold_runs_bytes: runs.live_bytes,
+            cold_runs_dead_bytes: runs.dead_bytes,
             memory_bytes: memory.unwrap_or(0),
             memory_budget_bytes: self.inner.memory_budget_bytes,
         }
@@ -1264,6 +1278,9 @@ impl HashStore {
     /// segment its compactions freed until the next checkpoint.
     pub(crate) fn holds_past_budget(&self) -> bool {
         let f2 = &self.inner.f2;
+        if f2.cold_runs().is_some_and(|r| r.dead_past_share()) {
+            return true;
+        }
         let (budgets, begins) = (f2.log_budgets(), f2.log_begins());
         self.inner
             .floors
