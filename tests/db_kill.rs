@@ -141,8 +141,8 @@ fn options(long_keys: bool) -> DbOptions {
 
 /// The hash keyspace's options: a few hundred KiB of memory and about a MiB of disk, so
 /// that its hot log flushes and both compactions run while the children write (with
-/// `long_keys`, 4 MiB of cold log: its keys take a MiB more, and the cold tier in runs,
-/// so that kills land in deltas and merges too).
+/// `long_keys`, 4 MiB of cold log: its keys take a MiB more, in the cold log layout;
+/// short keys keep theirs in cold runs, the default).
 fn hash_options(long_keys: bool) -> HashStoreOptions {
     HashStoreOptions::default()
         .memory_bytes(256 << 10)
@@ -150,9 +150,9 @@ fn hash_options(long_keys: bool) -> HashStoreOptions {
         .hot_log_disk_bytes(256 << 10)
         .cold_log_disk_bytes(if long_keys { 4 << 20 } else { 1 << 20 })
         .cold_layout(if long_keys {
-            bfdb::ColdLayout::Runs
-        } else {
             bfdb::ColdLayout::Log
+        } else {
+            bfdb::ColdLayout::Runs
         })
 }
 

@@ -2,7 +2,7 @@
 //! a write's `Err` meaning it did not apply, and damage to its log files on disk
 //! reported as an error naming the file, never served as data.
 
-use bfdb::{Config, Db, DbOptions, Durability, Error, HashStoreOptions, WriteBatch};
+use bfdb::{ColdLayout, Config, Db, DbOptions, Durability, Error, HashStoreOptions, WriteBatch};
 
 mod common;
 use common::{Rng, seed};
@@ -90,7 +90,19 @@ fn names_the_damage(e: &Error, log: &str) -> bool {
 
 #[test]
 fn flipped_bytes_in_hash_log_files_are_errors_naming_the_file_never_data() {
+    flipped_bytes_are_errors_naming_the_file(ColdLayout::Log);
+}
+
+#[test]
+fn flipped_bytes_in_cold_runs_are_errors_naming_the_file_never_data() {
+    flipped_bytes_are_errors_naming_the_file(ColdLayout::Runs);
+}
+
+/// Flips a byte of a file of each of the store's logs (in `layout`, whose runs live in
+/// the cold log's files) and opens and reads a copy of the database.
+fn flipped_bytes_are_errors_naming_the_file(layout: ColdLayout) {
     let seed = seed("flipped_bytes_in_hash_log_files");
+    let tiny = || tiny().cold_layout(layout);
     let mut rng = Rng(seed);
     let keys = 3_000;
     let dir = tempfile::tempdir().unwrap();
@@ -104,7 +116,10 @@ fn flipped_bytes_in_hash_log_files_are_errors_naming_the_file_never_data() {
         assert!(stats.hot_cold_compactions > 0, "{stats:?}");
         db.checkpoint().unwrap();
     }
-    let logs = ["hot", "cold", "chunks"];
+    let logs: &[&str] = match layout {
+        ColdLayout::Log => &["hot", "cold", "chunks"],
+        _ => &["hot", "cold"],
+    };
     let mut reads_refused = [0u64; 3];
     let mut opens_refused = [0u64; 3];
     for (l, log) in logs.iter().enumerate() {
@@ -165,8 +180,9 @@ fn flipped_bytes_in_hash_log_files_are_errors_naming_the_file_never_data() {
             }
         }
     }
-    println!("opens refused {opens_refused:?}, reads refused {reads_refused:?}");
-    // The cold log is not read at open: its damage is met by reads.
+    println!("{layout:?}: opens refused {opens_refused:?}, reads refused {reads_refused:?}");
+    // The cold log (the runs' data pages) is not read at open: its damage is met by
+    // reads.
     assert!(reads_refused[1] > 0, "no read met a damaged cold record");
 }
 
@@ -187,7 +203,10 @@ fn a_hash_store_of_the_format_before_checksums_is_refused_by_name_and_left_alone
     let dir = tempfile::tempdir().unwrap();
     {
         let db = Db::open(dir.path(), options()).unwrap();
-        let store = db.hash_store_with("h", tiny()).unwrap();
+        // Builds before checksums had the cold log layout only.
+        let store = db
+            .hash_store_with("h", tiny().cold_layout(ColdLayout::Log))
+            .unwrap();
         for i in 0..1_000 {
             store.insert(&key(i), &value_of(i)).unwrap();
         }

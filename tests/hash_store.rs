@@ -398,10 +398,8 @@ fn batched_reads_put_their_disk_reads_in_flight_together_and_answer_as_single_re
         }
     }
     let stats = store.stats();
-    assert!(
-        stats.cold_disk_reads > 0 && stats.chunk_disk_reads > 0,
-        "{stats:?}"
-    );
+    // The cold tier's reads (runs' units: no chunk reads in the runs layout).
+    assert!(stats.cold_disk_reads > 0, "{stats:?}");
     // The batches kept several reads in flight while they waited.
     assert!(stats.batch_in_flight > 4 * stats.batch_waits, "{stats:?}");
 }
@@ -565,13 +563,15 @@ fn the_memory_budget_covers_the_indexes_the_read_cache_and_the_logs() {
         );
         assert!(db.drop_hash_store(&format!("s{i}")).unwrap());
     }
-    // A budget the expected keys' chunk table alone would fill is refused.
+    // A budget the expected keys' chunk table alone would fill is refused (the cold
+    // log layout's; the runs' fences grow with the data, outside the split).
     assert!(matches!(
         db.hash_store_with(
             "small",
             HashStoreOptions::default()
                 .memory_bytes(1 << 20)
                 .expected_keys(1 << 30)
+                .cold_layout(ColdLayout::Log)
         ),
         Err(Error::InvalidConfig(_))
     ));

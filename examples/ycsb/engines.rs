@@ -209,7 +209,7 @@ pub trait Engine: Send + Sync {
 pub const ENGINE_NAMES: &[&str] = &[
     "bfdb",
     "bfdb-hash",
-    "bfdb-hash-runs",
+    "bfdb-hash-log",
     "bfdb-tree",
     "bftree",
     "btreemap",
@@ -235,7 +235,7 @@ pub fn blob_threshold_bytes() -> u64 {
 /// Engines that can be opened again on the files a run left (`--recovery`).
 pub fn reopens(name: &str, in_memory: bool) -> bool {
     match name {
-        "bfdb" | "bfdb-hash" | "bfdb-hash-runs" => !in_memory,
+        "bfdb" | "bfdb-hash" | "bfdb-hash-log" => !in_memory,
         "rocksdb" | "rocksdb-blob" | "sled" | "fjall" | "fjall-blob" | "redb" => true,
         _ => false,
     }
@@ -244,7 +244,7 @@ pub fn reopens(name: &str, in_memory: bool) -> bool {
 /// Whether the engine has range scans. Hash engines answer point operations only: the
 /// driver skips the workloads with scans (scan, YCSB E) for them.
 pub fn scans(name: &str) -> bool {
-    !matches!(name, "bfdb-hash" | "bfdb-hash-runs" | "oxifaster")
+    !matches!(name, "bfdb-hash" | "bfdb-hash-log" | "oxifaster")
 }
 
 /// Whether the driver runs `workload` on the engine: every workload, except those with
@@ -255,7 +255,7 @@ pub fn runs_workload(name: &str, workload: crate::keygen::Workload) -> bool {
 
 /// Whether the engine has a mode that keeps its records in memory (`--in-memory`).
 fn has_in_memory_mode(name: &str) -> bool {
-    !matches!(name, "bfdb-hash" | "bfdb-hash-runs" | "oxifaster")
+    !matches!(name, "bfdb-hash" | "bfdb-hash-log" | "oxifaster")
 }
 
 /// Opens the engine called `name`.
@@ -265,8 +265,8 @@ pub fn open(name: &str, options: &OpenOptions) -> EngineResult<Box<dyn Engine>> 
     match name {
         "bfdb" if options.in_memory => Ok(Box::new(Bfdb::open(options)?)),
         "bfdb" => Ok(Box::new(BfdbDb::open(options)?)),
-        "bfdb-hash" => Ok(Box::new(BfdbHash::open(options, bfdb::ColdLayout::Log)?)),
-        "bfdb-hash-runs" => Ok(Box::new(BfdbHash::open(options, bfdb::ColdLayout::Runs)?)),
+        "bfdb-hash" => Ok(Box::new(BfdbHash::open(options, bfdb::ColdLayout::Runs)?)),
+        "bfdb-hash-log" => Ok(Box::new(BfdbHash::open(options, bfdb::ColdLayout::Log)?)),
         "bfdb-tree" => Ok(Box::new(Bfdb::open(options)?)),
         "bftree" => Ok(Box::new(BfTree::open(options)?)),
         "btreemap" => Ok(Box::new(LockedBTreeMap::default())),

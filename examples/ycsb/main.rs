@@ -63,8 +63,9 @@ use report::{Line, LoadRow, RecoveryRow, RunRow};
 pub struct Options {
     /// Engines to compare, in order: bfdb (a `Db` in file mode, `Tree::in_memory` with
     /// --in-memory), bfdb-hash (a `Db` with one `HashStore`, which gets the memory budget;
-    /// point operations only, so workloads with scans are skipped for it; bfdb-hash-runs
-    /// is the same with its cold tier in hash-ordered runs, `ColdLayout::Runs`), bfdb-tree (a
+    /// point operations only, so workloads with scans are skipped for it; its cold tier in
+    /// hash-ordered runs, the default; bfdb-hash-log is the same with the F2 paper's cold
+    /// log and chunk index, `ColdLayout::Log`), bfdb-tree (a
     /// plain `Tree` on a scratch file, no log), bftree, btreemap, and with the cargo
     /// features of the same names rocksdb, sled, fjall, redb, oxifaster (FASTER's store,
     /// point workloads only); rocksdb-blob (feature rocksdb: blob files for values of

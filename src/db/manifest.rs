@@ -432,6 +432,7 @@ mod tests {
                         HashStoreOptions::default()
                             .memory_bytes(8 << 20)
                             .read_cache_bytes(0)
+                            .cold_layout(ColdLayout::Log)
                             .cold_log_memory_bytes(1 << 20),
                         4096,
                     )

@@ -103,14 +103,15 @@ pub enum ColdLayout {
     /// disk (under a byte of memory per key), and cold-to-cold compaction. A cold read
     /// reads the key's chunk and then walks a chain of records (about 2.5 device reads
     /// measured), and each record compaction moves cold reads and rewrites its chunk.
-    #[default]
+    /// Stores created before the runs layout keep it.
     Log,
     /// Runs of records sorted by key hash, with each 4 KiB page's first hash kept in
     /// memory (a quarter of a byte per key of 8 + 100 bytes, plus a 10-bit filter per
     /// key not yet merged): a cold read is one device read, compaction writes the
     /// records it moves as one sorted run, and runs are merged sequentially. No chunk
     /// index; the memory the log layout gives the cold and chunk logs goes to the hot
-    /// log instead.
+    /// log instead. The default.
+    #[default]
     Runs,
 }
 

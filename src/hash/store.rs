@@ -60,11 +60,13 @@ use crate::wal::LogOpRef;
 /// up to a sixth for the hot index (no more than `expected_keys` need), a sixth for the
 /// read cache (of which 4-6% is its admission filter: a record read from disk is copied
 /// only when its key is read from disk a second time while the filter remembers the
-/// first), a forty-eighth each for the cold log's pages and the cold index's chunk
-/// pages, the chunk table (half a byte per expected key), and the rest for the hot
-/// log's pages. Each part but the chunk table and the hot log can be set instead
-/// ([`HashStoreOptions::hot_index_bytes`] and the fields after it). A budget too small
-/// for the expected keys' chunk table and those parts is refused.
+/// first), and the rest for the hot log's pages. The cold tier's records stay on disk:
+/// in [`ColdLayout::Runs`] (the default) its runs keep a quarter of a byte per key of
+/// fences in memory, beside the split; in [`ColdLayout::Log`] the split also gives a
+/// forty-eighth each to the cold log's pages and the cold index's chunk pages, and half
+/// a byte per expected key to the chunk table. Each part but the chunk table and the hot
+/// log can be set instead ([`HashStoreOptions::hot_index_bytes`] and the fields after
+/// it). A budget too small for those parts is refused.
 ///
 /// ```
 /// use bfdb::HashStoreOptions;
@@ -97,21 +99,24 @@ pub struct HashStoreOptions {
     /// (5M keys in 52 MiB, 20M in 206 MiB), against 1.14× before rebuilds. The process
     /// around the store (thread stacks, the allocator's free memory) is not counted.
     pub memory_bytes: Option<u64>,
-    /// Distinct keys the store expects: sizes the cold index (its chunks, under a byte
-    /// of memory per cold key) and bounds the hot index. Default 1M.
+    /// Distinct keys the store expects: bounds the hot index, and sizes the cold tier
+    /// (its partitions in [`ColdLayout::Runs`]; its chunk index, under a byte of memory
+    /// per cold key, in [`ColdLayout::Log`]). Default 1M.
     pub expected_keys: u64,
     /// Bytes of disk the hot log may use; past 80% of it, its oldest 10% is compacted
     /// into the cold log. Default 1 GiB. (Each log's disk budget bounds its live part:
     /// segments a compaction freed stay on disk until no kept checkpoint of the `Db`
     /// needs them, and a store holding more than a budget of them brings a checkpoint.)
     pub hot_log_disk_bytes: u64,
-    /// Bytes of disk the cold log may use; past 80% of it, its oldest 10% is compacted
-    /// within it. Default 16 GiB. Writers that find a log past its whole budget compact
-    /// before they return (they are slowed, never failed).
+    /// Bytes of disk the cold tier may use; in [`ColdLayout::Log`], past 80% of it the
+    /// cold log's oldest 10% is compacted within it (the runs are merged as their
+    /// deltas grow, whatever their size). Default 16 GiB. Writers that find a log past
+    /// its whole budget compact before they return (they are slowed, never failed).
     pub cold_log_disk_bytes: u64,
-    /// Threads a compaction runs on. Default 2. Each waits on its own disk reads (a
-    /// cold insert reads its key's chunk of the cold index), so more threads keep more
-    /// reads in flight.
+    /// Threads a hot→cold compaction pass runs on. Default 2. In [`ColdLayout::Log`]
+    /// each waits on its own disk reads (a cold insert reads its key's chunk of the cold
+    /// index), so more threads keep more reads in flight; in [`ColdLayout::Runs`] a pass
+    /// reads only the hot log's pages.
     pub compaction_threads: usize,
     /// Bytes for the hot index's home buckets instead of a sixth of the memory (it
     /// takes the largest power of two of 64-byte buckets within them, at least 256,
@@ -127,10 +132,11 @@ pub struct HashStoreOptions {
     /// Bytes for the page frames of the cold index's chunk log instead of a
     /// forty-eighth of the memory (at least three pages are kept). `None` by default.
     pub chunk_log_memory_bytes: Option<u64>,
-    /// How the cold tier is laid out. Default [`ColdLayout::Log`]. In
-    /// [`ColdLayout::Runs`] there are no cold and chunk log pages and no chunk table:
-    /// their shares of the memory go to the hot log (`cold_log_memory_bytes` and
-    /// `chunk_log_memory_bytes` are refused), and `cold_log_disk_bytes` bounds the runs.
+    /// How the cold tier is laid out. Default [`ColdLayout::Runs`]: there are no cold
+    /// and chunk log pages and no chunk table, their shares of the memory go to the hot
+    /// log (`cold_log_memory_bytes` and `chunk_log_memory_bytes` are refused), and
+    /// `cold_log_disk_bytes` bounds the runs. [`ColdLayout::Log`] is the F2 paper's
+    /// cold log and chunk index.
     pub cold_layout: ColdLayout,
 }
 
@@ -146,7 +152,7 @@ impl Default for HashStoreOptions {
             read_cache_bytes: None,
             cold_log_memory_bytes: None,
             chunk_log_memory_bytes: None,
-            cold_layout: ColdLayout::Log,
+            cold_layout: ColdLayout::Runs,
         }
     }
 }

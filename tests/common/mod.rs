@@ -313,9 +313,9 @@ impl Keys {
     /// The hash store of the runs: [`small_hash_options`], or for long keys twice its
     /// memory and hot log and a cold log that holds what the keys take (half of 400
     /// keys of 2.5 KiB on average, each with a value of 1.2 KiB or more). Short keys
-    /// keep their cold records in the cold log (`ColdLayout::Log`), long keys in cold
-    /// runs (`ColdLayout::Runs`, whose units span pages for the longest records), so
-    /// that each campaign covers both layouts.
+    /// keep their cold records in cold runs (`ColdLayout::Runs`, the default), long
+    /// keys in the cold log (`ColdLayout::Log`), so that each campaign covers both
+    /// layouts.
     pub fn hash_options(self) -> HashStoreOptions {
         match self {
             Keys::Short => small_hash_options(),
@@ -324,7 +324,7 @@ impl Keys {
                 .expected_keys(1024)
                 .hot_log_disk_bytes(256 << 10)
                 .cold_log_disk_bytes(4 << 20)
-                .cold_layout(bfdb::ColdLayout::Runs),
+                .cold_layout(bfdb::ColdLayout::Log),
         }
     }
 }
