@@ -489,8 +489,11 @@ mod tests {
 
     #[test]
     fn a_hash_layout_written_before_its_parts_existed_reads_with_every_part_a_share() {
-        let layout =
-            HashLayout::new(HashStoreOptions::default().memory_bytes(3 << 20), 4096).unwrap();
+        // Stores of those builds had the cold log layout.
+        let options = HashStoreOptions::default()
+            .memory_bytes(3 << 20)
+            .cold_layout(ColdLayout::Log);
+        let layout = HashLayout::new(options, 4096).unwrap();
         let mut m = Manifest::default();
         m.keyspaces.insert(
             "h".to_string(),

@@ -25,6 +25,9 @@
 //!   rewrites its key's chunk of the cold index at the chunk log's tail, so that log is
 //!   compacted into itself the same way (a chunk version still its chunk's newest is
 //!   copied to the tail, the rest dropped), keeping it within four times its live size.
+//! - **The cold tier's layout** (`ColdLayout`): the above is the log layout; in the runs
+//!   layout (the default, `cold_runs.rs`) hot→cold compaction writes the live records it
+//!   finds as sorted deltas, and cold→cold compaction is a merge of one partition's runs.
 //! - **False absence** (§5.4): a cold read that walked into a region truncated while it
 //!   ran may miss the copy made at the tail. Every cold truncation bumps a counter
 //!   *before* moving BEGIN; a cold read that found nothing reads it again and, if it
