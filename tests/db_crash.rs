@@ -413,7 +413,7 @@ fn seeds(test: &str) -> Vec<u64> {
 /// What the runs of `crash_run` of each kind of keys did, in the order of `Keys`:
 /// hot→cold compactions of the hash store, and the trees' leaf and inner splits.
 static HASH_COMPACTIONS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
-/// Cold→cold compactions of the hash store: with long keys, merges of its cold runs.
+/// Cold→cold compactions of the hash store: with short keys, merges of its cold runs.
 static HASH_MERGES: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 static LEAF_SPLITS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 static INNER_SPLITS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
