@@ -162,6 +162,11 @@ pub(crate) struct ColdRuns {
     set: RwLock<Arc<RunSet>>,
     /// Where the next run goes.
     tail: AtomicU64,
+    /// The start of the oldest live run or of the last directory (the tail if neither):
+    /// the tier's BEGIN. Derived from the set and the directory, and kept because every
+    /// write reads it (`F2::log_sizes`, which throttling checks): set by `note_begin`
+    /// wherever those change.
+    begin: AtomicU64,
     /// Runs (and directories) no longer live, not yet discarded.
     dead: Mutex<Vec<Dead>>,
     /// The extent of the directory the last checkpoint (or the recovery) wrote or
@@ -201,11 +206,12 @@ impl ColdRuns {
         dead: Vec<Dead>,
         last_directory: Option<(u64, u64)>,
     ) -> ColdRuns {
-        ColdRuns {
+        let runs = ColdRuns {
             device,
             epoch,
             set: RwLock::new(Arc::new(set)),
             tail: AtomicU64::new(tail),
+            begin: AtomicU64::new(0),
             dead: Mutex::new(dead),
             last_directory: Mutex::new(last_directory),
             unit_reads: AtomicU64::new(0),
@@ -213,7 +219,9 @@ impl ColdRuns {
             merges: AtomicU64::new(0),
             deltas_added: AtomicU64::new(0),
             discarded_bytes: AtomicU64::new(0),
-        }
+        };
+        runs.note_begin();
+        runs
     }
 
     /// The tier a checkpoint recorded as `extent`: the runs its directory, which ends
@@ -320,21 +328,18 @@ impl ColdRuns {
             return Ok(None);
         };
         let device = self.device.as_ref();
-        let whole = runs::within_segment(device, unit.address, unit.len);
         let found = match guard.read_batch() {
-            Some(batch) if whole => {
-                batch.bytes_at(self.id(), &self.device, unit.address, unit.len, |bytes| {
+            // A unit across two segments (a long record's, rarely) is read on the spot.
+            Some(batch) if runs::within_segment(device, unit.address, unit.len) => batch
+                .bytes_at(self.id(), &self.device, unit.address, unit.len, |bytes| {
                     runs::find_in_unit(bytes, hash, key)
                 })?
-            }
-            _ => {
-                let mut buf = AlignedBuf::new(unit.len);
-                runs::read_split(device, unit.address, buf.as_mut())?;
-                runs::find_in_unit(buf.as_ref(), hash, key)
-            }
+                .map_err(|why| runs::corrupt(device, unit.address, &why)),
+            _ => runs::read_unit(device, unit, hash, key),
         };
+        // Counted once the unit is read (a batch's pending signal returned above).
         self.unit_reads.fetch_add(1, Ordering::Relaxed);
-        found.map_err(|why| runs::corrupt(device, unit.address, &why))
+        found
     }
 
     /// Adds to `held` the references of the values out of line that records of `key`
@@ -379,6 +384,8 @@ impl ColdRuns {
             self.deltas_added.fetch_add(1, Ordering::Relaxed);
         }
         *set = Arc::new(next);
+        drop(set);
+        self.note_begin();
         Ok(written)
     }
 
@@ -404,13 +411,22 @@ impl ColdRuns {
     /// The start of the oldest live run (or of the last directory, or the tail): the
     /// tier's BEGIN, below which nothing is needed.
     pub(crate) fn lowest(&self) -> u64 {
+        self.begin.load(Ordering::Acquire)
+    }
+
+    /// Recomputes the tier's BEGIN ([`ColdRuns::lowest`]) after the set, the tail or
+    /// the last directory changed (under the store's one compaction, or before the
+    /// tier is shared).
+    fn note_begin(&self) {
         let directory = self.last_directory.lock().map(|(start, _)| start);
-        self.runs()
+        let begin = self
+            .runs()
             .all()
             .map(|r| r.extent().0)
             .chain(directory)
             .min()
-            .unwrap_or_else(|| self.tail.load(Ordering::Acquire))
+            .unwrap_or_else(|| self.tail.load(Ordering::Acquire));
+        self.begin.store(begin, Ordering::Release);
     }
 
     /// Merges the runs of `partition` into one base written at the tail, hands each
@@ -456,6 +472,7 @@ impl ColdRuns {
                 died_at: end,
             }
         }));
+        self.note_begin();
         self.truncate_below_live(guard);
         self.merges.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -538,13 +555,14 @@ impl ColdRuns {
             });
         }
         let begin = set.all().map(|r| r.extent().0).min().unwrap_or(at);
+        self.note_begin();
         Ok(LogExtent { begin, tail: end })
     }
 
     /// Bytes of the device from the oldest live run to the tail.
     pub(crate) fn size_bytes(&self) -> u64 {
-        // The set first: every run of a set was below the tail before the set was
-        // published (a compaction running meanwhile only raises the tail).
+        // BEGIN first: it is stored after the tail it was taken below (a compaction
+        // running meanwhile only raises both).
         let lowest = self.lowest();
         self.tail.load(Ordering::Acquire).saturating_sub(lowest)
     }
@@ -660,8 +678,8 @@ impl Directory {
         let mut footer = AlignedBuf::new(PAGE_BYTES);
         runs::read_split(device, footer_at, footer.as_mut())?;
         let f = footer.as_ref();
-        let u64_at = |at: usize| u64::from_le_bytes(f[at..at + 8].try_into().expect("8"));
-        let u32_at = |at: usize| u32::from_le_bytes(f[at..at + 4].try_into().expect("4"));
+        let u64_at = |at| runs::le_u64(f, at);
+        let u32_at = |at| runs::le_u32(f, at);
         if u64_at(0) != DIRECTORY_MAGIC {
             return Err(bad(
                 footer_at,
@@ -702,9 +720,9 @@ impl Directory {
             .chunks_exact(DIRECTORY_ENTRY_BYTES)
             .take(count as usize)
             .map(|e| DirectoryEntry {
-                start: u64::from_le_bytes(e[0..8].try_into().expect("8")),
-                end: u64::from_le_bytes(e[8..16].try_into().expect("8")),
-                partition: u32::from_le_bytes(e[16..20].try_into().expect("4")) as usize,
+                start: runs::le_u64(e, 0),
+                end: runs::le_u64(e, 8),
+                partition: runs::le_u32(e, 16) as usize,
             })
             .collect();
         Ok(Directory {

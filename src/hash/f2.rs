@@ -675,7 +675,7 @@ impl F2 {
         let mut compacted = false;
         if let Cold::Runs(runs) = &self.cold {
             // The runs are merged when their deltas call for it, not by size.
-            compacted = self.maybe_compact_hot(guard)?;
+            compacted = self.maybe_compact_tier(guard, Tier::Hot)?;
             if runs.next_merge().is_some() {
                 self.compact(guard, Tier::Cold, 0, 0)?;
                 compacted = true;
@@ -686,11 +686,6 @@ impl F2 {
             compacted |= self.maybe_compact_tier(guard, tier)?;
         }
         Ok(compacted)
-    }
-
-    /// [`F2::maybe_compact`]'s pass over the hot log.
-    fn maybe_compact_hot(&self, guard: &mut EpochGuard<'_, '_>) -> Result<bool> {
-        self.maybe_compact_tier(guard, Tier::Hot)
     }
 
     /// Compacts `tier`'s log if it is past its budget's threshold, unless the last pass

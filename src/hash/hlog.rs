@@ -766,14 +766,10 @@ impl Shared {
     /// The error for damaged bytes of the record at `address` read from the device:
     /// naming the device's file that holds it, where it has files.
     fn corrupt(&self, address: u64, why: &str) -> Error {
-        let reason = format!("hash log record at address {address}: {why}");
-        match self.device.file_of(address) {
-            Some(path) => Error::CorruptFile { path, reason },
-            None => Error::Corrupted {
-                page: address,
-                reason,
-            },
-        }
+        self.device.damaged(
+            address,
+            format!("hash log record at address {address}: {why}"),
+        )
     }
 
     /// Checks the checksum of every record of `bytes`, the page at `page` read from the

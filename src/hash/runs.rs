@@ -135,6 +135,21 @@ impl Filter {
 // Units
 // ---------------------------------------------------------------------------------------
 
+/// The little-endian `u64` at `at` of `bytes`.
+pub(crate) fn le_u64(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// The little-endian `u32` at `at` of `bytes`.
+pub(crate) fn le_u32(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// `bytes` as little-endian `u64` words (fences, a filter's bits).
+fn le_words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    bytes.chunks_exact(8).map(|w| le_u64(w, 0))
+}
+
 /// The CRC a unit's header holds: of its bytes from offset 4 on.
 fn unit_crc(unit: &[u8]) -> u32 {
     crc32c::crc32c(&unit[4..])
@@ -196,7 +211,7 @@ fn for_each_record<'a>(
             unit.len()
         ));
     }
-    let stored = u32::from_le_bytes(unit[0..4].try_into().expect("4 bytes"));
+    let stored = le_u32(unit, 0);
     if stored != unit_crc(unit) {
         return Err("a run unit failed its checksum".into());
     }
@@ -207,10 +222,10 @@ fn for_each_record<'a>(
         let Some(header) = unit.get(at..at + RECORD_HEADER_BYTES) else {
             return Err(format!("record {i} of a run unit starts past its end"));
         };
-        let hash = u64::from_le_bytes(header[0..8].try_into().expect("8 bytes"));
+        let hash = le_u64(header, 0);
         let key_len = usize::from(u16::from_le_bytes([header[8], header[9]]));
         let flags = header[10];
-        let value_len = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes")) as usize;
+        let value_len = le_u32(header, 12) as usize;
         if flags & !(FLAG_TOMBSTONE | FLAG_OUT_OF_LINE) != 0 || header[11] != 0 {
             return Err(format!(
                 "record {i} of a run unit has unknown flags {flags:#x}"
@@ -267,7 +282,6 @@ pub(crate) fn find_in_unit(
 pub(crate) struct Run {
     start: u64,
     end: u64,
-    kind: RunKind,
     records: u64,
     /// The first hash of each data page's unit.
     fences: Box<[u64]>,
@@ -287,8 +301,12 @@ impl Run {
         (self.start, self.end)
     }
 
+    /// A delta if it has a filter (only deltas do), else a base.
     pub(crate) fn kind(&self) -> RunKind {
-        self.kind
+        match self.filter {
+            Some(_) => RunKind::Delta,
+            None => RunKind::Base,
+        }
     }
 
     /// Records in the run, tombstones included.
@@ -348,9 +366,7 @@ impl Run {
         let Some(unit) = self.locate(hash) else {
             return Ok(None);
         };
-        let mut buf = AlignedBuf::new(unit.len);
-        read_split(device, unit.address, buf.as_mut())?;
-        find_in_unit(buf.as_ref(), hash, key).map_err(|why| corrupt(device, unit.address, &why))
+        read_unit(device, unit, hash, key)
     }
 
     /// Reads the run back from `[start, end)` of `device`: its footer, fences and filter,
@@ -392,31 +408,19 @@ impl Run {
             ));
         }
         let fence_bytes = &meta_bytes[..(footer.data_pages * 8) as usize];
-        let fences: Box<[u64]> = fence_bytes
-            .chunks_exact(8)
-            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
-            .collect();
+        let fences: Box<[u64]> = le_words(fence_bytes).collect();
         if fences.windows(2).any(|w| w[0] > w[1]) {
             return Err(corrupt(device, meta_at, "a run's fences are out of order"));
         }
         let filter = (footer.filter_words > 0).then(|| {
             let at = (footer.fence_pages * page) as usize;
             Filter {
-                words: meta_bytes[at..at + (footer.filter_words * 8) as usize]
-                    .chunks_exact(8)
-                    .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
-                    .collect(),
+                words: le_words(&meta_bytes[at..at + (footer.filter_words * 8) as usize]).collect(),
             }
         });
-        let kind = if filter.is_some() {
-            RunKind::Delta
-        } else {
-            RunKind::Base
-        };
         Ok(Run {
             start,
             end,
-            kind,
             records: footer.records,
             fences,
             filter,
@@ -435,21 +439,27 @@ impl Run {
     }
 }
 
+/// What the unit at `unit` holds for `key` (of hash `hash`), read with a blocking read:
+/// as [`find_in_unit`], the unit's damage an error naming its file.
+pub(crate) fn read_unit(
+    device: &dyn BlockDevice,
+    unit: UnitAt,
+    hash: u64,
+    key: &[u8],
+) -> Result<Option<Option<LogValue>>> {
+    let mut buf = AlignedBuf::new(unit.len);
+    read_split(device, unit.address, buf.as_mut())?;
+    find_in_unit(buf.as_ref(), hash, key).map_err(|why| corrupt(device, unit.address, &why))
+}
+
 /// The error for a run's bytes at `address` that do not check, naming their file.
 pub(crate) fn corrupt(device: &dyn BlockDevice, address: u64, why: &str) -> Error {
-    let reason = format!("cold run at address {address}: {why}");
-    match device.file_of(address) {
-        Some(path) => Error::CorruptFile { path, reason },
-        None => Error::Corrupted {
-            page: address,
-            reason,
-        },
-    }
+    device.damaged(address, format!("cold run at address {address}: {why}"))
 }
 
 /// Whether `len` bytes at `address` lie in one of the device's segments (one read).
 pub(crate) fn within_segment(device: &dyn BlockDevice, address: u64, len: usize) -> bool {
-    piece(device, address, len) == len
+    device.segment_piece(address, len as u64) == len as u64
 }
 
 /// Reads `buf` at `address`, split where the device's segments end.
@@ -457,7 +467,7 @@ pub(crate) fn read_split(device: &dyn BlockDevice, address: u64, buf: &mut [u8])
     let mut done = 0;
     while done < buf.len() {
         let at = address + done as u64;
-        let len = piece(device, at, buf.len() - done);
+        let len = device.segment_piece(at, (buf.len() - done) as u64) as usize;
         device.read(at, &mut buf[done..done + len])?;
         done += len;
     }
@@ -469,19 +479,11 @@ pub(crate) fn write_split(device: &dyn BlockDevice, address: u64, bytes: &[u8]) 
     let mut done = 0;
     while done < bytes.len() {
         let at = address + done as u64;
-        let len = piece(device, at, bytes.len() - done);
+        let len = device.segment_piece(at, (bytes.len() - done) as u64) as usize;
         device.write(at, &bytes[done..done + len])?;
         done += len;
     }
     Ok(())
-}
-
-/// How much of an access of `len` bytes at `address` stays within one segment.
-fn piece(device: &dyn BlockDevice, address: u64, len: usize) -> usize {
-    match device.segment_bytes() {
-        Some(segment) => len.min((segment - address % segment) as usize),
-        None => len,
-    }
 }
 
 /// A run's last page.
@@ -512,8 +514,8 @@ impl Footer {
     }
 
     fn decode(page: &[u8]) -> std::result::Result<Footer, String> {
-        let u64_at = |at: usize| u64::from_le_bytes(page[at..at + 8].try_into().expect("8"));
-        let u32_at = |at: usize| u32::from_le_bytes(page[at..at + 4].try_into().expect("4"));
+        let u64_at = |at| le_u64(page, at);
+        let u32_at = |at| le_u32(page, at);
         if u64_at(0) != FOOTER_MAGIC {
             return Err("no run footer where one should end the run".into());
         }
@@ -557,7 +559,6 @@ impl Footer {
 pub(crate) struct RunWriter<'d> {
     device: &'d dyn BlockDevice,
     start: u64,
-    kind: RunKind,
     /// Pages written to the device so far.
     written_pages: u64,
     /// Whole units not written yet, `IO_CHUNK_PAGES` at most (or one larger unit).
@@ -590,7 +591,6 @@ impl<'d> RunWriter<'d> {
         RunWriter {
             device,
             start,
-            kind,
             written_pages: 0,
             out: Vec::with_capacity(IO_CHUNK_PAGES * PAGE_BYTES),
             unit: vec![0; PAGE_BYTES],
@@ -752,7 +752,6 @@ impl<'d> RunWriter<'d> {
         Ok(Run {
             start: self.start,
             end,
-            kind: self.kind,
             records: self.records,
             fences: self.fences.into_boxed_slice(),
             filter: self.filter,
@@ -786,7 +785,7 @@ type ValueParts<'a> = (&'a [u8], bool);
 
 /// The parts of a record encoded by [`encode_record`]: hash, key, value.
 fn record_parts(bytes: &[u8]) -> (u64, &[u8], Option<ValueParts<'_>>) {
-    let hash = u64::from_le_bytes(bytes[0..8].try_into().expect("8 bytes"));
+    let hash = le_u64(bytes, 0);
     let key_len = usize::from(u16::from_le_bytes([bytes[8], bytes[9]]));
     let key = &bytes[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + key_len];
     let value = (bytes[10] & FLAG_TOMBSTONE == 0).then(|| {

@@ -1069,13 +1069,12 @@ impl HashStore {
                 + f2.hot().read_cache().map_or(0, |c| c.memory_bytes()))
         });
         let runs = f2.cold_runs().map(|r| r.stats()).unwrap_or_default();
-        let (cold_disk_reads, chunk_disk_reads) = match (f2.cold_log(), f2.cold_runs()) {
-            (Some(cold), _) => (
+        let (cold_disk_reads, chunk_disk_reads) = match f2.cold_log() {
+            Some(cold) => (
                 cold.log().record_reads(),
                 cold.index().chunks().log().record_reads(),
             ),
-            (None, Some(runs)) => (runs.stats().unit_reads, 0),
-            (None, None) => (0, 0),
+            None => (runs.unit_reads, 0),
         };
         HashStoreStats {
             hot_cold_compactions: s.hot_cold_compactions,

@@ -99,6 +99,28 @@ pub(crate) trait BlockDevice: Send + Sync {
     fn segment_bytes(&self) -> Option<u64> {
         None
     }
+    /// How many of the `len` bytes of an access at `address` lie in the segment holding
+    /// `address`: the most one read or write there may take.
+    fn segment_piece(&self, address: u64, len: u64) -> u64 {
+        match self.segment_bytes() {
+            Some(segment) => len.min(segment - address % segment),
+            None => len,
+        }
+    }
+    /// The error for damaged bytes at `address`: [`Error::CorruptFile`] naming the file
+    /// that holds them where the device has files, else [`Error::Corrupted`].
+    ///
+    /// [`Error::CorruptFile`]: crate::Error::CorruptFile
+    /// [`Error::Corrupted`]: crate::Error::Corrupted
+    fn damaged(&self, address: u64, reason: String) -> crate::error::Error {
+        match self.file_of(address) {
+            Some(path) => crate::error::Error::CorruptFile { path, reason },
+            None => crate::error::Error::Corrupted {
+                page: address,
+                reason,
+            },
+        }
+    }
     /// Tells the device that the `len` bytes at `address` (both aligned to
     /// [`IO_ALIGN_BYTES`]) are no longer needed, so that it may give their space back
     /// (segment files punch a hole). It is advice: until they are written again, the

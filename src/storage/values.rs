@@ -1939,11 +1939,8 @@ impl ValueStore {
     /// The bytes of the next device access at `address`, of at most `remaining`: no
     /// more than [`IO_PIECE_BYTES`], and not past the segment's end.
     fn piece_bytes(&self, address: u64, remaining: u64) -> u64 {
-        let n = remaining.min(IO_PIECE_BYTES);
-        match self.segment_bytes {
-            Some(segment) => n.min(segment - address % segment),
-            None => n,
-        }
+        self.device
+            .segment_piece(address, remaining.min(IO_PIECE_BYTES))
     }
 
     /// The file holding `address`, for errors.

@@ -244,10 +244,7 @@ fn write_batch(device: &dyn BlockDevice, batch: &[(u64, Arc<AlignedBuf>)]) -> Re
         let mut at = 0;
         while at < image.len() {
             let here = *address + at as u64;
-            let n = device
-                .segment_bytes()
-                .map_or(image.len() - at, |s| (s - here % s) as usize)
-                .min(image.len() - at);
+            let n = device.segment_piece(here, (image.len() - at) as u64) as usize;
             device.write(here, &image[at..at + n]).map_err(|e| {
                 let file = device
                     .file_of(here)
