@@ -46,6 +46,9 @@ fn process_cpu_secs() -> f64 {
 /// whole device's counts, every process's IO included, not only the child's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskCounters {
+    /// Reads the device completed (after the block layer merged adjacent requests): what
+    /// is held against the disk's limit for small random reads.
+    pub reads: u64,
     /// Bytes read from the device (sectors read × 512).
     pub read_bytes: u64,
     /// Bytes written to the device (sectors written × 512): what reached the disk, whether
@@ -61,6 +64,7 @@ impl DiskCounters {
     /// The counts between `self` (earlier) and `later`.
     pub fn until(self, later: DiskCounters) -> DiskCounters {
         DiskCounters {
+            reads: later.reads.saturating_sub(self.reads),
             read_bytes: later.read_bytes.saturating_sub(self.read_bytes),
             write_bytes: later.write_bytes.saturating_sub(self.write_bytes),
             flushes: later.flushes.saturating_sub(self.flushes),
@@ -71,7 +75,8 @@ impl DiskCounters {
 /// The counters of the device `major:minor` in the text of `/proc/diskstats`.
 ///
 /// Each line is `major minor name` and then the statistics (the kernel's
-/// `Documentation/admin-guide/iostats.rst` numbers them from 1): 3 sectors read, 7 sectors
+/// `Documentation/admin-guide/iostats.rst` numbers them from 1): 1 reads completed, 3
+/// sectors read, 7 sectors
 /// written, 16 flush requests completed. Sectors are 512 bytes whatever the device's.
 pub fn parse_diskstats(text: &str, major: u32, minor: u32) -> Option<DiskCounters> {
     text.lines().find_map(|line| {
@@ -84,6 +89,7 @@ pub fn parse_diskstats(text: &str, major: u32, minor: u32) -> Option<DiskCounter
         // Statistic n (from 1) is field 2 + n (from 0).
         let stat = |n: usize| fields.get(2 + n).and_then(|v| v.parse::<u64>().ok());
         Some(DiskCounters {
+            reads: stat(1)?,
             read_bytes: stat(3)? * 512,
             write_bytes: stat(7)? * 512,
             flushes: stat(16).unwrap_or(0),
@@ -368,6 +374,7 @@ fn load(
         value_bytes: options.value_bytes as u64,
         read_bytes: read1 - read0,
         write_bytes: write1 - write0,
+        device_reads: disk.map(|d| d.reads),
         device_read_bytes: disk.map(|d| d.read_bytes),
         device_write_bytes: disk.map(|d| d.write_bytes),
         cpu_us_per_record: cpu_secs * 1e6 / options.records.max(1) as f64,
@@ -637,6 +644,7 @@ fn run(ctx: &RunContext<'_>, span: Span, seed: u64) -> RunRow {
         write_bytes_per_op: per_op(write1 - write0),
         disk_flushes_per_op: per_op(disk.map_or(0, |d| d.flushes)),
         writes,
+        device_reads: disk.map(|d| d.reads),
         device_read_bytes: disk.map(|d| d.read_bytes),
         device_write_bytes: disk.map(|d| d.write_bytes),
         cpu_us_per_op: cpu_secs * 1e6 / ops.max(1) as f64,
@@ -670,22 +678,25 @@ mod tests {
                     491223232 4419510 0 1242900 13344365 1352746 207 315112400 135156 \
                     1983913 97820\n 8 16 sdb 1 2 3 4 5 6 7 8 9 10 11\n";
         let vda = parse_diskstats(text, 254, 0).unwrap();
+        assert_eq!(vda.reads, 29_268_035);
         assert_eq!(vda.read_bytes, 331_871_532 * 512);
         assert_eq!(vda.write_bytes, 491_223_232 * 512);
         // Statistic 16, not 15 (the milliseconds spent discarding: 135156).
         assert_eq!(vda.flushes, 1_983_913);
         let sdb = parse_diskstats(text, 8, 16).unwrap();
         assert_eq!(
-            (sdb.read_bytes, sdb.write_bytes, sdb.flushes),
-            (3 * 512, 7 * 512, 0)
+            (sdb.reads, sdb.read_bytes, sdb.write_bytes, sdb.flushes),
+            (1, 3 * 512, 7 * 512, 0)
         );
         assert!(parse_diskstats(text, 254, 1).is_none());
         let later = DiskCounters {
+            reads: 3,
             read_bytes: 10,
             write_bytes: 5,
             flushes: 2,
         };
         let earlier = DiskCounters {
+            reads: 1,
             read_bytes: 4,
             write_bytes: 5,
             flushes: 3,
@@ -693,6 +704,7 @@ mod tests {
         assert_eq!(
             earlier.until(later),
             DiskCounters {
+                reads: 2,
                 read_bytes: 6,
                 write_bytes: 0,
                 flushes: 0

@@ -28,6 +28,8 @@ pub struct LoadRow {
     pub write_bytes: u64,
     /// What the data directory's device read and wrote during the load, a sync of the
     /// filesystem after it included (`/proc/diskstats`); `None` where unavailable.
+    /// `device_reads` counts the reads the device completed.
+    pub device_reads: Option<u64>,
     pub device_read_bytes: Option<u64>,
     pub device_write_bytes: Option<u64>,
     /// CPU time (user + system, all of the child's threads) per record loaded, in µs,
@@ -60,7 +62,9 @@ pub struct RunRow {
     pub writes: u64,
     /// What the data directory's device read and wrote during the run, a sync of the
     /// filesystem after it included (`/proc/diskstats`, every process's IO on that
-    /// device); `None` where unavailable.
+    /// device); `None` where unavailable. `device_reads` counts the reads the device
+    /// completed.
+    pub device_reads: Option<u64>,
     pub device_read_bytes: Option<u64>,
     pub device_write_bytes: Option<u64>,
     /// Cache flushes the disk under the data directory completed per operation
@@ -223,6 +227,7 @@ impl LoadRow {
                 ),
                 ("read_bytes", self.read_bytes.to_string()),
                 ("write_bytes", self.write_bytes.to_string()),
+                ("device_reads", opt_field(self.device_reads)),
                 ("device_read_bytes", opt_field(self.device_read_bytes)),
                 ("device_write_bytes", opt_field(self.device_write_bytes)),
                 ("cpu_us_per_record", self.cpu_us_per_record.to_string()),
@@ -253,6 +258,7 @@ impl RunRow {
                 ("read_bytes_per_op", self.read_bytes_per_op.to_string()),
                 ("write_bytes_per_op", self.write_bytes_per_op.to_string()),
                 ("writes", self.writes.to_string()),
+                ("device_reads", opt_field(self.device_reads)),
                 ("device_read_bytes", opt_field(self.device_read_bytes)),
                 ("device_write_bytes", opt_field(self.device_write_bytes)),
                 ("disk_flushes_per_op", self.disk_flushes_per_op.to_string()),
@@ -300,6 +306,7 @@ pub fn parse_line(line: &str) -> Option<Line> {
             data_allocated_bytes: get(&m, "data_allocated_bytes"),
             read_bytes: get(&m, "read_bytes"),
             write_bytes: get(&m, "write_bytes"),
+            device_reads: get_opt(&m, "device_reads"),
             device_read_bytes: get_opt(&m, "device_read_bytes"),
             device_write_bytes: get_opt(&m, "device_write_bytes"),
             cpu_us_per_record: get(&m, "cpu_us_per_record"),
@@ -322,6 +329,7 @@ pub fn parse_line(line: &str) -> Option<Line> {
             read_bytes_per_op: get(&m, "read_bytes_per_op"),
             write_bytes_per_op: get(&m, "write_bytes_per_op"),
             writes: get(&m, "writes"),
+            device_reads: get_opt(&m, "device_reads"),
             device_read_bytes: get_opt(&m, "device_read_bytes"),
             device_write_bytes: get_opt(&m, "device_write_bytes"),
             disk_flushes_per_op: get(&m, "disk_flushes_per_op"),
@@ -539,12 +547,30 @@ fn per_op_cell(x: Option<u64>, ops: u64) -> String {
     }
 }
 
+/// `x` per operation with three decimals (device reads per operation), `-` if unknown.
+fn fraction_cell(x: Option<u64>, ops: u64) -> String {
+    match x {
+        Some(x) => format!("{:.3}", x as f64 / ops.max(1) as f64),
+        None => "-".into(),
+    }
+}
+
+/// `x` per second of a phase of `secs` seconds, `-` if unknown.
+fn rate_cell(x: Option<u64>, secs: f64) -> String {
+    match x {
+        Some(x) if secs > 0.0 => si(x as f64 / secs),
+        _ => "-".into(),
+    }
+}
+
 /// Throughput, the device's bytes and the space on disk, by value size, engine and phase
 /// (the load, then each run):
 ///
 /// - `dev rd B/op`, `dev wr B/op`: what the device under the data directory read and
 ///   wrote per operation (per record for the load), `/proc/diskstats`, with a sync of the
 ///   filesystem after the phase counted in it;
+/// - `dev reads/op`, `dev reads/s`: the reads that device completed, per operation and
+///   per second of the phase (to hold against the disk's limit, `examples/disk_limit.rs`);
 /// - `dev wr ÷ user`: the device's bytes written divided by the bytes of keys and values
 ///   the phase wrote (the load: every record; a run: its updates and inserts), `-` for a
 ///   phase that wrote none (YCSB C);
@@ -581,6 +607,8 @@ pub fn amplification_table(runs: &[RunRow], loads: &[LoadRow]) -> String {
                     "load".into(),
                     String::new(),
                     si(l.ops_per_sec),
+                    fraction_cell(l.device_reads, l.records),
+                    rate_cell(l.device_reads, l.secs),
                     per_op_cell(l.device_read_bytes, l.records),
                     per_op_cell(l.device_write_bytes, l.records),
                     ratio_cell(l.device_write_bytes, live),
@@ -598,6 +626,8 @@ pub fn amplification_table(runs: &[RunRow], loads: &[LoadRow]) -> String {
                     r.workload.clone(),
                     r.threads.to_string(),
                     si(r.ops_per_sec),
+                    fraction_cell(r.device_reads, r.ops),
+                    rate_cell(r.device_reads, r.secs),
                     per_op_cell(r.device_read_bytes, r.ops),
                     per_op_cell(r.device_write_bytes, r.ops),
                     ratio_cell(r.device_write_bytes, written),
@@ -615,6 +645,8 @@ pub fn amplification_table(runs: &[RunRow], loads: &[LoadRow]) -> String {
             "phase",
             "thr",
             "ops/s",
+            "dev reads/op",
+            "dev reads/s",
             "dev rd B/op",
             "dev wr B/op",
             "dev wr ÷ user",
@@ -750,12 +782,12 @@ pub fn write_csv(
          p50_us,p99_us,p999_us,read_bytes_per_op,write_bytes_per_op,disk_flushes_per_op,\
          cpu_us_per_op,peak_rss_bytes,budget_bytes,data_bytes_after_load,data_bytes_after_run,\
          load_ops_per_sec,not_found,errors,key_bytes,value_bytes,writes,device_read_bytes,\
-         device_write_bytes,data_allocated_bytes_after_run,records_after_run\n",
+         device_write_bytes,data_allocated_bytes_after_run,records_after_run,device_reads\n",
     );
     for r in runs {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.1},{:.1},{:.4},{:.2},{},{},{},{},{:.1},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.1},{:.1},{:.4},{:.2},{},{},{},{},{:.1},{},{},{},{},{},{},{},{},{},{}",
             csv_cell(&r.engine),
             csv_cell(&r.mode),
             r.durability,
@@ -786,19 +818,20 @@ pub fn write_csv(
             opt_field(r.device_read_bytes),
             opt_field(r.device_write_bytes),
             r.data_allocated_bytes_after_run,
-            r.records_after_run
+            r.records_after_run,
+            opt_field(r.device_reads)
         );
     }
     std::fs::write(dir.join("results.csv"), out)?;
     let mut out = String::from(
         "engine,mode,durability,records,secs,ops_per_sec,data_bytes,read_bytes,write_bytes,\
          cpu_us_per_record,peak_rss_bytes,budget_bytes,key_bytes,value_bytes,\
-         data_allocated_bytes,device_read_bytes,device_write_bytes\n",
+         data_allocated_bytes,device_read_bytes,device_write_bytes,device_reads\n",
     );
     for l in loads {
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.3},{:.1},{},{},{},{:.3},{},{},{},{},{},{},{}",
+            "{},{},{},{},{:.3},{:.1},{},{},{},{:.3},{},{},{},{},{},{},{},{}",
             csv_cell(&l.engine),
             csv_cell(&l.mode),
             l.durability,
@@ -815,7 +848,8 @@ pub fn write_csv(
             l.value_bytes,
             l.data_allocated_bytes,
             opt_field(l.device_read_bytes),
-            opt_field(l.device_write_bytes)
+            opt_field(l.device_write_bytes),
+            opt_field(l.device_reads)
         );
     }
     std::fs::write(dir.join("load.csv"), out)?;
@@ -1453,7 +1487,9 @@ mod tests {
             key_bytes: 16,
             value_bytes: 8192,
             ops_per_sec: 5000.0,
+            secs: 0.2,
             // 1000 records of 8,208 bytes: 8,208,000 bytes of user data.
+            device_reads: Some(500),
             device_read_bytes: Some(0),
             device_write_bytes: Some(16_416_000),
             data_bytes: 12_312_000,
@@ -1469,6 +1505,8 @@ mod tests {
             key_bytes: 16,
             value_bytes: 8192,
             records_after_run: 1000,
+            secs: 0.1,
+            device_reads: Some(50),
             device_read_bytes: Some(820_800),
             device_write_bytes: Some(2_462_400),
             data_bytes_after_run: 8_208_000,
@@ -1478,6 +1516,7 @@ mod tests {
         let c = RunRow {
             workload: "c".into(),
             writes: 0,
+            device_reads: None,
             device_write_bytes: None,
             ..a.clone()
         };
@@ -1485,22 +1524,25 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 5, "{table}");
         let cells = |i: usize| lines[i].split_whitespace().collect::<Vec<_>>();
-        // value, engine, phase, (threads), ops/s, dev rd/op, dev wr/op, wr ÷ user, dir MiB,
-        // dir ÷ live, apparent ÷ live.
+        // value, engine, phase, (threads), ops/s, dev reads/op, dev reads/s, dev rd/op,
+        // dev wr/op, wr ÷ user, dir MiB, dir ÷ live, apparent ÷ live.
         assert_eq!(
             cells(2),
             [
-                "8192", "bfdb", "load", "5.0K", "0", "16416", "2.00", "7.8", "1.00", "1.50"
+                "8192", "bfdb", "load", "5.0K", "0.500", "2.5K", "0", "16416", "2.00", "7.8",
+                "1.00", "1.50"
             ]
         );
         assert_eq!(
             cells(3),
             [
-                "8192", "bfdb", "a", "2", "0", "4104", "12312", "3.00", "15.7", "2.00", "1.00"
+                "8192", "bfdb", "a", "2", "0", "0.250", "500", "4104", "12312", "3.00", "15.7",
+                "2.00", "1.00"
             ]
         );
         // No writes: no ratio; no device counters: dashes.
-        assert_eq!(cells(4)[6..8], ["-", "-"]);
+        assert_eq!(cells(4)[5..7], ["-", "-"]);
+        assert_eq!(cells(4)[8..10], ["-", "-"]);
     }
 
     #[test]
