@@ -723,6 +723,20 @@ struct SizeResult {
     recoveries: Vec<RecoveryRow>,
 }
 
+/// Bytes an ideal cache spends on a record beside its key and value: a 16-byte header
+/// and an 8-byte index entry.
+const IDEAL_RECORD_OVERHEAD_BYTES: u64 = 24;
+
+/// What a cache of `budget_bytes` that always held the most frequent records (the best
+/// any policy can do when keys are drawn independently) would do under the run's Zipf
+/// distribution: the records it holds and the share of reads it would miss.
+fn ideal_cache(options: &Options, size: Size, budget_bytes: u64) -> (u64, f64) {
+    let record = (options.key_bytes + size.value_bytes) as u64 + IDEAL_RECORD_OVERHEAD_BYTES;
+    let cached = (budget_bytes / record).min(size.records);
+    let zeta = |n: u64| keygen::zeta(n, options.theta);
+    (cached, 1.0 - zeta(cached) / zeta(size.records))
+}
+
 /// Runs every engine at `size`, one child after another; prints the size's tables and
 /// draws its charts under `out`.
 fn run_size(
@@ -737,10 +751,20 @@ fn run_size(
     let regime = if options.in_memory {
         "in memory: leaf pages kept in memory, the budget bounds the caches".to_string()
     } else if raw_bytes > budget_bytes {
-        format!(
+        let mut regime = format!(
             "larger than memory: raw data is {:.1}× the budget",
             raw_bytes as f64 / budget_bytes as f64
-        )
+        );
+        if options.distribution == Distribution::Zipf {
+            let (cached, miss) = ideal_cache(options, size, budget_bytes);
+            let _ = write!(
+                regime,
+                "; an ideal cache of the budget ({cached} records of {} B: key, value and                  {IDEAL_RECORD_OVERHEAD_BYTES} B of header and index entry, the most                  frequent ones) would miss {:.1}% of reads",
+                options.key_bytes + size.value_bytes + IDEAL_RECORD_OVERHEAD_BYTES as usize,
+                miss * 100.0
+            );
+        }
+        regime
     } else {
         "in memory: the data fits in the budget".to_string()
     };
@@ -932,6 +956,23 @@ mod tests {
         // 2000-02-29 12:34:56 UTC: a leap day in a year divisible by 400.
         assert_eq!(utc_timestamp_of(951_827_696), "20000229-123456");
         assert_eq!(utc_timestamp_of(1_763_780_000), "20251122-025320");
+    }
+
+    #[test]
+    fn an_ideal_cache_holds_the_budgets_worth_of_the_most_frequent_records() {
+        let o = Options::try_parse_from(["ycsb", "--key-bytes", "8", "--theta", "0.99"]).unwrap();
+        let size = |records| Size {
+            value_bytes: 100,
+            records,
+        };
+        // 132-byte records: 1,000 fit in 132,000 bytes; all 1,000 of them miss nothing.
+        assert_eq!(ideal_cache(&o, size(1_000), 132_000), (1_000, 0.0));
+        // A tenth of 20M records, the most frequent ones: about 14% of reads miss
+        // (1 - zeta(2M) / zeta(20M) at theta 0.99); a smaller cache misses more.
+        let (cached, miss) = ideal_cache(&o, size(20_000_000), 2_000_000 * 132);
+        assert_eq!(cached, 2_000_000);
+        assert!((0.13..0.15).contains(&miss), "{miss}");
+        assert!(ideal_cache(&o, size(20_000_000), 1_000_000 * 132).1 > miss);
     }
 
     #[test]

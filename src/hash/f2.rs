@@ -163,6 +163,7 @@ pub(crate) struct F2Stats {
     pub(crate) read_cache_invalidations: u64,
     /// Records read from disk the admission filter did not let into the read cache.
     pub(crate) read_cache_not_admitted: u64,
+    pub(crate) read_cache_kept: u64,
     /// Device reads that batched reads ([`F2::get_many`]) made, the times they waited
     /// for the device, and the reads in flight at those waits, summed.
     pub(crate) batched_reads: u64,
@@ -493,6 +494,7 @@ impl F2 {
             read_cache_pages_evicted: rc.pages_evicted,
             read_cache_invalidations: rc.invalidations,
             read_cache_not_admitted: rc.not_admitted,
+            read_cache_kept: rc.kept,
             hot_cold_compactions: load(&c.hot_cold_compactions),
             cold_cold_compactions: load(&c.cold_cold_compactions),
             chunk_compactions: load(&c.chunk_compactions),

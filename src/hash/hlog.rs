@@ -216,6 +216,13 @@ struct Shared {
     failure: Mutex<Option<String>>,
     /// Records read from the device (see [`HybridLog::record_reads`]).
     record_reads: AtomicU64,
+    /// One bit for each 8 bytes of every frame: set when the record starting there was
+    /// read while in memory ([`HybridLog::note_read`]); a frame's bits are cleared with
+    /// it. Empty unless the log tracks reads ([`HybridLog::tracking_reads`]).
+    read_bits: Box<[AtomicU64Std]>,
+    /// The pages below this address were handed to the `leaving` hook of
+    /// [`HybridLog::new_page_leaving`] (each page once).
+    left_until: AtomicU64,
 }
 
 /// A hybrid log. Operations on it run under a guard of its epoch ([`HybridLog::epoch`]).
@@ -287,9 +294,50 @@ impl HybridLog {
                 failed: AtomicBool::new(false),
                 failure: Mutex::new(None),
                 record_reads: AtomicU64::new(0),
+                read_bits: Box::new([]),
+                left_until: AtomicU64::new(0),
             }),
             epoch,
         })
+    }
+
+    /// This new log, keeping a bit per 8 bytes of its frames (a sixty-fourth of their
+    /// memory) that says which records were read while in memory, if `on`.
+    pub(crate) fn tracking_reads(mut self, on: bool) -> HybridLog {
+        if on {
+            let s = Arc::get_mut(&mut self.shared).expect("a log nobody shares yet");
+            let words = (s.options.frames * s.page_bytes / 8).div_ceil(64);
+            s.read_bits = (0..words).map(|_| AtomicU64Std::new(0)).collect();
+        }
+        self
+    }
+
+    /// The word and bit of `address`'s read bit, if the log tracks reads.
+    fn read_bit(&self, address: u64) -> Option<(&AtomicU64Std, u64)> {
+        let s = &self.shared;
+        if s.read_bits.is_empty() {
+            return None;
+        }
+        let frame = (address >> s.options.page_bits) % s.options.frames;
+        let bit = (frame * s.page_bytes + (address & (s.page_bytes - 1))) / 8;
+        Some((&s.read_bits[(bit / 64) as usize], 1 << (bit % 64)))
+    }
+
+    /// Notes that the record at `address`, at or above HEAD as this protected thread
+    /// saw it, was read (if the log tracks reads). The bit is cleared when the frame is
+    /// closed, which waits for this thread to refresh, so it never outlives its page.
+    pub(crate) fn note_read(&self, address: u64) {
+        if let Some((word, bit)) = self.read_bit(address)
+            && word.load(std::sync::atomic::Ordering::Relaxed) & bit == 0
+        {
+            word.fetch_or(bit, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the record at `address` (in memory) was read since its page was opened.
+    pub(crate) fn was_read(&self, address: u64) -> bool {
+        self.read_bit(address)
+            .is_some_and(|(word, bit)| word.load(std::sync::atomic::Ordering::Relaxed) & bit != 0)
     }
 
     /// The log a checkpoint captured as `extent` on `device`: its records `[begin,
@@ -332,7 +380,13 @@ impl HybridLog {
             (page >> options.page_bits) << 32 | offset,
             Ordering::Release,
         );
-        for a in [&s.head, &s.safe_head, &s.closed_until, &s.flushed_until] {
+        for a in [
+            &s.head,
+            &s.safe_head,
+            &s.closed_until,
+            &s.flushed_until,
+            &s.left_until,
+        ] {
             a.store(page, Ordering::Release);
         }
         s.read_only.store(tail, Ordering::Release);
@@ -351,9 +405,9 @@ impl HybridLog {
         self.shared.page_bytes
     }
 
-    /// Bytes of memory the page frames take.
+    /// Bytes of memory the page frames take (with their read bits, if tracked).
     pub(crate) fn memory_bytes(&self) -> u64 {
-        self.shared.page_bytes * self.shared.options.frames
+        self.shared.page_bytes * self.shared.options.frames + 8 * self.shared.read_bits.len() as u64
     }
 
     /// The addresses now.
@@ -408,6 +462,19 @@ impl HybridLog {
     /// call it; exactly one moves the tail. The caller holds nothing from under its
     /// guard, which this refreshes.
     pub(crate) fn new_page(&self, guard: &mut EpochGuard<'_, '_>, full: u64) -> Result<bool> {
+        self.new_page_leaving(guard, full, &|_, _, _| {})
+    }
+
+    /// [`HybridLog::new_page`], handing `leaving` each range of pages `[from, until)`
+    /// that HEAD is about to pass, once per page, before it moves: the pages are
+    /// flushed (no record of them changes any more) and still in their frames, which
+    /// stay readable until the caller's guard refreshes.
+    pub(crate) fn new_page_leaving(
+        &self,
+        guard: &mut EpochGuard<'_, '_>,
+        full: u64,
+        leaving: &dyn Fn(&EpochGuard<'_, '_>, u64, u64),
+    ) -> Result<bool> {
         let s = &self.shared;
         let bits = s.options.page_bits;
         let next = full + 1;
@@ -423,7 +490,15 @@ impl HybridLog {
         // Frame `next % frames` holds page `next - frames` until it is closed.
         let need_head = (next + 1).saturating_sub(s.options.frames) << bits;
         if s.closed_until.load(Ordering::Acquire) < need_head {
-            let target = need_head.min(s.flushed_until.load(Ordering::Acquire));
+            let target = need_head
+                .min(s.flushed_until.load(Ordering::Acquire))
+                .min(s.page_start(s.tail_address()));
+            let from = s.left_until.fetch_max(target, Ordering::AcqRel);
+            if from < target {
+                // At or above HEAD as this thread sees it after its protection: no frame
+                // of `[from, target)` is closed before this thread refreshes.
+                leaving(guard, from.max(s.head.load(Ordering::Acquire)), target);
+            }
             self.shift_head(guard, target);
             return Ok(false);
         }
@@ -866,6 +941,14 @@ impl Shared {
             // trigger action of its move), and flushed; no thread touches the frame
             // until `closed_until` passes it, which is set below.
             unsafe { std::ptr::write_bytes(frame.as_ptr(), 0, self.page_bytes as usize) };
+            if !self.read_bits.is_empty() {
+                // The frame's read bits: whole words (a frame is a multiple of 4 KiB).
+                let words = self.page_bytes / 8 / 64;
+                let first = (page % self.options.frames) * words;
+                for word in &self.read_bits[first as usize..(first + words) as usize] {
+                    word.store(0, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
             at += self.page_bytes;
         }
         self.safe_head.fetch_max(address, Ordering::AcqRel);

@@ -50,7 +50,9 @@ use super::epoch::{Epoch, EpochGuard};
 use super::hlog::{Alloc, Fetched, HlogOptions, HybridLog};
 use super::index::{ChainLink, EntrySlot, HashIndex, IndexOptions, RecordHashes};
 use super::read_cache::{READ_CACHE_BIT, ReadCache, ReadCacheStats, is_cached};
-use super::record::{DiskRecord, Header, LogValue, MemRecord, record_size_bytes};
+use super::record::{
+    DiskRecord, Header, LogValue, MemRecord, RECORD_HEADER_BYTES, record_size_bytes,
+};
 use crate::error::{Error, Result};
 use crate::storage::BlockDevice;
 
@@ -247,9 +249,11 @@ impl HotLog {
         read_cache_memory_bytes: u64,
     ) -> Result<HotLog> {
         let read_cache = Self::new_read_cache(read_cache_memory_bytes, log, &epoch)?;
+        let log =
+            HybridLog::new(log, device, Arc::clone(&epoch))?.tracking_reads(read_cache.is_some());
         Ok(HotLog {
             index: HashIndex::new(Arc::clone(&epoch), IndexOptions::for_keys(expected_keys)),
-            log: Arc::new(HybridLog::new(log, device, Arc::clone(&epoch))?),
+            log: Arc::new(log),
             epoch,
             read_cache,
             keying: Keying::Hashed,
@@ -327,10 +331,13 @@ impl HotLog {
             buckets,
             ..IndexOptions::for_keys(1)
         };
+        let read_cache = Self::new_read_cache(read_cache_memory_bytes, log, &epoch)?;
+        let log = HybridLog::recover(log, device, Arc::clone(&epoch), extent)?
+            .tracking_reads(read_cache.is_some());
         let store = HotLog {
             index: HashIndex::new(Arc::clone(&epoch), options),
-            log: Arc::new(HybridLog::recover(log, device, Arc::clone(&epoch), extent)?),
-            read_cache: Self::new_read_cache(read_cache_memory_bytes, log, &epoch)?,
+            log: Arc::new(log),
+            read_cache,
             epoch,
             keying,
             counters: Counters::default(),
@@ -517,7 +524,12 @@ impl HotLog {
             }
         }
         Ok(match self.find_record(guard, key, ticket.hot_head)? {
-            Found::Memory(_, record) => HotRead::Found(record.read_log_value().1),
+            Found::Memory(address, record) => {
+                if caching {
+                    self.log.note_read(address);
+                }
+                HotRead::Found(record.read_log_value().1)
+            }
             Found::Disk(_, record) => match record.log_value() {
                 None => HotRead::Found(None),
                 Some(value) => {
@@ -546,6 +558,18 @@ impl HotLog {
         if !rc.admit(self.keying.hash(key)) {
             return false;
         }
+        self.insert_admitted_copy(guard, rc, key, value, ticket)
+    }
+
+    /// [`HotLog::insert_copy`] past the admission filter.
+    fn insert_admitted_copy(
+        &self,
+        guard: &EpochGuard<'_, '_>,
+        rc: &ReadCache,
+        key: &[u8],
+        value: &LogValue,
+        ticket: CacheTicket,
+    ) -> bool {
         let Some(copy) = self.new_copy(guard, rc, key, value, ticket.hot_head) else {
             rc.count_insert(false);
             return false;
@@ -556,6 +580,59 @@ impl HotLog {
         }
         rc.count_insert(linked);
         linked
+    }
+
+    /// Second chance for the hot log's records (a departure from F2): a record read
+    /// while in memory whose page is leaving memory (`[from, until)`, HEAD about to
+    /// pass it, see [`HybridLog::new_page_leaving`]) gets a copy in the read cache if it
+    /// is still its key's newest record (its entry names it), past the admission
+    /// filter: it was read once already. Without it the keys only read stay in memory
+    /// only while some write keeps their record in the log's memory.
+    fn keep_read_records(&self, guard: &EpochGuard<'_, '_>, from: u64, until: u64) {
+        let Some(rc) = self.read_cache.as_deref() else {
+            return;
+        };
+        // BEGIN first, then the entries: see `link_copy`.
+        let begin = self.log.addresses().begin;
+        let page_bytes = self.log.page_bytes();
+        let mut page = from - from % page_bytes;
+        while page < until {
+            let end = page + page_bytes;
+            let mut at = page.max(super::hlog::FIRST_ADDRESS);
+            while at + RECORD_HEADER_BYTES as u64 <= end {
+                // SAFETY: at or above HEAD as this protected thread saw it (the hook's
+                // contract) and before its next refresh; the page is flushed, so every
+                // record up to its zero end is published.
+                let record = unsafe { self.log.record(at) };
+                let header = record.header();
+                if header.0 == 0 {
+                    break;
+                }
+                let size = record.size_bytes() as u64;
+                if self.log.was_read(at) && !header.is_invalid() && !header.is_tombstone() {
+                    let key = record.key();
+                    let entry = self
+                        .index
+                        .find(guard, self.keying.hash(&key))
+                        .map(|slot| slot.address());
+                    if entry == Some(at)
+                        && let (_, Some(value)) = record.read_log_value()
+                    {
+                        let ticket = CacheTicket {
+                            entry,
+                            hot_head: at,
+                            begin,
+                            allowed: true,
+                        };
+                        if self.insert_admitted_copy(guard, rc, &key, &value, ticket) {
+                            rc.count_kept();
+                        }
+                    }
+                }
+                at += size;
+            }
+            page = end;
+        }
     }
 
     /// Second chance: copies a copy that was read again in the older half of the cache to
@@ -855,7 +932,10 @@ impl HotLog {
             }
             Step::PageFull(full) => {
                 let mut spins = 0;
-                while !self.log.new_page(guard, full)? {
+                let leaving = |guard: &EpochGuard<'_, '_>, from: u64, until: u64| {
+                    self.keep_read_records(guard, from, until)
+                };
+                while !self.log.new_page_leaving(guard, full, &leaving)? {
                     guard.refresh();
                     spins += 1;
                     crate::sync::backoff_wait(spins);

@@ -97,6 +97,8 @@ pub(crate) struct ReadCacheStats {
     pub(crate) invalidations: u64,
     /// Records read from disk not copied: the admission filter had not seen them.
     pub(crate) not_admitted: u64,
+    /// Copies of hot-log records read while in memory, taken as their page left it.
+    pub(crate) kept: u64,
 }
 
 #[derive(Default)]
@@ -109,6 +111,7 @@ struct Counters {
     pages_evicted: std::sync::atomic::AtomicU64,
     invalidations: std::sync::atomic::AtomicU64,
     not_admitted: std::sync::atomic::AtomicU64,
+    kept: std::sync::atomic::AtomicU64,
 }
 
 fn bump(c: &std::sync::atomic::AtomicU64) {
@@ -267,7 +270,13 @@ impl ReadCache {
             pages_evicted: load(&c.pages_evicted),
             invalidations: load(&c.invalidations),
             not_admitted: load(&c.not_admitted),
+            kept: load(&c.kept),
         }
+    }
+
+    /// Counts a copy of a hot-log record kept as its page left memory.
+    pub(crate) fn count_kept(&self) {
+        bump(&self.counters.kept);
     }
 
     pub(crate) fn count_hit(&self) {
@@ -632,6 +641,56 @@ mod tests {
         }
         let stats = store.read_cache_stats().unwrap();
         (stats.inserts, stats.not_admitted)
+    }
+
+    #[test]
+    fn hot_records_read_in_memory_get_a_copy_as_their_page_leaves_memory() {
+        // Hot records of 60 keys in the log's first pages; the even keys are read while
+        // those pages are in memory, and key 0 is written again after its read. Records
+        // of other keys then push the pages out of the log's four frames: each even key
+        // but 0 gets a copy as its page leaves (the cache answers it, with its value,
+        // past the admission filter); the odd keys do not (their reads go to the
+        // device), nor does key 0's old record, which is no longer its newest.
+        let store = store(8).admitting(true);
+        let mut handle = store.epoch().register();
+        let mut guard = handle.protect();
+        let hot = |i: u64| format!("hot{i}").into_bytes();
+        for i in 0..60 {
+            store.upsert(&mut guard, &hot(i), Some(&value(i))).unwrap();
+        }
+        for i in (0..60).step_by(2) {
+            assert!(matches!(
+                store.read(&guard, &hot(i)).unwrap(),
+                HotRead::Found(_)
+            ));
+        }
+        let first_pages = store.log().addresses().tail;
+        store.upsert(&mut guard, &hot(0), Some(b"newer")).unwrap();
+        let mut filler = 1_000;
+        while store.log().addresses().head < first_pages {
+            store
+                .upsert(&mut guard, &hot(filler), Some(&value(filler)))
+                .unwrap();
+            filler += 1;
+            guard.refresh();
+        }
+        let stats = || store.read_cache_stats().unwrap();
+        assert_eq!(stats().kept, 29, "{:?}", stats());
+        for i in 1..60 {
+            let hits = stats().hits;
+            match store.read(&guard, &hot(i)).unwrap() {
+                HotRead::Found(found) => {
+                    assert_eq!(found, Some(LogValue::inline(value(i))), "key {i}");
+                }
+                HotRead::NotFound(_) => panic!("key {i} is in the hot log"),
+            }
+            let hit = stats().hits > hits;
+            assert_eq!(hit, i % 2 == 0, "key {i}: answered by a copy");
+        }
+        match store.read(&guard, &hot(0)).unwrap() {
+            HotRead::Found(found) => assert_eq!(found, Some(LogValue::inline(b"newer".to_vec()))),
+            HotRead::NotFound(_) => panic!("key 0 is in the hot log"),
+        }
     }
 
     #[test]

@@ -56,11 +56,14 @@ use crate::wal::LogOpRef;
 /// ([`DbOptions::config`](crate::DbOptions::config)`.memory_budget_bytes`): the tree
 /// keyspaces share what the hash stores leave (see [`HashStoreOptions::memory_bytes`]).
 ///
-/// The store's memory is split as the F2 paper splits its budget at 10% of the data:
-/// up to a sixth for the hot index (no more than `expected_keys` need), a sixth for the
-/// read cache (of which 4-6% is its admission filter: a record read from disk is copied
-/// only when its key is read from disk a second time while the filter remembers the
-/// first), and the rest for the hot log's pages. The cold tier's records stay on disk:
+/// The store's memory is split much as the F2 paper splits its budget at 10% of the
+/// data: up to a sixth for the hot index (no more than `expected_keys` need), a third
+/// (the paper: a sixth) for the read cache (of which 4-6% is its admission filter: a
+/// record read from disk is copied only when its key is read from disk a second time
+/// while the filter remembers the first), and the rest for the hot log's pages (with a
+/// read cache, a sixty-fourth of them for bits that say which records were read: those
+/// still their key's newest get a copy in the read cache when their page leaves
+/// memory). The cold tier's records stay on disk:
 /// in [`ColdLayout::Runs`] (the default) its runs keep a quarter of a byte per key of
 /// fences in memory, beside the split; in [`ColdLayout::Log`] the split also gives a
 /// forty-eighth each to the cold log's pages and the cold index's chunk pages, and half
@@ -122,7 +125,7 @@ pub struct HashStoreOptions {
     /// takes the largest power of two of 64-byte buckets within them, at least 256,
     /// and no more than `expected_keys` need). `None` by default.
     pub hot_index_bytes: Option<u64>,
-    /// Bytes for the read cache instead of a sixth of the memory; less than three of
+    /// Bytes for the read cache instead of a third of the memory; less than three of
     /// the hot log's pages turns it off (its bytes go to the hot log). `None` by
     /// default.
     pub read_cache_bytes: Option<u64>,
@@ -452,6 +455,13 @@ impl HashLayout {
         } else {
             (read_cache, false)
         };
+        // With a read cache the hot log keeps a read bit per 8 bytes of its frames (a
+        // sixty-fourth of them), out of its share.
+        let hot_log = if read_cache > 0 {
+            hot_log / 65 * 64
+        } else {
+            hot_log
+        };
         let log = |memory: u64, bits: u8| {
             let frames = (memory >> bits).max(3);
             HlogOptions {
@@ -515,7 +525,9 @@ impl Split {
         let buckets = (1u64 << fits.ilog2())
             .min(IndexOptions::for_keys(expected_keys).buckets as u64)
             .max(256);
-        let read_cache = read_cache.unwrap_or(sixth);
+        // A third, not the paper's sixth: in read-mostly rows the hot log's pages hold
+        // what was written lately, and the read cache what is read (docs/design.md).
+        let read_cache = read_cache.unwrap_or(memory / 3);
         let (chunk_table, cold_log, chunk_log) = match layout {
             ColdLayout::Log => {
                 let chunks = super::cold::ColdIndex::chunks_for(expected_keys);
@@ -683,6 +695,11 @@ pub struct HashStoreStats {
     /// record is copied only when its key is read from disk a second time while the
     /// filter remembers the first.
     pub read_cache_not_admitted: u64,
+    /// Copies the read cache took of hot-log records that were read while in memory,
+    /// as their page left memory (they pass the admission filter: they were read
+    /// once already), so that keys only read keep a copy in memory. Counted in
+    /// `read_cache_inserts` too.
+    pub read_cache_kept: u64,
     /// Device reads compactions read ahead, a batch of them in flight at once (the
     /// cold-index chunks, and for cold→cold copies the cold chains, of up to 128
     /// records a thread copies together), counted in the disk reads above too.
@@ -1097,6 +1114,7 @@ impl HashStore {
             read_cache_hits: s.read_cache_hits,
             read_cache_inserts: s.read_cache_inserts,
             read_cache_not_admitted: s.read_cache_not_admitted,
+            read_cache_kept: s.read_cache_kept,
             compaction_read_ahead_reads: s.compaction_read_ahead_reads,
             compaction_read_ahead_rounds: s.compaction_read_ahead_rounds,
             compaction_single_reads: s.compaction_single_reads,
