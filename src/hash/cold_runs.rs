@@ -172,9 +172,8 @@ pub(crate) struct ColdRuns {
     /// The extent of the directory the last checkpoint (or the recovery) wrote or
     /// read: it dies when the next checkpoint writes its own.
     last_directory: Mutex<Option<(u64, u64)>>,
-    /// Units read by lookups (blocking or batched), and run lookups a filter answered.
+    /// Units read by lookups (blocking or batched).
     unit_reads: AtomicU64,
-    filter_skips: AtomicU64,
     merges: AtomicU64,
     deltas_added: AtomicU64,
     discarded_bytes: AtomicU64,
@@ -215,7 +214,6 @@ impl ColdRuns {
             dead: Mutex::new(dead),
             last_directory: Mutex::new(last_directory),
             unit_reads: AtomicU64::new(0),
-            filter_skips: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             deltas_added: AtomicU64::new(0),
             discarded_bytes: AtomicU64::new(0),
@@ -321,7 +319,6 @@ impl ColdRuns {
         key: &[u8],
     ) -> Result<Option<Option<LogValue>>> {
         if !run.may_contain(hash) {
-            self.filter_skips.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
         let Some(unit) = run.locate(hash) else {
@@ -589,7 +586,6 @@ impl ColdRuns {
             runs: set.all().count() as u64,
             records: set.all().map(|r| r.records()).sum(),
             unit_reads: load(&self.unit_reads),
-            filter_skips: load(&self.filter_skips),
             merges: load(&self.merges),
             deltas_added: load(&self.deltas_added),
             discarded_bytes: load(&self.discarded_bytes),
@@ -603,9 +599,8 @@ pub(crate) struct ColdRunsStats {
     /// Runs in the set now, and their records (versions, tombstones included).
     pub(crate) runs: u64,
     pub(crate) records: u64,
-    /// Units read by lookups, and run lookups a delta's filter answered without a read.
+    /// Units read by lookups.
     pub(crate) unit_reads: u64,
-    pub(crate) filter_skips: u64,
     /// Merges of a partition into a base, and deltas written by hot→cold passes.
     pub(crate) merges: u64,
     pub(crate) deltas_added: u64,

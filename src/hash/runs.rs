@@ -64,7 +64,8 @@ const MAX_UNIT_PAGES: usize = 1024;
 const FLAG_TOMBSTONE: u8 = 1;
 const FLAG_OUT_OF_LINE: u8 = 2;
 const FOOTER_MAGIC: u64 = u64::from_le_bytes(*b"bfdbRUN\0");
-const FORMAT_VERSION: u32 = 1;
+/// Version 2: blocked filters (version 1's are read too).
+const FORMAT_VERSION: u32 = 2;
 /// A delta's filter: bits per key and probes per lookup (about 1% false positives).
 const FILTER_BITS_PER_KEY: u64 = 10;
 const FILTER_PROBES: u32 = 7;
@@ -93,17 +94,37 @@ pub(crate) enum RunKind {
 // The Bloom filter of a delta
 // ---------------------------------------------------------------------------------------
 
-/// A Bloom filter over key hashes, probed with double hashing from the hash's halves.
+/// A Bloom filter over key hashes. From format version 2 it is blocked (Putze, Sanders
+/// and Singler, "Cache-, hash- and space-efficient Bloom filters", 2007): a key's
+/// probes all fall in one 512-bit block, so a lookup that asks a partition's deltas
+/// costs a cache miss per delta rather than one per probe, for a slightly higher false
+/// positive rate (about 1.0% rather than 0.8% at 10 bits per key). Runs of version 1
+/// keep their filter of double hashing over the whole filter.
 #[derive(Debug)]
 struct Filter {
     words: Box<[u64]>,
+    /// Probes within one block ([`Filter::BLOCK_WORDS`] words): the version 2 layout.
+    blocked: bool,
 }
 
 impl Filter {
+    /// Words of one block: a cache line.
+    const BLOCK_WORDS: usize = 8;
+
     fn with_keys(keys: u64) -> Filter {
-        let bits = (keys.max(1) * FILTER_BITS_PER_KEY).next_multiple_of(64);
+        let bits =
+            (keys.max(1) * FILTER_BITS_PER_KEY).next_multiple_of(64 * Self::BLOCK_WORDS as u64);
         Filter {
             words: vec![0; (bits / 64) as usize].into_boxed_slice(),
+            blocked: true,
+        }
+    }
+
+    /// The filter of a run of `version` whose words are `words`.
+    fn of_version(words: Box<[u64]>, version: u32) -> Filter {
+        Filter {
+            blocked: version >= 2,
+            words,
         }
     }
 
@@ -111,12 +132,30 @@ impl Filter {
         self.words.len() as u64 * 64
     }
 
-    /// The bit positions of `hash`. The hash's bits already decide the fence search and
-    /// nothing else here, so its halves serve as the two hashes of double hashing.
+    /// The bit positions of `hash` (as bit indexes into the words).
     fn probes(&self, hash: u64) -> impl Iterator<Item = u64> + use<> {
         let bits = self.bits();
+        // Version 1: double hashing over the whole filter from the hash's halves.
         let (a, b) = (hash, hash.rotate_left(32) | 1);
-        (0..u64::from(FILTER_PROBES)).map(move |i| a.wrapping_add(i.wrapping_mul(b)) % bits)
+        // Version 2: the block from the top of one mix of the hash (a run holds one
+        // partition's hashes, whose top bits are alike: they must not pick the block
+        // directly), seven 9-bit positions in it from another.
+        let blocks = bits / 512;
+        let block = if self.blocked {
+            let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            ((u128::from(mixed) * u128::from(blocks)) >> 64) as u64 * 512
+        } else {
+            0
+        };
+        let spread = (hash ^ (hash >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let blocked = self.blocked;
+        (0..u64::from(FILTER_PROBES)).map(move |i| {
+            if blocked {
+                block + ((spread >> (i * 9)) & 511)
+            } else {
+                a.wrapping_add(i.wrapping_mul(b)) % bits
+            }
+        })
     }
 
     fn insert(&mut self, hash: u64) {
@@ -414,9 +453,10 @@ impl Run {
         }
         let filter = (footer.filter_words > 0).then(|| {
             let at = (footer.fence_pages * page) as usize;
-            Filter {
-                words: le_words(&meta_bytes[at..at + (footer.filter_words * 8) as usize]).collect(),
-            }
+            Filter::of_version(
+                le_words(&meta_bytes[at..at + (footer.filter_words * 8) as usize]).collect(),
+                footer.version,
+            )
         });
         Ok(Run {
             start,
@@ -488,6 +528,8 @@ pub(crate) fn write_split(device: &dyn BlockDevice, address: u64, bytes: &[u8]) 
 
 /// A run's last page.
 struct Footer {
+    /// The format version the run was written in (the writer: [`FORMAT_VERSION`]).
+    version: u32,
     data_pages: u64,
     fence_pages: u64,
     filter_pages: u64,
@@ -523,12 +565,13 @@ impl Footer {
             return Err("a run's footer failed its checksum".into());
         }
         let version = u32_at(8);
-        if version != FORMAT_VERSION {
+        if !(1..=FORMAT_VERSION).contains(&version) {
             return Err(format!(
                 "a run of format version {version}; this build reads {FORMAT_VERSION}"
             ));
         }
         let footer = Footer {
+            version,
             meta_crc: u32_at(12),
             data_pages: u64_at(16),
             fence_pages: u64_at(24),
@@ -541,7 +584,11 @@ impl Footer {
             == Some(footer.fence_pages)
             && footer.filter_words.checked_mul(8).map(|b| b.div_ceil(page))
                 == Some(footer.filter_pages)
-            && footer.data_pages < 1 << 40;
+            && footer.data_pages < 1 << 40
+            && (version < 2
+                || footer
+                    .filter_words
+                    .is_multiple_of(Filter::BLOCK_WORDS as u64));
         if !fits {
             return Err("a run's footer gives inconsistent sizes".into());
         }
@@ -738,6 +785,7 @@ impl<'d> RunWriter<'d> {
             }
         }
         let footer = Footer {
+            version: FORMAT_VERSION,
             data_pages,
             fence_pages,
             filter_pages,
@@ -1248,6 +1296,27 @@ mod tests {
         // 10 bits a key: about 1%.
         assert!(false_positives < 2_000, "{false_positives} of 100,000");
         assert!(records.iter().all(|r| run.may_contain(r.hash)));
+    }
+
+    #[test]
+    fn both_filter_layouts_keep_every_key_and_few_others_within_one_partition() {
+        // Hashes of one partition of 64 (their top six bits alike), as one run holds:
+        // the blocked layout must not pick its blocks from those bits.
+        let hash = |i: u64| (hash_key(&key(i)).0 >> 6) | (37 << 58);
+        for version in [1, 2] {
+            let mut filter = Filter::of_version(Filter::with_keys(10_000).words, version);
+            for i in 0..10_000 {
+                filter.insert(hash(i));
+            }
+            assert!((0..10_000).all(|i| filter.may_contain(hash(i))));
+            let false_positives = (10_000..110_000)
+                .filter(|&i| filter.may_contain(hash(i)))
+                .count();
+            assert!(
+                false_positives < 2_000,
+                "version {version}: {false_positives} of 100,000"
+            );
+        }
     }
 
     /// Merges of deltas into a base, checked against a map at every step: the newest
