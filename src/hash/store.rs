@@ -64,12 +64,13 @@ use crate::wal::LogOpRef;
 /// read cache, a sixty-fourth of them for bits that say which records were read: those
 /// still their key's newest get a copy in the read cache when their page leaves
 /// memory). The cold tier's records stay on disk:
-/// in [`ColdLayout::Runs`] (the default) its runs keep a quarter of a byte per key of
-/// fences in memory, beside the split; in [`ColdLayout::Log`] the split also gives a
-/// forty-eighth each to the cold log's pages and the cold index's chunk pages, and half
-/// a byte per expected key to the chunk table. Each part but the chunk table and the hot
-/// log can be set instead ([`HashStoreOptions::hot_index_bytes`] and the fields after
-/// it). A budget too small for those parts is refused.
+/// in [`ColdLayout::Runs`] (the default) its runs keep fences (about a quarter of a
+/// byte per key) and their deltas' filters in memory, for which the split keeps half a
+/// byte per expected key (at most a sixteenth of the memory); in [`ColdLayout::Log`] the split gives a forty-eighth each to
+/// the cold log's pages and the cold index's chunk pages, and half a byte per expected
+/// key to the chunk table. Each part but the cold tier's index and the hot log can be
+/// set instead ([`HashStoreOptions::hot_index_bytes`] and the fields after it). A budget
+/// too small for those parts is refused.
 ///
 /// ```
 /// use bfdb::HashStoreOptions;
@@ -350,13 +351,14 @@ impl HashLayout {
         if split.hot_log < 4 * (1 << least) {
             return Err(Error::InvalidConfig(format!(
                 "a hash store's memory_bytes {memory} leave its hot log {} bytes once the \
-                 hot index ({}), the read cache ({}), the chunk table for {} keys ({}) and \
-                 the cold logs ({}) have theirs: give it more memory or expect fewer keys",
+                 hot index ({}), the read cache ({}), the cold tier's index in memory for \
+                 {} keys ({}) and the cold logs ({}) have theirs: give it more memory or \
+                 expect fewer keys",
                 split.hot_log,
                 split.hot_index,
                 split.read_cache,
                 options.expected_keys,
-                split.chunk_table,
+                split.cold_index,
                 split.cold_log + split.chunk_log
             )));
         }
@@ -428,13 +430,13 @@ impl HashLayout {
         if split.hot_log >> self.page_bits[0] < 3 {
             return Err(Error::InvalidConfig(format!(
                 "{memory} bytes of memory leave the hash store's hot log {} bytes once the \
-                 hot index ({}), the read cache ({}), the chunk table ({}) and the cold \
-                 logs ({}) have theirs, less than three of its {}-byte pages: open the \
-                 database with a larger memory budget",
+                 hot index ({}), the read cache ({}), the cold tier's index in memory ({}) \
+                 and the cold logs ({}) have theirs, less than three of its {}-byte pages: \
+                 open the database with a larger memory budget",
                 split.hot_log,
                 split.hot_index,
                 split.read_cache,
-                split.chunk_table,
+                split.cold_index,
                 split.cold_log + split.chunk_log,
                 1u64 << self.page_bits[0],
             )));
@@ -501,8 +503,12 @@ struct Split {
     hot_keys: u64,
     hot_index: u64,
     read_cache: u64,
-    /// The chunk table (the cold index's in-memory level), sized by the expected keys.
-    chunk_table: u64,
+    /// The cold tier's index in memory, sized by the expected keys: the chunk table in
+    /// the log layout; the runs' fences and delta filters in the runs layout (a reserve
+    /// of half a byte a key, at most a sixteenth of the memory: fences take about a
+    /// quarter for records of 100-odd bytes, the filters 1.25 bytes for each key in a
+    /// delta, deltas holding up to a quarter of a partition's base).
+    cold_index: u64,
     cold_log: u64,
     chunk_log: u64,
     /// What is left: the hot log's page frames.
@@ -512,8 +518,8 @@ struct Split {
 impl Split {
     /// The split of `memory`, with the parts `parts` gives (hot index, read cache, cold
     /// log, chunk log) instead of the paper's shares. In the runs layout the cold tier
-    /// has no log pages or chunk table: the hot log has their shares (the runs' fences
-    /// and filters are not counted here).
+    /// has no log pages or chunk table: the hot log has their shares, but for the
+    /// reserve of the runs' fences and filters.
     fn of(memory: u64, expected_keys: u64, parts: [Option<u64>; 4], layout: ColdLayout) -> Split {
         use super::index::{IndexOptions, KEYS_PER_BUCKET};
         let sixth = memory / 6;
@@ -528,7 +534,7 @@ impl Split {
         // A third, not the paper's sixth: in read-mostly rows the hot log's pages hold
         // what was written lately, and the read cache what is read (docs/design.md).
         let read_cache = read_cache.unwrap_or(memory / 3);
-        let (chunk_table, cold_log, chunk_log) = match layout {
+        let (cold_index, cold_log, chunk_log) = match layout {
             ColdLayout::Log => {
                 let chunks = super::cold::ColdIndex::chunks_for(expected_keys);
                 (
@@ -537,14 +543,16 @@ impl Split {
                     chunk_log.unwrap_or(small),
                 )
             }
-            ColdLayout::Runs => (0, 0, 0),
+            // At most a sixteenth of the memory: the default expected keys (1M) in a
+            // small budget.
+            ColdLayout::Runs => ((expected_keys / 2).min(memory / 16), 0, 0),
         };
-        let fixed = buckets * 64 + read_cache + chunk_table + cold_log + chunk_log;
+        let fixed = buckets * 64 + read_cache + cold_index + cold_log + chunk_log;
         Split {
             hot_keys: buckets * KEYS_PER_BUCKET,
             hot_index: buckets * 64,
             read_cache,
-            chunk_table,
+            cold_index,
             cold_log,
             chunk_log,
             hot_log: memory.saturating_sub(fixed),
