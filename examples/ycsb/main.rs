@@ -759,7 +759,9 @@ fn run_size(
             let (cached, miss) = ideal_cache(options, size, budget_bytes);
             let _ = write!(
                 regime,
-                "; an ideal cache of the budget ({cached} records of {} B: key, value and                  {IDEAL_RECORD_OVERHEAD_BYTES} B of header and index entry, the most                  frequent ones) would miss {:.1}% of reads",
+                "; an ideal cache of the budget ({cached} records of {} B: key, value and \
+                 {IDEAL_RECORD_OVERHEAD_BYTES} B of header and index entry, the most \
+                 frequent ones) would miss {:.1}% of reads",
                 options.key_bytes + size.value_bytes + IDEAL_RECORD_OVERHEAD_BYTES as usize,
                 miss * 100.0
             );

@@ -230,7 +230,9 @@ impl MemRecord {
         let (k, _) = self.lengths();
         k == key.len()
             && key.chunks(8).enumerate().all(|(i, chunk)| {
-                let word = self.word(RECORD_HEADER_BYTES + i * 8).load(Ordering::Relaxed);
+                let word = self
+                    .word(RECORD_HEADER_BYTES + i * 8)
+                    .load(Ordering::Relaxed);
                 word.to_le_bytes()[..chunk.len()] == *chunk
             })
     }
