@@ -53,14 +53,24 @@ use crate::error::Result;
 use crate::storage::{AlignedBuf, BlockDevice};
 use crate::sync::{Mutex, RwLock};
 
-/// Deltas at which a partition is merged, whatever their size: each is a read per
-/// lookup that its filter lets through (about 1% of absent keys).
+/// Deltas at which a partition's deltas are merged into one delta, whatever their size:
+/// each is a probe of its filter per lookup (and a read for about 1% of absent keys).
 const MAX_DELTAS: usize = 8;
 
-/// A partition is merged once its deltas hold this fraction of its base's data pages:
-/// a merge rewrites the base, so a record moved cold is written about this many times
-/// more, all of it sequentially.
-const DELTA_FRACTION_DIVISOR: u64 = 8;
+/// A partition's runs are merged into a new base once its deltas hold this fraction of
+/// its base's data pages: a base merge rewrites the base, so a record moved cold is
+/// written about this many times more in base merges (all of it sequentially), and
+/// about twice more in merges of deltas into one before that.
+const DELTA_FRACTION_DIVISOR: u64 = 4;
+
+/// What a merge of a partition takes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MergeOf {
+    /// Its deltas, into one delta in front of its base (tombstones kept, a filter).
+    Deltas,
+    /// All of its runs, into a new base.
+    All,
+}
 
 /// The least bytes of dead runs that bring a checkpoint (`dead_past_share`): small
 /// stores need none for their few pages.
@@ -100,16 +110,20 @@ impl Partition {
             .sum()
     }
 
-    /// How much a merge is due: above zero once the deltas are many or large enough.
-    fn merge_due(&self) -> Option<u64> {
+    /// How much a merge is due, and of what: a base merge once the deltas hold their
+    /// fraction of the base (or there is no base), else a merge of the deltas into one
+    /// once they are many.
+    fn merge_due(&self) -> Option<(u64, MergeOf)> {
         let deltas = self.deltas().count();
         let delta_pages: u64 = self.deltas().map(|r| r.data_pages()).sum();
         let base = self.base_pages();
-        let due =
-            deltas >= MAX_DELTAS || (deltas > 0 && delta_pages * DELTA_FRACTION_DIVISOR >= base);
-        // The most due first: the most delta data beyond the fraction, then the most
-        // deltas.
-        due.then(|| (delta_pages * DELTA_FRACTION_DIVISOR).saturating_sub(base) + deltas as u64)
+        if deltas > 0 && delta_pages * DELTA_FRACTION_DIVISOR >= base {
+            // The most due first: the most delta data beyond the fraction, then the
+            // most deltas.
+            let beyond = (delta_pages * DELTA_FRACTION_DIVISOR).saturating_sub(base);
+            return Some((beyond + deltas as u64, MergeOf::All));
+        }
+        (deltas >= MAX_DELTAS).then_some((deltas as u64, MergeOf::Deltas))
     }
 }
 
@@ -175,6 +189,7 @@ pub(crate) struct ColdRuns {
     /// Units read by lookups (blocking or batched).
     unit_reads: AtomicU64,
     merges: AtomicU64,
+    delta_merges: AtomicU64,
     deltas_added: AtomicU64,
     discarded_bytes: AtomicU64,
 }
@@ -215,6 +230,7 @@ impl ColdRuns {
             last_directory: Mutex::new(last_directory),
             unit_reads: AtomicU64::new(0),
             merges: AtomicU64::new(0),
+            delta_merges: AtomicU64::new(0),
             deltas_added: AtomicU64::new(0),
             discarded_bytes: AtomicU64::new(0),
         };
@@ -386,15 +402,15 @@ impl ColdRuns {
         Ok(written)
     }
 
-    /// The partition most due for a merge, if any is.
-    pub(crate) fn next_merge(&self) -> Option<usize> {
+    /// The partition most due for a merge, if any is, and what to merge of it.
+    pub(crate) fn next_merge(&self) -> Option<(usize, MergeOf)> {
         let set = self.runs();
         set.partitions
             .iter()
             .enumerate()
-            .filter_map(|(i, p)| p.merge_due().map(|due| (due, i)))
-            .max()
-            .map(|(_, i)| i)
+            .filter_map(|(i, p)| p.merge_due().map(|(due, of)| (due, i, of)))
+            .max_by_key(|&(due, i, _)| (due, i))
+            .map(|(_, i, of)| (i, of))
     }
 
     /// The partitions that have a delta: those a merge of everything merges.
@@ -426,33 +442,45 @@ impl ColdRuns {
         self.begin.store(begin, Ordering::Release);
     }
 
-    /// Merges the runs of `partition` into one base written at the tail, hands each
-    /// record version it drops as superseded to `superseded`, makes the base the
-    /// partition's one run, and notes the old runs dead (see the module docs for when
-    /// their space goes). The caller runs the store's one compaction; `guard` is its own.
+    /// Merges the runs `of` says of `partition` into one run written at the tail (a
+    /// base of all of them, or a delta of its deltas, put in front of its base), hands
+    /// each record version it drops as superseded to `superseded`, puts the new run in
+    /// their place, and notes the old runs dead (see the module docs for when their
+    /// space goes). The caller runs the store's one compaction (so nothing else changes
+    /// the partition meanwhile); `guard` is its own.
     pub(crate) fn merge(
         &self,
         guard: &mut EpochGuard<'_, '_>,
         partition: usize,
+        of: MergeOf,
         superseded: &mut dyn FnMut(RunRecord),
     ) -> Result<()> {
-        let old = self.runs().partitions[partition].runs.clone();
+        let runs = self.runs().partitions[partition].runs.clone();
+        let (old, kept, kind): (Vec<_>, Vec<_>, _) = match of {
+            MergeOf::All => (runs, Vec::new(), RunKind::Base),
+            MergeOf::Deltas => {
+                let (deltas, base) = runs.into_iter().partition(|r| r.kind() == RunKind::Delta);
+                (deltas, base, RunKind::Delta)
+            }
+        };
         if old.is_empty() {
             return Ok(());
         }
         let at = self.tail.load(Ordering::Acquire);
-        let base = runs::merge(self.device.as_ref(), &old, at, RunKind::Base, superseded)?;
-        let end = base.extent().1;
+        let merged = runs::merge(self.device.as_ref(), &old, at, kind, superseded)?;
+        let end = merged.extent().1;
         self.tail.store(end, Ordering::Release);
         {
             let mut set = self.set.write();
             let mut next = RunSet::clone(&set);
-            // A base of no records (every key deleted) is left out.
-            next.partitions[partition].runs = match base.records() {
-                0 => Vec::new(),
-                _ => vec![Arc::new(base)],
-            };
-            if next.partitions[partition].runs.is_empty() {
+            // A run of no records (a base of keys all deleted) is left out.
+            let empty = merged.records() == 0;
+            next.partitions[partition].runs = (!empty)
+                .then(|| Arc::new(merged))
+                .into_iter()
+                .chain(kept)
+                .collect();
+            if empty {
                 self.dead.lock().push(Dead {
                     start: at,
                     end,
@@ -472,6 +500,9 @@ impl ColdRuns {
         self.note_begin();
         self.truncate_below_live(guard);
         self.merges.fetch_add(1, Ordering::Relaxed);
+        if of == MergeOf::Deltas {
+            self.delta_merges.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -587,6 +618,7 @@ impl ColdRuns {
             records: set.all().map(|r| r.records()).sum(),
             unit_reads: load(&self.unit_reads),
             merges: load(&self.merges),
+            delta_merges: load(&self.delta_merges),
             deltas_added: load(&self.deltas_added),
             discarded_bytes: load(&self.discarded_bytes),
         }
@@ -601,8 +633,10 @@ pub(crate) struct ColdRunsStats {
     pub(crate) records: u64,
     /// Units read by lookups.
     pub(crate) unit_reads: u64,
-    /// Merges of a partition into a base, and deltas written by hot→cold passes.
+    /// Merges (of a partition into a base, or of its deltas into one), those of deltas
+    /// only, and deltas written by hot→cold passes.
     pub(crate) merges: u64,
+    pub(crate) delta_merges: u64,
     pub(crate) deltas_added: u64,
     /// Bytes of dead runs given back (holes punched).
     pub(crate) discarded_bytes: u64,

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::cold::ColdLog;
-use super::cold_runs::{ColdRuns, partition_bits_for};
+use super::cold_runs::{ColdRuns, MergeOf, partition_bits_for};
 use super::epoch::{Epoch, EpochGuard, EpochHandle};
 use super::hlog::{Addresses, HlogOptions, LogExtent};
 use super::hot::{HotLog, HotRead, Update};
@@ -745,7 +745,7 @@ impl F2 {
             Cold::Runs(runs) => {
                 for partition in runs.partitions_with_deltas() {
                     let _one = self.one_compaction(guard);
-                    self.merge_runs(guard, runs, partition)?;
+                    self.merge_runs(guard, runs, partition, MergeOf::All)?;
                 }
                 return Ok(());
             }
@@ -836,8 +836,8 @@ impl F2 {
         let _one = self.one_compaction(guard);
         let started = std::time::Instant::now();
         if let (Cold::Runs(runs), Tier::Cold | Tier::Chunks) = (&self.cold, tier) {
-            if let Some(partition) = runs.next_merge() {
-                self.merge_runs(guard, runs, partition)?;
+            if let Some((partition, of)) = runs.next_merge() {
+                self.merge_runs(guard, runs, partition, of)?;
             }
             bump(
                 &self.counters.compaction_nanos,
@@ -908,18 +908,20 @@ impl F2 {
         Ok(())
     }
 
-    /// A merge of every cold run into one base (the runs layout's cold→cold
-    /// compaction): the versions it drops that hold a value out of line are reported
-    /// once the base is the set, if no other record holds their value.
+    /// A merge of a partition's cold runs (the runs layout's cold→cold compaction): all
+    /// of them into a base, or its deltas into one (`of`). The versions it drops that
+    /// hold a value out of line are reported once the new run is in the set, if no
+    /// other record holds their value.
     fn merge_runs(
         &self,
         guard: &mut EpochGuard<'_, '_>,
         runs: &ColdRuns,
         partition: usize,
+        of: MergeOf,
     ) -> Result<()> {
         self.dropped_references.lock().clear();
         let mut dropped = 0;
-        let merged = runs.merge(guard, partition, &mut |old: RunRecord| {
+        let merged = runs.merge(guard, partition, of, &mut |old: RunRecord| {
             dropped += 1;
             if let Some(value) = old.value
                 && value.out_of_line
@@ -933,8 +935,8 @@ impl F2 {
         }
         bump(&self.counters.records_dropped, dropped);
         bump(&self.counters.cold_cold_compactions, 1);
-        // The old runs are out of the set: only the hot log and the base can hold a
-        // reference now.
+        // The old runs are out of the set: only the hot log and the partition's runs now
+        // can hold a reference.
         self.report_unreachable(guard, Tier::Cold, 0..0)
     }
 
@@ -1584,6 +1586,77 @@ mod tests {
         if store.cold_log().is_some() {
             assert!(chunk > 0, "the chunk log never compacted");
         }
+    }
+
+    /// Small deltas over large bases (a hundred keys written again at a time over 8,000
+    /// merged cold, 40 pages a partition): a partition's deltas are merged into one delta at eight, and into its base
+    /// only once they hold a quarter of it. Every key reads as a map says throughout, and
+    /// no partition holds more than eight deltas and its base.
+    #[test]
+    fn small_deltas_are_merged_into_one_before_their_base_is_rewritten() {
+        in_runs_layout(|| {
+            let store = tiny_with(64 << 20, 0);
+            // 300-byte values: a partition's base spans about 40 pages.
+            let value = |round: u64, i: u64| {
+                let mut v = format!("round {round} of {i} ").into_bytes();
+                v.resize(300, b'.');
+                v
+            };
+            let mut handle = store.epoch().register();
+            let mut guard = handle.protect();
+            let mut model = HashMap::new();
+            for i in 0..8_000u64 {
+                let v = value(0, i);
+                store.upsert(&mut guard, &key(i), Some(&v)).unwrap();
+                model.insert(key(i), v);
+            }
+            store.compact_all(&mut guard).unwrap();
+            let runs = store.cold_runs().unwrap();
+            let bases = runs.stats().merges;
+            let mut rng = Rng(7);
+            for round in 0..60u64 {
+                for _ in 0..100 {
+                    let i = rng.below(8_000);
+                    if rng.below(10) == 0 {
+                        // A tombstone: a merge of deltas keeps it over the base's record.
+                        store.upsert(&mut guard, &key(i), None).unwrap();
+                        model.remove(&key(i));
+                        continue;
+                    }
+                    let v = value(round + 1, i);
+                    store.upsert(&mut guard, &key(i), Some(&v)).unwrap();
+                    model.insert(key(i), v);
+                }
+                let hot_tail = {
+                    let _one = store.one_compaction(&mut guard);
+                    store.hot().log().flush_all(&mut guard).unwrap()
+                };
+                store.compact_hot(&mut guard, hot_tail).unwrap();
+                while let Some((partition, of)) = runs.next_merge() {
+                    let _one = store.one_compaction(&mut guard);
+                    store.merge_runs(&mut guard, runs, partition, of).unwrap();
+                }
+                assert!(runs.stats().runs <= 16 * 9, "{:?}", runs.stats());
+                for i in (round % 7..8_000).step_by(7) {
+                    assert_eq!(
+                        store.get(&guard, &key(i)).unwrap().as_ref(),
+                        model.get(&key(i))
+                    );
+                }
+                guard.refresh();
+            }
+            for i in 0..8_000 {
+                assert_eq!(
+                    store.get(&guard, &key(i)).unwrap().as_ref(),
+                    model.get(&key(i))
+                );
+            }
+            let r = runs.stats();
+            assert!(r.delta_merges > 16, "{r:?}");
+            // Base merges too, but fewer than the deltas' merges into one.
+            assert!(r.merges - bases > r.delta_merges, "{r:?}");
+            assert!(r.merges - bases - r.delta_merges < r.delta_merges, "{r:?}");
+        })
     }
 
     /// The runs a merge replaced are discarded once no kept checkpoint names them, and
