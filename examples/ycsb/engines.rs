@@ -643,7 +643,7 @@ impl BfdbHash {
             hash_options.expected_keys,
             match hash_options.read_cache_bytes {
                 Some(bytes) => format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64),
-                None => "the paper's share".to_string(),
+                None => "the default share (a third)".to_string(),
             },
             hash_options.hot_log_disk_bytes as f64 / (1 << 20) as f64,
             hash_options.cold_log_disk_bytes >> 20,

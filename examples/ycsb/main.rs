@@ -159,8 +159,8 @@ pub struct Options {
     #[arg(long)]
     pub hash_hot_log_mib: Option<u64>,
     /// bfdb-hash: the HashStore's read cache in MiB (its `read_cache_bytes`; 0 turns it
-    /// off and gives its share to the hot log's pages). By default the paper's share, a
-    /// sixth of the budget.
+    /// off and gives its share to the hot log's pages). By default the store's share, a
+    /// third of the budget.
     #[arg(long)]
     pub hash_read_cache_mib: Option<u64>,
     /// bfdb and bfdb-hash: the `Db`'s background checkpoint trigger, in MiB of log
