@@ -15,10 +15,12 @@
 //!   writes them, sorted, as one delta per partition at the device's tail and puts each
 //!   at the front of its partition; only then does the hot log's BEGIN move. No device
 //!   read.
-//! - **Merging** ([`ColdRuns::merge`]) one partition at a time: its runs read
-//!   sequentially, one base written at the tail with the newest version of each key and
-//!   no tombstones. A merge is a partition's worth of IO (a 64th of the tier at 20M
-//!   keys), so the one compaction a store runs at a time is never held for long.
+//! - **Merging** ([`ColdRuns::merge`]) one partition at a time: its runs (all of them, or
+//!   its deltas only, [`MergeOf`]) read sequentially, one run written at the tail with
+//!   the newest version of each key: a base without tombstones, or a delta that keeps
+//!   them in front of the base. A merge is at most a partition's worth of IO (a 64th of
+//!   the tier at 20M keys), so the one compaction a store runs at a time is never held
+//!   for long.
 //!
 //! **Space.** Runs a merge replaced are *dead*. They may still be read by a thread that
 //! took the set before, and a kept checkpoint of the database may name them, so each is
@@ -34,8 +36,8 @@
 //! Runs written after the checkpoint are not in it; recovery's tail is the directory's
 //! end, so later writes overwrite them.
 //!
-//! Reads need no false-absence check (F2 §5.4): a merge replaces its partition's runs
-//! with a base that answers every key as they did, and a reader keeps the set it took,
+//! Reads need no false-absence check (F2 §5.4): a merge replaces the runs it takes with
+//! one that answers every key as they did, and a reader keeps the set it took,
 //! whose bytes stay until it refreshes; a hot→cold pass publishes its deltas before the
 //! hot log's BEGIN moves, and a read looks at the cold tier after its hot walk, so a
 //! read that missed a record truncated from the hot log finds it in a delta.

@@ -334,10 +334,30 @@ impl HybridLog {
         }
     }
 
-    /// Whether the record at `address` (in memory) was read since its page was opened.
-    pub(crate) fn was_read(&self, address: u64) -> bool {
-        self.read_bit(address)
-            .is_some_and(|(word, bit)| word.load(std::sync::atomic::Ordering::Relaxed) & bit != 0)
+    /// The addresses of the records of the page at `page` (page-aligned, in its frame)
+    /// that were read while in memory, in address order: its frame's set read bits, each
+    /// at a record's start ([`HybridLog::note_read`] is given only those). Empty if the
+    /// log does not track reads.
+    pub(crate) fn read_records_of(&self, page: u64) -> Vec<u64> {
+        let s = &self.shared;
+        if s.read_bits.is_empty() {
+            return Vec::new();
+        }
+        let words = s.page_bytes / 8 / 64;
+        let first = ((page >> s.options.page_bits) % s.options.frames) * words;
+        let mut read = Vec::new();
+        for (i, word) in s.read_bits[first as usize..(first + words) as usize]
+            .iter()
+            .enumerate()
+        {
+            let mut bits = word.load(std::sync::atomic::Ordering::Relaxed);
+            while bits != 0 {
+                let bit = u64::from(bits.trailing_zeros());
+                read.push(page + (i as u64 * 64 + bit) * 8);
+                bits &= bits - 1;
+            }
+        }
+        read
     }
 
     /// The log a checkpoint captured as `extent` on `device`: its records `[begin,
@@ -466,9 +486,9 @@ impl HybridLog {
     }
 
     /// [`HybridLog::new_page`], handing `leaving` each range of pages `[from, until)`
-    /// that HEAD is about to pass, once per page, before it moves: the pages are
-    /// flushed (no record of them changes any more) and still in their frames, which
-    /// stay readable until the caller's guard refreshes.
+    /// that HEAD is about to pass, once per page: the pages are flushed (no record of
+    /// them changes any more) and still in their frames, which are not closed before
+    /// the caller's guard refreshes (another thread may move HEAD past them meanwhile).
     pub(crate) fn new_page_leaving(
         &self,
         guard: &mut EpochGuard<'_, '_>,

@@ -1,5 +1,7 @@
 //! F2's read cache (PVLDB 2025, section 7): an in-memory log of copies of read-hot
-//! records whose originals are on disk (in the hot log below HEAD, or in the cold log).
+//! records whose originals are on disk (in the hot log below HEAD, or in the cold log),
+//! or are hot-log records read while in memory whose page is leaving it (below
+//! READ_ONLY, so they never change in place; `HotLog::keep_read_records`).
 //!
 //! **Where copies live.** The read cache is a circular log of page frames in memory
 //! with no device behind it. A copy is a record in the format of every hash log

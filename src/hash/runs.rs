@@ -528,7 +528,8 @@ pub(crate) fn write_split(device: &dyn BlockDevice, address: u64, bytes: &[u8]) 
 
 /// A run's last page.
 struct Footer {
-    /// The format version the run was written in (the writer: [`FORMAT_VERSION`]).
+    /// The format version the run was written in (the writer: [`FORMAT_VERSION`] for a
+    /// run with a filter, 1 for one without, whose layout version 2 did not change).
     version: u32,
     data_pages: u64,
     fence_pages: u64,
@@ -544,7 +545,7 @@ impl Footer {
     fn encode(&self, page: &mut [u8]) {
         page.fill(0);
         page[0..8].copy_from_slice(&FOOTER_MAGIC.to_le_bytes());
-        page[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        page[8..12].copy_from_slice(&self.version.to_le_bytes());
         page[12..16].copy_from_slice(&self.meta_crc.to_le_bytes());
         page[16..24].copy_from_slice(&self.data_pages.to_le_bytes());
         page[24..32].copy_from_slice(&self.fence_pages.to_le_bytes());
@@ -785,7 +786,9 @@ impl<'d> RunWriter<'d> {
             }
         }
         let footer = Footer {
-            version: FORMAT_VERSION,
+            // A run without a filter (a base) is as version 1 wrote it: builds before
+            // the blocked filters still read it.
+            version: if filter_words > 0 { FORMAT_VERSION } else { 1 },
             data_pages,
             fence_pages,
             filter_pages,
@@ -1296,6 +1299,25 @@ mod tests {
         // 10 bits a key: about 1%.
         assert!(false_positives < 2_000, "{false_positives} of 100,000");
         assert!(records.iter().all(|r| run.may_contain(r.hash)));
+    }
+
+    #[test]
+    fn runs_without_a_filter_keep_the_first_format_version() {
+        // A base's layout did not change with the blocked filters: its footer says
+        // version 1, so that builds before them still open it; a delta's says 2.
+        let device = MemBlocks::new();
+        let records = sorted((0..100).map(|i| record(&key(i), Some(b"v"))).collect());
+        let base = write(&device, 0, RunKind::Base, &records);
+        let delta = write(&device, base.extent().1, RunKind::Delta, &records);
+        for (run, version) in [(&base, 1u32), (&delta, FORMAT_VERSION)] {
+            let mut page = AlignedBuf::new(PAGE_BYTES);
+            device
+                .read(run.extent().1 - PAGE_BYTES as u64, page.as_mut())
+                .unwrap();
+            assert_eq!(le_u32(page.as_ref(), 8), version);
+            let reopened = Run::open(&device, run.extent().0, run.extent().1).unwrap();
+            assert!(records.iter().all(|r| reopened.may_contain(r.hash)));
+        }
     }
 
     #[test]
