@@ -339,17 +339,8 @@ impl HybridLog {
     /// at a record's start ([`HybridLog::note_read`] is given only those). Empty if the
     /// log does not track reads.
     pub(crate) fn read_records_of(&self, page: u64) -> Vec<u64> {
-        let s = &self.shared;
-        if s.read_bits.is_empty() {
-            return Vec::new();
-        }
-        let words = s.page_bytes / 8 / 64;
-        let first = ((page >> s.options.page_bits) % s.options.frames) * words;
         let mut read = Vec::new();
-        for (i, word) in s.read_bits[first as usize..(first + words) as usize]
-            .iter()
-            .enumerate()
-        {
+        for (i, word) in self.shared.read_bits_of(page).iter().enumerate() {
             let mut bits = word.load(std::sync::atomic::Ordering::Relaxed);
             while bits != 0 {
                 let bit = u64::from(bits.trailing_zeros());
@@ -845,6 +836,17 @@ impl HybridLog {
 }
 
 impl Shared {
+    /// The read bits of the frame of the page at `page` (whole words: a frame is a
+    /// multiple of 4 KiB); none if the log does not track reads.
+    fn read_bits_of(&self, page: u64) -> &[AtomicU64Std] {
+        if self.read_bits.is_empty() {
+            return &[];
+        }
+        let words = self.page_bytes / 8 / 64;
+        let first = ((page >> self.options.page_bits) % self.options.frames) * words;
+        &self.read_bits[first as usize..(first + words) as usize]
+    }
+
     fn tail_address(&self) -> u64 {
         let t = self.tail.load(Ordering::Acquire);
         let (page, offset) = (t >> 32, (t & 0xffff_ffff).min(self.page_bytes));
@@ -961,13 +963,8 @@ impl Shared {
             // trigger action of its move), and flushed; no thread touches the frame
             // until `closed_until` passes it, which is set below.
             unsafe { std::ptr::write_bytes(frame.as_ptr(), 0, self.page_bytes as usize) };
-            if !self.read_bits.is_empty() {
-                // The frame's read bits: whole words (a frame is a multiple of 4 KiB).
-                let words = self.page_bytes / 8 / 64;
-                let first = (page % self.options.frames) * words;
-                for word in &self.read_bits[first as usize..(first + words) as usize] {
-                    word.store(0, std::sync::atomic::Ordering::Relaxed);
-                }
+            for word in self.read_bits_of(at) {
+                word.store(0, std::sync::atomic::Ordering::Relaxed);
             }
             at += self.page_bytes;
         }
